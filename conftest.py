@@ -1,0 +1,189 @@
+"""Runs each package's tests where they can run: `uv run pytest packages/*` covers all four packages.
+
+vLLM and SGLang can never share an environment, so neither is in the root one. When an adapter's engine
+is not importable here, its tests are not collected in this process; one item instead runs them in the
+adapter's own environment (`.venvs/<adapter>`, built by `uv run --package <adapter>` from uv.lock) and
+passes only if that run passed and ran at least one test. The summary says what ran where.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import shutil
+import subprocess
+import tempfile
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent
+
+pytest_plugins = ["tools.testing_fixtures"]
+
+# Triton's CPU interpreter must be chosen before the first @triton.jit runs (any package may import
+# atom_kernels first), so it is set here, before collection imports anything.
+if importlib.util.find_spec("torch") is not None:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@dataclass
+class Adapter:
+    dist: str  # the workspace member, e.g. "atom-vllm"
+    engine: str  # the module its tests need, e.g. "vllm"
+    targets: list[str] = field(default_factory=list)  # what this session asked to run of it
+    outcome: str = ""
+
+    @property
+    def package_dir(self) -> Path:
+        return ROOT / "packages" / self.dist
+
+    @property
+    def env_dir(self) -> Path:
+        return ROOT / ".venvs" / self.dist
+
+
+ADAPTERS = [Adapter("atom-vllm", "vllm"), Adapter("atom-sglang", "sglang")]
+
+
+def _delegated(config: pytest.Config) -> list[Adapter]:
+    return config.stash.setdefault(_DELEGATED_KEY, [])
+
+
+_DELEGATED_KEY = pytest.StashKey[list]()
+
+
+def _is_within(path: Path, parent: Path) -> bool:
+    return path == parent or parent in path.parents
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    invocation_dir = Path(config.invocation_params.dir)
+    kept_args = list(config.args)
+    for adapter in ADAPTERS:
+        if importlib.util.find_spec(adapter.engine) is not None:
+            continue  # already in the adapter's environment: collect normally
+        targets = []
+        for arg in config.args:
+            path_part, sep, node_part = arg.partition("::")
+            path = (invocation_dir / path_part).resolve()
+            if _is_within(path, adapter.package_dir):
+                targets.append(str(path) + sep + node_part)
+                kept_args.remove(arg)  # nothing here can collect it; the delegated run does
+            elif _is_within(adapter.package_dir, path):
+                targets.append(str(adapter.package_dir))
+        if targets:
+            _delegated(config).append(Adapter(adapter.dist, adapter.engine, sorted(set(targets))))
+    config.args[:] = kept_args
+
+
+def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool | None:
+    for adapter in _delegated(config):
+        if _is_within(collection_path.resolve(), adapter.package_dir):
+            return True
+    return None
+
+
+def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
+    for adapter in _delegated(config):
+        items.append(
+            DelegatedSuite.from_parent(
+                session,
+                name=f"{adapter.dist}[delegated]",
+                nodeid=f"packages/{adapter.dist}::delegated",
+                path=adapter.package_dir,
+                adapter=adapter,
+            )
+        )
+
+
+class DelegatedFailure(Exception):
+    pass
+
+
+class DelegatedSuite(pytest.Item):
+    def __init__(self, *, adapter: Adapter, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.adapter = adapter
+
+    def runtest(self) -> None:
+        adapter = self.adapter
+        uv = os.environ.get("UV") or shutil.which("uv")
+        if uv is None:
+            raise DelegatedFailure(f"{adapter.dist}'s tests need their own environment and uv to build it")
+        env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+        env["UV_PROJECT_ENVIRONMENT"] = str(adapter.env_dir)
+        with tempfile.TemporaryDirectory() as tmp:
+            junit = Path(tmp) / "junit.xml"
+            cmd = [uv, "run", "--package", adapter.dist, "--", "python", "-m", "pytest", *adapter.targets]
+            cmd += ["-p", "no:cacheprovider", f"--junitxml={junit}", *self._forwarded_options()]
+            capture = self.config.pluginmanager.getplugin("capturemanager")
+            with capture.global_and_fixture_disabled():
+                print(f"\n--- {adapter.dist}: running its tests in {adapter.env_dir.relative_to(ROOT)} ---")
+                rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
+                print(f"--- {adapter.dist}: done (exit {rc}) ---")
+            counts = _junit_counts(junit)
+        adapter.outcome = f"{counts} with {_engine_version(adapter)} in {adapter.env_dir.relative_to(ROOT)}"
+        if rc != 0 or counts.ran == 0:
+            raise DelegatedFailure(f"{adapter.dist}'s tests failed in their environment: exit {rc}, {counts}")
+
+    def _forwarded_options(self) -> list[str]:
+        opt = self.config.option
+        forwarded = ["-k", opt.keyword] if opt.keyword else []
+        forwarded += ["-m", opt.markexpr] if opt.markexpr else []
+        forwarded += [f"--maxfail={opt.maxfail}"] if opt.maxfail else []
+        forwarded += ["-v"] * max(opt.verbose, 0) or ["-q"] * -min(opt.verbose, 0)
+        return forwarded
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, DelegatedFailure):
+            return str(excinfo.value)
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"{self.adapter.dist}: tests in {self.adapter.env_dir.relative_to(ROOT)}"
+
+
+@dataclass
+class Counts:
+    tests: int = 0
+    failures: int = 0
+    errors: int = 0
+    skipped: int = 0
+
+    @property
+    def ran(self) -> int:
+        return self.tests - self.skipped
+
+    def __str__(self) -> str:
+        passed = self.tests - self.failures - self.errors - self.skipped
+        return f"{passed} passed, {self.failures} failed, {self.errors} errors, {self.skipped} skipped"
+
+
+def _junit_counts(path: Path) -> Counts:
+    if not path.exists():
+        return Counts()
+    counts = Counts()
+    for suite in ET.parse(path).getroot().iter("testsuite"):
+        for name in ("tests", "failures", "errors", "skipped"):
+            setattr(counts, name, getattr(counts, name) + int(suite.get(name, 0)))
+    return counts
+
+
+def _engine_version(adapter: Adapter) -> str:
+    found = sorted(adapter.env_dir.glob(f"lib/python*/site-packages/{adapter.engine}-*.dist-info"))
+    return found[0].name.removesuffix(".dist-info").replace("-", " ") if found else f"{adapter.engine} ?"
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
+    delegated = _delegated(config)
+    if not delegated:
+        return
+    terminalreporter.section("adapter tests run in their own environments")
+    for adapter in delegated:
+        terminalreporter.line(f"{adapter.dist}: {adapter.outcome or 'did not run'}")

@@ -1,0 +1,56 @@
+import json
+import subprocess
+import sys
+
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from atom_core.cli import main
+from atom_core.demo import demo_checkpoint_dir
+
+
+def _greedy(model, ids, steps, eos):
+    """An independent greedy loop: full forward each step, argmax of the last logits."""
+    out = list(ids)
+    for _ in range(steps):
+        with torch.no_grad():
+            logits = model(torch.tensor([out])).logits[0, -1]
+        out.append(int(logits.argmax()))
+        if out[-1] == eos:
+            break
+    return out[len(ids) :]
+
+
+def test_generate_on_the_demo_model_from_an_empty_cache(atom_cache, capsys):
+    assert main(["generate", "--json", "--max-tokens", "6", "--prompt", "The quick brown fox"]) == 0
+    captured = capsys.readouterr()
+    assert "RANDOM weights" in captured.err and "HF transformers" in captured.err
+    record = json.loads(captured.out.strip().splitlines()[-1])
+
+    path = demo_checkpoint_dir()
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model = AutoModelForCausalLM.from_pretrained(path).eval()
+    assert record["prompt_token_ids"] == tokenizer("The quick brown fox").input_ids
+    expected = _greedy(model, record["prompt_token_ids"], 6, tokenizer.eos_token_id)
+    assert record["token_ids"] == expected
+    assert record["text"] == tokenizer.decode(expected, skip_special_tokens=True)
+
+
+def test_generate_from_token_ids(atom_cache, capsys):
+    assert main(["generate", "--json", "--max-tokens", "3", "--prompt-token-ids", "0,5,9,17"]) == 0
+    record = json.loads(capsys.readouterr().out.strip())
+    assert record["prompt"] is None and record["prompt_token_ids"] == [0, 5, 9, 17]
+    assert 1 <= len(record["token_ids"]) <= 3
+
+
+def test_bad_arguments_are_refused(atom_cache, tmp_path, capsys):
+    assert main(["generate", "--max-tokens", "0"]) == 2
+    assert main(["generate", "--model", str(tmp_path)]) == 2
+    assert "not a checkpoint dir" in capsys.readouterr().err
+
+
+def test_console_script_reports_versions():
+    out = subprocess.run(
+        [sys.executable, "-m", "atom_core.cli", "--version"], capture_output=True, text=True, check=True
+    ).stdout
+    assert out.startswith("atom-core 0.1.0, atom-kernels 0.1.0")

@@ -1,0 +1,12 @@
+"""ATOM kernels: Triton kernels for LLM inference, each with a pure-torch reference.
+
+Public functions take tensors with shapes in their docstrings and an optional ``out=``; the
+backend is an explicit argument, else the settings default, else chosen by device.
+"""
+
+from atom_kernels.activation import silu_and_mul
+from atom_kernels.settings import Backend, resolve_backend
+
+__version__ = "0.1.0"
+
+__all__ = ["Backend", "__version__", "resolve_backend", "silu_and_mul"]

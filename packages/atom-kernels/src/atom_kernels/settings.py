@@ -1,0 +1,59 @@
+"""The one place atom_kernels reads the environment; kernels themselves never do."""
+
+from __future__ import annotations
+
+import enum
+import importlib.util
+import os
+from dataclasses import dataclass
+
+import torch
+
+
+class Backend(enum.StrEnum):
+    TRITON = "triton"  # CUDA and ROCm; on the CPU only under TRITON_INTERPRET=1
+    AITER = "aiter"  # ROCm only, and only when importable
+    TORCH = "torch"  # the reference: the CPU path and the oracle
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    default_backend: Backend | None
+    triton_interpret: bool
+
+    @classmethod
+    def from_env(cls) -> Settings:
+        raw = os.environ.get("ATOM_KERNELS_BACKEND", "auto").strip().lower()
+        if raw not in ("auto", *Backend):
+            choices = ", ".join(["auto", *Backend])
+            raise ValueError(f"ATOM_KERNELS_BACKEND={raw!r} is not one of: {choices}")
+        return cls(
+            default_backend=None if raw == "auto" else Backend(raw),
+            triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+        )
+
+
+SETTINGS = Settings.from_env()
+
+
+def aiter_available() -> bool:
+    return torch.version.hip is not None and importlib.util.find_spec("aiter") is not None
+
+
+def resolve_backend(requested: Backend | str | None, device: torch.device) -> Backend:
+    """Explicit argument, else the settings default, else auto by device."""
+    choice = Backend(requested) if requested is not None else SETTINGS.default_backend
+    if choice is None:
+        if device.type == "cuda":
+            return Backend.AITER if aiter_available() else Backend.TRITON
+        return Backend.TRITON if SETTINGS.triton_interpret else Backend.TORCH
+    if choice is Backend.AITER and not aiter_available():
+        raise RuntimeError(
+            "backend 'aiter' was asked for but aiter is not importable (it needs ROCm and the aiter "
+            "package); pass backend='triton' or set ATOM_KERNELS_BACKEND=auto to fall back"
+        )
+    if choice is Backend.TRITON and device.type == "cpu" and not SETTINGS.triton_interpret:
+        raise RuntimeError(
+            "backend 'triton' on a CPU tensor needs TRITON_INTERPRET=1 set before atom_kernels is imported"
+        )
+    return choice

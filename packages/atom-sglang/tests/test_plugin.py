@@ -1,0 +1,79 @@
+"""The plugin inside the real, pinned SGLang (no stubs). The shared gate logic is tested in atom-core.
+
+SGLang's engine needs CUDA; these tests use the parts of SGLang that run on the CPU: its plugin loader
+and its model registry.
+"""
+
+import logging
+import os
+import subprocess
+import sys
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
+
+import atom_sglang
+from atom_sglang.plugin import register
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env={**os.environ, **env}
+    )
+
+
+def test_the_installed_sglang_is_the_pinned_release():
+    assert Version(metadata.version("sglang")) in SpecifierSet(atom_sglang.SUPPORTED_SGLANG)
+
+
+def test_sglangs_plugin_loader_discovers_atom():
+    func, dist = load_plugins_by_group(GENERAL_PLUGINS_GROUP)["atom"]
+    assert func is register and dist == "atom-sglang"
+
+
+def test_at_sglang_startup_the_plugin_runs_and_logs_that_atom_is_active():
+    code = (
+        "import logging; logging.basicConfig(level=logging.INFO)\n"
+        "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+        "from atom_sglang.plugin import PLUGIN; print(PLUGIN._active)"
+    )
+    proc = _python(code)
+    assert proc.returncode == 0, proc.stderr
+    assert f"ATOM plugin active: atom-sglang {atom_sglang.__version__}" in proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "True"  # decided by SGLang's own call
+
+
+def test_sglangs_registry_scans_the_external_model_package():
+    # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
+    # so an import error in any wrapper module fails the test.
+    code = (
+        "from sglang.srt.models.registry import ModelRegistry, import_model_classes\n"
+        "found = import_model_classes('atom_sglang.models', strict=True)\n"
+        "assert all(ModelRegistry.models[k] is v for k, v in found.items())\n"
+        "print(sorted(found))"
+    )
+    proc = _python(code, SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "[]"  # no wrappers yet: they arrive with the models
+
+
+def test_the_version_guard_fires_on_another_sglang_release(installed_as, caplog):
+    installed_as("sglang", "0.5.24")
+    caplog.set_level(logging.INFO, logger="atom_sglang")
+    assert register() is False
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"supports sglang {atom_sglang.SUPPORTED_SGLANG}, but sglang==0.5.24 is installed" in error
+
+
+def test_the_off_switch_leaves_sglang_untouched(monkeypatch):
+    monkeypatch.setenv("ATOM_DISABLE_SGLANG_PLUGIN", "1")
+    assert register() is False
+
+
+def test_importing_the_entry_point_module_is_cheap():
+    out = _python(
+        "import sys, atom_sglang.plugin; print(sorted(m for m in ('sglang', 'torch') if m in sys.modules))"
+    )
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,58 @@
+"""The plugin inside the real, pinned vLLM (no stubs). The shared gate logic is tested in atom-core."""
+
+import logging
+import subprocess
+import sys
+from importlib import metadata
+
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
+from vllm.plugins import DEFAULT_PLUGINS_GROUP, load_plugins_by_group
+
+import atom_vllm
+from atom_vllm.plugin import register
+
+ACTIVE = f"ATOM plugin active: atom-vllm {atom_vllm.__version__}"
+
+
+def test_the_installed_vllm_is_the_pinned_release():
+    assert Version(metadata.version("vllm")) in SpecifierSet(atom_vllm.SUPPORTED_VLLM)
+
+
+def test_vllms_plugin_loader_discovers_atom():
+    assert load_plugins_by_group(DEFAULT_PLUGINS_GROUP)["atom"] is register
+
+
+def test_at_vllm_startup_the_plugin_runs_and_its_line_is_in_vllms_log():
+    # A fresh interpreter, as each vLLM process is: vLLM's default logging, then its general plugins.
+    code = (
+        "from vllm.config.logging import LoggingConfig\n"
+        "from vllm.logger import configure_logging\n"
+        "from vllm.plugins import load_general_plugins\n"
+        "configure_logging(LoggingConfig())\n"
+        "load_general_plugins()\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    [line] = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ACTIVE in ln]
+    assert f"on vllm {metadata.version('vllm')}" in line and "INFO" in line  # vLLM's own format
+
+
+def test_the_version_guard_fires_on_another_vllm_release(installed_as, caplog):
+    installed_as("vllm", "0.33.1")
+    caplog.set_level(logging.INFO, logger="vllm.atom_vllm")
+    assert register() is False
+    [error] = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert f"supports vllm {atom_vllm.SUPPORTED_VLLM}, but vllm==0.33.1 is installed" in error
+    assert "ATOM_VLLM_SKIP_VERSION_CHECK=1" in error
+
+
+def test_the_off_switch_leaves_vllm_untouched(monkeypatch):
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    assert register() is False
+
+
+def test_importing_the_entry_point_module_is_cheap():
+    code = "import sys, atom_vllm.plugin; print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

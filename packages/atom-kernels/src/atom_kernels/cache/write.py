@@ -8,20 +8,9 @@ import triton.language as tl
 
 from atom_kernels.cache.fp8 import fp8_max, is_fp8, scale_kind
 from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
+from atom_kernels.cache.offsets import kv_offsets
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.settings import Backend, resolve_backend
-
-
-@triton.jit
-def _cache_offsets(blk, off, h, d, num_heads, head_dim, block_size, SHUFFLE: tl.constexpr, X: tl.constexpr):
-    """Element offsets (int64) of K and V for tokens at (blk, off), heads h, dims d (broadcast shapes)."""
-    if SHUFFLE:
-        k_off = ((blk * num_heads + h) * (head_dim // X) + d // X) * (block_size * X) + off * X + d % X
-        v_off = ((blk * num_heads + h) * (block_size // X) + off // X) * (head_dim * X) + d * X + off % X
-    else:
-        k_off = ((blk * block_size + off) * num_heads + h) * head_dim + d
-        v_off = k_off
-    return k_off, v_off
 
 
 @triton.jit
@@ -61,7 +50,7 @@ def _write_kv_kernel(
         mask_h = tl.arange(0, BLOCK_H) < num_heads
         k = _quantize(k, k_scale_ptr, scale_off, mask_h, SCALE_KIND, FP8_MAX)
         v = _quantize(v, v_scale_ptr, scale_off, mask_h, SCALE_KIND, FP8_MAX)
-    k_off, v_off = _cache_offsets(blk, off, h, d, num_heads, head_dim, block_size, SHUFFLE, X)
+    k_off, v_off = kv_offsets(blk, off, h, d, num_heads, head_dim, block_size, SHUFFLE, X)
     tl.store(k_cache_ptr + k_off, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 

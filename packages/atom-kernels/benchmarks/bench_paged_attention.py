@@ -1,0 +1,212 @@
+"""Paged attention and KV-write benchmarks (DESIGN.md §7), run on the GPU machine.
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_paged_attention.py \
+      [--out results.json] [--quick]
+
+Per shape: median time (triton.testing.do_bench), achieved TB/s or TFLOP/s, % of the roofline (bytes at
+the copy bandwidth measured in this run, or flops at the bf16 matmul rate measured in this run), and
+the ratio to a baseline measured in the same run on the same data made contiguous (torch SDPA; for KV
+writes, a plain copy of the same bytes). A table is printed last; --out writes the rows as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+from functools import partial
+
+import torch
+import torch.nn.functional as F
+import triton
+
+from atom_kernels.attention import paged_decode, paged_prefill
+from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
+from atom_kernels.cache.convert import flash_to_shuffle
+from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
+
+DEV = torch.device("cuda")
+HQ, HKV, D = 32, 8, 128
+
+
+def bench(fn) -> float:
+    """Median milliseconds."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def measure_ceilings() -> tuple[float, float]:
+    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
+    src = torch.randn(2**29, device=DEV, dtype=torch.bfloat16)  # 1 GiB
+    dst = torch.empty_like(src)
+    copy_bw = 2 * src.numel() * 2 / (bench(partial(dst.copy_, src)) * 1e-3)
+    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
+    mm = 2 * 8192**3 / (bench(partial(torch.matmul, a, b)) * 1e-3)
+    return copy_bw, mm
+
+
+def paged_cache(batch: int, seq_len: int, block_size: int, layout: KVLayout, dtype, fp8_scales=None):
+    """Random K/V for `batch` sequences of seq_len tokens in a paged cache with shuffled block tables.
+
+    Returns (k_cache, v_cache, block_tables, k_scale, v_scale, contiguous k, v as [B, Hkv, L, D] bf16).
+    """
+    pages = seq_len // block_size
+    num_blocks = batch * pages
+    perm = torch.randperm(num_blocks, device=DEV, dtype=torch.int32)
+    block_tables = perm.view(batch, pages)
+    k = torch.randn(batch, seq_len, HKV, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(batch, seq_len, HKV, D, device=DEV, dtype=torch.bfloat16)
+    slots = (block_tables.long()[:, :, None] * block_size + torch.arange(block_size, device=DEV)).view(-1)
+    cache_dtype = default_fp8_dtype(DEV) if fp8_scales else dtype
+    shapes = kv_cache_shapes(KVLayout.FLASH, num_blocks, block_size, HKV, D, cache_dtype)
+    kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
+    vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
+    k_scale = v_scale = None
+    if fp8_scales == "tensor":
+        k_scale = (k.abs().amax().float() / fp8_max(cache_dtype)).reshape(1)
+        v_scale = (v.abs().amax().float() / fp8_max(cache_dtype)).reshape(1)
+    elif fp8_scales == "token":
+        k_scale = torch.empty(num_blocks, HKV, block_size, device=DEV)
+        v_scale = torch.empty_like(k_scale)
+    write_kv(k.view(-1, HKV, D), v.view(-1, HKV, D), kc, vc, slots, k_scale=k_scale, v_scale=v_scale)
+    if layout is KVLayout.SHUFFLE:
+        kc, vc = flash_to_shuffle(kc, vc)
+    return (
+        kc,
+        vc,
+        block_tables,
+        k_scale,
+        v_scale,
+        k.transpose(1, 2).contiguous(),
+        v.transpose(1, 2).contiguous(),
+    )
+
+
+def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
+    rows = []
+    shapes = [(64, 8192, 16), (64, 8192, 64)] + (
+        [] if quick else [(1, 32768, 16), (4, 32768, 16), (8, 32768, 16)]
+    )
+    for batch, seq_len, block_size in shapes:
+        for layout, fp8 in [(KVLayout.FLASH, None), (KVLayout.SHUFFLE, None), (KVLayout.FLASH, "tensor"),
+                            (KVLayout.FLASH, "token")]:  # fmt: skip
+            if quick and layout is KVLayout.SHUFFLE and batch != 64:
+                continue
+            kc, vc, tables, ks, vs, k, v = paged_cache(
+                batch, seq_len, block_size, layout, torch.bfloat16, fp8
+            )
+            q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
+            seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
+            out = torch.empty_like(q)
+            ms = bench(partial(paged_decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
+                               k_scale=ks, v_scale=vs, max_seq_len=seq_len, out=out))  # fmt: skip
+            ref_ms = bench(partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True))
+            kv_bytes = kc.numel() * kc.element_size() * 2 + (ks.numel() * 4 * 2 if fp8 == "token" else 0)
+            sdpa_bytes = k.numel() * k.element_size() * 2
+            rows.append(dict(
+                op="decode", shape=f"B={batch} L={seq_len} page={block_size}", layout=str(layout),
+                kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
+                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
+                baseline="SDPA contiguous bf16", baseline_ms=ref_ms,
+                baseline_value=sdpa_bytes / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
+            ))  # fmt: skip
+    return rows
+
+
+def prefill_rows(mm_rate: float, quick: bool) -> list[dict]:
+    rows = []
+    for batch, seq_len, block_size in [(8, 4096, 64)] + ([] if quick else [(1, 16384, 64), (8, 4096, 16)]):
+        kc, vc, tables, _, _, k, v = paged_cache(batch, seq_len, block_size, KVLayout.FLASH, torch.bfloat16)
+        q = torch.randn(batch * seq_len, HQ, D, device=DEV, dtype=torch.bfloat16)
+        cu = torch.arange(0, batch + 1, device=DEV, dtype=torch.int32) * seq_len
+        seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
+        out = torch.empty_like(q)
+        ms = bench(partial(paged_prefill, q, kc, vc, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
+                           max_query_len=seq_len, out=out))  # fmt: skip
+        qs = q.view(batch, seq_len, HQ, D).transpose(1, 2).contiguous()
+        k_rep = k.repeat_interleave(HQ // HKV, dim=1)  # flash SDPA on plain MHA: its fastest path
+        v_rep = v.repeat_interleave(HQ // HKV, dim=1)
+        ref_ms = bench(partial(F.scaled_dot_product_attention, qs, k_rep, v_rep, is_causal=True))
+        flops = 4 * batch * HQ * D * seq_len * seq_len / 2  # causal: half of QK^T and PV
+        rows.append(dict(
+            op="prefill causal", shape=f"B={batch} L={seq_len} page={block_size}", layout="flash", kv="bf16",
+            ms=ms, metric="TFLOP/s", value=flops / (ms * 1e-3) / 1e12,
+            roofline_pct=100 * (flops / mm_rate) / (ms * 1e-3), baseline="SDPA contiguous (flash)",
+            baseline_ms=ref_ms, baseline_value=flops / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
+        ))  # fmt: skip
+    return rows
+
+
+def write_rows(copy_bw: float, quick: bool) -> list[dict]:
+    rows = []
+    tokens, block_size = 16384, 16
+    num_blocks = tokens // block_size * 2
+    for layout in (KVLayout.FLASH, KVLayout.SHUFFLE):
+        for fp8 in (None, "tensor", "token"):
+            cache_dtype = default_fp8_dtype(DEV) if fp8 else torch.bfloat16
+            shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, cache_dtype)
+            kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
+            vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
+            k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
+            v = torch.randn_like(k)
+            slots = torch.randperm(num_blocks * block_size, device=DEV)[:tokens]
+            ks = vs = None
+            if fp8 == "tensor":
+                ks = vs = torch.tensor([0.01], device=DEV)
+            elif fp8 == "token":
+                ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
+                vs = torch.empty_like(ks)
+            ms = bench(partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs))
+            moved = 2 * k.numel() * (2 + kc.element_size()) + (2 * tokens * HKV * 4 if fp8 == "token" else 0)
+            src = torch.cat([k, v]).view(-1)
+            dst = torch.empty_like(src)
+            ref_ms = bench(partial(dst.copy_, src))
+            rows.append(dict(
+                op="kv write", shape=f"T={tokens} Hkv={HKV} D={D}", layout=str(layout),
+                kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=moved / (ms * 1e-3) / 1e12,
+                roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3), baseline="copy of K,V (bf16)",
+                baseline_ms=ref_ms, baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
+                speedup_vs_baseline=ref_ms / ms,
+            ))  # fmt: skip
+            if quick:
+                break
+    return rows
+
+
+def print_table(rows: list[dict], copy_bw: float, mm_rate: float) -> None:
+    print(
+        f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s"
+    )
+    head = f"{'op':<15}{'shape':<24}{'layout':<8}{'kv':<11}{'ms':>8}{'value':>14}{'%roof':>7}{'base':>14}{'x base':>8}"
+    print(head)
+    print("-" * len(head))
+    for r in rows:
+        print(f"{r['op']:<15}{r['shape']:<24}{r['layout']:<8}{r['kv']:<11}{r['ms']:>8.3f}"
+              f"{r['value']:>8.2f} {r['metric']:<6}{r['roofline_pct']:>6.0f}%{r['baseline_value']:>8.2f} "
+              f"{r['metric']:<6}{r['speedup_vs_baseline']:>7.2f}")  # fmt: skip
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    copy_bw, mm_rate = measure_ceilings()
+    rows = (
+        write_rows(copy_bw, args.quick) + decode_rows(copy_bw, args.quick) + prefill_rows(mm_rate, args.quick)
+    )
+    for r in rows:
+        assert all(math.isfinite(x) for x in (r["ms"], r["value"], r["baseline_ms"]))
+    if args.out:
+        record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                      torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
+                      bf16_matmul_tflops=mm_rate / 1e12, rows=rows)  # fmt: skip
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    print_table(rows, copy_bw, mm_rate)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""Tile-configuration sweep for paged decode and prefill on the GPU (picks the launch defaults).
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_tiles.py
+Prints, per case, the fastest configurations (median ms) and the current default's time.
+"""
+
+from __future__ import annotations
+
+import itertools
+from functools import partial
+
+import torch
+import triton
+from bench_paged_attention import DEV, HQ, D, paged_cache
+
+from atom_kernels.attention.launch import TileConfig, run_paged_attention
+from atom_kernels.cache import KVLayout
+
+
+def time_config(case, config, splits):
+    q, kc, vc, tables, ks, vs, cu, seq_lens, max_q, layout = case
+    fn = partial(run_paged_attention, q, kc, vc, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
+                 max_query_len=max_q, layout=layout, softmax_scale=None, sliding_window=None, softcap=None,
+                 sinks=None, k_scale=ks, v_scale=vs, out=torch.empty_like(q), backend="triton",
+                 num_splits=splits, config=config)  # fmt: skip
+    try:
+        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+    except Exception as err:  # out of shared memory, etc.
+        return (
+            float("inf") if "resources" in str(err).lower() or "shared" in str(err).lower() else _raise(err)
+        )
+
+
+def _raise(err):
+    raise err
+
+
+def decode_case(batch, seq_len, page, layout, fp8):
+    kc, vc, tables, ks, vs, _, _ = paged_cache(batch, seq_len, page, layout, torch.bfloat16, fp8)
+    q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
+    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    return (
+        q,
+        kc,
+        vc,
+        tables,
+        ks,
+        vs,
+        cu,
+        torch.full((batch,), seq_len, device=DEV, dtype=torch.int32),
+        1,
+        layout,
+    )
+
+
+def prefill_case(batch, seq_len, page):
+    kc, vc, tables, _, _, _, _ = paged_cache(batch, seq_len, page, KVLayout.FLASH, torch.bfloat16)
+    q = torch.randn(batch * seq_len, HQ, D, device=DEV, dtype=torch.bfloat16)
+    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32) * seq_len
+    seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
+    return q, kc, vc, tables, None, None, cu, seq_lens, seq_len, KVLayout.FLASH
+
+
+def sweep(name, case, configs, splits_options, bytes_or_flops, unit):
+    results = []
+    for config, splits in itertools.product(configs, splits_options):
+        results.append((time_config(case, config, splits), config, splits))
+    results.sort(key=lambda r: r[0])
+    print(f"\n{name}")
+    for ms, config, splits in results[:5]:
+        print(f"  {ms:8.3f} ms  {bytes_or_flops / (ms * 1e-3) / 1e12:7.2f} {unit}  splits={splits} {config}")
+
+
+def main():
+    torch.manual_seed(0)
+    decode_configs = [
+        TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5))
+    ]
+    for batch, seq_len, layout, fp8 in [(64, 8192, KVLayout.FLASH, None), (64, 8192, KVLayout.FLASH, "tensor"),
+                                        (64, 8192, KVLayout.SHUFFLE, None), (4, 32768, KVLayout.FLASH, None)]:  # fmt: skip
+        case = decode_case(batch, seq_len, 16, layout, fp8)
+        kv_bytes = case[1].numel() * case[1].element_size() * 2
+        splits = (1, 2, 4) if batch == 64 else (8, 16, 32, 64)
+        sweep(f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}", case, decode_configs, splits,
+              kv_bytes, "TB/s")  # fmt: skip
+    prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
+                       itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip
+    case = prefill_case(8, 4096, 64)
+    sweep(
+        "prefill causal B=8 L=4096 page=64",
+        case,
+        prefill_configs,
+        (1,),
+        4 * 8 * HQ * D * 4096 * 4096 / 2,
+        "TFLOP/s",
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""Paged decode: one (or a few, for speculative verify) query tokens per sequence, split-KV."""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
+from atom_kernels.cache.layout import KVLayout
+from atom_kernels.settings import Backend
+
+
+def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
+    """KV splits per sequence so that batch x heads x splits fills the GPU (a power of two, <= 64).
+
+    Each split keeps at least 512 positions, so short sequences are never split.
+    """
+    if device.type != "cuda":
+        return 1 if max_seq_len <= 64 else 2  # exercise both paths on the CPU interpreter cheaply
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    want = triton.cdiv(2 * sms, batch * num_kv_heads)
+    cap = max(1, max_seq_len // 512)
+    return min(64, triton.next_power_of_2(max(1, min(want, cap))))
+
+
+def paged_decode(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_len: int = 1,
+    layout: KVLayout | str = KVLayout.FLASH,
+    softmax_scale: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    max_seq_len: int | None = None,
+    num_splits: int | None = None,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Decode attention over a paged KV cache that already holds the new tokens' K/V.
+
+    q: [B * query_len, Hq, D] (query_len tokens per sequence, the sequence's last ones: 1 for plain
+    decode, more for speculative verify); seq_lens: [B] int32 tokens in the cache (new ones included);
+    block_tables: [B, max_pages] int32. Caches in `layout`, bf16/fp16 like q or fp8 with k_scale/v_scale
+    (one fp32 value, or [N, Hkv, block_size]). sinks: [Hq] fp32. Returns out [B * query_len, Hq, D].
+    num_splits: KV splits per sequence (default: enough to fill the GPU; pass it, and max_seq_len,
+    for CUDA-graph capture, which must not read seq_lens on the host).
+    """
+    batch = seq_lens.numel()
+    if q.shape[0] != batch * query_len:
+        raise ValueError(f"q has {q.shape[0]} tokens, expected B * query_len = {batch * query_len}")
+    cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
+    if num_splits is None:
+        longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
+        num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
+                                   longest, q.device)  # fmt: skip
+    config = (
+        TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=3)  # H200 sweep (sweep_tiles.py)
+        if on_gpu(q)
+        else TileConfig(16, 16, 1, 1)
+    )
+    return run_paged_attention(
+        q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
+        max_query_len=query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, backend=backend,
+        num_splits=num_splits, config=config,
+    )  # fmt: skip

@@ -1,0 +1,190 @@
+"""Triton kernels for paged attention: one tile kernel for prefill/extend/decode, and a split combiner.
+
+A tile is up to TOKENS query tokens of one sequence times the GROUP q-heads that share one KV head
+(GQA packing: rows r -> token r // GROUP, head r % GROUP), so K/V are read once for the whole group.
+A program walks its share of the sequence's KV positions through the block table (any page size):
+blocks every row can see run without masks, the causal edge and sliding window with them. With
+NUM_SPLITS > 1 (split-KV decode) each program writes a partial output and its log-sum-exp.
+"""
+
+import triton
+import triton.language as tl
+
+from atom_kernels.cache.offsets import kv_offsets
+
+LOG2E = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def _tanh(x):
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+@triton.jit
+def _attend(
+    acc, l_i, m_i, q, q_pos,
+    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+    n_start, n_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
+    MASKED: tl.constexpr, SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    d = tl.arange(0, BLOCK_D)[None, :].to(tl.int64)
+    d_ok = d < HEAD_DIM
+    for n0 in range(n_start, n_end, BLOCK_N):
+        pos = n0 + tl.arange(0, BLOCK_N)
+        pos_ok = pos < n_end
+        if MASKED:
+            blk = tl.load(table_ptr + pos // block_size, mask=pos_ok, other=0).to(tl.int64)
+        else:
+            blk = tl.load(table_ptr + pos // block_size).to(tl.int64)
+        off = (pos % block_size).to(tl.int64)
+        k_off, v_off = kv_offsets(
+            blk[:, None], off[:, None], kvh, d, num_kv_heads, HEAD_DIM, block_size, SHUFFLE, X
+        )
+        if MASKED:
+            k = tl.load(k_cache_ptr + k_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
+        else:
+            k = tl.load(k_cache_ptr + k_off, mask=d_ok, other=0.0).to(q.dtype)
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
+        if SCALE_KIND == 2:
+            scale_off = (blk * num_kv_heads + kvh) * block_size + off
+            s = s * tl.load(k_scale_ptr + scale_off, mask=pos_ok, other=0.0)[None, :]
+        s = s * sm_scale
+        if HAS_SOFTCAP:
+            s = softcap * _tanh(s / softcap)
+        s = s * LOG2E
+        if MASKED:
+            visible = pos_ok[None, :] & (pos[None, :] <= q_pos[:, None])
+            if HAS_WINDOW:
+                visible = visible & (pos[None, :] > q_pos[:, None] - window)
+            s = tl.where(visible, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, 1))
+        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.exp2(s - m_safe[:, None])
+        alpha = tl.exp2(m_i - m_safe)
+        l_i = l_i * alpha + tl.sum(p, 1)
+        if MASKED:
+            v = tl.load(v_cache_ptr + v_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
+        else:
+            v = tl.load(v_cache_ptr + v_off, mask=d_ok, other=0.0).to(q.dtype)
+        if SCALE_KIND == 2:
+            p = p * tl.load(v_scale_ptr + scale_off, mask=pos_ok, other=0.0)[None, :]
+        acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
+        m_i = m_new
+    return acc, l_i, m_i
+
+
+@triton.jit
+def paged_attention_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
+    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
+    sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size,
+    GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
+    SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    seq = tl.program_id(1)
+    kvh = tl.program_id(2)
+    tile = tl.num_programs(0) // NUM_SPLITS - 1 - pid // NUM_SPLITS  # longest (causal) tiles first
+    split = pid % NUM_SPLITS
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    tok0 = tile * TOKENS
+    if tok0 >= q_len:
+        return
+    kv_len = tl.load(seq_lens_ptr + seq)
+
+    rows = tl.arange(0, BLOCK_M)
+    tok = tok0 + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
+    q_pos = kv_len - q_len + tok  # absolute position of each row's token
+    t_idx = (q_start + tok).to(tl.int64)
+    d = tl.arange(0, BLOCK_D)
+    io_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
+    q = tl.load(
+        q_ptr + t_idx[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
+    )
+
+    # This tile's KV positions [kv_start, kv_end), this split's share of them, and the part of that
+    # share every row sees (no masks needed there).
+    first_pos = kv_len - q_len + tok0
+    kv_end = kv_len - q_len + tl.minimum(tok0 + TOKENS, q_len)
+    kv_start = 0
+    if HAS_WINDOW:
+        kv_start = tl.maximum(first_pos - window + 1, 0)
+    per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), NUM_SPLITS) * BLOCK_N
+    n_start = kv_start + split * per_split
+    n_end = tl.minimum(n_start + per_split, kv_end)
+    if HAS_WINDOW:
+        full_end = n_start
+    else:
+        full_end = n_start + tl.maximum(tl.minimum(n_end, first_pos + 1) - n_start, 0) // BLOCK_N * BLOCK_N
+
+    if SCALE_KIND == 1:
+        sm_scale = sm_scale * tl.load(k_scale_ptr)
+    table_ptr = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+        n_start, full_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
+        False, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    acc, l_i, m_i = _attend(
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+        full_end, n_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
+        True, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    if SCALE_KIND == 1:
+        acc = acc * tl.load(v_scale_ptr)
+
+    if NUM_SPLITS == 1:
+        if HAS_SINKS:
+            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
+            m_new = tl.maximum(m_i, sink)
+            alpha = tl.exp2(m_i - m_new)
+            l_i = l_i * alpha + tl.exp2(sink - m_new)
+            acc = acc * alpha[:, None]
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        out_off = t_idx[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
+        tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+    else:
+        lse = tl.where(l_i > 0, m_i + tl.log2(tl.where(l_i > 0, l_i, 1.0)), float("-inf"))  # log2 units
+        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        part = (t_idx * num_q_heads + head) * NUM_SPLITS + split
+        tl.store(part_lse_ptr + part, lse, mask=row_ok)
+        tl.store(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], o, mask=io_mask)
+
+
+@triton.jit
+def combine_splits_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, sinks_ptr, stride_ot, stride_oh, num_q_heads,
+    NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """out[t, h] = sum_s exp(lse_s) o_s / (sum_s exp(lse_s) + exp(sink_h)), over the splits of (t, h)."""
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    d = tl.arange(0, BLOCK_D)
+    base = (t * num_q_heads + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    m = tl.max(lse, 0)
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + h) * LOG2E
+        m = tl.maximum(m, sink)
+    w = tl.exp2(lse - m)
+    denom = tl.sum(w, 0)
+    if HAS_SINKS:
+        denom += tl.exp2(sink - m)
+    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
+    o = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+    out = tl.sum(w[:, None] * o, 0) / denom
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)

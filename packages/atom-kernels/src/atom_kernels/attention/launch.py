@@ -1,0 +1,121 @@
+"""Validation and launch shared by the prefill and decode entry points."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+
+from atom_kernels.attention.kernels import combine_splits_kernel, paged_attention_kernel
+from atom_kernels.attention.ref import paged_attention_ref
+from atom_kernels.cache.fp8 import is_fp8, scale_kind
+from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
+from atom_kernels.settings import Backend, resolve_backend
+
+
+@dataclass(frozen=True, slots=True)
+class TileConfig:
+    block_m: int  # rows: query tokens x q-heads of one KV head
+    block_n: int  # KV positions per step
+    num_warps: int
+    num_stages: int
+
+
+def run_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    layout: KVLayout | str,
+    softmax_scale: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    out: torch.Tensor | None,
+    backend: Backend | str | None,
+    num_splits: int,
+    config: TileConfig,
+) -> torch.Tensor:
+    layout = KVLayout(layout)
+    num_blocks, block_size, num_kv_heads, head_dim = cache_geometry(layout, k_cache, v_cache)
+    tokens, num_q_heads, q_dim = q.shape
+    batch = seq_lens.numel()
+    if q_dim != head_dim or q.stride(-1) != 1 or num_q_heads % num_kv_heads:
+        raise ValueError(
+            f"q must be [T, Hq, {head_dim}] with a contiguous last dim and Hq a multiple of Hkv={num_kv_heads}; "
+            f"got {tuple(q.shape)}"
+        )
+    if q.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"q must be fp16, bf16 or fp32, got {q.dtype}")
+    if k_cache.dtype != q.dtype and not is_fp8(k_cache.dtype):
+        raise ValueError(f"the KV cache must be {q.dtype} or fp8, got {k_cache.dtype}")
+    if cu_seqlens_q.shape != (batch + 1,) or block_tables.dim() != 2 or block_tables.shape[0] != batch:
+        raise ValueError("cu_seqlens_q must be [B+1], seq_lens [B] and block_tables [B, max_pages]")
+    if block_tables.stride(1) != 1:
+        raise ValueError("block_tables rows must be contiguous")
+    kind = scale_kind(k_scale, num_blocks, num_kv_heads, block_size)
+    if kind != scale_kind(v_scale, num_blocks, num_kv_heads, block_size) or is_fp8(k_cache.dtype) != (
+        kind > 0
+    ):
+        raise ValueError("an fp8 cache needs k_scale and v_scale of one kind; a bf16/fp16 cache takes none")
+    if sinks is not None and (sinks.shape != (num_q_heads,) or sinks.dtype != torch.float32):
+        raise ValueError(f"sinks must be [{num_q_heads}] float32")
+    if sliding_window is not None and sliding_window < 1:
+        raise ValueError("sliding_window must be at least 1")
+    if out is None:
+        out = torch.empty_like(q)
+    elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError("out must be like q")
+    scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
+    if resolve_backend(backend, q.device) is Backend.TORCH:
+        ref = paged_attention_ref(
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=layout, softmax_scale=scale,
+            sliding_window=sliding_window, softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        return out.copy_(ref)
+    if tokens == 0 or batch == 0:
+        return out
+
+    group = num_q_heads // num_kv_heads
+    block_m = max(config.block_m, triton.next_power_of_2(group))
+    tokens_per_tile = block_m // group
+    tiles = triton.cdiv(max_query_len, tokens_per_tile)
+    part_o = part_lse = out  # placeholders when there is one split
+    if num_splits > 1:
+        part_o = torch.empty(
+            (tokens, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        )
+        part_lse = torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
+    grid = (tiles * num_splits, batch, num_kv_heads)
+    paged_attention_kernel[grid](
+        q, k_cache, v_cache, out, part_o, part_lse,
+        k_scale if kind else q, v_scale if kind else q, sinks if sinks is not None else q,
+        block_tables, seq_lens, cu_seqlens_q,
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
+        scale, softcap or 0.0, sliding_window or 0, num_q_heads, num_kv_heads, block_size,
+        GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
+        SHUFFLE=layout is KVLayout.SHUFFLE, X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
+        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
+        num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
+    if num_splits > 1:
+        combine_splits_kernel[(tokens, num_q_heads)](
+            part_o, part_lse, out, sinks if sinks is not None else q, out.stride(0), out.stride(1), num_q_heads,
+            NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None, HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
+        )  # fmt: skip
+    return out
+
+
+def on_gpu(t: torch.Tensor) -> bool:
+    return t.device.type == "cuda"

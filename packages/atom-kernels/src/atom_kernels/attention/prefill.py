@@ -1,0 +1,51 @@
+"""Paged prefill / extend: varlen causal attention of new tokens against their sequence's whole cache."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
+from atom_kernels.cache.layout import KVLayout
+from atom_kernels.settings import Backend
+
+
+def prefill_config(head_dim: int, gpu: bool) -> TileConfig:
+    if not gpu:
+        return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
+    if head_dim > 128:
+        return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
+    return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)  # H200 sweep (sweep_tiles.py)
+
+
+def paged_prefill(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    layout: KVLayout | str = KVLayout.FLASH,
+    softmax_scale: float | None = None,
+    sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Causal attention of new query tokens against everything cached for their sequence.
+
+    q: [T, Hq, D], sequences back to back (cu_seqlens_q: [B+1] int32); the cache already holds each
+    sequence's seq_lens[b] tokens, its q_len new ones last, so a prefix-cached or chunked prefill is the
+    same call as a plain one. block_tables: [B, max_pages] int32; max_query_len: the largest q_len (host
+    int). Other arguments as in paged_decode. Returns out [T, Hq, D].
+    """
+    return run_paged_attention(
+        q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
+        max_query_len=max_query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,
+        softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, backend=backend,
+        num_splits=1, config=prefill_config(q.shape[-1], on_gpu(q)),
+    )  # fmt: skip

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 import triton
 
-from atom_kernels.attention import paged_decode, paged_prefill
+from atom_kernels.attention import DecodePartition, paged_decode, paged_decode_persistent, paged_prefill
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.cache.convert import flash_to_shuffle
 from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
@@ -114,6 +114,55 @@ def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
     return rows
 
 
+def ragged_cache(seq_lens: list[int], block_size: int):
+    """A flash bf16 paged cache holding sequences of the given lengths (shuffled pages)."""
+    pages = [-(-n // block_size) for n in seq_lens]
+    perm = torch.randperm(sum(pages), device=DEV, dtype=torch.int32)
+    tables = torch.zeros(len(seq_lens), max(pages), dtype=torch.int32, device=DEV)
+    start = 0
+    for b, n in enumerate(pages):
+        tables[b, :n] = perm[start : start + n]
+        start += n
+    shape = kv_cache_shapes(KVLayout.FLASH, sum(pages), block_size, HKV, D, torch.bfloat16)[0]
+    kc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    vc = torch.randn(shape, device=DEV, dtype=torch.bfloat16)
+    return kc, vc, tables
+
+
+def persistent_rows(copy_bw: float) -> list[dict]:
+    """Skewed and uniform batches: split-KV grid (auto splits, 16 splits) against the persistent partition."""
+    rows = []
+    cases = [("1x32k + 63x1k", [32768] + [1024] * 63), ("64x8k uniform", [8192] * 64)]
+    for name, seq_lens in cases:
+        kc, vc, tables = ragged_cache(seq_lens, 16)
+        batch = len(seq_lens)
+        q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
+        lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
+        out = torch.empty_like(q)
+        part = DecodePartition.allocate(
+            max_batch=batch, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, device=DEV
+        )
+        kv_bytes = sum(seq_lens) * HKV * D * 2 * 2
+        common = dict(seq_lens=lens, block_tables=tables, out=out)
+        grid_ms = bench(partial(paged_decode, q, kc, vc, max_seq_len=max(seq_lens), **common))
+        variants = [
+            ("split-KV grid, 16 splits", bench(partial(paged_decode, q, kc, vc, num_splits=16, **common))),
+            (
+                "persistent (plan + decode)",
+                bench(partial(paged_decode_persistent, q, kc, vc, partition=part, **common)),
+            ),
+        ]
+        for label, ms in [("split-KV grid, auto splits", grid_ms), *variants]:
+            rows.append(dict(
+                op="decode skewed" if "32k" in name else "decode", shape=f"{name} page=16", layout="flash",
+                kv=label, ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
+                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3), baseline="split-KV grid, auto splits",
+                baseline_ms=grid_ms, baseline_value=kv_bytes / (grid_ms * 1e-3) / 1e12,
+                speedup_vs_baseline=grid_ms / ms,
+            ))  # fmt: skip
+    return rows
+
+
 def prefill_rows(mm_rate: float, quick: bool) -> list[dict]:
     rows = []
     for batch, seq_len, block_size in [(8, 4096, 64)] + ([] if quick else [(1, 16384, 64), (8, 4096, 16)]):
@@ -178,11 +227,11 @@ def print_table(rows: list[dict], copy_bw: float, mm_rate: float) -> None:
     print(
         f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s"
     )
-    head = f"{'op':<15}{'shape':<24}{'layout':<8}{'kv':<11}{'ms':>8}{'value':>14}{'%roof':>7}{'base':>14}{'x base':>8}"
+    head = f"{'op':<15}{'shape':<26}{'layout':<8}{'kv':<28}{'ms':>8}{'value':>14}{'%roof':>7}{'base':>14}{'x base':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['op']:<15}{r['shape']:<24}{r['layout']:<8}{r['kv']:<11}{r['ms']:>8.3f}"
+        print(f"{r['op']:<15}{r['shape']:<26}{r['layout']:<8}{r['kv']:<28}{r['ms']:>8.3f}"
               f"{r['value']:>8.2f} {r['metric']:<6}{r['roofline_pct']:>6.0f}%{r['baseline_value']:>8.2f} "
               f"{r['metric']:<6}{r['speedup_vs_baseline']:>7.2f}")  # fmt: skip
 
@@ -191,12 +240,17 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--only", nargs="+", choices=["write", "decode", "persistent", "prefill"])
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw, mm_rate = measure_ceilings()
-    rows = (
-        write_rows(copy_bw, args.quick) + decode_rows(copy_bw, args.quick) + prefill_rows(mm_rate, args.quick)
-    )
+    groups = {
+        "write": lambda: write_rows(copy_bw, args.quick),
+        "decode": lambda: decode_rows(copy_bw, args.quick),
+        "persistent": lambda: persistent_rows(copy_bw),
+        "prefill": lambda: prefill_rows(mm_rate, args.quick),
+    }
+    rows = [row for name in (args.only or list(groups)) for row in groups[name]()]
     for r in rows:
         assert all(math.isfinite(x) for x in (r["ms"], r["value"], r["baseline_ms"]))
     if args.out:

@@ -1,7 +1,16 @@
 """Paged attention: varlen prefill/extend and split-KV decode over the paged KV cache."""
 
 from atom_kernels.attention.decode import paged_decode
+from atom_kernels.attention.partition import DecodePartition, plan_decode
+from atom_kernels.attention.persistent import paged_decode_persistent
 from atom_kernels.attention.prefill import paged_prefill
 from atom_kernels.attention.ref import paged_attention_ref
 
-__all__ = ["paged_attention_ref", "paged_decode", "paged_prefill"]
+__all__ = [
+    "DecodePartition",
+    "paged_attention_ref",
+    "paged_decode",
+    "paged_decode_persistent",
+    "paged_prefill",
+    "plan_decode",
+]

@@ -22,30 +22,28 @@ class TileConfig:
     num_stages: int
 
 
-def run_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    max_query_len: int,
-    layout: KVLayout | str,
-    softmax_scale: float | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    out: torch.Tensor | None,
-    backend: Backend | str | None,
-    num_splits: int,
-    config: TileConfig,
-) -> torch.Tensor:
+@dataclass(frozen=True, slots=True)
+class Checked:
+    """Geometry and options of one validated paged-attention call."""
+
+    layout: KVLayout
+    num_blocks: int
+    block_size: int
+    num_kv_heads: int
+    head_dim: int
+    scale_kind: int
+    softmax_scale: float
+    out: torch.Tensor
+
+
+def check_inputs(
+    q, k_cache, v_cache, *, seq_lens, cu_seqlens_q, block_tables, layout, softmax_scale, sliding_window,
+    sinks, k_scale, v_scale, out,
+) -> Checked:  # fmt: skip
+    """Validate a paged-attention call; every problem is a ValueError naming the argument."""
     layout = KVLayout(layout)
     num_blocks, block_size, num_kv_heads, head_dim = cache_geometry(layout, k_cache, v_cache)
-    tokens, num_q_heads, q_dim = q.shape
+    _, num_q_heads, q_dim = q.shape
     batch = seq_lens.numel()
     if q_dim != head_dim or q.stride(-1) != 1 or num_q_heads % num_kv_heads:
         raise ValueError(
@@ -74,6 +72,39 @@ def run_paged_attention(
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError("out must be like q")
     scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
+    return Checked(layout, num_blocks, block_size, num_kv_heads, head_dim, kind, scale, out)
+
+
+def run_paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    layout: KVLayout | str,
+    softmax_scale: float | None,
+    sliding_window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    k_scale: torch.Tensor | None,
+    v_scale: torch.Tensor | None,
+    out: torch.Tensor | None,
+    backend: Backend | str | None,
+    num_splits: int,
+    config: TileConfig,
+) -> torch.Tensor:
+    c = check_inputs(
+        q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
+        layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window, sinks=sinks,
+        k_scale=k_scale, v_scale=v_scale, out=out,
+    )  # fmt: skip
+    layout, out, scale, kind = c.layout, c.out, c.softmax_scale, c.scale_kind
+    block_size, num_kv_heads, head_dim = c.block_size, c.num_kv_heads, c.head_dim
+    tokens, num_q_heads, _ = q.shape
+    batch = seq_lens.numel()
     if resolve_backend(backend, q.device) is Backend.TORCH:
         ref = paged_attention_ref(
             q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=layout, softmax_scale=scale,

@@ -1,0 +1,92 @@
+"""Persistent decode: a fixed set of programs shares the whole batch's KV blocks evenly (partition.py).
+
+Where split-KV gives every sequence the same number of splits, this balances by work: one 32k sequence
+among many short ones is spread over many programs instead of holding one up. The plan is computed on
+the GPU into preallocated buffers, so plan + decode + combine can be captured in a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+
+from atom_kernels.attention.kernels import combine_partials_kernel, persistent_decode_kernel
+from atom_kernels.attention.launch import check_inputs
+from atom_kernels.attention.partition import DecodePartition, plan_decode
+from atom_kernels.attention.ref import paged_attention_ref
+from atom_kernels.cache.fp8 import is_fp8
+from atom_kernels.cache.layout import KVLayout, shuffle_width
+from atom_kernels.settings import Backend, resolve_backend
+
+
+def paged_decode_persistent(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    *,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    partition: DecodePartition,
+    layout: KVLayout | str = KVLayout.FLASH,
+    softmax_scale: float | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
+    plan: bool = True,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Decode one token per sequence over the paged cache with a work-balanced persistent grid.
+
+    q: [B, Hq, D]; seq_lens: [B] int32 (>= 1, new token included); block_tables: [B, max_pages] int32;
+    partition: buffers from DecodePartition.allocate (B <= its max_batch). plan=False reuses the plan
+    already made for these seq_lens. Other arguments as in paged_decode (no sliding window here: use
+    paged_decode for it). Returns out [B, Hq, D].
+    """
+    batch = seq_lens.numel()
+    cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
+    c = check_inputs(
+        q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
+        layout=layout, softmax_scale=softmax_scale, sliding_window=None, sinks=sinks, k_scale=k_scale,
+        v_scale=v_scale, out=out,
+    )  # fmt: skip
+    if q.shape[0] != batch:
+        raise ValueError(
+            f"persistent decode takes one query token per sequence: q has {q.shape[0]}, B={batch}"
+        )
+    num_q_heads = q.shape[1]
+    if partition.part_o.shape[1:] != (num_q_heads, c.head_dim):
+        raise ValueError(f"partition buffers are for {tuple(partition.part_o.shape[1:])}, not [Hq, D]")
+    if resolve_backend(backend, q.device) is Backend.TORCH:
+        ref = paged_attention_ref(
+            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=c.layout,
+            softmax_scale=c.softmax_scale, softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
+        )  # fmt: skip
+        return c.out.copy_(ref)
+    if batch == 0:
+        return c.out
+    if plan:
+        plan_decode(seq_lens, partition)
+    group = num_q_heads // c.num_kv_heads
+    gpu = q.is_cuda
+    sinks_arg = sinks if sinks is not None else q
+    persistent_decode_kernel[(partition.num_programs, c.num_kv_heads)](
+        q, k_cache, v_cache, c.out, partition.part_o, partition.part_lse,
+        k_scale if c.scale_kind else q, v_scale if c.scale_kind else q, sinks_arg,
+        block_tables, seq_lens, partition.cu_blocks, partition.per_program, partition.partial_base,
+        q.stride(0), q.stride(1), c.out.stride(0), c.out.stride(1), block_tables.stride(0),
+        c.softmax_scale, softcap or 0.0, batch, num_q_heads, c.num_kv_heads, c.block_size,
+        GROUP=group, SHUFFLE=c.layout is KVLayout.SHUFFLE, X=shuffle_width(k_cache.dtype), SCALE_KIND=c.scale_kind,
+        HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
+        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+        HEAD_DIM=c.head_dim, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=partition.block,
+        BLOCK_D=triton.next_power_of_2(c.head_dim), num_warps=2 if gpu else 1, num_stages=3 if gpu else 1,
+    )  # fmt: skip
+    combine_partials_kernel[(batch, num_q_heads)](
+        partition.part_o, partition.part_lse, c.out, sinks_arg, partition.cu_blocks, partition.per_program,
+        partition.partial_base, c.out.stride(0), c.out.stride(1), num_q_heads,
+        HAS_SINKS=sinks is not None, HEAD_DIM=c.head_dim, BLOCK_S=16, BLOCK_D=triton.next_power_of_2(c.head_dim),
+    )  # fmt: skip
+    return c.out

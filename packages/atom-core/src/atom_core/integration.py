@@ -1,8 +1,12 @@
 """The surface framework adapters may use (enforced by import-linter; see the root pyproject).
 
-Adapters reach ATOM's kernels only through here, so an adapter release depends on one atom-core range.
-Importing this module is cheap (no torch): engine plugins import it from their entry-point modules, which
-engines load in every process. Kernel entry points load on first use.
+Build a model for an architecture with the adapter's own attention backend and parallel setup, load its
+weights from (name, tensor) pairs, run it inside a bound ForwardContext, compute logits; plus the
+kernel entry points an adapter's attention backend calls. Adapters reach atom_kernels only through here,
+so an adapter release depends on one atom-core range.
+
+Importing this module is cheap (no torch): engine plugins import it from their entry-point modules,
+which engines load in every process. Everything else loads on first use.
 """
 
 from typing import TYPE_CHECKING
@@ -12,16 +16,78 @@ from atom_core.engine_plugin import EnginePlugin
 from atom_core.engine_version import EngineVersionError, check_engine_version
 
 if TYPE_CHECKING:
-    from atom_core.ops import silu_and_mul
+    from atom_core.attention import (
+        AttentionBackend,
+        AttentionLayer,
+        AttentionLayerSpec,
+        LayerKVCache,
+        PagedAttentionBackend,
+        PagedAttentionMetadata,
+        allocate_kv_caches,
+    )
+    from atom_core.build import BuildContext
+    from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+    from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
+    from atom_core.loader import build_model, iter_checkpoint, load_checkpoint
+    from atom_core.ops import paged_decode, paged_prefill, silu_and_mul, write_kv
+    from atom_core.registry import ModelSpec, get_model_spec, supported_architectures
 
-_LAZY = {"silu_and_mul": "atom_core.ops"}
+_LAZY = {
+    "AttentionBackend": "atom_core.attention",
+    "AttentionLayer": "atom_core.attention",
+    "AttentionLayerSpec": "atom_core.attention",
+    "LayerKVCache": "atom_core.attention",
+    "PagedAttentionBackend": "atom_core.attention",
+    "PagedAttentionMetadata": "atom_core.attention",
+    "allocate_kv_caches": "atom_core.attention",
+    "BuildContext": "atom_core.build",
+    "CacheConfig": "atom_core.config",
+    "ModelConfig": "atom_core.config",
+    "ParallelConfig": "atom_core.config",
+    "ForwardContext": "atom_core.forward_context",
+    "bind_forward_context": "atom_core.forward_context",
+    "current_forward_context": "atom_core.forward_context",
+    "build_model": "atom_core.loader",
+    "iter_checkpoint": "atom_core.loader",
+    "load_checkpoint": "atom_core.loader",
+    "paged_decode": "atom_core.ops",
+    "paged_prefill": "atom_core.ops",
+    "silu_and_mul": "atom_core.ops",
+    "write_kv": "atom_core.ops",
+    "ModelSpec": "atom_core.registry",
+    "get_model_spec": "atom_core.registry",
+    "supported_architectures": "atom_core.registry",
+}
 
 __all__ = [
+    "AttentionBackend",
+    "AttentionLayer",
+    "AttentionLayerSpec",
+    "BuildContext",
+    "CacheConfig",
     "EnginePlugin",
     "EngineVersionError",
+    "ForwardContext",
+    "LayerKVCache",
+    "ModelConfig",
+    "ModelSpec",
+    "PagedAttentionBackend",
+    "PagedAttentionMetadata",
+    "ParallelConfig",
     "__version__",
+    "allocate_kv_caches",
+    "bind_forward_context",
+    "build_model",
     "check_engine_version",
+    "current_forward_context",
+    "get_model_spec",
+    "iter_checkpoint",
+    "load_checkpoint",
+    "paged_decode",
+    "paged_prefill",
     "silu_and_mul",
+    "supported_architectures",
+    "write_kv",
 ]
 
 

@@ -1,5 +1,26 @@
-"""Kernel entry points as atom_core exposes them (backend chosen by atom_kernels' rules)."""
+"""Kernel entry points as atom_core exposes them (backend chosen by atom_kernels' rules).
+
+Adapters' attention backends call these; they never import atom_kernels themselves.
+"""
 
 from atom_kernels import silu_and_mul
+from atom_kernels.attention import (
+    DecodePartition,
+    paged_decode,
+    paged_decode_persistent,
+    paged_prefill,
+    plan_decode,
+)
+from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 
-__all__ = ["silu_and_mul"]
+__all__ = [
+    "DecodePartition",
+    "KVLayout",
+    "kv_cache_shapes",
+    "paged_decode",
+    "paged_decode_persistent",
+    "paged_prefill",
+    "plan_decode",
+    "silu_and_mul",
+    "write_kv",
+]

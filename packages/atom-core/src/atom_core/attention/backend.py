@@ -1,0 +1,36 @@
+"""The seam between attention frontends (model math) and attention backends (where KV lives, which kernels).
+
+A frontend asks its BuildContext's backend for one AttentionLayer per attention layer at build time and
+calls it with attention-ready q, k, v. The native engine, the vLLM adapter and the SGLang adapter each
+pass their own backend; nothing switches on a global "framework" setting.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionLayerSpec:
+    layer_index: int  # index among the model's attention layers (its KV cache slot)
+    num_heads: int  # q heads on this rank
+    num_kv_heads: int  # KV heads on this rank
+    head_dim: int
+    scale: float
+    prefix: str  # the module path, e.g. "model.layers.3.self_attn.attn"
+    sliding_window: int | None = None
+
+
+class AttentionLayer(Protocol):
+    def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """q: [T, Hq, D], k/v: [T, Hkv, D] for this forward's tokens -> [T, Hq, D]. Reads the ForwardContext."""
+        ...
+
+
+class AttentionBackend(Protocol):
+    name: str
+
+    def make_layer(self, spec: AttentionLayerSpec) -> AttentionLayer: ...

@@ -1,0 +1,58 @@
+"""Paged-attention metadata for one forward of the native backend."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class PagedAttentionMetadata:
+    cu_seqlens_q: torch.Tensor  # [B+1] int32: the new tokens of each sequence, back to back
+    seq_lens: torch.Tensor  # [B] int32: tokens in the cache after this forward's writes
+    block_tables: torch.Tensor  # [B, max_pages] int32
+    slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token (-1: padding)
+    max_query_len: int
+    max_seq_len: int
+
+    @property
+    def is_decode(self) -> bool:
+        """Every sequence adds exactly one token."""
+        return self.max_query_len == 1 and self.slot_mapping.numel() == self.seq_lens.numel()
+
+    @classmethod
+    def build(
+        cls,
+        *,
+        query_lens: Sequence[int],
+        seq_lens: Sequence[int],
+        block_tables: Sequence[Sequence[int]],
+        block_size: int,
+        device: torch.device | str = "cpu",
+    ) -> PagedAttentionMetadata:
+        """From host lists: each sequence's new tokens are its last query_lens[b] of seq_lens[b]."""
+        if not (len(query_lens) == len(seq_lens) == len(block_tables)):
+            raise ValueError("query_lens, seq_lens and block_tables must have one entry per sequence")
+        slots: list[int] = []
+        for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
+            if not 0 < q_len <= s_len or len(table) * block_size < s_len:
+                raise ValueError(
+                    f"sequence with {q_len} new of {s_len} tokens and {len(table)} blocks is invalid"
+                )
+            slots += [
+                table[p // block_size] * block_size + p % block_size for p in range(s_len - q_len, s_len)
+            ]
+        width = max(len(t) for t in block_tables)
+        tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
+        cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
+        cu[1:] = torch.tensor(list(query_lens)).cumsum(0)
+        return cls(
+            cu_seqlens_q=cu.to(device),
+            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
+            block_tables=tables.to(device),
+            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            max_query_len=max(query_lens),
+            max_seq_len=max(seq_lens),
+        )

@@ -1,0 +1,17 @@
+"""What a model is built with: the attention backend to use, the parallel setup, the device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from atom_core.attention.backend import AttentionBackend
+from atom_core.config import ParallelConfig
+
+
+@dataclass(slots=True)
+class BuildContext:
+    attention_backend: AttentionBackend
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
+    device: torch.device | str = "cpu"

@@ -1,0 +1,189 @@
+"""Configs: slotted dataclasses that validate when built and name the problem when they can't."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+
+class ConfigError(ValueError):
+    """A checkpoint's config or an engine setting is invalid; the message names what and why."""
+
+
+def _positive(name: str, value: int) -> None:
+    if not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class RopeConfig:
+    """Rotary embedding parameters: rope_type is default, linear, dynamic, llama3 or yarn."""
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    original_max_position: int | None = None
+    low_freq_factor: float = 1.0  # llama3
+    high_freq_factor: float = 4.0  # llama3
+    beta_fast: float = 32.0  # yarn
+    beta_slow: float = 1.0  # yarn
+    attention_factor: float | None = None  # yarn (None: 0.1 * ln(factor) + 1)
+    partial_rotary_factor: float = 1.0
+
+    SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
+
+    def __post_init__(self):
+        if self.rope_type not in self.SUPPORTED:
+            raise ConfigError(
+                f"rope type {self.rope_type!r} is not supported (supported: {', '.join(self.SUPPORTED)})"
+            )
+        if self.factor <= 0 or self.theta <= 0 or not 0 < self.partial_rotary_factor <= 1:
+            raise ConfigError("rope theta and factor must be positive and partial_rotary_factor in (0, 1]")
+
+    @classmethod
+    def from_hf(cls, hf: dict[str, Any]) -> RopeConfig:
+        """From config.json: transformers 5's rope_parameters, or the older rope_scaling + rope_theta."""
+        params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
+        theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
+        rope_type = params.get("rope_type", params.get("type", "default"))
+        return cls(
+            theta=float(theta),
+            rope_type=rope_type,
+            factor=float(params.get("factor", 1.0)),
+            original_max_position=params.get("original_max_position_embeddings"),
+            low_freq_factor=float(params.get("low_freq_factor", 1.0)),
+            high_freq_factor=float(params.get("high_freq_factor", 4.0)),
+            beta_fast=float(params.get("beta_fast", 32.0)),
+            beta_slow=float(params.get("beta_slow", 1.0)),
+            attention_factor=params.get("attention_factor"),
+            partial_rotary_factor=float(
+                params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """The model-side facts ATOM needs, read from an HF checkpoint dir (config.json)."""
+
+    path: Path | None
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    max_position_embeddings: int
+    rms_norm_eps: float
+    rope: RopeConfig
+    tie_word_embeddings: bool
+    attention_bias: bool
+    dtype: torch.dtype
+    hf: dict[str, Any] = field(repr=False, default_factory=dict)  # the raw config, for family extras
+
+    def __post_init__(self):
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+            _positive(name, getattr(self, name))
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ConfigError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "auto") -> ModelConfig:
+        path = Path(path)
+        config_file = path / "config.json"
+        if not config_file.is_file():
+            raise ConfigError(f"{path} is not a checkpoint dir: no config.json")
+        try:
+            hf = json.loads(config_file.read_text())
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{config_file} is not valid JSON: {err}") from None
+        return cls.from_hf_dict(hf, path=path, dtype=dtype)
+
+    @classmethod
+    def from_hf_dict(cls, hf: dict[str, Any], *, path: Path | None = None, dtype: str | torch.dtype = "auto"):
+        archs = hf.get("architectures") or []
+        if not archs:
+            raise ConfigError('config.json names no architecture ("architectures" is missing)')
+        missing = [
+            k
+            for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")
+            if k not in hf
+        ]
+        if missing:
+            raise ConfigError(f"config.json lacks {', '.join(missing)}")
+        heads = hf["num_attention_heads"]
+        head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
+        return cls(
+            path=path,
+            architecture=archs[0],
+            vocab_size=hf["vocab_size"],
+            hidden_size=hf["hidden_size"],
+            intermediate_size=hf.get("intermediate_size", 4 * hf["hidden_size"]),
+            num_hidden_layers=hf["num_hidden_layers"],
+            num_attention_heads=heads,
+            num_key_value_heads=hf.get("num_key_value_heads") or heads,
+            head_dim=head_dim,
+            max_position_embeddings=hf.get("max_position_embeddings", 2048),
+            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rope=RopeConfig.from_hf(hf),
+            tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
+            attention_bias=bool(hf.get("attention_bias", False)),
+            dtype=resolve_dtype(dtype, hf),
+            hf=hf,
+        )
+
+
+def resolve_dtype(dtype: str | torch.dtype, hf: dict[str, Any]) -> torch.dtype:
+    """ "auto": the checkpoint's dtype (float32 if it names none); else the named dtype."""
+    if isinstance(dtype, torch.dtype):
+        return dtype
+    if dtype == "auto":
+        dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+    if dtype not in _DTYPES:
+        raise ConfigError(f"dtype {dtype!r} is not one of {', '.join(_DTYPES)} or 'auto'")
+    return _DTYPES[dtype]
+
+
+@dataclass(frozen=True, slots=True)
+class CacheConfig:
+    """Paged KV cache: block size, layout (flash or shuffle) and dtype ("auto": the model's, or "fp8")."""
+
+    block_size: int = 16
+    layout: str = "flash"
+    kv_dtype: str = "auto"
+    num_blocks: int | None = None  # None: sized from free memory by the engine
+
+    def __post_init__(self):
+        _positive("block_size", self.block_size)
+        if self.layout not in ("flash", "shuffle"):
+            raise ConfigError(f"KV layout must be 'flash' or 'shuffle', got {self.layout!r}")
+        if self.kv_dtype not in ("auto", "fp8"):
+            raise ConfigError(f"kv_dtype must be 'auto' or 'fp8', got {self.kv_dtype!r}")
+        if self.num_blocks is not None:
+            _positive("num_blocks", self.num_blocks)
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelConfig:
+    """Tensor parallelism: this process's rank among tp_size, and the process group to reduce over."""
+
+    tp_size: int = 1
+    tp_rank: int = 0
+    group: Any = None  # a torch.distributed ProcessGroup when tp_size > 1
+
+    def __post_init__(self):
+        _positive("tp_size", self.tp_size)
+        if not 0 <= self.tp_rank < self.tp_size:
+            raise ConfigError(f"tp_rank {self.tp_rank} is outside [0, {self.tp_size})")

@@ -1,0 +1,55 @@
+"""The multi-head (GQA) attention frontend: projections, optional q/k norm, rotary, then the backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from atom_core.attention.backend import AttentionLayerSpec
+from atom_core.build import BuildContext
+from atom_core.config import ModelConfig
+from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
+from atom_core.layers.norm import RMSNorm
+from atom_core.layers.rotary import RotaryEmbedding
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, config: ModelConfig, ctx: BuildContext, *, layer_index: int, prefix: str,
+                 qk_norm: bool = False, sliding_window: int | None = None):  # fmt: skip
+        super().__init__()
+        d, dtype, parallel = config.head_dim, config.dtype, ctx.parallel
+        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads,
+                                          bias=config.attention_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+        self.num_heads, self.num_kv_heads, self.head_dim = (
+            self.qkv_proj.num_heads,
+            self.qkv_proj.num_kv_heads,
+            d,
+        )
+        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
+                                        bias=config.attention_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
+        self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
+        self.attn = ctx.attention_backend.make_layer(
+            AttentionLayerSpec(layer_index=layer_index, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
+                               head_dim=d, scale=d**-0.5, prefix=f"{prefix}.attn", sliding_window=sliding_window)
+        )  # fmt: skip
+
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        tokens = hidden.shape[0]
+        q, k, v = self.qkv_proj(hidden).split(
+            [
+                self.num_heads * self.head_dim,
+                self.num_kv_heads * self.head_dim,
+                self.num_kv_heads * self.head_dim,
+            ],
+            -1,
+        )
+        q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
+        k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
+        v = v.view(tokens, self.num_kv_heads, self.head_dim).contiguous()
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k = self.rotary_emb(positions, q, k)
+        out = self.attn(q.contiguous(), k.contiguous(), v)  # [T, Hq, D]
+        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))

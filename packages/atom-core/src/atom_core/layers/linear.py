@@ -1,0 +1,146 @@
+"""Linear layers, replicated or split over tensor-parallel ranks, each with a weight loader.
+
+A parameter's `weight_loader(param, loaded, shard_id)` copies this rank's slice of a checkpoint tensor;
+packed layers (qkv, gate_up) take one shard per checkpoint tensor. Shape problems raise ValueError
+saying what was expected; the checkpoint loader adds the tensor's name.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atom_core.config import ParallelConfig
+from atom_core.layers.parallel import all_reduce
+
+
+def _check(loaded: torch.Tensor, shape: tuple[int, ...]) -> None:
+    if tuple(loaded.shape) != tuple(shape):
+        raise ValueError(f"expected shape {tuple(shape)}, got {tuple(loaded.shape)}")
+
+
+def _split(total: int, parallel: ParallelConfig, what: str) -> int:
+    if total % parallel.tp_size:
+        raise ValueError(f"{what} {total} is not divisible by tensor-parallel size {parallel.tp_size}")
+    return total // parallel.tp_size
+
+
+class LinearBase(nn.Module):
+    def __init__(
+        self, in_local: int, out_local: int, *, bias: bool, dtype: torch.dtype, parallel: ParallelConfig
+    ):
+        super().__init__()
+        self.parallel = parallel
+        self.weight = nn.Parameter(torch.empty(out_local, in_local, dtype=dtype), requires_grad=False)
+        self.weight.weight_loader = self.weight_loader
+        self.bias = None
+        if bias:
+            self.bias = nn.Parameter(torch.empty(out_local, dtype=dtype), requires_grad=False)
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        _check(loaded, param.shape)
+        param.data.copy_(loaded)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ReplicatedLinear(LinearBase):
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
+        super().__init__(in_features, out_features, bias=bias, dtype=dtype, parallel=parallel)
+
+
+class ColumnParallelLinear(LinearBase):
+    """Output features split over ranks; the output stays split (the next row-parallel layer consumes it)."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
+        super().__init__(in_features, _split(out_features, parallel, "output size"), bias=bias, dtype=dtype,
+                         parallel=parallel)  # fmt: skip
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        rows = param.shape[0]
+        _check(loaded, (rows * self.parallel.tp_size, *param.shape[1:]))
+        param.data.copy_(loaded.narrow(0, self.parallel.tp_rank * rows, rows))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs in one matmul (gate and up): shard i is output_sizes[i] wide."""
+
+    def __init__(
+        self, in_features: int, output_sizes: list[int], *, bias: bool, dtype, parallel: ParallelConfig
+    ):
+        self.output_sizes = output_sizes
+        super().__init__(in_features, sum(output_sizes), bias=bias, dtype=dtype, parallel=parallel)
+        for param in self.parameters():
+            param.expected_shards = frozenset(range(len(output_sizes)))
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if shard_id is None:
+            return super().weight_loader(param, loaded)
+        tp, rank = self.parallel.tp_size, self.parallel.tp_rank
+        size = self.output_sizes[shard_id] // tp
+        offset = sum(self.output_sizes[:shard_id]) // tp
+        _check(loaded, (self.output_sizes[shard_id], *param.shape[1:]))
+        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections in one matmul; heads split over ranks (KV heads replicated when fewer than ranks)."""
+
+    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, *, bias: bool, dtype,
+                 parallel: ParallelConfig):  # fmt: skip
+        tp = parallel.tp_size
+        self.head_dim = head_dim
+        self.num_heads = _split(num_heads, parallel, "num_attention_heads")
+        if num_kv_heads >= tp:
+            self.num_kv_heads = _split(num_kv_heads, parallel, "num_key_value_heads")
+            self.kv_head_start = parallel.tp_rank * self.num_kv_heads
+        else:
+            if tp % num_kv_heads:
+                raise ValueError(
+                    f"tensor-parallel size {tp} must be a multiple of num_key_value_heads {num_kv_heads}"
+                )
+            self.num_kv_heads = 1
+            self.kv_head_start = parallel.tp_rank // (tp // num_kv_heads)
+        self.total_kv_heads = num_kv_heads
+        LinearBase.__init__(self, hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias=bias,
+                            dtype=dtype, parallel=parallel)  # fmt: skip
+        for param in self.parameters():
+            param.expected_shards = frozenset({"q", "k", "v"})
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
+        if shard_id == "q":
+            _check(loaded, (hq * self.parallel.tp_size * d, *param.shape[1:]))
+            src, dst = (
+                loaded.narrow(0, self.parallel.tp_rank * hq * d, hq * d),
+                param.data.narrow(0, 0, hq * d),
+            )
+        elif shard_id in ("k", "v"):
+            _check(loaded, (self.total_kv_heads * d, *param.shape[1:]))
+            src = loaded.narrow(0, self.kv_head_start * d, hkv * d)
+            dst = param.data.narrow(0, (hq + (hkv if shard_id == "v" else 0)) * d, hkv * d)
+        else:
+            raise ValueError(f"qkv shard must be 'q', 'k' or 'v', got {shard_id!r}")
+        dst.copy_(src)
+
+
+class RowParallelLinear(LinearBase):
+    """Input features split over ranks; partial outputs are summed over ranks (then the bias is added once)."""
+
+    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
+        super().__init__(_split(in_features, parallel, "input size"), out_features, bias=bias, dtype=dtype,
+                         parallel=parallel)  # fmt: skip
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        if param.dim() == 1:  # bias: not split
+            return super().weight_loader(param, loaded)
+        cols = param.shape[1]
+        _check(loaded, (param.shape[0], cols * self.parallel.tp_size))
+        param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = all_reduce(F.linear(x, self.weight), self.parallel)
+        return y if self.bias is None else y + self.bias

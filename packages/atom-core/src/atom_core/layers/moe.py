@@ -1,0 +1,68 @@
+"""Sparse MoE: a router picks top-k experts per token; expert MLPs are stacked parameters.
+
+Experts' intermediate dimension is split over tensor-parallel ranks. The expert computation here is a
+correct torch path (one matmul pair per expert hit); the fused MoE kernel replaces it when present.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from atom_core.config import ParallelConfig
+from atom_core.layers.linear import ReplicatedLinear, _check, _split
+from atom_core.layers.parallel import all_reduce
+from atom_core.ops import silu_and_mul
+
+
+class SparseMoE(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
+                 dtype, parallel: ParallelConfig):  # fmt: skip
+        super().__init__()
+        self.parallel, self.top_k, self.norm_topk_prob, self.num_experts = (
+            parallel,
+            top_k,
+            norm_topk_prob,
+            num_experts,
+        )
+        self.inter = _split(intermediate, parallel, "moe_intermediate_size")
+        self.gate = ReplicatedLinear(hidden, num_experts, bias=False, dtype=dtype, parallel=parallel)
+        self.w13 = nn.Parameter(
+            torch.empty(num_experts, 2 * self.inter, hidden, dtype=dtype), requires_grad=False
+        )
+        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.inter, dtype=dtype), requires_grad=False)
+        self.w13.weight_loader = self.weight_loader
+        self.w2.weight_loader = self.weight_loader
+        self.w13.expected_shards = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
+        self.w2.expected_shards = frozenset((e, "w2") for e in range(num_experts))
+
+    def weight_loader(self, param, loaded, shard_id):
+        """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections."""
+        expert, which = shard_id
+        rank, inter = self.parallel.tp_rank, self.inter
+        if which == "w2":
+            _check(loaded, (param.shape[1], inter * self.parallel.tp_size))
+            param.data[expert].copy_(loaded.narrow(1, rank * inter, inter))
+        else:
+            _check(loaded, (inter * self.parallel.tp_size, param.shape[2]))
+            param.data[expert].narrow(0, 0 if which == "w1" else inter, inter).copy_(
+                loaded.narrow(0, rank * inter, inter)
+            )
+
+    def route(self, x: torch.Tensor):
+        """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
+        probs = F.softmax(self.gate(x).float(), dim=-1)
+        weights, ids = probs.topk(self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        out = torch.zeros_like(x)
+        for expert in ids.unique().tolist():
+            token, slot = (ids == expert).nonzero(as_tuple=True)
+            h = silu_and_mul(F.linear(x[token], self.w13[expert]))
+            out.index_add_(0, token, F.linear(h, self.w2[expert]) * weights[token, slot, None])
+        return all_reduce(out, self.parallel)

@@ -1,0 +1,96 @@
+"""Rotary position embeddings (neox style: rotate halves), with default, linear, dynamic, llama3 and yarn scaling."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from atom_core.config import RopeConfig
+
+
+def rope_frequencies(rope: RopeConfig, rotary_dim: int, max_position: int, seq_len: int | None = None):
+    """(inv_freq [rotary_dim / 2] fp32, attention scaling). seq_len matters only for dynamic scaling."""
+    exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
+    base = rope.theta
+    if rope.rope_type == "dynamic":
+        original = rope.original_max_position or max_position
+        if seq_len is not None and seq_len > original:
+            base = base * ((rope.factor * seq_len / original) - (rope.factor - 1)) ** (
+                rotary_dim / (rotary_dim - 2)
+            )
+    inv_freq = 1.0 / base**exponents
+    if rope.rope_type == "linear":
+        return inv_freq / rope.factor, 1.0
+    if rope.rope_type == "llama3":
+        return _llama3(inv_freq, rope, max_position), 1.0
+    if rope.rope_type == "yarn":
+        return _yarn(rope, rotary_dim, max_position)
+    return inv_freq, 1.0
+
+
+def _llama3(inv_freq: torch.Tensor, rope: RopeConfig, max_position: int) -> torch.Tensor:
+    original = rope.original_max_position or max_position
+    low_wavelen = original / rope.low_freq_factor
+    high_wavelen = original / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)  # long waves: interpolate
+    smooth = (original / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    blended = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    medium = (wavelen >= high_wavelen) & (wavelen <= low_wavelen)
+    return torch.where(medium, blended, scaled)
+
+
+def _yarn(rope: RopeConfig, dim: int, max_position: int) -> tuple[torch.Tensor, float]:
+    original = rope.original_max_position or max_position
+    scaling = rope.attention_factor
+    if scaling is None:
+        scaling = 0.1 * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low = max(math.floor(correction_dim(rope.beta_fast)), 0)
+    high = min(math.ceil(correction_dim(rope.beta_slow)), dim - 1)
+    if low == high:
+        high += 0.001
+    ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2, dtype=torch.int64).float() / dim)
+    extrapolate = 1 - ramp  # high frequencies keep their original rate
+    inv_freq = (1.0 / (rope.factor * pos_freqs)) * (1 - extrapolate) + (1.0 / pos_freqs) * extrapolate
+    return inv_freq, float(scaling)
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, head_dim: int, rope: RopeConfig, max_position: int):
+        super().__init__()
+        self.rope = rope
+        self.head_dim = head_dim
+        self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
+        self.max_position = max_position
+        inv_freq, self.scaling = rope_frequencies(rope, self.rotary_dim, max_position)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+        inv_freq = self.inv_freq
+        if self.rope.rope_type == "dynamic":  # the base grows with the longest sequence in the batch
+            seq_len = int(positions.max()) + 1 if positions.numel() else 0
+            inv_freq, _ = rope_frequencies(self.rope, self.rotary_dim, self.max_position, seq_len)
+            inv_freq = inv_freq.to(positions.device)
+        freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions: [T]; q: [T, Hq, D], k: [T, Hkv, D] -> both rotated (first rotary_dim dims)."""
+        cos, sin = self.cos_sin(positions, q.dtype)
+        return _apply(q, cos, sin, self.rotary_dim), _apply(k, cos, sin, self.rotary_dim)
+
+
+def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
+    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
+    half = rotary_dim // 2
+    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
+    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
+    return torch.cat([out, rest], dim=-1) if rest.numel() else out

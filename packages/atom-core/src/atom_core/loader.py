@@ -1,0 +1,82 @@
+"""Checkpoint loading: HF safetensors dirs (single file or sharded with an index), streamed tensor by tensor."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from torch import nn
+
+from atom_core.build import BuildContext
+from atom_core.config import ModelConfig
+from atom_core.registry import get_model_spec
+
+
+class CheckpointError(ValueError):
+    """The checkpoint does not match the model; the message names the tensors."""
+
+
+def checkpoint_files(path: str | Path) -> list[Path]:
+    path = Path(path)
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        files = sorted({path / f for f in weight_map.values()})
+        missing = [f.name for f in files if not f.is_file()]
+        if missing:
+            raise CheckpointError(f"{index.name} lists shards that are not there: {', '.join(missing)}")
+        return files
+    files = sorted(path.glob("*.safetensors"))
+    if not files:
+        pickled = sorted(p.name for p in path.glob("*.bin"))
+        hint = (
+            f" (found {', '.join(pickled)}: ATOM never unpickles weights; convert them to safetensors)"
+            if pickled
+            else ""
+        )
+        raise CheckpointError(f"no .safetensors files in {path}{hint}")
+    return files
+
+
+def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
+    """(name, tensor) for every tensor of the checkpoint, one at a time."""
+    yield from _iter_files(checkpoint_files(path))
+
+
+def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
+    for file in files:
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                yield name, f.get_tensor(name)
+
+
+def build_model(config: ModelConfig, ctx: BuildContext) -> nn.Module:
+    """The ATOM model for config.architecture, built on ctx.device with ctx's attention backend and parallel setup."""
+    cls = get_model_spec(config.architecture).load_class()
+    with torch.device(ctx.device):
+        return cls(config, ctx).eval()
+
+
+def load_checkpoint(
+    model: nn.Module, path: str | Path | None, *, load_format: str = "safetensors", seed: int = 0
+) -> None:
+    """Fill the model's weights from an HF checkpoint dir, or with random values (load_format="dummy")."""
+    if load_format == "dummy":
+        generator = torch.Generator().manual_seed(seed)
+        for param in model.parameters():
+            values = torch.empty(param.shape, dtype=torch.float32).uniform_(-0.05, 0.05, generator=generator)
+            param.data.copy_(values)
+        return
+    if load_format != "safetensors":
+        raise CheckpointError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")
+    if path is None:
+        raise CheckpointError("load_format='safetensors' needs a checkpoint path")
+    files = checkpoint_files(path)  # before touching the model: a dir without safetensors fails here
+    filled = model.load_weights(_iter_files(files))
+    missing = sorted(set(dict(model.named_parameters())) - filled)
+    if missing:
+        shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+        raise CheckpointError(f"checkpoint {path} is missing tensors for: {shown}")

@@ -1,0 +1,96 @@
+"""Llama (and the families that reuse its structure: Qwen3 declares q/k norm, Qwen3-MoE sparse MLPs)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from atom_core.build import BuildContext
+from atom_core.config import ModelConfig
+from atom_core.layers.attention import SelfAttention
+from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
+from atom_core.layers.mlp import GatedMLP
+from atom_core.layers.norm import RMSNorm
+from atom_core.models.weights import LLAMA_PACKED, load_by_rules
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str, mlp: nn.Module,
+                 *, qk_norm: bool):  # fmt: skip
+        super().__init__()
+        eps, dtype = config.rms_norm_eps, config.dtype
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.self_attn = SelfAttention(config, ctx, layer_index=layer_index, prefix=f"{prefix}.self_attn",
+                                       qk_norm=qk_norm)  # fmt: skip
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.mlp = mlp
+
+    def forward(self, positions, hidden, residual):
+        if residual is None:
+            hidden, residual = self.input_layernorm(hidden), hidden
+        else:
+            hidden, residual = self.input_layernorm(hidden, residual)
+        hidden = self.self_attn(positions, hidden)
+        hidden, residual = self.post_attention_layernorm(hidden, residual)
+        return self.mlp(hidden), residual
+
+
+class LlamaForCausalLM(nn.Module):
+    """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [T, vocab]."""
+
+    qk_norm = False  # Qwen3: RMSNorm over each head of q and k before rotary
+    packed_rules = LLAMA_PACKED
+    name_rules = ()
+
+    def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
+        super().__init__()
+        self.config = config
+        p = f"{prefix}model"
+        dtype, parallel = config.dtype, ctx.parallel
+        self.model = nn.Module()
+        self.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype,
+                                                         parallel=parallel)  # fmt: skip
+        self.model.layers = nn.ModuleList(
+            DecoderLayer(
+                config,
+                ctx,
+                i,
+                f"{p}.layers.{i}",
+                self.make_mlp(config, ctx, i, f"{p}.layers.{i}.mlp"),
+                qk_norm=self.qk_norm,
+            )
+            for i in range(config.num_hidden_layers)
+        )
+        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel)
+        if config.tie_word_embeddings:
+            self.lm_head.weight = self.model.embed_tokens.weight
+
+    def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
+        return GatedMLP(config.hidden_size, config.intermediate_size, bias=bool(config.hf.get("mlp_bias", False)),
+                        dtype=config.dtype, parallel=ctx.parallel)  # fmt: skip
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.model.embed_tokens(input_ids)
+
+    def forward(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, inputs_embeds: torch.Tensor | None = None
+    ):
+        hidden = self.embed_input_ids(input_ids) if inputs_embeds is None else inputs_embeds
+        residual = None
+        for layer in self.model.layers:
+            hidden, residual = layer(positions, hidden, residual)
+        hidden, _ = self.model.norm(hidden, residual)
+        return hidden
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        return self.lm_head.logits(hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        tied = self.config.tie_word_embeddings
+        return load_by_rules(
+            self, weights, self.packed_rules, name_rules=self.name_rules,
+            skip=lambda name: "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"),
+        )  # fmt: skip

@@ -1,0 +1,50 @@
+"""Qwen3-MoE: Qwen3 with sparse MoE MLPs on the layers config.json marks sparse."""
+
+from __future__ import annotations
+
+import re
+
+from torch import nn
+
+from atom_core.build import BuildContext
+from atom_core.config import ModelConfig
+from atom_core.layers.moe import SparseMoE
+from atom_core.models.qwen3 import Qwen3ForCausalLM
+
+_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+_EXPERT_PARAM = {"gate": ("w13", "w1"), "up": ("w13", "w3"), "down": ("w2", "w2")}
+
+
+def expert_rule(name: str):
+    """model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight -> the stacked expert parameter, (E, w1|w3|w2)."""
+    if (m := _EXPERT.match(name)) is None:
+        return None
+    param, shard = _EXPERT_PARAM[m.group(3)]
+    return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+
+
+def num_experts(config: ModelConfig) -> int:
+    """Hub checkpoints say num_experts; transformers 5 writes num_local_experts."""
+    return int(config.hf.get("num_experts") or config.hf.get("num_local_experts") or 0)
+
+
+def is_sparse_layer(config: ModelConfig, layer_index: int) -> bool:
+    hf = config.hf
+    step = hf.get("decoder_sparse_step", 1) or 1
+    return (
+        layer_index not in (hf.get("mlp_only_layers") or [])
+        and num_experts(config) > 0
+        and (layer_index + 1) % step == 0
+    )
+
+
+class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
+    name_rules = (expert_rule,)
+
+    def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
+        if not is_sparse_layer(config, layer_index):
+            return super().make_mlp(config, ctx, layer_index, prefix)
+        hf = config.hf
+        return SparseMoE(config.hidden_size, hf["moe_intermediate_size"], num_experts(config), hf["num_experts_per_tok"],
+                         norm_topk_prob=bool(hf.get("norm_topk_prob", False)), dtype=config.dtype,
+                         parallel=ctx.parallel)  # fmt: skip

@@ -1,0 +1,93 @@
+"""Checkpoint names -> parameters, driven by data: packed-module rules and per-family name rules.
+
+A rule maps a checkpoint tensor to (parameter name, shard id). Each parameter declares the shards it
+needs (`expected_shards`, default {None}); a parameter counts as loaded once all its shards arrived.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class WeightLoadError(ValueError):
+    """A checkpoint tensor could not be loaded; the message names the tensor and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class PackedRule:
+    """Checkpoint names containing `source` load into the parameter named with `target` instead, as `shard`."""
+
+    source: str
+    target: str
+    shard: Any
+
+
+NameRule = Callable[[str], tuple[str, Any] | None]  # checkpoint name -> (parameter name, shard) or None
+
+LLAMA_PACKED = (
+    PackedRule(".q_proj.", ".qkv_proj.", "q"),
+    PackedRule(".k_proj.", ".qkv_proj.", "k"),
+    PackedRule(".v_proj.", ".qkv_proj.", "v"),
+    PackedRule(".gate_proj.", ".gate_up_proj.", 0),
+    PackedRule(".up_proj.", ".gate_up_proj.", 1),
+)
+
+
+def load_by_rules(
+    model: nn.Module,
+    weights: Iterable[tuple[str, torch.Tensor]],
+    packed: Sequence[PackedRule],
+    *,
+    name_rules: Sequence[NameRule] = (),
+    skip: Callable[[str], bool] = lambda name: False,
+) -> set[str]:
+    """Load `weights` into `model`; returns the names of the parameters that got all their shards.
+
+    Raises WeightLoadError for a tensor the model has no place for, or one whose shape is wrong.
+    """
+    params = dict(model.named_parameters())
+    filled: dict[str, set] = defaultdict(set)
+    unexpected = []
+    for name, tensor in weights:
+        if skip(name):
+            continue
+        target, shard = _resolve(name, packed, name_rules)
+        param = params.get(target)
+        if param is None:
+            unexpected.append(name)
+            continue
+        loader = getattr(param, "weight_loader", None)
+        try:
+            if loader is None:
+                if tuple(tensor.shape) != tuple(param.shape):
+                    raise ValueError(f"expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
+                param.data.copy_(tensor)
+            else:
+                loader(param, tensor.to(param.dtype), shard) if shard is not None else loader(
+                    param, tensor.to(param.dtype)
+                )
+        except ValueError as err:
+            raise WeightLoadError(f"checkpoint tensor {name!r} does not fit {target!r}: {err}") from None
+        filled[target].add(shard)
+    if unexpected:
+        shown = ", ".join(unexpected[:8]) + (
+            f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""
+        )
+        raise WeightLoadError(f"checkpoint has tensors this model has no place for: {shown}")
+    return {n for n, got in filled.items() if got >= getattr(params[n], "expected_shards", frozenset({None}))}
+
+
+def _resolve(name: str, packed: Sequence[PackedRule], name_rules: Sequence[NameRule]) -> tuple[str, Any]:
+    for rule in name_rules:
+        if (hit := rule(name)) is not None:
+            return hit
+    for rule in packed:
+        if rule.source in name:
+            return name.replace(rule.source, rule.target), rule.shard
+    return name, None

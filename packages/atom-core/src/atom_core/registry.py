@@ -1,0 +1,53 @@
+"""Which architectures ATOM implements, and what each needs: declared as data, one ModelSpec per architecture."""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from atom_core.config import ModelConfig
+
+
+class UnsupportedArchitecture(ValueError):
+    pass
+
+
+def _all_mha(config: ModelConfig) -> tuple[str, ...]:
+    return ("mha",) * config.num_hidden_layers
+
+
+@dataclass(frozen=True, slots=True)
+class ModelSpec:
+    architecture: str  # the name in config.json's "architectures"
+    model_class: str  # "module:Class", imported only when built
+    attention_kinds: Callable[[ModelConfig], tuple[str, ...]] = _all_mha  # per layer: mha, mla, gdn, sliding
+    draft_class: str | None = None  # MTP draft model, "module:Class"
+    adapter_hooks: Mapping[str, str] = field(default_factory=dict)  # hook name -> "module:function"
+
+    def load_class(self) -> type:
+        module, _, name = self.model_class.partition(":")
+        return getattr(importlib.import_module(module), name)
+
+
+SPECS: dict[str, ModelSpec] = {
+    spec.architecture: spec
+    for spec in (
+        ModelSpec("LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM"),
+        ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM"),
+        ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM"),
+    )
+}
+
+
+def supported_architectures() -> tuple[str, ...]:
+    return tuple(SPECS)
+
+
+def get_model_spec(architecture: str) -> ModelSpec:
+    try:
+        return SPECS[architecture]
+    except KeyError:
+        raise UnsupportedArchitecture(
+            f"architecture {architecture!r} is not supported by ATOM; supported: {', '.join(SPECS)}"
+        ) from None

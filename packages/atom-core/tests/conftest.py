@@ -18,14 +18,16 @@ def atom_cache(tmp_path, monkeypatch):
 class PagedRunner:
     """Drives an ATOM model the way an engine does: paged KV, batched prefill, then batched decode."""
 
-    def __init__(self, model, config, backend_block_size=4, num_blocks=96, seed=0, layout="flash"):
+    def __init__(
+        self, model, config, backend_block_size=4, num_blocks=96, seed=0, layout="flash", device="cpu"
+    ):
         from atom_core.attention import allocate_kv_caches
         from atom_core.config import CacheConfig
 
-        self.model, self.config, self.block_size = model, config, backend_block_size
+        self.model, self.config, self.block_size, self.device = model, config, backend_block_size, device
         kv_heads = model.model.layers[0].self_attn.num_kv_heads
         self.caches = allocate_kv_caches(config, CacheConfig(block_size=backend_block_size, layout=layout), num_blocks=num_blocks,
-                                         num_kv_heads=kv_heads, device="cpu")  # fmt: skip
+                                         num_kv_heads=kv_heads, device=device)  # fmt: skip
         generator = torch.Generator().manual_seed(seed)
         self.free = torch.randperm(num_blocks, generator=generator).tolist()  # non-contiguous tables
         self.tables: dict[int, list[int]] = {}
@@ -50,10 +52,10 @@ class PagedRunner:
             s_lens.append(end)
             tables.append(table)
         meta = PagedAttentionMetadata.build(query_lens=q_lens, seq_lens=s_lens, block_tables=tables,
-                                            block_size=self.block_size)  # fmt: skip
-        pos = torch.tensor(positions)
+                                            block_size=self.block_size, device=self.device)  # fmt: skip
+        pos = torch.tensor(positions, device=self.device)
         with bind_forward_context(ForwardContext(pos, meta, self.caches)), torch.no_grad():
-            logits = self.model.compute_logits(self.model(torch.tensor(ids), pos))
+            logits = self.model.compute_logits(self.model(torch.tensor(ids, device=self.device), pos))
         out, offset = {}, 0
         for seq, n in zip(new_tokens, q_lens, strict=True):
             out[seq] = logits[offset : offset + n]

@@ -7,7 +7,7 @@ transformers' greedy tokens for 32 steps.
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
@@ -35,6 +35,11 @@ CASES = {
     "qwen3-moe-unnormed-step2": (Qwen3MoeConfig, dict(head_dim=16, num_experts=4, num_experts_per_tok=3,
                                                       moe_intermediate_size=24, norm_topk_prob=False,
                                                       decoder_sparse_step=2)),
+    "qwen2-moe-shared-expert": (Qwen2MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
+                                                     shared_expert_intermediate_size=40, norm_topk_prob=False)),
+    "qwen2-moe-shared-normed-dense1": (Qwen2MoeConfig, dict(num_experts=6, num_experts_per_tok=3,
+                                                            moe_intermediate_size=16, shared_expert_intermediate_size=32,
+                                                            norm_topk_prob=True, mlp_only_layers=[1])),
 }  # fmt: skip
 
 

@@ -88,6 +88,7 @@ class ModelConfig:
     attention_bias: bool
     dtype: torch.dtype
     hf: dict[str, Any] = field(repr=False, default_factory=dict)  # the raw config, for family extras
+    generation: dict[str, Any] = field(repr=False, default_factory=dict)  # generation_config.json, if any
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -109,10 +110,13 @@ class ModelConfig:
             hf = json.loads(config_file.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{config_file} is not valid JSON: {err}") from None
-        return cls.from_hf_dict(hf, path=path, dtype=dtype)
+        generation_file = path / "generation_config.json"
+        generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+        return cls.from_hf_dict(hf, path=path, dtype=dtype, generation=generation)
 
     @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any], *, path: Path | None = None, dtype: str | torch.dtype = "auto"):
+    def from_hf_dict(cls, hf: dict[str, Any], *, path: Path | None = None, dtype: str | torch.dtype = "auto",
+                     generation: dict[str, Any] | None = None):  # fmt: skip
         archs = hf.get("architectures") or []
         if not archs:
             raise ConfigError('config.json names no architecture ("architectures" is missing)')
@@ -142,6 +146,7 @@ class ModelConfig:
             attention_bias=bool(hf.get("attention_bias", False)),
             dtype=resolve_dtype(dtype, hf),
             hf=hf,
+            generation=generation or {},
         )
 
 

@@ -29,6 +29,13 @@ class ModelSpec:
         module, _, name = self.model_class.partition(":")
         return getattr(importlib.import_module(module), name)
 
+    def packed_modules_mapping(self) -> dict[str, list[str]]:
+        """Packed parameter -> checkpoint modules packed into it, e.g. {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}."""
+        mapping: dict[str, list[str]] = {}
+        for rule in self.load_class().packed_rules:
+            mapping.setdefault(rule.target.strip("."), []).append(rule.source.strip("."))
+        return mapping
+
 
 SPECS: dict[str, ModelSpec] = {
     spec.architecture: spec
@@ -36,6 +43,7 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM"),
         ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM"),
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM"),
+        ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM"),
     )
 }
 

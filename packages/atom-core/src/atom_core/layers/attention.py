@@ -15,18 +15,19 @@ from atom_core.layers.rotary import RotaryEmbedding
 
 class SelfAttention(nn.Module):
     def __init__(self, config: ModelConfig, ctx: BuildContext, *, layer_index: int, prefix: str,
-                 qk_norm: bool = False, sliding_window: int | None = None):  # fmt: skip
+                 qk_norm: bool = False, qkv_bias: bool = False, o_bias: bool = False,
+                 sliding_window: int | None = None):  # fmt: skip
         super().__init__()
         d, dtype, parallel = config.head_dim, config.dtype, ctx.parallel
         self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads,
-                                          bias=config.attention_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+                                          bias=qkv_bias, dtype=dtype, parallel=parallel)  # fmt: skip
         self.num_heads, self.num_kv_heads, self.head_dim = (
             self.qkv_proj.num_heads,
             self.qkv_proj.num_kv_heads,
             d,
         )
         self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
-                                        bias=config.attention_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+                                        bias=o_bias, dtype=dtype, parallel=parallel)  # fmt: skip
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)

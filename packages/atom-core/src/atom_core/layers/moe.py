@@ -12,13 +12,14 @@ from torch import nn
 
 from atom_core.config import ParallelConfig
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
+from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.parallel import all_reduce
 from atom_core.ops import silu_and_mul
 
 
 class SparseMoE(nn.Module):
     def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
-                 dtype, parallel: ParallelConfig):  # fmt: skip
+                 dtype, parallel: ParallelConfig, shared_intermediate: int = 0):  # fmt: skip
         super().__init__()
         self.parallel, self.top_k, self.norm_topk_prob, self.num_experts = (
             parallel,
@@ -36,6 +37,13 @@ class SparseMoE(nn.Module):
         self.w2.weight_loader = self.weight_loader
         self.w13.expected_shards = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
         self.w2.expected_shards = frozenset((e, "w2") for e in range(num_experts))
+        # Qwen2-MoE style: every token also goes through one dense expert, scaled by sigmoid(gate(x)).
+        self.shared_expert = self.shared_expert_gate = None
+        if shared_intermediate:
+            self.shared_expert = GatedMLP(
+                hidden, shared_intermediate, bias=False, dtype=dtype, parallel=parallel
+            )
+            self.shared_expert_gate = ReplicatedLinear(hidden, 1, bias=False, dtype=dtype, parallel=parallel)
 
     def weight_loader(self, param, loaded, shard_id):
         """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections."""
@@ -65,4 +73,7 @@ class SparseMoE(nn.Module):
             token, slot = (ids == expert).nonzero(as_tuple=True)
             h = silu_and_mul(F.linear(x[token], self.w13[expert]))
             out.index_add_(0, token, F.linear(h, self.w2[expert]) * weights[token, slot, None])
-        return all_reduce(out, self.parallel)
+        out = all_reduce(out, self.parallel)
+        if self.shared_expert is not None:  # its down projection reduces over ranks itself
+            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        return out

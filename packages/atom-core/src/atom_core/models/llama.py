@@ -18,12 +18,12 @@ from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str, mlp: nn.Module,
-                 *, qk_norm: bool):  # fmt: skip
+                 *, qk_norm: bool, biases: tuple[bool, bool]):  # fmt: skip
         super().__init__()
         eps, dtype = config.rms_norm_eps, config.dtype
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.self_attn = SelfAttention(config, ctx, layer_index=layer_index, prefix=f"{prefix}.self_attn",
-                                       qk_norm=qk_norm)  # fmt: skip
+                                       qk_norm=qk_norm, qkv_bias=biases[0], o_bias=biases[1])  # fmt: skip
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = mlp
 
@@ -60,6 +60,7 @@ class LlamaForCausalLM(nn.Module):
                 f"{p}.layers.{i}",
                 self.make_mlp(config, ctx, i, f"{p}.layers.{i}.mlp"),
                 qk_norm=self.qk_norm,
+                biases=self.attention_biases(config),
             )
             for i in range(config.num_hidden_layers)
         )
@@ -67,6 +68,10 @@ class LlamaForCausalLM(nn.Module):
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
+
+    def attention_biases(self, config: ModelConfig) -> tuple[bool, bool]:
+        """(q/k/v bias, o_proj bias): Llama's attention_bias covers both."""
+        return config.attention_bias, config.attention_bias
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         return GatedMLP(config.hidden_size, config.intermediate_size, bias=bool(config.hf.get("mlp_bias", False)),

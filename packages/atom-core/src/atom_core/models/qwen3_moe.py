@@ -38,13 +38,18 @@ def is_sparse_layer(config: ModelConfig, layer_index: int) -> bool:
     )
 
 
+def sparse_moe(config: ModelConfig, ctx: BuildContext) -> SparseMoE:
+    """The MoE block config.json describes (Qwen2-MoE's shared expert included when it has one)."""
+    hf = config.hf
+    return SparseMoE(config.hidden_size, hf["moe_intermediate_size"], num_experts(config), hf["num_experts_per_tok"],
+                     norm_topk_prob=bool(hf.get("norm_topk_prob", False)), dtype=config.dtype, parallel=ctx.parallel,
+                     shared_intermediate=hf.get("shared_expert_intermediate_size", 0))  # fmt: skip
+
+
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     name_rules = (expert_rule,)
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):
             return super().make_mlp(config, ctx, layer_index, prefix)
-        hf = config.hf
-        return SparseMoE(config.hidden_size, hf["moe_intermediate_size"], num_experts(config), hf["num_experts_per_tok"],
-                         norm_topk_prob=bool(hf.get("norm_topk_prob", False)), dtype=config.dtype,
-                         parallel=ctx.parallel)  # fmt: skip
+        return sparse_moe(config, ctx)

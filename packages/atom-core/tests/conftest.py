@@ -76,3 +76,23 @@ class PagedRunner:
 @pytest.fixture
 def paged_runner():
     return PagedRunner
+
+
+def hf_greedy(model, prompt, steps):
+    """Plain argmax decoding with transformers' own KV cache (no logits processors: generate() would, e.g.,
+    suppress EOS under min_new_tokens)."""
+    tokens, past = list(prompt), None
+    with torch.no_grad():
+        step_input = torch.tensor([prompt])
+        for _ in range(steps):
+            out = model(step_input, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+            step_input = torch.tensor([[tokens[-1]]])
+    return tokens[len(prompt) :]
+
+
+@pytest.fixture
+def hf_greedy_tokens():
+    """hf_greedy(model, prompt, steps): transformers' greedy continuation (an argmax loop over its KV cache)."""
+    return hf_greedy

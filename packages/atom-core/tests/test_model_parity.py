@@ -52,20 +52,6 @@ def save_hf_model(tmp_path, config_cls, overrides, shard=False, seed=0):
     return model, path
 
 
-def hf_greedy(model, prompt, steps):
-    """Plain argmax decoding with transformers' own KV cache (no logits processors: generate() would, e.g.,
-    suppress EOS under min_new_tokens)."""
-    tokens, past = list(prompt), None
-    with torch.no_grad():
-        step_input = torch.tensor([prompt])
-        for _ in range(steps):
-            out = model(step_input, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            tokens.append(int(out.logits[0, -1].argmax()))
-            step_input = torch.tensor([[tokens[-1]]])
-    return tokens[len(prompt) :]
-
-
 def atom_model(path, kernel_backend="torch"):
     config = ModelConfig.from_pretrained(path)
     model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend)))
@@ -74,7 +60,7 @@ def atom_model(path, kernel_backend="torch"):
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, case):
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, hf_greedy_tokens, case):
     config_cls, overrides = CASES[case]
     hf, path = save_hf_model(tmp_path, config_cls, overrides)
     model, config = atom_model(path)
@@ -86,7 +72,7 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, cas
             ref = hf(torch.tensor([prompt])).logits[0]
         scale = ref.abs().max().item()
         torch.testing.assert_close(prefill[i], ref, rtol=0, atol=1e-4 * max(scale, 1.0))
-        assert generated[i] == hf_greedy(hf, prompt, 32), (
+        assert generated[i] == hf_greedy_tokens(hf, prompt, 32), (
             f"prompt {i} diverged from transformers' greedy tokens"
         )
 
@@ -101,7 +87,7 @@ def test_sharded_checkpoint(tmp_path, paged_runner):
         torch.testing.assert_close(prefill[0], hf(torch.tensor([prompt])).logits[0], rtol=0, atol=1e-4)
 
 
-def test_triton_kernels_through_the_native_backend(tmp_path, paged_runner):
+def test_triton_kernels_through_the_native_backend(tmp_path, paged_runner, hf_greedy_tokens):
     """The same parity with atom-kernels' Triton path (the interpreter on the CPU) doing cache writes and attention."""
     hf, path = save_hf_model(tmp_path, Qwen3Config, dict(head_dim=16, num_hidden_layers=2))
     model, config = atom_model(path, kernel_backend="triton")
@@ -110,4 +96,4 @@ def test_triton_kernels_through_the_native_backend(tmp_path, paged_runner):
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             torch.testing.assert_close(prefill[i], hf(torch.tensor([prompt])).logits[0], rtol=0, atol=1e-4)
-        assert generated[i] == hf_greedy(hf, prompt, 6)
+        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)

@@ -1,8 +1,7 @@
 """The `atom` command line.
 
-`atom generate` runs greedy generation on a checkpoint dir, or on the built-in demo checkpoint when no
---model is given. ATOM's own engine is not built yet: until it is, generation runs the checkpoint through
-HF transformers (the ground-truth implementation ATOM's models are tested against) and says so.
+`atom generate` runs ATOM's engine on a checkpoint dir, or on the built-in demo checkpoint when no
+--model is given (greedy unless a temperature is set).
 """
 
 from __future__ import annotations
@@ -40,19 +39,26 @@ def _build_parser() -> argparse.ArgumentParser:
         "--prompt-token-ids", action="append", type=_parse_token_ids, help="a prompt as token ids: '1,2,3'"
     )
     gen.add_argument("--max-tokens", type=int, default=32)
+    gen.add_argument("--temperature", type=float, default=0.0, help="0: greedy (default)")
+    gen.add_argument("--top-p", type=float, default=1.0)
+    gen.add_argument("--top-k", type=int, default=-1)
+    gen.add_argument("--seed", type=int, default=None)
+    gen.add_argument("--ignore-eos", action="store_true")
+    gen.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     return parser
 
 
 def _generate(args: argparse.Namespace) -> int:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     from atom_core.demo import ensure_demo_checkpoint
+    from atom_core.engine import LLM, SamplingParams
 
-    if args.max_tokens < 1:
-        _log("--max-tokens must be at least 1")
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
+                                max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)  # fmt: skip
+    except ValueError as err:
+        _log(str(err))
         return 2
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     if not (model_dir / "config.json").is_file():
@@ -60,34 +66,26 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     if args.model is None:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
-    _log(
-        "ATOM's engine is not built yet: this run generates with HF transformers, the reference "
-        "implementation ATOM's models are tested against"
-    )
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_pretrained(model_dir, use_safetensors=True).to(device).eval()
-
-    prompts: list[tuple[str | None, list[int]]] = [(p, tokenizer(p).input_ids) for p in args.prompt or []]
-    prompts += [(None, ids) for ids in args.prompt_token_ids or []]
+    llm = LLM(model_dir, device=args.device, load_format=args.load_format)
+    prompts: list = [p for p in args.prompt or []] + [
+        {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
+    ]
     if not prompts:
-        prompts = [(p, tokenizer(p).input_ids) for p in ("Paged attention keeps", "The quick brown fox")]
-    for text, ids in prompts:
-        with torch.inference_mode():
-            out = model.generate(
-                torch.tensor([ids], device=device),
-                attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=device),
-                max_new_tokens=args.max_tokens,
-                do_sample=False,
-                pad_token_id=tokenizer.eos_token_id,
-            )
-        new_ids = out[0, len(ids) :].tolist()
-        completion = tokenizer.decode(new_ids, skip_special_tokens=True)
+        prompts = ["Paged attention keeps", "The quick brown fox"]
+    try:
+        outputs = llm.generate(prompts, params)
+    except ValueError as err:
+        _log(str(err))
+        return 2
+    for out in outputs:
+        completion = out.outputs[0]
         if args.json:
-            record = {"prompt": text, "prompt_token_ids": ids, "token_ids": new_ids, "text": completion}
-            print(json.dumps(record))
+            print(json.dumps({"prompt": out.prompt, "prompt_token_ids": out.prompt_token_ids,
+                              "token_ids": completion.token_ids, "text": completion.text,
+                              "finish_reason": completion.finish_reason}))  # fmt: skip
         else:
-            print(f"{text if text is not None else ids!r} -> {completion!r}")
+            shown = out.prompt if out.prompt is not None else out.prompt_token_ids
+            print(f"{shown!r} -> {completion.text!r}")
     return 0
 
 

@@ -1,0 +1,94 @@
+"""Paged KV blocks with automatic prefix caching.
+
+A full block's identity is (its parent block's identity, its tokens): exact, so equal prefixes share
+blocks and different ones never collide. Freed blocks keep their identity until reused, least recently
+freed first, so a later request with the same prefix still finds them. The block that holds a sequence's
+last known token is never taken from the cache: it is always computed, so shared blocks are never written.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import OrderedDict
+
+from atom_core.engine.sequence import Sequence
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int):
+        self.block_size = block_size
+        self.ref_count = [0] * num_blocks
+        self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
+        self.key_of: dict[int, tuple] = {}  # block -> its content key, while cached
+        self.block_of: dict[tuple, int] = {}  # content key -> block
+        self.content_id: dict[int, int] = {}  # block -> id used as the parent of the next block's key
+        self._next_content = itertools.count(1)
+        self.num_prefix_hits = 0  # blocks reused from the cache (for tests and stats)
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free)
+
+    def _take(self) -> int:
+        block, _ = self.free.popitem(last=False)
+        if (key := self.key_of.pop(block, None)) is not None:  # evict its cached content
+            del self.block_of[key]
+            self.content_id.pop(block, None)
+        self.ref_count[block] = 1
+        return block
+
+    def admit(self, seq: Sequence) -> int:
+        """Reuse cached blocks for the longest cached prefix of seq's tokens; returns how many blocks."""
+        b = self.block_size
+        parent, hits = 0, []
+        for i in range((len(seq.token_ids) - 1) // b):  # never the block of the last token
+            block = self.block_of.get((parent, tuple(seq.token_ids[i * b : (i + 1) * b])))
+            if block is None:
+                break
+            hits.append(block)
+            parent = self.content_id[block]
+        for block in hits:
+            if self.ref_count[block] == 0:
+                del self.free[block]
+            self.ref_count[block] += 1
+        self.num_prefix_hits += len(hits)
+        seq.block_table = hits
+        seq.num_computed_tokens = len(hits) * b
+        seq.num_hashed_blocks = len(hits)
+        return len(hits)
+
+    def blocks_needed(self, seq: Sequence, new_tokens: int) -> int:
+        return max(0, -(-(seq.num_computed_tokens + new_tokens) // self.block_size) - len(seq.block_table))
+
+    def can_allocate(self, seq: Sequence, new_tokens: int) -> bool:
+        return self.blocks_needed(seq, new_tokens) <= len(self.free)
+
+    def allocate(self, seq: Sequence, new_tokens: int) -> None:
+        for _ in range(self.blocks_needed(seq, new_tokens)):
+            seq.block_table.append(self._take())
+
+    def register_full_blocks(self, seq: Sequence) -> None:
+        """After a forward: make seq's newly completed blocks findable by later requests."""
+        b = self.block_size
+        full = seq.num_computed_tokens // b
+        parent = (
+            self.content_id.get(seq.block_table[seq.num_hashed_blocks - 1], 0) if seq.num_hashed_blocks else 0
+        )
+        for i in range(seq.num_hashed_blocks, full):
+            block = seq.block_table[i]
+            key = (parent, tuple(seq.token_ids[i * b : (i + 1) * b]))
+            if key not in self.block_of and block not in self.key_of:
+                self.block_of[key] = block
+                self.key_of[block] = key
+                self.content_id[block] = next(self._next_content)
+            parent = self.content_id.get(self.block_of.get(key, block), 0)
+        seq.num_hashed_blocks = full
+
+    def release(self, seq: Sequence) -> None:
+        for block in reversed(seq.block_table):  # the tail is freed first, so prefixes live longest
+            self.ref_count[block] -= 1
+            if self.ref_count[block] == 0:
+                self.free[block] = None
+        seq.block_table = []
+        seq.num_computed_tokens = 0
+        seq.num_hashed_blocks = 0

@@ -1,0 +1,100 @@
+"""Continuous batching: every step serves running sequences first, then admits waiting ones, under a token budget.
+
+Prefills are chunked to fit the budget (a long prompt spreads over several steps, mixed with decodes).
+When the KV cache runs out, the most recently arrived running sequence is preempted: its blocks are
+freed and it is recomputed later from its prompt and the tokens it already produced (prefix caching
+makes that cheap). Order is first come, first served.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.sequence import Sequence, Status
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+
+
+@dataclass(slots=True)
+class ScheduledBatch:
+    seqs: list[Sequence]
+    num_new_tokens: list[int]  # tokens each sequence computes this step
+
+
+class Scheduler:
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+        self.config = config
+        self.blocks = blocks
+        self.waiting: deque[Sequence] = deque()
+        self.running: list[Sequence] = []
+        self.num_preemptions = 0
+        self.num_chunked_prefills = 0  # steps that computed only part of a sequence's known tokens
+
+    def add(self, seq: Sequence) -> None:
+        self.waiting.append(seq)
+
+    def has_work(self) -> bool:
+        return bool(self.waiting or self.running)
+
+    def schedule(self) -> ScheduledBatch:
+        budget = self.config.max_num_batched_tokens
+        batch = ScheduledBatch([], [])
+        for seq in list(self.running):
+            if seq.status is not Status.RUNNING or budget == 0:
+                continue
+            n = min(seq.num_uncomputed, budget)
+            while not self.blocks.can_allocate(seq, n):
+                victim = self.running[-1]
+                self._preempt(victim)
+                if victim is seq:
+                    break
+            if seq.status is not Status.RUNNING:
+                continue
+            self.blocks.allocate(seq, n)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
+            seq = self.waiting[0]
+            self.blocks.admit(seq)
+            n = min(seq.num_uncomputed, budget)
+            if not self.blocks.can_allocate(seq, n):
+                self.blocks.release(seq)  # hand back the cached prefix; retry next step
+                if not self.running:
+                    raise RuntimeError(
+                        f"the KV cache cannot hold even one sequence of {len(seq.token_ids)} tokens "
+                        f"({self.blocks.num_free_blocks} blocks of {self.blocks.block_size} free)"
+                    )
+                break
+            self.waiting.popleft()
+            self.num_chunked_prefills += n < seq.num_uncomputed
+            self.blocks.allocate(seq, n)
+            seq.status = Status.RUNNING
+            self.running.append(seq)
+            batch.seqs.append(seq)
+            batch.num_new_tokens.append(n)
+            budget -= n
+        return batch
+
+    def _preempt(self, seq: Sequence) -> None:
+        self.running.remove(seq)
+        self.blocks.release(seq)
+        seq.status = Status.WAITING
+        self.waiting.appendleft(seq)
+        self.num_preemptions += 1
+
+    def finish(self, seq: Sequence, reason: str) -> None:
+        seq.status = Status.FINISHED
+        seq.finish_reason = reason
+        self.running.remove(seq)
+        self.blocks.release(seq)

@@ -1,0 +1,54 @@
+"""One generation stream: its tokens, how many are in the KV cache, its blocks, its sampling state."""
+
+from __future__ import annotations
+
+import enum
+import itertools
+from dataclasses import dataclass, field
+
+import torch
+
+from atom_core.engine.sampling_params import SamplingParams
+
+
+class Status(enum.Enum):
+    WAITING = "waiting"
+    RUNNING = "running"
+    FINISHED = "finished"
+
+
+_ids = itertools.count()
+
+
+@dataclass(eq=False, slots=True)
+class Sequence:
+    request_id: str
+    index: int  # which of the request's n samples
+    prompt_token_ids: list[int]
+    params: SamplingParams
+    token_ids: list[int] = field(init=False)
+    output_token_ids: list[int] = field(default_factory=list)
+    output_logprobs: list[dict[int, float]] = field(default_factory=list)
+    num_computed_tokens: int = 0  # tokens whose KV is in the cache
+    block_table: list[int] = field(default_factory=list)
+    num_hashed_blocks: int = 0  # leading full blocks registered for prefix caching
+    status: Status = Status.WAITING
+    finish_reason: str | None = None
+    text: str = ""
+    arrival: int = field(default_factory=lambda: next(_ids))
+    generator: torch.Generator | None = None
+
+    def __post_init__(self):
+        self.token_ids = list(self.prompt_token_ids)
+        if self.params.seed is not None:
+            self.generator = torch.Generator().manual_seed(self.params.seed + self.index)
+
+    @property
+    def num_uncomputed(self) -> int:
+        return len(self.token_ids) - self.num_computed_tokens
+
+    def append(self, token: int, logprobs: dict[int, float] | None) -> None:
+        self.token_ids.append(token)
+        self.output_token_ids.append(token)
+        if logprobs is not None:
+            self.output_logprobs.append(logprobs)

@@ -1,0 +1,158 @@
+"""The native engine: batched output equals each request alone and transformers; sampling controls behave."""
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from atom_core.demo import ensure_demo_checkpoint
+from atom_core.engine import LLM, SamplingParams
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+    path = tmp_path_factory.mktemp("engine") / "ckpt"
+    model = AutoModelForCausalLM.from_config(config).eval()
+    model.save_pretrained(path)
+    return model, path
+
+
+def _llm(path, **kw):
+    return LLM(path, kernel_backend="torch", **{"block_size": 4, "num_kv_blocks": 128, **kw})
+
+
+def _prompts():
+    gen = torch.Generator().manual_seed(3)
+    shared = torch.randint(1, 151, (13,), generator=gen).tolist()
+    return [
+        [*shared, 7, 8],  # shares 3 full blocks with the next one
+        [*shared, 9],
+        torch.randint(1, 151, (29,), generator=gen).tolist(),  # longer than the token budget below
+        [4, 5],
+        torch.randint(1, 151, (9,), generator=gen).tolist(),
+    ]
+
+
+def test_mixed_batch_with_chunking_prefix_hits_and_preemption_equals_each_request_alone(
+    checkpoint, hf_greedy_tokens
+):
+    hf, path = checkpoint
+    prompts = _prompts()
+    alone = [_llm(path).generate({"prompt_token_ids": p}, GREEDY)[0].outputs[0].token_ids for p in prompts]
+    for p, tokens in zip(prompts, alone, strict=True):
+        assert tokens == hf_greedy_tokens(hf, p, 12)
+
+    llm = _llm(path, num_kv_blocks=14, max_num_batched_tokens=16)  # 56 KV slots for ~125 tokens of work
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], GREEDY)
+    assert [o.outputs[0].token_ids for o in outputs] == alone
+    assert all(o.outputs[0].finish_reason == "length" for o in outputs)
+    scheduler = llm.engine.scheduler
+    assert scheduler.num_preemptions > 0, "the tiny KV cache should have forced preemption"
+    assert scheduler.num_chunked_prefills > 0, "the 29-token prompt should have been chunked"
+    assert llm.engine.blocks.num_prefix_hits > 0, "the shared prefix should have hit the cache"
+
+
+def test_a_repeated_prompt_reuses_its_cached_prefix(checkpoint):
+    _, path = checkpoint
+    llm = _llm(path)
+    prompt = {"prompt_token_ids": list(range(1, 30))}
+    first = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+    hits_before = llm.engine.blocks.num_prefix_hits
+    assert llm.generate(prompt, GREEDY)[0].outputs[0].token_ids == first
+    assert llm.engine.blocks.num_prefix_hits - hits_before == (29 - 1) // 4
+
+
+def test_stop_token_ids_and_max_tokens(checkpoint):
+    _, path = checkpoint
+    llm = _llm(path)
+    prompt = {"prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6]}
+    full = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+    stop_at = full[5]
+    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
+                                              stop_token_ids=[stop_at]))[0].outputs[0]  # fmt: skip
+    assert out.token_ids == full[: full.index(stop_at) + 1] and out.finish_reason == "stop"
+    short = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].outputs[0]
+    assert short.token_ids == full[:3] and short.finish_reason == "length"
+
+
+def test_seeds_reproduce_and_top_k_1_is_greedy(checkpoint):
+    _, path = checkpoint
+    llm = _llm(path)
+    prompt = {"prompt_token_ids": [10, 20, 30, 40]}
+    sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234, max_tokens=12,
+                             ignore_eos=True)  # fmt: skip
+    a = llm.generate([prompt, prompt], [sampled, sampled])
+    assert a[0].outputs[0].token_ids == a[1].outputs[0].token_ids  # same seed, batched together
+    b = llm.generate(prompt, SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True))
+    assert b[0].outputs[0].token_ids != a[0].outputs[0].token_ids
+    top1 = llm.generate(
+        prompt, SamplingParams(temperature=0.8, top_k=1, seed=5, max_tokens=12, ignore_eos=True)
+    )
+    assert top1[0].outputs[0].token_ids == llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
+
+
+def test_n_samples_and_logprobs(checkpoint):
+    hf, path = checkpoint
+    llm = _llm(path)
+    prompt = [8, 16, 32, 64]
+    out = llm.generate({"prompt_token_ids": prompt},
+                       SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True))[0]  # fmt: skip
+    assert [o.index for o in out.outputs] == [0, 1, 2] and len({tuple(o.token_ids) for o in out.outputs}) > 1
+    greedy = llm.generate(
+        {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=1, logprobs=3)
+    )[0]
+    first = greedy.outputs[0]
+    with torch.no_grad():
+        ref = torch.log_softmax(hf(torch.tensor([prompt])).logits[0, -1], -1)
+    token = first.token_ids[0]
+    assert set(first.logprobs[0]) == set(ref.topk(3).indices.tolist()) | {token}
+    assert first.logprobs[0][token] == pytest.approx(ref[token].item(), abs=1e-4)
+
+
+def test_stop_strings_with_a_tokenizer(atom_cache):
+    llm = LLM(
+        None, kernel_backend="torch", block_size=4, num_kv_blocks=64
+    )  # the built-in demo (has a tokenizer)
+    full = llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True))[
+        0
+    ]
+    text = full.outputs[0].text
+    assert len(text) > 4
+    stop = text[2:4]
+    cut = llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
+                                                             stop=[stop]))[0].outputs[0]  # fmt: skip
+    assert cut.finish_reason == "stop" and cut.text == text[: text.find(stop)]
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "message"),
+    [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=0), "top_k"),
+     (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n must"), (dict(min_p=2), "min_p")],
+)  # fmt: skip
+def test_bad_sampling_params_are_named(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        SamplingParams(**kwargs)
+
+
+def test_bad_requests_are_refused_and_the_engine_keeps_serving(checkpoint):
+    _, path = checkpoint
+    llm = _llm(path, max_model_len=32)
+    with pytest.raises(ValueError, match="exceeds the model's max_model_len 32"):
+        llm.generate({"prompt_token_ids": list(range(1, 30))}, SamplingParams(max_tokens=10))
+    with pytest.raises(ValueError, match=r"must be in \[0, 151\)"):
+        llm.generate({"prompt_token_ids": [1, 500]})
+    with pytest.raises(ValueError, match="no tokenizer"):
+        llm.generate("text needs a tokenizer")
+    assert llm.generate({"prompt_token_ids": [1, 2, 3]}, GREEDY)[0].finished
+
+
+def test_demo_model_is_the_default(atom_cache):
+    out = LLM(kernel_backend="torch", num_kv_blocks=32).generate(
+        "Paged attention", SamplingParams(max_tokens=4)
+    )
+    assert out[0].finished and len(out[0].outputs[0].token_ids) >= 1
+    assert ensure_demo_checkpoint(log=lambda _: None).is_dir()

@@ -47,7 +47,44 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
+    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
+    serve.add_argument("--model", type=Path, help="HF checkpoint dir (safetensors); default: built-in demo")
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
+    serve.add_argument("--served-model-name", default=None)
+    serve.add_argument("--max-model-len", type=int, default=None)
+    serve.add_argument("--max-num-seqs", type=int, default=256)
+    serve.add_argument("--num-kv-blocks", type=int, default=None)
+    serve.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    serve.add_argument("--device", default=None)
     return parser
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import logging
+
+    import uvicorn
+
+    from atom_core.demo import ensure_demo_checkpoint
+    from atom_core.engine import LLMEngine
+    from atom_core.engine.async_engine import AsyncEngine
+    from atom_core.entrypoints.openai_server import create_app
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    model_dir = args.model or ensure_demo_checkpoint(log=_log)
+    if args.model is None:
+        _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
+    engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
+                       num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device)  # fmt: skip
+    async_engine = AsyncEngine(engine)
+    name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
+    try:
+        uvicorn.run(create_app(async_engine, name, api_key=args.api_key), host=args.host, port=args.port,
+                    log_level="warning")  # fmt: skip
+    finally:
+        async_engine.shutdown()
+    return 0
 
 
 def _generate(args: argparse.Namespace) -> int:
@@ -99,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.command == "generate":
         return _generate(args)
+    if args.command == "serve":
+        return _serve(args)
     parser.print_help()
     return 2
 

@@ -59,3 +59,20 @@ def test_console_script_reports_versions():
 def test_bad_sampling_flags_exit_2_with_the_reason(atom_cache, capsys):
     assert main(["generate", "--temperature", "-1"]) == 2
     assert "temperature must be >= 0" in capsys.readouterr().err
+
+
+def test_bench_reports_throughput_and_latency(atom_cache, capsys):
+    assert main(["bench", "--num-prompts", "5", "--input-len", "9", "--output-len", "4", "--json",
+                 "--num-kv-blocks", "64"]) == 0  # fmt: skip
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert result["num_prompts"] == 5 and result["output_tokens"] == 20
+    assert result["output_tok_s"] > 0 and result["latency_ms_p90"] >= result["latency_ms_p50"] > 0
+    assert "5/5 requests done" in captured.err
+    assert (
+        main(
+            ["bench", "--num-prompts", "2", "--input-len", "3", "--output-len", "2", "--num-kv-blocks", "16"]
+        )
+        == 0
+    )
+    assert "output throughput" in capsys.readouterr().out

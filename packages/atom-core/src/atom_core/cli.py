@@ -58,7 +58,37 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-kv-blocks", type=int, default=None)
     serve.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     serve.add_argument("--device", default=None)
+    bench = sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
+    bench.add_argument("--model", type=Path, help="HF checkpoint dir; default: built-in demo")
+    bench.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    bench.add_argument("--num-prompts", type=int, default=32)
+    bench.add_argument("--input-len", type=int, default=128)
+    bench.add_argument("--output-len", type=int, default=64)
+    bench.add_argument("--max-num-seqs", type=int, default=256)
+    bench.add_argument("--num-kv-blocks", type=int, default=None)
+    bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--device", default=None)
+    bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from atom_core.demo import ensure_demo_checkpoint
+    from atom_core.engine import LLMEngine
+    from atom_core.entrypoints.bench import run_bench
+
+    if min(args.num_prompts, args.input_len, args.output_len) < 1:
+        _log("--num-prompts, --input-len and --output-len must be at least 1")
+        return 2
+    model_dir = args.model or ensure_demo_checkpoint(log=_log)
+    engine = LLMEngine(model_dir, dtype=args.dtype, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
+                       num_kv_blocks=args.num_kv_blocks, device=args.device,
+                       max_model_len=args.input_len + args.output_len + 8)  # fmt: skip
+    result = run_bench(
+        engine, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len
+    )
+    print(json.dumps(result.as_dict()) if args.json else result.table())
+    return 0
 
 
 def _serve(args: argparse.Namespace) -> int:
@@ -138,6 +168,8 @@ def main(argv: list[str] | None = None) -> int:
         return _generate(args)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "bench":
+        return _bench(args)
     parser.print_help()
     return 2
 

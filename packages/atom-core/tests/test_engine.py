@@ -156,3 +156,17 @@ def test_demo_model_is_the_default(atom_cache):
     )
     assert out[0].finished and len(out[0].outputs[0].token_ids) >= 1
     assert ensure_demo_checkpoint(log=lambda _: None).is_dir()
+
+
+def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
+    _, path = checkpoint
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    single = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, GREEDY)]
+    tp = _llm(path, tensor_parallel_size=2)
+    try:
+        assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
+        workers = tp.engine.runner.workers
+        assert len(workers) == 1 and workers[0].is_alive()
+    finally:
+        tp.shutdown()
+    assert not workers[0].is_alive()

@@ -16,6 +16,9 @@ class LLM:
     def __init__(self, model=None, **engine_args):
         self.engine = LLMEngine(model, **engine_args)
 
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
     def generate(self, prompts: Prompt | Seq[Prompt],
                  sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:  # fmt: skip
         """Generate for every prompt (text, {"prompt_token_ids": [...]}, or a list of either); outputs in order."""

@@ -16,6 +16,7 @@ from atom_core.engine.sampler import sample
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.scheduler import Scheduler, SchedulerConfig
 from atom_core.engine.sequence import Sequence, Status
+from atom_core.engine.tensor_parallel import TensorParallelRunner
 
 Prompt = str | list[int] | dict
 
@@ -34,8 +35,8 @@ class LLMEngine:
                  num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto", kv_layout: str = "flash",
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, device: str | None = None,
                  kernel_backend: str | None = None, gpu_memory_utilization: float = 0.9):  # fmt: skip
-        if tensor_parallel_size != 1:
-            raise ValueError("tensor_parallel_size > 1 is not supported by the native engine yet")
+        if tensor_parallel_size < 1:
+            raise ValueError("tensor_parallel_size must be at least 1")
         if model is None:
             from atom_core.demo import ensure_demo_checkpoint
 
@@ -46,9 +47,14 @@ class LLMEngine:
         cache = CacheConfig(
             block_size=block_size, layout=kv_layout, kv_dtype=kv_cache_dtype, num_blocks=num_kv_blocks
         )
-        self.runner = ModelRunner(self.model_config, cache, parallel=ParallelConfig(), device=self.device,
-                                  load_format=load_format, kernel_backend=kernel_backend,
-                                  memory_fraction=gpu_memory_utilization)  # fmt: skip
+        runner_args = dict(load_format=load_format, kernel_backend=kernel_backend,
+                           memory_fraction=gpu_memory_utilization)  # fmt: skip
+        if tensor_parallel_size > 1:
+            self.runner = TensorParallelRunner(tensor_parallel_size, self.model_config, cache, device=self.device,
+                                               **runner_args)  # fmt: skip
+        else:
+            self.runner = ModelRunner(self.model_config, cache, parallel=ParallelConfig(), device=self.device,
+                                      **runner_args)  # fmt: skip
         self.blocks = BlockManager(self.runner.num_blocks, block_size)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.blocks)
         self.tokenizer = self._load_tokenizer(Path(model))
@@ -118,6 +124,11 @@ class LLMEngine:
             elif seq in self.scheduler.waiting:
                 self.scheduler.waiting.remove(seq)
 
+    def shutdown(self) -> None:
+        """Stop tensor-parallel workers (a no-op for a single-process engine)."""
+        if isinstance(self.runner, TensorParallelRunner):
+            self.runner.shutdown()
+
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)
 
@@ -126,7 +137,9 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        ends, logits = self.runner.execute(batch)
+        inputs = ModelRunner.prepare(batch)
+        logits = self.runner.run(inputs)
+        ends = inputs.ends
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
+import torch.distributed as dist
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata, allocate_kv_caches
 from atom_core.attention.kv_cache import kv_bytes_per_block
@@ -15,16 +18,32 @@ from atom_core.loader import build_model, load_checkpoint
 CPU_KV_BYTES = 1 << 30  # the KV cache's share of host memory when none is given
 
 
+@dataclass(slots=True)
+class StepInputs:
+    """One step's model inputs as plain lists: what rank 0 sends to the other tensor-parallel ranks."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    ends: list[int]  # rows whose sequence reaches its last known token: they get logits
+
+
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache: CacheConfig, *, parallel: ParallelConfig,
                  device: torch.device, load_format: str, kernel_backend: str | None,
-                 memory_fraction: float = 0.9):  # fmt: skip
+                 memory_fraction: float = 0.9, control_group=None):  # fmt: skip
         self.config, self.cache, self.device = model_config, cache, device
         backend = PagedAttentionBackend(layout=cache.layout, kernel_backend=kernel_backend)
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
         load_checkpoint(self.model, model_config.path, load_format=load_format)
         self.num_kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
         self.num_blocks = cache.num_blocks or self._blocks_that_fit(memory_fraction)
+        if parallel.tp_size > 1:  # every rank must hold the same block count
+            agreed = torch.tensor([self.num_blocks])
+            dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
+            self.num_blocks = int(agreed)
         self.kv_caches = allocate_kv_caches(model_config, cache, num_blocks=self.num_blocks,
                                             num_kv_heads=self.num_kv_heads, device=device)  # fmt: skip
 
@@ -43,23 +62,28 @@ class ModelRunner:
             )
         return blocks
 
-    @torch.inference_mode()
-    def execute(self, batch: ScheduledBatch) -> tuple[list[int], torch.Tensor]:
-        """Compute the batch's new tokens; returns (rows of batch.seqs that reached their end, their logits)."""
-        ids, positions, q_lens, s_lens, tables, ends = [], [], [], [], [], []
+    @staticmethod
+    def prepare(batch: ScheduledBatch) -> StepInputs:
+        inputs = StepInputs([], [], [], [], [], [])
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
-            ids += seq.token_ids[start : start + n]
-            positions += range(start, start + n)
-            q_lens.append(n)
-            s_lens.append(start + n)
-            tables.append(seq.block_table)
+            inputs.ids += seq.token_ids[start : start + n]
+            inputs.positions += range(start, start + n)
+            inputs.query_lens.append(n)
+            inputs.seq_lens.append(start + n)
+            inputs.block_tables.append(list(seq.block_table))
             if start + n == len(seq.token_ids):
-                ends.append(row)
-        meta = PagedAttentionMetadata.build(query_lens=q_lens, seq_lens=s_lens, block_tables=tables,
-                                            block_size=self.cache.block_size, device=self.device)  # fmt: skip
-        pos = torch.tensor(positions, device=self.device)
+                inputs.ends.append(row)
+        return inputs
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
+        meta = PagedAttentionMetadata.build(query_lens=inputs.query_lens, seq_lens=inputs.seq_lens,
+                                            block_tables=inputs.block_tables, block_size=self.cache.block_size,
+                                            device=self.device)  # fmt: skip
+        pos = torch.tensor(inputs.positions, device=self.device)
         with bind_forward_context(ForwardContext(pos, meta, self.kv_caches)):
-            hidden = self.model(torch.tensor(ids, device=self.device), pos)
+            hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)
         last = meta.cu_seqlens_q[1:].long() - 1
-        return ends, self.model.compute_logits(hidden[last[ends]])
+        return self.model.compute_logits(hidden[last[inputs.ends]])

@@ -1,0 +1,85 @@
+"""Tensor parallel for the engine: rank 0 in this process, ranks 1..N-1 in spawned worker processes.
+
+Rank 0 schedules and broadcasts each step's inputs over a gloo control group; every rank runs the same
+forward on its shards (the layers' collectives keep them in step); rank 0 samples. NCCL carries the
+model's collectives on GPUs, gloo on the CPU.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+from atom_core.engine.model_runner import ModelRunner, StepInputs
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _device(base: torch.device, rank: int) -> torch.device:
+    return torch.device("cuda", rank) if base.type == "cuda" else base
+
+
+def _init(rank: int, size: int, port: int, device: torch.device):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size)
+    return dist.new_group(backend="gloo")
+
+
+def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: dict[str, Any]) -> None:
+    device = _device(device, rank)
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
+    control = _init(rank, size, port, device)
+    try:
+        runner = ModelRunner(**runner_args, parallel=ParallelConfig(size, rank, dist.group.WORLD), device=device,
+                             control_group=control)  # fmt: skip
+        while True:
+            message = [None]
+            dist.broadcast_object_list(message, src=0, group=control)
+            if message[0] is None:
+                return
+            runner.run(message[0])
+    finally:
+        dist.destroy_process_group()
+
+
+class TensorParallelRunner:
+    """A ModelRunner on rank 0 that keeps size - 1 worker ranks in step with it."""
+
+    def __init__(self, size: int, model_config: ModelConfig, cache: CacheConfig, *, device: torch.device,
+                 **runner_args):  # fmt: skip
+        port = _free_port()
+        args = dict(runner_args, model_config=model_config, cache=cache)
+        context = mp.get_context("spawn")
+        self.workers = [context.Process(target=_worker, args=(r, size, port, device, args), daemon=True)
+                        for r in range(1, size)]  # fmt: skip
+        for proc in self.workers:
+            proc.start()
+        device = _device(device, 0)
+        self.control = _init(0, size, port, device)
+        self.runner = ModelRunner(**args, parallel=ParallelConfig(size, 0, dist.group.WORLD), device=device,
+                                  control_group=self.control)  # fmt: skip
+        self.num_blocks = self.runner.num_blocks
+
+    def run(self, inputs: StepInputs) -> torch.Tensor:
+        dist.broadcast_object_list([inputs], src=0, group=self.control)
+        return self.runner.run(inputs)
+
+    def shutdown(self) -> None:
+        if not self.workers:
+            return
+        dist.broadcast_object_list([None], src=0, group=self.control)
+        for proc in self.workers:
+            proc.join(timeout=30)
+        self.workers = []
+        dist.destroy_process_group()

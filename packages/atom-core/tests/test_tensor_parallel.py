@@ -44,6 +44,7 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
     try:
         logits = _logits(path, ParallelConfig(tp_size=world, tp_rank=rank, group=dist.group.WORLD))
         torch.save(logits, f"{out}.{rank}")
+        dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:
         dist.destroy_process_group()
 

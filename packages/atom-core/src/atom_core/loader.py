@@ -64,11 +64,11 @@ def load_checkpoint(
     model: nn.Module, path: str | Path | None, *, load_format: str = "safetensors", seed: int = 0
 ) -> None:
     """Fill the model's weights from an HF checkpoint dir, or with random values (load_format="dummy")."""
-    if load_format == "dummy":
-        generator = torch.Generator().manual_seed(seed)
+    if load_format == "dummy":  # filled where the parameters live: fast even for billions of values
+        generators: dict[torch.device, torch.Generator] = {}
         for param in model.parameters():
-            values = torch.empty(param.shape, dtype=torch.float32).uniform_(-0.05, 0.05, generator=generator)
-            param.data.copy_(values)
+            gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
+            param.data.uniform_(-0.05, 0.05, generator=gen)
         return
     if load_format != "safetensors":
         raise CheckpointError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")

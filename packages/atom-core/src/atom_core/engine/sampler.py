@@ -38,4 +38,5 @@ def _sample_row(x: torch.Tensor, p: SamplingParams, gen: torch.Generator | None)
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(0) - sorted_probs > p.top_p  # keep the smallest set reaching top_p
         probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0))
-    return int(torch.multinomial(probs.cpu() / probs.sum(), 1, generator=gen))
+    probs = probs.cpu()  # the request's seeded generator lives on the CPU
+    return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))

@@ -47,6 +47,7 @@ def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: 
             message = [None]
             dist.broadcast_object_list(message, src=0, group=control)
             if message[0] is None:
+                dist.barrier(group=control)  # leave together: no rank tears gloo down under a peer
                 return
             runner.run(message[0])
     finally:
@@ -79,6 +80,7 @@ class TensorParallelRunner:
         if not self.workers:
             return
         dist.broadcast_object_list([None], src=0, group=self.control)
+        dist.barrier(group=self.control)
         for proc in self.workers:
             proc.join(timeout=30)
         self.workers = []

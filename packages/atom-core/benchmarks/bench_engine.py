@@ -1,0 +1,104 @@
+"""Engine throughput on a Llama-3-8B-shaped model (dummy bf16 weights), beside HF transformers, on a GPU.
+
+  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_engine.py \
+      [--out results.json] [--layers 32]
+
+B=1 and B=64, prompt 512, 128 new tokens, greedy. Roofline: each decode step reads every weight once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from atom_core.engine import LLM, SamplingParams
+
+
+def llama3_8b(layers: int) -> LlamaConfig:
+    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
+                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+                       rope_theta=500000.0, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"])  # fmt: skip
+
+
+def hf_tok_s(config: LlamaConfig, batch: int, prompt: int, new: int) -> float:
+    with torch.device("cuda"):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
+    ids = torch.randint(0, config.vocab_size, (batch, prompt), device="cuda")
+    kw = dict(max_new_tokens=new, min_new_tokens=new, do_sample=False, pad_token_id=0)
+    model.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)  # warm up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    model.generate(ids, attention_mask=torch.ones_like(ids), **kw)
+    torch.cuda.synchronize()
+    elapsed = time.perf_counter() - start
+    del model
+    torch.cuda.empty_cache()
+    return batch * new / elapsed
+
+
+def atom_tok_s(llm: LLM, vocab: int, batch: int, prompt: int, new: int) -> float:
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    prompts = [{"prompt_token_ids": torch.randint(0, vocab, (prompt,)).tolist()} for _ in range(batch)]
+    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm up
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    llm.generate(prompts, params)
+    torch.cuda.synchronize()
+    return batch * new / (time.perf_counter() - start)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--layers", type=int, default=32)
+    args = parser.parse_args()
+    config = llama3_8b(args.layers)
+    prompt, new = 512, 128
+    with torch.device("meta"):  # count parameters without allocating them
+        weight_bytes = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) * 2
+    src = torch.empty(2**29, device="cuda", dtype=torch.bfloat16)
+    dst = torch.empty_like(src)
+    for _ in range(3):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    t = time.perf_counter()
+    for _ in range(10):
+        dst.copy_(src)
+    torch.cuda.synchronize()
+    copy_bw = 10 * 2 * src.numel() * 2 / (time.perf_counter() - t)
+    del src, dst
+    roofline_b1 = copy_bw / weight_bytes  # decode steps per second if weights are read once per step
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        config.save_pretrained(d)
+        llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=prompt + new + 16)
+        atom = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
+        del llm
+        torch.cuda.empty_cache()
+    hf = {b: hf_tok_s(config, b, prompt, new) for b in (1, 64)}
+    for b in (1, 64):
+        rows.append(dict(batch=b, prompt=prompt, new_tokens=new, atom_tok_s=atom[b], hf_tok_s=hf[b],
+                         x_hf=atom[b] / hf[b], roofline_tok_s=roofline_b1 * b,
+                         pct_roofline=100 * atom[b] / (roofline_b1 * b)))  # fmt: skip
+    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), layers=args.layers,
+                  weight_gb=weight_bytes / 1e9, copy_tb_s=copy_bw / 1e12, cuda_graphs=False, rows=rows)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    print(
+        f"\n{record['device']}  weights {record['weight_gb']:.1f} GB  copy {record['copy_tb_s']:.2f} TB/s  (no CUDA graphs yet)"
+    )
+    print(f"{'B':>4} {'ATOM tok/s':>12} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}")
+    for r in rows:
+        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f} "
+              f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

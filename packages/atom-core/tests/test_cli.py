@@ -76,3 +76,21 @@ def test_bench_reports_throughput_and_latency(atom_cache, capsys):
         == 0
     )
     assert "output throughput" in capsys.readouterr().out
+
+
+def test_generate_with_tensor_parallel_2_equals_1(atom_cache, capsys):
+    args = [
+        "generate",
+        "--json",
+        "--max-tokens",
+        "5",
+        "--ignore-eos",
+        "--prompt",
+        "The quick brown fox",
+        "--device",
+        "cpu",
+    ]
+    assert main(args) == 0
+    single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert main([*args, "--tensor-parallel-size", "2"]) == 0
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"] == single["token_ids"]

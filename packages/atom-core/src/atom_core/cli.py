@@ -45,6 +45,7 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    gen.add_argument("--tensor-parallel-size", type=int, default=1)
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
@@ -57,6 +58,7 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--num-kv-blocks", type=int, default=None)
     serve.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    serve.add_argument("--tensor-parallel-size", type=int, default=1)
     serve.add_argument("--device", default=None)
     bench = sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
     bench.add_argument("--model", type=Path, help="HF checkpoint dir; default: built-in demo")
@@ -67,6 +69,7 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--max-num-seqs", type=int, default=256)
     bench.add_argument("--num-kv-blocks", type=int, default=None)
     bench.add_argument("--dtype", default="auto")
+    bench.add_argument("--tensor-parallel-size", type=int, default=1)
     bench.add_argument("--device", default=None)
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
@@ -83,10 +86,13 @@ def _bench(args: argparse.Namespace) -> int:
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     engine = LLMEngine(model_dir, dtype=args.dtype, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
                        num_kv_blocks=args.num_kv_blocks, device=args.device,
-                       max_model_len=args.input_len + args.output_len + 8)  # fmt: skip
-    result = run_bench(
-        engine, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len
-    )
+                       max_model_len=args.input_len + args.output_len + 8,
+                       tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
+    try:
+        result = run_bench(engine, num_prompts=args.num_prompts, input_len=args.input_len,
+                           output_len=args.output_len)  # fmt: skip
+    finally:
+        engine.shutdown()
     print(json.dumps(result.as_dict()) if args.json else result.table())
     return 0
 
@@ -106,7 +112,8 @@ def _serve(args: argparse.Namespace) -> int:
     if args.model is None:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
     engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                       num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device)  # fmt: skip
+                       num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device,
+                       tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
     async_engine = AsyncEngine(engine)
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
     try:
@@ -114,6 +121,7 @@ def _serve(args: argparse.Namespace) -> int:
                     log_level="warning")  # fmt: skip
     finally:
         async_engine.shutdown()
+        engine.shutdown()
     return 0
 
 
@@ -133,7 +141,8 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     if args.model is None:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
-    llm = LLM(model_dir, device=args.device, load_format=args.load_format)
+    llm = LLM(model_dir, device=args.device, load_format=args.load_format,
+              tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
     prompts: list = [p for p in args.prompt or []] + [
         {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
     ]
@@ -144,6 +153,8 @@ def _generate(args: argparse.Namespace) -> int:
     except ValueError as err:
         _log(str(err))
         return 2
+    finally:
+        llm.shutdown()
     for out in outputs:
         completion = out.outputs[0]
         if args.json:

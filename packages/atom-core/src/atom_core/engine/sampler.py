@@ -8,22 +8,24 @@ from atom_core.engine.sampling_params import SamplingParams
 
 
 def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
-    """logits: [B, V] -> (tokens [B] list, per row the {token: logprob} dict or None)."""
+    """logits: [B, V] -> (tokens [B] list, per row the {token: logprob} dict or None).
+
+    Greedy rows take one batched argmax (one device-to-host copy per step, not one per row).
+    """
     logits = logits.float()
-    logprobs_all = torch.log_softmax(logits, dim=-1) if any(p.logprobs is not None for p in params) else None
-    tokens: list[int] = []
-    logprobs: list[dict[int, float] | None] = []
+    tokens = logits.argmax(dim=-1).tolist()
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        x = logits[row]
-        token = int(x.argmax()) if p.greedy else _sample_row(x / p.temperature, p, gen)
-        tokens.append(token)
-        if logprobs_all is None or p.logprobs is None:
-            logprobs.append(None)
-            continue
-        lp = logprobs_all[row]
-        top = {int(t): float(lp[t]) for t in lp.topk(p.logprobs).indices} if p.logprobs else {}
-        top[token] = float(lp[token])
-        logprobs.append(top)
+        if not p.greedy:
+            tokens[row] = _sample_row(logits[row] / p.temperature, p, gen)
+    logprobs: list[dict[int, float] | None] = [None] * len(params)
+    wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
+    if wanted:
+        lp = torch.log_softmax(logits[wanted], dim=-1).cpu()
+        for i, row in enumerate(wanted):
+            k = params[row].logprobs
+            top = {int(t): float(lp[i, t]) for t in lp[i].topk(k).indices} if k else {}
+            top[tokens[row]] = float(lp[i, tokens[row]])
+            logprobs[row] = top
     return tokens, logprobs
 
 

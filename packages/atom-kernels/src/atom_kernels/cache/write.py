@@ -7,7 +7,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.cache.fp8 import fp8_max, is_fp8, scale_kind
-from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
+from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, layout_code, shuffle_width
 from atom_kernels.cache.offsets import kv_offsets
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.settings import Backend, resolve_backend
@@ -30,8 +30,8 @@ def _quantize(x, scale_ptr, scale_off, mask_h, SCALE_KIND: tl.constexpr, FP8_MAX
 def _write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     stride_kt, stride_kh, stride_vt, stride_vh,
-    num_heads, head_dim, block_size,
-    SHUFFLE: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr, FP8_MAX: tl.constexpr,
+    num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch,
+    LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr, FP8_MAX: tl.constexpr,
     BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
@@ -50,7 +50,9 @@ def _write_kv_kernel(
         mask_h = tl.arange(0, BLOCK_H) < num_heads
         k = _quantize(k, k_scale_ptr, scale_off, mask_h, SCALE_KIND, FP8_MAX)
         v = _quantize(v, v_scale_ptr, scale_off, mask_h, SCALE_KIND, FP8_MAX)
-    k_off, v_off = kv_offsets(blk, off, h, d, num_heads, head_dim, block_size, SHUFFLE, X)
+    k_off, v_off = kv_offsets(
+        blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch, LAYOUT, X
+    )
     tl.store(k_cache_ptr + k_off, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -96,8 +98,8 @@ def write_kv(
         k, v, k_cache, v_cache, slot_mapping,
         k_scale if kind else k, v_scale if kind else v,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        num_heads, head_dim, block_size,
-        SHUFFLE=layout is KVLayout.SHUFFLE, X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
+        num_heads, head_dim, block_size, *cache_strides(layout, k_cache),
+        LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
         FP8_MAX=fp8_max(k_cache.dtype) if kind else 1.0,
         BLOCK_H=triton.next_power_of_2(num_heads), BLOCK_D=triton.next_power_of_2(head_dim),
         num_warps=4,

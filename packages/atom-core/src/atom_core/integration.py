@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PagedAttentionBackend,
         PagedAttentionMetadata,
         allocate_kv_caches,
+        paged_attention,
     )
     from atom_core.build import BuildContext
     from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
@@ -40,6 +41,7 @@ _LAZY = {
     "PagedAttentionBackend": "atom_core.attention",
     "PagedAttentionMetadata": "atom_core.attention",
     "allocate_kv_caches": "atom_core.attention",
+    "paged_attention": "atom_core.attention",
     "BuildContext": "atom_core.build",
     "CacheConfig": "atom_core.config",
     "ModelConfig": "atom_core.config",
@@ -83,6 +85,7 @@ __all__ = [
     "get_model_spec",
     "iter_checkpoint",
     "load_checkpoint",
+    "paged_attention",
     "paged_decode",
     "paged_prefill",
     "silu_and_mul",

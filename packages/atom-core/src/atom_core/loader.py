@@ -53,11 +53,15 @@ def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
                 yield name, f.get_tensor(name)
 
 
-def build_model(config: ModelConfig, ctx: BuildContext) -> nn.Module:
-    """The ATOM model for config.architecture, built on ctx.device with ctx's attention backend and parallel setup."""
+def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.Module:
+    """The ATOM model for config.architecture, built on ctx.device with ctx's attention backend and parallel setup.
+
+    prefix: where the model sits in its caller's module tree (e.g. "atom." inside an adapter's wrapper); its
+    attention layers' AttentionLayerSpec.prefix is then that module path.
+    """
     cls = get_model_spec(config.architecture).load_class()
     with torch.device(ctx.device):
-        return cls(config, ctx).eval()
+        return cls(config, ctx, prefix).eval()
 
 
 def load_checkpoint(

@@ -3,7 +3,7 @@
 from atom_core.attention.backend import AttentionBackend, AttentionLayer, AttentionLayerSpec
 from atom_core.attention.kv_cache import LayerKVCache, allocate_kv_caches
 from atom_core.attention.metadata import PagedAttentionMetadata
-from atom_core.attention.paged import PagedAttentionBackend
+from atom_core.attention.paged import PagedAttentionBackend, paged_attention
 
 __all__ = [
     "AttentionBackend",
@@ -13,4 +13,5 @@ __all__ = [
     "PagedAttentionBackend",
     "PagedAttentionMetadata",
     "allocate_kv_caches",
+    "paged_attention",
 ]

@@ -33,24 +33,42 @@ class PagedAttentionLayer:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = current_forward_context()
-        meta: PagedAttentionMetadata = ctx.attn_metadata
         cache: LayerKVCache = ctx.kv_caches[self.spec.layer_index]
-        scales = dict(k_scale=cache.k_scale, v_scale=cache.v_scale)
-        write_kv(
-            k,
-            v,
-            cache.k,
-            cache.v,
-            meta.slot_mapping,
-            layout=self.layout,
-            backend=self.kernel_backend,
-            **scales,
-        )
-        common = dict(
-            seq_lens=meta.seq_lens, block_tables=meta.block_tables, layout=self.layout,
-            softmax_scale=self.spec.scale, sliding_window=self.spec.sliding_window, backend=self.kernel_backend,
+        return paged_attention(
+            q, k, v, cache.k, cache.v, ctx.attn_metadata, layout=self.layout, softmax_scale=self.spec.scale,
+            sliding_window=self.spec.sliding_window, k_scale=cache.k_scale, v_scale=cache.v_scale,
+            kernel_backend=self.kernel_backend,
         )  # fmt: skip
-        if meta.is_decode:
-            return paged_decode(q, cache.k, cache.v, max_seq_len=meta.max_seq_len, **common, **scales)
-        return paged_prefill(q, cache.k, cache.v, cu_seqlens_q=meta.cu_seqlens_q, max_query_len=meta.max_query_len,
-                             **common, **scales)  # fmt: skip
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    *,
+    layout: str = "flash",
+    softmax_scale: float,
+    sliding_window: int | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
+    kernel_backend: str | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One attention layer's forward over a paged cache: write this forward's K/V, then prefill or decode.
+
+    q: [T, Hq, D]; k, v: [T, Hkv, D]; caches in `layout` (flash caches may be strided views, as vLLM's
+    packed K|V pages are); meta describes the T tokens. Returns [T, Hq, D] (written into `out` if given).
+    """
+    scales = dict(k_scale=k_scale, v_scale=v_scale)
+    write_kv(k, v, k_cache, v_cache, meta.slot_mapping, layout=layout, backend=kernel_backend, **scales)
+    common = dict(
+        seq_lens=meta.seq_lens, block_tables=meta.block_tables, layout=layout, softmax_scale=softmax_scale,
+        sliding_window=sliding_window, backend=kernel_backend, out=out,
+    )  # fmt: skip
+    if meta.is_decode:
+        return paged_decode(q, k_cache, v_cache, max_seq_len=meta.max_seq_len, **common, **scales)
+    return paged_prefill(q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, max_query_len=meta.max_query_len,
+                         **common, **scales)  # fmt: skip

@@ -56,3 +56,59 @@ def test_importing_the_entry_point_module_is_cheap():
     code = "import sys, atom_vllm.plugin; print(sorted(m for m in ('vllm', 'torch') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+# Registration changes vLLM's process-wide registries, so each case runs in a fresh interpreter, as
+# every vLLM process is one.
+RESOLVE = """
+import json
+from vllm.plugins import load_general_plugins
+load_general_plugins()
+{extra}
+from vllm import ModelRegistry
+from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from atom_core.integration import supported_architectures
+out = {{}}
+for arch in supported_architectures():
+    cls = ModelRegistry._try_load_model_cls(arch)
+    info = ModelRegistry._try_inspect_model_cls(arch)
+    out[arch] = [cls.__module__ + "." + cls.__qualname__, info.is_text_generation_model]
+out["backend"] = "ATOM" in AttentionBackendEnum.__members__ and AttentionBackendEnum["ATOM"].get_class().__qualname__
+print("RESULT" + json.dumps(out))
+"""
+
+
+def _resolve(extra: str = "", **env: str) -> dict:
+    import json
+    import os
+
+    proc = subprocess.run([sys.executable, "-c", RESOLVE.format(extra=extra)], capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **env})  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
+    return json.loads(line.removeprefix("RESULT"))
+
+
+def test_vllms_registry_resolves_every_atom_architecture_to_atom():
+    from atom_core.integration import supported_architectures
+
+    got = _resolve()
+    assert set(supported_architectures()) >= {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
+    for arch in supported_architectures():
+        # vLLM's own inspection (in a subprocess of its own) accepts the class as a text-generation model.
+        assert got[arch] == ["atom_vllm.model.AtomForCausalLM", True], arch
+    assert got["backend"] == "AtomAttentionBackend"
+
+
+def test_registering_twice_is_harmless():
+    again = "from atom_vllm.plugin import PLUGIN\nPLUGIN.reset()\nassert PLUGIN.register()\nassert PLUGIN.register()"
+    got = _resolve(extra=again)
+    assert got["LlamaForCausalLM"] == ["atom_vllm.model.AtomForCausalLM", True]
+    assert got["backend"] == "AtomAttentionBackend"
+
+
+def test_switched_off_vllm_resolves_its_own_classes():
+    got = _resolve(ATOM_DISABLE_VLLM_PLUGIN="1")
+    assert got["LlamaForCausalLM"] == ["vllm.model_executor.models.llama.LlamaForCausalLM", True]
+    assert got["Qwen3MoeForCausalLM"][0] == "vllm.model_executor.models.qwen3_moe.Qwen3MoeForCausalLM"
+    assert got["backend"] is False

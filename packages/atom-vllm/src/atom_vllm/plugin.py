@@ -22,7 +22,16 @@ PLUGIN = EnginePlugin(
     override_env="ATOM_VLLM_SKIP_VERSION_CHECK",
     # A child of vLLM's logger, so the line appears in vLLM's own log output and format.
     logger=logging.getLogger("vllm.atom_vllm"),
+    activate=lambda engine_version: _activate(),
 )
+
+
+def _activate() -> None:
+    from atom_vllm.registration import register_attention_backend, register_models
+
+    register_attention_backend()
+    archs = register_models()
+    PLUGIN.logger.info("ATOM serves %s in vLLM (attention backend ATOM)", ", ".join(archs))
 
 
 def register() -> bool:

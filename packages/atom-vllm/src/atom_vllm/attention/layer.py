@@ -1,0 +1,35 @@
+"""The atom-core AttentionBackend ATOM models are built with inside vLLM: each attention layer is a vLLM
+Attention module (so vLLM allocates, binds and schedules its KV cache) running the "ATOM" backend."""
+
+from __future__ import annotations
+
+import torch
+from vllm.model_executor.layers.attention import Attention
+
+from atom_core.integration import AttentionLayerSpec
+from atom_vllm.attention.backend import AtomAttentionBackend
+
+
+class VllmAttentionLayer(Attention):
+    """atom-core's AttentionLayer contract on a vLLM Attention: (q [T, Hq, D], k, v [T, Hkv, D]) -> [T, Hq, D]."""
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return super().forward(q, k, v).view(q.shape[0], self.num_heads, self.head_size)
+
+
+class VllmAttentionBackend:
+    """Given to atom-core's BuildContext: builds one VllmAttentionLayer per AttentionLayerSpec."""
+
+    name = "vllm"
+
+    def __init__(self, cache_config, backend_cls: type = AtomAttentionBackend):
+        self.cache_config = cache_config
+        self.backend_cls = backend_cls
+
+    def make_layer(self, spec: AttentionLayerSpec) -> VllmAttentionLayer:
+        # spec.prefix is the layer's module path in the wrapper, which vLLM uses as the layer's name.
+        return VllmAttentionLayer(
+            spec.num_heads, spec.head_dim, spec.scale, num_kv_heads=spec.num_kv_heads,
+            cache_config=self.cache_config, per_layer_sliding_window=spec.sliding_window, prefix=spec.prefix,
+            attn_backend=self.backend_cls,
+        )  # fmt: skip

@@ -1,0 +1,73 @@
+"""The model class vLLM instantiates for every architecture ATOM supports: an atom-core model inside
+vLLM's model contract, built with the adapter's attention backend and vLLM's tensor-parallel group."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
+from vllm.distributed.parallel_state import get_tp_group
+
+from atom_core.integration import BuildContext, ModelConfig, ParallelConfig, build_model
+from atom_vllm.attention.layer import VllmAttentionBackend
+
+logger = logging.getLogger("vllm.atom_vllm")
+
+ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
+
+
+class AtomForCausalLM(nn.Module):
+    """vLLM's text-generation model contract over an atom-core model (any architecture in its registry)."""
+
+    def __init__(self, *, vllm_config, prefix: str = ""):
+        super().__init__()
+        hf_config = vllm_config.model_config.hf_config
+        config = ModelConfig.from_hf_dict(hf_config.to_dict(), dtype=vllm_config.model_config.dtype)
+        tp_size = get_tensor_model_parallel_world_size()
+        parallel = ParallelConfig(
+            tp_size=tp_size,
+            tp_rank=get_tensor_model_parallel_rank(),
+            group=get_tp_group().device_group if tp_size > 1 else None,
+        )
+        ctx = BuildContext(
+            attention_backend=VllmAttentionBackend(vllm_config.cache_config),
+            parallel=parallel,
+            device=vllm_config.device_config.device,
+        )
+        own = f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX
+        self.atom = build_model(config, ctx, prefix=f"{own}.")
+        self.config = hf_config
+        logger.info(
+            "ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)",
+            type(self.atom).__module__,
+            type(self.atom).__name__,
+            config.architecture,
+            parallel.tp_rank,
+            tp_size,
+        )
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.atom.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """input_ids, positions: [T] -> hidden states [T, hidden]. No pipeline parallelism."""
+        if intermediate_tensors is not None:
+            raise NotImplementedError("ATOM models under vLLM do not support pipeline parallelism")
+        return self.atom(input_ids, positions, inputs_embeds=inputs_embeds)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[T, hidden] -> [T, vocab] (gathered over tensor-parallel ranks)."""
+        return self.atom.compute_logits(hidden_states)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
+        return {f"{ATOM_PREFIX}.{name}" for name in self.atom.load_weights(weights)}

@@ -1,0 +1,27 @@
+"""What the plugin registers with vLLM: ATOM's model class for each architecture in atom-core's registry,
+and the attention backend "ATOM". Both are "module:Class" strings, so nothing heavy is imported here."""
+
+from __future__ import annotations
+
+from atom_core.integration import supported_architectures
+
+MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
+ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
+
+
+def register_models() -> tuple[str, ...]:
+    """Point vLLM's model registry at ATOM for every architecture atom-core implements."""
+    from vllm import ModelRegistry
+
+    architectures = supported_architectures()
+    for arch in architectures:
+        ModelRegistry.register_model(arch, MODEL_CLASS)
+    return architectures
+
+
+def register_attention_backend() -> None:
+    """Add "ATOM" to vLLM's attention backends (selectable by name; ATOM's models always use it)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    if "ATOM" not in AttentionBackendEnum.__members__:
+        AttentionBackendEnum.register("ATOM", ATTENTION_BACKEND)

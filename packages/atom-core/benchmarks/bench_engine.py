@@ -77,27 +77,38 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
-        llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=prompt + new + 16)
-        atom = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
-        del llm
-        torch.cuda.empty_cache()
+        atom = {}
+        for eager in (False, True):  # CUDA graphs for decode (the default), then eager as the ablation
+            start = time.perf_counter()
+            llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=prompt + new + 16, max_num_seqs=64,
+                      enforce_eager=eager)  # fmt: skip
+            startup = time.perf_counter() - start
+            atom[eager] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
+            print(
+                f"ATOM {'eager' if eager else 'CUDA graphs'}: start {startup:.1f} s, {atom[eager]}",
+                flush=True,
+            )
+            llm.shutdown()
+            del llm
+            torch.cuda.empty_cache()
     hf = {b: hf_tok_s(config, b, prompt, new) for b in (1, 64)}
     for b in (1, 64):
-        rows.append(dict(batch=b, prompt=prompt, new_tokens=new, atom_tok_s=atom[b], hf_tok_s=hf[b],
-                         x_hf=atom[b] / hf[b], roofline_tok_s=roofline_b1 * b,
-                         pct_roofline=100 * atom[b] / (roofline_b1 * b)))  # fmt: skip
+        graphs, eager = atom[False][b], atom[True][b]
+        rows.append(dict(batch=b, prompt=prompt, new_tokens=new, atom_tok_s=graphs, atom_eager_tok_s=eager,
+                         hf_tok_s=hf[b], x_hf=graphs / hf[b], roofline_tok_s=roofline_b1 * b,
+                         pct_roofline=100 * graphs / (roofline_b1 * b)))  # fmt: skip
     record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), layers=args.layers,
-                  weight_gb=weight_bytes / 1e9, copy_tb_s=copy_bw / 1e12, cuda_graphs=False, rows=rows)  # fmt: skip
+                  weight_gb=weight_bytes / 1e9, copy_tb_s=copy_bw / 1e12, cuda_graphs=True, rows=rows)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
+    print(f"\n{record['device']}  weights {record['weight_gb']:.1f} GB  copy {record['copy_tb_s']:.2f} TB/s")
     print(
-        f"\n{record['device']}  weights {record['weight_gb']:.1f} GB  copy {record['copy_tb_s']:.2f} TB/s  (no CUDA graphs yet)"
+        f"{'B':>4} {'ATOM tok/s':>12} {'eager':>8} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}"
     )
-    print(f"{'B':>4} {'ATOM tok/s':>12} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}")
     for r in rows:
-        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f} "
-              f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
+        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {r['hf_tok_s']:>10.1f} "
+              f"{r['x_hf']:>7.2f} {r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -46,6 +46,11 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--ignore-eos", action="store_true")
     gen.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     gen.add_argument("--tensor-parallel-size", type=int, default=1)
+    gen.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs for decode steps (always eager on the CPU)",
+    )
     gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
     serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
@@ -59,6 +64,11 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-kv-blocks", type=int, default=None)
     serve.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     serve.add_argument("--tensor-parallel-size", type=int, default=1)
+    serve.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs for decode steps (always eager on the CPU)",
+    )
     serve.add_argument("--device", default=None)
     bench = sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
     bench.add_argument("--model", type=Path, help="HF checkpoint dir; default: built-in demo")
@@ -70,6 +80,11 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-kv-blocks", type=int, default=None)
     bench.add_argument("--dtype", default="auto")
     bench.add_argument("--tensor-parallel-size", type=int, default=1)
+    bench.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="no CUDA graphs for decode steps (always eager on the CPU)",
+    )
     bench.add_argument("--device", default=None)
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
@@ -86,7 +101,7 @@ def _bench(args: argparse.Namespace) -> int:
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     engine = LLMEngine(model_dir, dtype=args.dtype, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
                        num_kv_blocks=args.num_kv_blocks, device=args.device,
-                       max_model_len=args.input_len + args.output_len + 8,
+                       max_model_len=args.input_len + args.output_len + 8, enforce_eager=args.enforce_eager,
                        tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
     try:
         result = run_bench(engine, num_prompts=args.num_prompts, input_len=args.input_len,
@@ -113,7 +128,7 @@ def _serve(args: argparse.Namespace) -> int:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
     engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device,
-                       tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
+                       tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
     async_engine = AsyncEngine(engine)
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
     try:
@@ -142,7 +157,7 @@ def _generate(args: argparse.Namespace) -> int:
     if args.model is None:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
     llm = LLM(model_dir, device=args.device, load_format=args.load_format,
-              tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
+              tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
     prompts: list = [p for p in args.prompt or []] + [
         {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
     ]

@@ -10,6 +10,7 @@ import torch
 
 from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
 from atom_core.engine.sampler import sample
@@ -34,7 +35,10 @@ class LLMEngine:
                  load_format: str = "safetensors", tensor_parallel_size: int = 1, block_size: int = 16,
                  num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto", kv_layout: str = "flash",
                  max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, device: str | None = None,
-                 kernel_backend: str | None = None, gpu_memory_utilization: float = 0.9):  # fmt: skip
+                 kernel_backend: str | None = None, gpu_memory_utilization: float = 0.9,
+                 enforce_eager: bool = False):  # fmt: skip
+        """enforce_eager: no CUDA graphs (by default decode steps of up to max_num_seqs replay captured graphs
+        on GPUs; the CPU is always eager)."""
         if tensor_parallel_size < 1:
             raise ValueError("tensor_parallel_size must be at least 1")
         if model is None:
@@ -48,7 +52,8 @@ class LLMEngine:
             block_size=block_size, layout=kv_layout, kv_dtype=kv_cache_dtype, num_blocks=num_kv_blocks
         )
         runner_args = dict(load_format=load_format, kernel_backend=kernel_backend,
-                           memory_fraction=gpu_memory_utilization)  # fmt: skip
+                           memory_fraction=gpu_memory_utilization, cuda_graphs=not enforce_eager,
+                           max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)  # fmt: skip
         if tensor_parallel_size > 1:
             self.runner = TensorParallelRunner(tensor_parallel_size, self.model_config, cache, device=self.device,
                                                **runner_args)  # fmt: skip
@@ -156,15 +161,20 @@ class LLMEngine:
         p = seq.params
         token = seq.output_token_ids[-1]
         if self.tokenizer is not None:
-            seq.text = self.tokenizer.decode(seq.output_token_ids, skip_special_tokens=True)
+            if seq.detokenizer is None:
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+            seq.text = seq.detokenizer.update(seq.output_token_ids)
         reason = None
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
         elif p.stop and (cut := min((i for s in p.stop if (i := seq.text.find(s)) >= 0), default=-1)) >= 0:
             seq.text, reason = seq.text[:cut], "stop"
+            seq.detokenizer = None  # the text is final
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
         if reason is not None:
+            if seq.detokenizer is not None:  # emit characters still waiting for their last bytes
+                seq.text = seq.detokenizer.update(seq.output_token_ids, final=True)
             self.scheduler.finish(seq, reason)
 
     def _output(self, request: _Request, pop: bool) -> RequestOutput:

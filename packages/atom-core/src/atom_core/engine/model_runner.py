@@ -14,6 +14,7 @@ from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.loader import build_model, load_checkpoint
+from atom_kernels.settings import Backend, resolve_backend
 
 CPU_KV_BYTES = 1 << 30  # the KV cache's share of host memory when none is given
 
@@ -33,7 +34,8 @@ class StepInputs:
 class ModelRunner:
     def __init__(self, model_config: ModelConfig, cache: CacheConfig, *, parallel: ParallelConfig,
                  device: torch.device, load_format: str, kernel_backend: str | None,
-                 memory_fraction: float = 0.9, control_group=None):  # fmt: skip
+                 memory_fraction: float = 0.9, control_group=None, cuda_graphs: bool = False,
+                 max_num_seqs: int = 256, max_model_len: int | None = None):  # fmt: skip
         self.config, self.cache, self.device = model_config, cache, device
         backend = PagedAttentionBackend(layout=cache.layout, kernel_backend=kernel_backend)
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
@@ -46,6 +48,16 @@ class ModelRunner:
             self.num_blocks = int(agreed)
         self.kv_caches = allocate_kv_caches(model_config, cache, num_blocks=self.num_blocks,
                                             num_kv_heads=self.num_kv_heads, device=device)  # fmt: skip
+        self.graphs = None
+        # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
+        triton = resolve_backend(kernel_backend, device) is Backend.TRITON
+        if cuda_graphs and device.type == "cuda" and triton:  # every tensor-parallel rank captures, in order
+            from atom_core.engine.cuda_graphs import DecodeGraphs
+
+            with torch.inference_mode():
+                self.graphs = DecodeGraphs(self.model, self.kv_caches, max_batch=max_num_seqs, device=device,
+                                           max_model_len=max_model_len or model_config.max_position_embeddings,
+                                           block_size=cache.block_size)  # fmt: skip
 
     def _blocks_that_fit(self, fraction: float) -> int:
         per_block = kv_bytes_per_block(self.config, self.cache, self.num_kv_heads, self.device)
@@ -79,6 +91,9 @@ class ModelRunner:
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
+        batch = len(inputs.query_lens)
+        if self.graphs is not None and len(inputs.ids) == batch and self.graphs.size_for(batch) is not None:
+            return self.graphs.run(inputs.ids, inputs.positions, inputs.seq_lens, inputs.block_tables)
         meta = PagedAttentionMetadata.build(query_lens=inputs.query_lens, seq_lens=inputs.seq_lens,
                                             block_tables=inputs.block_tables, block_size=self.cache.block_size,
                                             device=self.device)  # fmt: skip

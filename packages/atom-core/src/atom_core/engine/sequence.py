@@ -37,6 +37,7 @@ class Sequence:
     text: str = ""
     arrival: int = field(default_factory=lambda: next(_ids))
     generator: torch.Generator | None = None
+    detokenizer: object | None = None  # the engine's IncrementalDetokenizer, when it has a tokenizer
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -58,6 +58,26 @@ class SparseMoE(nn.Module):
                 loaded.narrow(0, rank * inter, inter)
             )
 
+    def _experts_static(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """The experts with shapes fixed by x alone (no host sync), for CUDA-graph capture of decode steps.
+
+        Few (token, expert) pairs: gather those experts' weights. Otherwise run every expert on every token
+        with its routing weight (zero where not chosen): each expert's weights are read once, as the
+        sparse path reads them when most experts are hit.
+        """
+        tokens, k = ids.shape
+        if tokens * k < self.num_experts:
+            h = torch.einsum("tkoh,th->tko", self.w13[ids], x)  # [T, k, 2I]
+            h = silu_and_mul(h.reshape(tokens * k, -1)).view(tokens, k, -1)
+            return torch.einsum("tkhi,tki->th", self.w2[ids] * weights[..., None, None], h)
+        dense = torch.zeros(tokens, self.num_experts, dtype=weights.dtype, device=x.device)
+        dense.scatter_(1, ids, weights)  # [T, E]
+        out = torch.zeros_like(x)
+        for expert in range(self.num_experts):
+            h = silu_and_mul(F.linear(x, self.w13[expert]))
+            out += F.linear(h, self.w2[expert]) * dense[:, expert, None]
+        return out
+
     def route(self, x: torch.Tensor):
         """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
         probs = F.softmax(self.gate(x).float(), dim=-1)
@@ -68,11 +88,14 @@ class SparseMoE(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        out = torch.zeros_like(x)
-        for expert in ids.unique().tolist():
-            token, slot = (ids == expert).nonzero(as_tuple=True)
-            h = silu_and_mul(F.linear(x[token], self.w13[expert]))
-            out.index_add_(0, token, F.linear(h, self.w2[expert]) * weights[token, slot, None])
+        if x.is_cuda and torch.cuda.is_current_stream_capturing():
+            out = self._experts_static(x, weights, ids)
+        else:
+            out = torch.zeros_like(x)
+            for expert in ids.unique().tolist():  # host sync: only the experts hit run
+                token, slot = (ids == expert).nonzero(as_tuple=True)
+                h = silu_and_mul(F.linear(x[token], self.w13[expert]))
+                out.index_add_(0, token, F.linear(h, self.w2[expert]) * weights[token, slot, None])
         out = all_reduce(out, self.parallel)
         if self.shared_expert is not None:  # its down projection reduces over ranks itself
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)

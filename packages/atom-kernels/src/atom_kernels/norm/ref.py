@@ -1,0 +1,25 @@
+"""Pure-torch reference for RMSNorm, rounding where the HF models round (in the input dtype)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rms_norm_ref(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    weight_offset: float = 0.0,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """x: [T, H], weight: [H]. y = (weight + weight_offset) * (s / rms(s)) with s = x (+ residual).
+
+    The sum s is rounded to x's dtype; the norm is computed in fp32 and rounded before the weight multiply.
+    With a residual returns (y, s), else y.
+    """
+    s = x if residual is None else x + residual
+    sf = s.float()
+    normed = (sf * torch.rsqrt(sf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    w = weight if weight_offset == 0.0 else (weight.float() + weight_offset).to(weight.dtype)
+    y = w * normed
+    return y if residual is None else (y, s)

@@ -1,0 +1,92 @@
+"""Rotary embeddings for q and k in place, in one launch: angles from positions and inv_freq in fp32,
+rounded as transformers rounds (see ref.py)."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.rotary.ref import apply_rotary_ref
+from atom_kernels.settings import Backend, resolve_backend
+
+
+@triton.jit
+def _rotate(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexpr, HALF: tl.constexpr,
+            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+    h = tl.arange(0, BLOCK_H)[:, None]
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    mask = (h < num_heads) & (i < HALF)
+    base = x_ptr + t * stride_t + h * stride_h
+    if NEOX:
+        p1, p2 = base + i, base + HALF + i
+    else:
+        p1, p2 = base + 2 * i, base + 2 * i + 1
+    # Rounded where transformers rounds: cos/sin, each product and the sum in the activations' dtype.
+    dt = x_ptr.dtype.element_ty
+    cos = cos.to(dt).to(tl.float32)
+    sin = sin.to(dt).to(tl.float32)
+    x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
+    x2 = tl.load(p2, mask=mask, other=0.0).to(tl.float32)
+    o1 = (x1 * cos).to(dt).to(tl.float32) - (x2 * sin).to(dt).to(tl.float32)
+    o2 = (x2 * cos).to(dt).to(tl.float32) + (x1 * sin).to(dt).to(tl.float32)
+    tl.store(p1, o1.to(dt), mask=mask)
+    tl.store(p2, o2.to(dt), mask=mask)
+
+
+@triton.jit
+def _rotary_kernel(
+    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads, num_k_heads,
+    scaling, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    i = tl.arange(0, BLOCK_HALF)
+    inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
+    angle = tl.load(pos_ptr + t).to(tl.float32) * inv_freq
+    cos = (tl.cos(angle) * scaling)[None, :]
+    sin = (tl.sin(angle) * scaling)[None, :]
+    _rotate(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+
+
+def apply_rotary(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    rotary_dim: int,
+    scaling: float = 1.0,
+    neox: bool = True,
+    backend: Backend | str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rotate q [T, Hq, D] and k [T, Hkv, D] in place (first rotary_dim dims); returns (q, k).
+
+    positions: [T] int; inv_freq: [rotary_dim / 2] fp32 (default, llama3, yarn, linear or dynamic rates,
+    computed by the caller); scaling multiplies cos and sin. neox: rotate-half pairs, else GPT-J's
+    adjacent pairs. q and k may be strided views (unit last stride), e.g. slices of one qkv projection.
+    """
+    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
+        raise ValueError(
+            f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}"
+        )
+    if rotary_dim % 2 or not 0 < rotary_dim <= q.shape[2] or inv_freq.shape != (rotary_dim // 2,):
+        raise ValueError(
+            f"rotary_dim {rotary_dim} must be even, <= {q.shape[2]}, with inv_freq [rotary_dim / 2]"
+        )
+    if positions.shape != (q.shape[0],) or q.stride(-1) != 1 or k.stride(-1) != 1:
+        raise ValueError("positions must be [T], and q and k need a contiguous last dimension")
+    if resolve_backend(backend, q.device) is Backend.TORCH:
+        rq, rk = apply_rotary_ref(
+            positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox
+        )
+        return q.copy_(rq), k.copy_(rk)
+    if q.shape[0]:
+        half = rotary_dim // 2
+        _rotary_kernel[(q.shape[0],)](
+            positions, q, k, inv_freq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1],
+            scaling, NEOX=neox, HALF=half, BLOCK_QH=triton.next_power_of_2(q.shape[1]),
+            BLOCK_KH=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half),
+        )  # fmt: skip
+    return q, k

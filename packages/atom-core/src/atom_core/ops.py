@@ -3,7 +3,7 @@
 Adapters' attention backends call these; they never import atom_kernels themselves.
 """
 
-from atom_kernels import silu_and_mul
+from atom_kernels import apply_rotary, rms_norm, silu_and_mul
 from atom_kernels.attention import (
     DecodePartition,
     paged_decode,
@@ -16,11 +16,13 @@ from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 __all__ = [
     "DecodePartition",
     "KVLayout",
+    "apply_rotary",
     "kv_cache_shapes",
     "paged_decode",
     "paged_decode_persistent",
     "paged_prefill",
     "plan_decode",
+    "rms_norm",
     "silu_and_mul",
     "write_kv",
 ]

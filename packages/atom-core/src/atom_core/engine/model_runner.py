@@ -50,8 +50,10 @@ class ModelRunner:
                                             num_kv_heads=self.num_kv_heads, device=device)  # fmt: skip
         self.graphs = None
         # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
+        # Dynamic RoPE rescales by the batch's longest position, read on the host each step.
         triton = resolve_backend(kernel_backend, device) is Backend.TRITON
-        if cuda_graphs and device.type == "cuda" and triton:  # every tensor-parallel rank captures, in order
+        dynamic_rope = model_config.rope.rope_type == "dynamic"
+        if cuda_graphs and device.type == "cuda" and triton and not dynamic_rope:  # every TP rank, in order
             from atom_core.engine.cuda_graphs import DecodeGraphs
 
             with torch.inference_mode():

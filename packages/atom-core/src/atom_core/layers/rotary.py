@@ -8,6 +8,7 @@ import torch
 from torch import nn
 
 from atom_core.config import RopeConfig
+from atom_core.ops import apply_rotary
 
 
 def rope_frequencies(rope: RopeConfig, rotary_dim: int, max_position: int, seq_len: int | None = None):
@@ -72,25 +73,11 @@ class RotaryEmbedding(nn.Module):
         inv_freq, self.scaling = rope_frequencies(rope, self.rotary_dim, max_position)
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
-    def cos_sin(self, positions: torch.Tensor, dtype: torch.dtype):
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        """positions: [T]; q: [T, Hq, D], k: [T, Hkv, D] -> both rotated in place (first rotary_dim dims)."""
         inv_freq = self.inv_freq
         if self.rope.rope_type == "dynamic":  # the base grows with the longest sequence in the batch
-            seq_len = int(positions.max()) + 1 if positions.numel() else 0
+            seq_len = int(positions.max()) + 1 if positions.numel() else 0  # a host sync: no CUDA graphs
             inv_freq, _ = rope_frequencies(self.rope, self.rotary_dim, self.max_position, seq_len)
             inv_freq = inv_freq.to(positions.device)
-        freqs = positions.float()[:, None] * inv_freq[None, :]  # [T, rotary_dim / 2]
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return (emb.cos() * self.scaling).to(dtype), (emb.sin() * self.scaling).to(dtype)
-
-    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions: [T]; q: [T, Hq, D], k: [T, Hkv, D] -> both rotated (first rotary_dim dims)."""
-        cos, sin = self.cos_sin(positions, q.dtype)
-        return _apply(q, cos, sin, self.rotary_dim), _apply(k, cos, sin, self.rotary_dim)
-
-
-def _apply(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rotary_dim: int) -> torch.Tensor:
-    rot, rest = x[..., :rotary_dim], x[..., rotary_dim:]
-    half = rotary_dim // 2
-    rotated = torch.cat([-rot[..., half:], rot[..., :half]], dim=-1)
-    out = rot * cos[:, None, :] + rotated * sin[:, None, :]
-    return torch.cat([out, rest], dim=-1) if rest.numel() else out
+        return apply_rotary(positions, q, k, inv_freq, rotary_dim=self.rotary_dim, scaling=self.scaling)

@@ -1,0 +1,113 @@
+"""Where a decode step's time goes: the CUDA-graph replay on the GPU vs the engine's whole step.
+
+  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/profile_engine_step.py
+
+Llama-3-8B shape, dummy bf16 weights. For B=1 and B=64 sequences at ~600 tokens of context it reports
+the GPU time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode
+step of the engine, and the host's share of the step split into schedule / inputs / forward / sample.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+
+import torch
+from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
+
+from atom_core.engine import LLM, SamplingParams
+from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.sampler import sample
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument(
+        "--kernels", action="store_true", help="also list each replay's kernels (torch.profiler)"
+    )
+    args = parser.parse_args()
+    config = llama3_8b(args.layers)
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        config.save_pretrained(d)
+        llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64)
+        engine = llm.engine
+        for batch in (1, 64):
+            params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
+            ids = [engine.add_request({"prompt_token_ids": torch.randint(0, config.vocab_size, (600,)).tolist()},
+                                      params) for _ in range(batch)]  # fmt: skip
+            while any(s.num_uncomputed > 1 for r in engine.requests.values() for s in r.seqs):
+                engine.step()  # prefill
+            for _ in range(5):
+                engine.step()  # decode warm-up
+            graphs = engine.runner.graphs
+            size = graphs.size_for(batch)
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(50):
+                graphs.graphs[size].replay()
+            end.record()
+            torch.cuda.synchronize()
+            replay_ms = start.elapsed_time(end) / 50
+            if args.kernels:  # the replay's kernels by GPU time, per step
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        graphs.graphs[size].replay()
+                    torch.cuda.synchronize()
+                events = prof.key_averages()
+                total = sum(e.device_time_total for e in events) / 10 / 1000
+                print(
+                    f"\nB={batch}: {total:.2f} ms of kernels per replay; top kernels (ms per step, calls per step):"
+                )
+                for e in sorted(events, key=lambda e: -e.device_time_total)[:18]:
+                    print(f"  {e.device_time_total / 10 / 1000:7.3f} {e.count // 10:5d}  {e.key[:90]}")
+            parts = {"schedule": 0.0, "inputs": 0.0, "forward": 0.0, "sample": 0.0}
+            steps = 30
+            t_all = time.perf_counter()
+            for _ in range(steps):
+                t0 = time.perf_counter()
+                sched = engine.scheduler.schedule()
+                t1 = time.perf_counter()
+                inputs = ModelRunner.prepare(sched)
+                t2 = time.perf_counter()
+                logits = engine.runner.run(inputs)
+                t3 = time.perf_counter()
+                for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
+                    seq.num_computed_tokens += n
+                    engine.blocks.register_full_blocks(seq)
+                tokens, _ = sample(logits, [s.params for s in sched.seqs], [None] * len(sched.seqs))
+                for seq, token in zip(sched.seqs, tokens, strict=True):
+                    seq.append(token, None)
+                t4 = time.perf_counter()
+                for k, v in zip(parts, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+                    parts[k] += v * 1000 / steps
+            step_ms = (time.perf_counter() - t_all) * 1000 / steps
+            rows.append(
+                dict(
+                    batch=batch,
+                    replay_ms=replay_ms,
+                    step_ms=step_ms,
+                    **{f"{k}_ms": v for k, v in parts.items()},
+                )
+            )
+            for r in ids:
+                engine.abort(r)
+        llm.shutdown()
+    print(f"\n{torch.cuda.get_device_name()}  Llama-3-8B shape, {args.layers} layers, context ~600")
+    print(
+        f"{'B':>4} {'replay ms':>10} {'step ms':>8} {'schedule':>9} {'inputs':>7} {'forward':>8} {'sample':>7}"
+    )
+    for r in rows:
+        print(f"{r['batch']:>4} {r['replay_ms']:>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
+              f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}")  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -161,8 +161,9 @@ def test_demo_model_is_the_default(atom_cache):
 def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     _, path = checkpoint
     prompts = [{"prompt_token_ids": p} for p in _prompts()]
-    single = [o.outputs[0].token_ids for o in _llm(path).generate(prompts, GREEDY)]
-    tp = _llm(path, tensor_parallel_size=2)
+    # On the CPU everywhere (gloo); on a machine with GPUs, TP=2 would need two of them.
+    single = [o.outputs[0].token_ids for o in _llm(path, device="cpu").generate(prompts, GREEDY)]
+    tp = _llm(path, tensor_parallel_size=2, device="cpu")
     try:
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
         workers = tp.engine.runner.workers
@@ -170,3 +171,11 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     finally:
         tp.shutdown()
     assert not workers[0].is_alive()
+
+
+def test_tensor_parallel_beyond_the_visible_gpus_is_refused(checkpoint):
+    _, path = checkpoint
+    visible = torch.cuda.device_count()
+    size = max(2, visible + 1)
+    with pytest.raises(ValueError, match=f"needs {size} GPUs, {visible} are visible"):
+        _llm(path, tensor_parallel_size=size, device="cuda")

@@ -59,6 +59,12 @@ class TensorParallelRunner:
 
     def __init__(self, size: int, model_config: ModelConfig, cache: CacheConfig, *, device: torch.device,
                  **runner_args):  # fmt: skip
+        if device.type == "cuda" and size > torch.cuda.device_count():
+            # One rank per GPU: a rank without a GPU would die and leave the others waiting forever.
+            raise ValueError(
+                f"tensor_parallel_size {size} needs {size} GPUs, {torch.cuda.device_count()} are visible "
+                "(use fewer ranks, or device='cpu' for tensor parallel over gloo)"
+            )
         port = _free_port()
         args = dict(runner_args, model_config=model_config, cache=cache)
         context = mp.get_context("spawn")

@@ -57,6 +57,8 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline (e.g. for TP runs)")
     args = parser.parse_args()
     config = llama3_8b(args.layers)
     prompt, new = 512, 128
@@ -81,7 +83,7 @@ def main():
         for eager in (False, True):  # CUDA graphs for decode (the default), then eager as the ablation
             start = time.perf_counter()
             llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=prompt + new + 16, max_num_seqs=64,
-                      enforce_eager=eager)  # fmt: skip
+                      enforce_eager=eager, tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
             startup = time.perf_counter() - start
             atom[eager] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
             print(
@@ -91,24 +93,28 @@ def main():
             llm.shutdown()
             del llm
             torch.cuda.empty_cache()
-    hf = {b: hf_tok_s(config, b, prompt, new) for b in (1, 64)}
+    hf = {b: None if args.skip_hf else hf_tok_s(config, b, prompt, new) for b in (1, 64)}
+    roofline_b1 *= args.tensor_parallel_size  # each rank reads its shard of the weights (all-reduces ignored)
     for b in (1, 64):
         graphs, eager = atom[False][b], atom[True][b]
         rows.append(dict(batch=b, prompt=prompt, new_tokens=new, atom_tok_s=graphs, atom_eager_tok_s=eager,
-                         hf_tok_s=hf[b], x_hf=graphs / hf[b], roofline_tok_s=roofline_b1 * b,
+                         hf_tok_s=hf[b], x_hf=graphs / hf[b] if hf[b] else None, roofline_tok_s=roofline_b1 * b,
                          pct_roofline=100 * graphs / (roofline_b1 * b)))  # fmt: skip
     record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), layers=args.layers,
-                  weight_gb=weight_bytes / 1e9, copy_tb_s=copy_bw / 1e12, cuda_graphs=True, rows=rows)  # fmt: skip
+                  tensor_parallel_size=args.tensor_parallel_size, weight_gb=weight_bytes / 1e9,
+                  copy_tb_s=copy_bw / 1e12, cuda_graphs=True, rows=rows)  # fmt: skip
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
-    print(f"\n{record['device']}  weights {record['weight_gb']:.1f} GB  copy {record['copy_tb_s']:.2f} TB/s")
+    print(f"\n{record['device']} x TP {args.tensor_parallel_size}  weights {record['weight_gb']:.1f} GB  "
+          f"copy {record['copy_tb_s']:.2f} TB/s per GPU")  # fmt: skip
     print(
         f"{'B':>4} {'ATOM tok/s':>12} {'eager':>8} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}"
     )
     for r in rows:
-        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {r['hf_tok_s']:>10.1f} "
-              f"{r['x_hf']:>7.2f} {r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
+        hf_s = f"{r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f}" if r["hf_tok_s"] else f"{'-':>10} {'-':>7}"
+        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {hf_s} "
+              f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
 
 
 if __name__ == "__main__":

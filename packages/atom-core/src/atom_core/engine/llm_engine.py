@@ -160,6 +160,7 @@ class LLMEngine:
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
         token = seq.output_token_ids[-1]
+        searched = len(seq.text)  # stop strings wholly inside this text were already looked for
         if self.tokenizer is not None:
             if seq.detokenizer is None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
@@ -167,7 +168,7 @@ class LLMEngine:
         reason = None
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
-        elif p.stop and (cut := min((i for s in p.stop if (i := seq.text.find(s)) >= 0), default=-1)) >= 0:
+        elif p.stop and (cut := self._find_stop(seq.text, p.stop, searched)) >= 0:
             seq.text, reason = seq.text[:cut], "stop"
             seq.detokenizer = None  # the text is final
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
@@ -176,6 +177,12 @@ class LLMEngine:
             if seq.detokenizer is not None:  # emit characters still waiting for their last bytes
                 seq.text = seq.detokenizer.update(seq.output_token_ids, final=True)
             self.scheduler.finish(seq, reason)
+
+    @staticmethod
+    def _find_stop(text: str, stops: list[str], searched: int) -> int:
+        """The first index where a stop string starts in text, looking only where new text can complete one."""
+        hits = [i for s in stops if (i := text.find(s, max(0, searched - len(s) + 1))) >= 0]
+        return min(hits, default=-1)
 
     def _output(self, request: _Request, pop: bool) -> RequestOutput:
         finished = all(s.status is Status.FINISHED for s in request.seqs)

@@ -24,16 +24,12 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         kv_sharing_target_layer_name: str | None = None,
         **unsupported,
     ) -> None:
-        refused = {
-            "alibi_slopes": alibi_slopes,
-            "logits_soft_cap": logits_soft_cap,
-            "kv_sharing_target_layer_name": kv_sharing_target_layer_name,
-            **{k: v for k, v in unsupported.items() if v not in (None, False, -1)},
-        }
-        refused = {k: v for k, v in refused.items() if v is not None}
+        options = dict(unsupported, alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap,
+                       kv_sharing_target_layer_name=kv_sharing_target_layer_name)  # fmt: skip
+        refused = sorted(name for name, value in options.items() if _is_set(value))
         if refused or attn_type != AttentionType.DECODER:
             raise NotImplementedError(
-                f"the ATOM attention backend does not support {sorted(refused) or [attn_type]} yet"
+                f"the ATOM attention backend does not support {refused or [attn_type]} yet"
             )
         self.num_heads = num_heads
         self.head_size = head_size
@@ -68,3 +64,8 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
             sliding_window=self.sliding_window, out=output[:n],
         )  # fmt: skip
         return output
+
+
+def _is_set(value) -> bool:
+    """Whether an optional attention feature was asked for (values may be tensors, e.g. sinks)."""
+    return value is not None and value is not False and not (isinstance(value, int) and value == -1)

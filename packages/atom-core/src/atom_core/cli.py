@@ -28,12 +28,25 @@ def _parse_token_ids(raw: str) -> list[int]:
     return ids
 
 
+def _with_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """The engine options generate, serve and bench share."""
+    parser.add_argument("--model", type=Path, help="HF checkpoint dir (safetensors); default: built-in demo")
+    parser.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument(
+        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU: always eager)"
+    )
+    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+    return parser
+
+
 def _build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="atom", description="ATOM: LLM inference")
     parser.add_argument("--version", action="store_true", help="print package versions and exit")
     sub = parser.add_subparsers(dest="command")
-    gen = sub.add_parser("generate", help="greedy generation on a checkpoint (default: the built-in demo)")
-    gen.add_argument("--model", type=Path, help="HF checkpoint dir (safetensors); default: built-in demo")
+    gen = _with_engine_args(
+        sub.add_parser("generate", help="greedy generation on a checkpoint (default: the built-in demo)")
+    )
     gen.add_argument("--prompt", action="append", help="a prompt; repeat for several")
     gen.add_argument(
         "--prompt-token-ids", action="append", type=_parse_token_ids, help="a prompt as token ids: '1,2,3'"
@@ -44,17 +57,10 @@ def _build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, default=-1)
     gen.add_argument("--seed", type=int, default=None)
     gen.add_argument("--ignore-eos", action="store_true")
-    gen.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    gen.add_argument("--tensor-parallel-size", type=int, default=1)
-    gen.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="no CUDA graphs for decode steps (always eager on the CPU)",
-    )
-    gen.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
     gen.add_argument("--json", action="store_true", help="print one JSON object per prompt")
-    serve = sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
-    serve.add_argument("--model", type=Path, help="HF checkpoint dir (safetensors); default: built-in demo")
+    serve = _with_engine_args(
+        sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
+    )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
@@ -62,30 +68,15 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--num-kv-blocks", type=int, default=None)
-    serve.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    serve.add_argument("--tensor-parallel-size", type=int, default=1)
-    serve.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="no CUDA graphs for decode steps (always eager on the CPU)",
+    bench = _with_engine_args(
+        sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
     )
-    serve.add_argument("--device", default=None)
-    bench = sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
-    bench.add_argument("--model", type=Path, help="HF checkpoint dir; default: built-in demo")
-    bench.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=64)
     bench.add_argument("--max-num-seqs", type=int, default=256)
     bench.add_argument("--num-kv-blocks", type=int, default=None)
     bench.add_argument("--dtype", default="auto")
-    bench.add_argument("--tensor-parallel-size", type=int, default=1)
-    bench.add_argument(
-        "--enforce-eager",
-        action="store_true",
-        help="no CUDA graphs for decode steps (always eager on the CPU)",
-    )
-    bench.add_argument("--device", default=None)
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
 

@@ -1,4 +1,10 @@
+import sys
+from pathlib import Path
+
 import pytest
+
+# pytest runs with --import-mode=importlib, so the harness modules beside the tests are put on the path here.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 @pytest.fixture(autouse=True)
@@ -12,3 +18,28 @@ def fresh_process(monkeypatch):
     PLUGIN.reset()
     yield
     PLUGIN.reset()
+
+
+@pytest.fixture(scope="session")
+def checkpoint_for(tmp_path_factory):
+    """checkpoint_for(architecture): a random transformers checkpoint saved once per session."""
+    made = {}
+
+    def get(architecture: str):
+        if architecture not in made:
+            import torch
+            import transformers
+            from checkpoints import ARCHITECTURES
+
+            family = architecture.removesuffix("ForCausalLM")
+            config = getattr(transformers, f"{family}Config")(
+                vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                max_position_embeddings=256, **ARCHITECTURES[architecture],
+            )  # fmt: skip
+            torch.manual_seed(0)
+            path = tmp_path_factory.mktemp(family)
+            transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
+            made[architecture] = path
+        return made[architecture]
+
+    return get

@@ -1,7 +1,7 @@
 """The plugin inside the real, pinned SGLang (no stubs). The shared gate logic is tested in atom-core.
 
-SGLang's engine needs CUDA; these tests use the parts of SGLang that run on the CPU: its plugin loader
-and its model registry.
+SGLang's engine needs CUDA; these tests use the parts of SGLang that run on the CPU: its plugin loader,
+its model registry and its server-argument parser.
 """
 
 import logging
@@ -15,6 +15,7 @@ from packaging.version import Version
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 
 import atom_sglang
+from atom_core.integration import supported_architectures
 from atom_sglang.plugin import register
 
 
@@ -45,18 +46,59 @@ def test_at_sglang_startup_the_plugin_runs_and_logs_that_atom_is_active():
     assert proc.stdout.strip().splitlines()[-1] == "True"  # decided by SGLang's own call
 
 
-def test_sglangs_registry_scans_the_external_model_package():
+RESOLVE = (
+    "from sglang.srt.models.registry import ModelRegistry, import_model_classes\n"
+    "found = import_model_classes('atom_sglang.models', strict=True)\n"
+    "assert all(ModelRegistry.models[k] is v for k, v in found.items())\n"
+    "print(sorted(found))\n"
+    "for arch in {archs!r}:\n"
+    "    cls, _ = ModelRegistry.resolve_model_cls([arch])\n"
+    "    print(arch, cls.__module__, cls.__name__)\n"
+)
+
+
+def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
     # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
     # so an import error in any wrapper module fails the test.
-    code = (
-        "from sglang.srt.models.registry import ModelRegistry, import_model_classes\n"
-        "found = import_model_classes('atom_sglang.models', strict=True)\n"
-        "assert all(ModelRegistry.models[k] is v for k, v in found.items())\n"
-        "print(sorted(found))"
+    archs = supported_architectures()
+    proc = _python(
+        RESOLVE.format(archs=archs), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
     )
-    proc = _python(code, SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.strip().splitlines()[-1] == "[]"  # no wrappers yet: they arrive with the models
+    lines = proc.stdout.strip().splitlines()[-len(archs) - 1 :]
+    assert lines[0] == str(sorted(archs))
+    assert lines[1:] == [f"{arch} atom_sglang.models.atom {arch}" for arch in archs]
+
+
+def test_switched_off_sglang_resolves_its_own_models():
+    proc = _python(
+        RESOLVE.format(archs=("LlamaForCausalLM",)),
+        SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE,
+        ATOM_DISABLE_SGLANG_PLUGIN="1",
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-2:] == [
+        "[]",
+        "LlamaForCausalLM sglang.srt.models.llama LlamaForCausalLM",
+    ]
+
+
+SERVER_ARGS = (
+    "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+    "from sglang.srt.server_args import prepare_server_args\n"
+    "from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS\n"
+    "args = prepare_server_args(['--model-path', {path!r}, '--attention-backend', 'atom', '--device', 'cpu'])\n"
+    "print(args.attention_backend, ATTENTION_BACKENDS['atom'].__module__)\n"
+)
+
+
+def test_the_backend_is_selectable_by_name_through_sglangs_own_argument_parser(checkpoint_for):
+    path = str(checkpoint_for("LlamaForCausalLM"))
+    proc = _python(SERVER_ARGS.format(path=path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-1] == "atom atom_sglang.registration"
+    off = _python(SERVER_ARGS.format(path=path), ATOM_DISABLE_SGLANG_PLUGIN="1")
+    assert off.returncode != 0 and "invalid choice: 'atom'" in off.stderr  # registered by the plugin only
 
 
 def test_the_version_guard_fires_on_another_sglang_release(installed_as, caplog):

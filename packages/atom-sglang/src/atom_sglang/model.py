@@ -1,0 +1,107 @@
+"""The model SGLang instantiates for every architecture ATOM supports: an atom-core model inside SGLang's
+model contract, built with RadixAttention layers and SGLang's tensor-parallel group.
+
+SGLang's registry keys model classes by class name, so each architecture gets a subclass named after it
+(`entry_class`); all behaviour lives here and per-architecture needs come from specs.py.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from typing import ClassVar
+
+import torch
+from sglang.srt.layers.logits_processor import LogitsProcessor
+from sglang.srt.runtime_context import get_parallel
+from torch import nn
+
+from atom_core.integration import BuildContext, ModelConfig, ParallelConfig, build_model
+from atom_sglang.attention.layer import SglangAttentionBackend
+from atom_sglang.runtime import sglang_forward
+from atom_sglang.specs import SglangModelSpec, adapter_spec
+
+logger = logging.getLogger("atom_sglang")
+
+ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
+
+
+class AtomForCausalLM(nn.Module):
+    """SGLang's causal-LM contract over an atom-core model: forward(input_ids, positions, forward_batch)
+    returns SGLang's LogitsProcessorOutput (logprobs, extend pruning and TP gathering are SGLang's)."""
+
+    spec: ClassVar[SglangModelSpec]
+
+    def __init__(self, config, quant_config=None, prefix: str = ""):
+        super().__init__()
+        if quant_config is not None:
+            raise NotImplementedError(
+                f"ATOM's {self.spec.architecture} under SGLang loads unquantized checkpoints; got {quant_config!r}"
+            )
+        dtype, device = torch.get_default_dtype(), torch.get_default_device()  # set by SGLang's loader
+        model_config = ModelConfig.from_hf_dict(self.spec.prepare_config(config.to_dict()), dtype=dtype)
+        sglang_parallel = get_parallel()
+        tp_size = sglang_parallel.tp_size
+        parallel = ParallelConfig(
+            tp_size=tp_size,
+            tp_rank=sglang_parallel.tp_rank,
+            group=sglang_parallel.tp_group.device_group if tp_size > 1 else None,
+        )
+        ctx = BuildContext(attention_backend=SglangAttentionBackend(self.spec.layer_id), parallel=parallel,
+                           device=device)  # fmt: skip
+        own = f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX
+        self.atom = build_model(model_config, ctx, prefix=f"{own}.")
+        self.config = config
+        self.logits_processor = LogitsProcessor(config)
+        self.spec.install(self)
+        logger.info(
+            "ATOM model %s.%s runs %s as %s (tp %d/%d)",
+            type(self.atom).__module__, type(self.atom).__name__, self.spec.architecture, self.spec.role,
+            parallel.tp_rank, tp_size,
+        )  # fmt: skip
+
+    def get_input_embeddings(self) -> nn.Module:
+        return self.atom.model.embed_tokens
+
+    def get_embed_and_head(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """What SGLang's EAGLE worker shares between a target and its draft."""
+        return self.atom.model.embed_tokens.weight, self.atom.lm_head.weight
+
+    @torch.no_grad()
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        forward_batch,
+        input_embeds: torch.Tensor | None = None,
+        get_embedding: bool = False,
+        pp_proxy_tensors=None,
+    ):
+        """input_ids, positions: [T] -> SGLang's LogitsProcessorOutput for the batch's sampled positions."""
+        if get_embedding or pp_proxy_tensors is not None:
+            raise NotImplementedError(
+                "ATOM models under SGLang generate; no embeddings or pipeline parallelism"
+            )
+        if forward_batch.forward_mode.is_idle():  # no tokens on this rank: nothing to run
+            hidden = torch.empty(0, self.atom.config.hidden_size, dtype=self.atom.lm_head.weight.dtype,
+                                 device=input_ids.device)  # fmt: skip
+        else:
+            with sglang_forward(forward_batch, positions):
+                hidden = self.atom(input_ids, positions, inputs_embeds=input_embeds)
+        return self.logits_processor(input_ids, hidden, self.atom.lm_head, forward_batch)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
+        cut = self.spec.checkpoint_prefix
+        mine = ((name[len(cut) :], tensor) for name, tensor in weights if name.startswith(cut))
+        return {f"{ATOM_PREFIX}.{name}" for name in self.atom.load_weights(mine)}
+
+
+def entry_class(architecture: str) -> type[AtomForCausalLM]:
+    """AtomForCausalLM under the architecture's name, as SGLang's registry needs."""
+    namespace = {
+        "spec": adapter_spec(architecture),
+        "__module__": "atom_sglang.models.atom",
+        "__qualname__": architecture,
+    }
+    return type(architecture, (AtomForCausalLM,), namespace)

@@ -1,0 +1,145 @@
+"""Drive ATOM inside SGLang's real runtime pieces on the CPU, the way SGLang's scheduler and ModelRunner do.
+
+Real: SGLang's ModelRunner subclass from its attention test kit (server args installed through SGLang's
+runtime context), ReqToTokenPool, MHATokenToKVPool, ForwardBatch/ForwardMode, the per-forward
+ForwardContext that publishes the attention backend, LogitsProcessor, its safetensors weight iterator,
+and a world-size-1 gloo process group (SGLang's own helper for CPU layer tests). What this stands in for
+is SGLang's scheduler: it allocates page-aligned slots as SGLang's paged allocator does (a token at
+position p sits at offset p % page_size of its page) and builds the batches.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
+from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
+from sglang.test.kits.attention_unittest.attention_methods.dense_attention import (
+    DenseAttentionCase,
+    MockModelRunner,
+    TinyModelConfig,
+)
+from sglang.test.layer_ut_utils import init_single_process_dist
+from transformers import AutoConfig
+
+
+@dataclass
+class Request:
+    prompt: list[int]
+    index: int  # its row in req_to_token
+    tokens: list[int] = field(default_factory=list)  # everything in the KV cache or about to be
+    pages: dict[int, int] = field(default_factory=dict)  # logical page -> physical page
+
+
+class SglangHarness:
+    """One model on one backend with its own pools: a target, or a draft beside it."""
+
+    def __init__(self, checkpoint: Path, *, page_size: int, backend: str = "atom", max_reqs: int = 4,
+                 max_context_len: int = 128, seed: int = 0):  # fmt: skip
+        from atom_sglang.models.atom import EntryClass
+
+        init_single_process_dist()
+        self.hf_config = AutoConfig.from_pretrained(checkpoint)
+        c = self.hf_config
+        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+        case = DenseAttentionCase(name="atom-model", backend=backend, forward_mode=ForwardMode.EXTEND,
+                                  num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+                                  page_size=page_size, prefix_lens=(0,) * max_reqs, extend_lens=(1,) * max_reqs)  # fmt: skip
+        tiny = TinyModelConfig(num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
+                               head_dim=head_dim, hidden_size=c.hidden_size, context_len=max_context_len)  # fmt: skip
+        self.runner = MockModelRunner(case=case, model_config=tiny, dtype=torch.float32, device="cpu",
+                                      max_context_len=max_context_len, head_dim=head_dim)  # fmt: skip
+        self.num_pages = max_reqs * max_context_len // page_size + 1
+        self.runner.token_to_kv_pool = MHATokenToKVPool(
+            size=(self.num_pages - 1) * page_size, page_size=page_size, dtype=torch.float32,
+            head_num=c.num_key_value_heads, head_dim=head_dim, layer_num=c.num_hidden_layers, device="cpu",
+            enable_memory_saver=False, enable_alt_stream=False,
+        )  # fmt: skip
+        self.backend = ATTENTION_BACKENDS[backend](self.runner)
+        [cls] = [entry for entry in EntryClass if entry.__name__ == c.architectures[0]]
+        with torch.device("cpu"):
+            self.model = cls(self.hf_config)
+        files = sorted(str(p) for p in Path(checkpoint).glob("*.safetensors"))
+        self.loaded = self.model.load_weights(safetensors_weights_iterator(files))
+        self.page_size = page_size
+        self.free_pages = list(range(1, self.num_pages))  # page 0 holds SGLang's padding slot
+        random.Random(seed).shuffle(self.free_pages)  # a request's pages are scattered, as after churn
+        self.requests: list[Request] = []
+
+    def add(self, prompt: list[int]) -> Request:
+        req = Request(list(prompt), index=len(self.requests))
+        self.requests.append(req)
+        return req
+
+    def _slot(self, req: Request, pos: int) -> int:
+        page = req.pages.get(pos // self.page_size)
+        if page is None:
+            page = req.pages[pos // self.page_size] = self.free_pages.pop()
+        slot = page * self.page_size + pos % self.page_size
+        self.runner.req_to_token_pool.req_to_token[req.index, pos] = slot
+        return slot
+
+    def extend(self, chunks: list[tuple[Request, list[int]]]) -> torch.Tensor:
+        """Each request's new tokens after what it has cached (a prompt, a chunk of one, a prefix hit)."""
+        prefix = [len(r.tokens) for r, _ in chunks]
+        new = [len(t) for _, t in chunks]
+        positions, slots, ids = [], [], []
+        for (req, tokens), start in zip(chunks, prefix, strict=True):
+            for offset, token in enumerate(tokens):
+                positions.append(start + offset)
+                slots.append(self._slot(req, start + offset))
+                ids.append(token)
+            req.tokens += tokens
+        seq_lens = [p + n for p, n in zip(prefix, new, strict=True)]
+        batch = self._batch(ForwardMode.EXTEND, [r for r, _ in chunks], ids, positions, slots, seq_lens)
+        batch.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32)
+        batch.extend_prefix_lens_cpu = prefix
+        batch.extend_seq_lens = torch.tensor(new, dtype=torch.int32)
+        batch.extend_seq_lens_cpu = new
+        batch.extend_num_tokens = sum(new)
+        batch.extend_logprob_start_lens_cpu = list(new)
+        return self.run(batch)
+
+    def decode(self, steps: list[tuple[Request, int]]) -> torch.Tensor:
+        reqs = [r for r, _ in steps]
+        positions = [len(r.tokens) for r in reqs]
+        slots = [self._slot(r, p) for r, p in zip(reqs, positions, strict=True)]
+        for req, token in steps:
+            req.tokens.append(token)
+        batch = self._batch(ForwardMode.DECODE, reqs, [t for _, t in steps], positions, slots,
+                            [p + 1 for p in positions])  # fmt: skip
+        return self.run(batch)
+
+    def _batch(self, mode, reqs, ids, positions, slots, seq_lens) -> ForwardBatch:
+        batch = ForwardBatch(
+            forward_mode=mode, batch_size=len(reqs), input_ids=torch.tensor(ids, dtype=torch.int64),
+            req_pool_indices=torch.tensor([r.index for r in reqs], dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
+            out_cache_loc=torch.tensor(slots, dtype=torch.int64), seq_lens_sum=sum(seq_lens),
+            positions=torch.tensor(positions, dtype=torch.int64), capture_hidden_mode=CaptureHiddenMode.NULL,
+        )  # fmt: skip
+        self.runner.kv_index_translator.bind_own_plan(batch)
+        return batch
+
+    def run(self, batch: ForwardBatch) -> torch.Tensor:
+        """What ModelRunner does per forward: publish the backend, prepare its metadata, call the model.
+        Returns the next-token logits, [batch, vocab]."""
+        with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
+            self.backend.init_forward_metadata(batch)
+            out = self.model(batch.input_ids, batch.positions, batch)
+        return out.next_token_logits
+
+
+def transformers_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:
+    """transformers' logits at every position of one sequence, [len(tokens), vocab] (fp32)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0]

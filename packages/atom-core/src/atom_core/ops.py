@@ -3,7 +3,7 @@
 Adapters' attention backends call these; they never import atom_kernels themselves.
 """
 
-from atom_kernels import apply_rotary, rms_norm, silu_and_mul
+from atom_kernels import apply_rotary, fused_experts, grouped_topk, rms_norm, silu_and_mul, topk_softmax
 from atom_kernels.attention import (
     DecodePartition,
     paged_decode,
@@ -17,6 +17,8 @@ __all__ = [
     "DecodePartition",
     "KVLayout",
     "apply_rotary",
+    "fused_experts",
+    "grouped_topk",
     "kv_cache_shapes",
     "paged_decode",
     "paged_decode_persistent",
@@ -24,5 +26,6 @@ __all__ = [
     "plan_decode",
     "rms_norm",
     "silu_and_mul",
+    "topk_softmax",
     "write_kv",
 ]

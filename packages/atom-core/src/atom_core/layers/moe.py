@@ -1,20 +1,20 @@
 """Sparse MoE: a router picks top-k experts per token; expert MLPs are stacked parameters.
 
-Experts' intermediate dimension is split over tensor-parallel ranks. The expert computation here is a
-correct torch path (one matmul pair per expert hit); the fused MoE kernel replaces it when present.
+Experts' intermediate dimension is split over tensor-parallel ranks. Routing and the experts run through
+atom-kernels' fused MoE (Triton on the GPU: no host sync, so decode steps capture in CUDA graphs; the
+per-expert torch loop on the CPU).
 """
 
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from atom_core.config import ParallelConfig
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.parallel import all_reduce
-from atom_core.ops import silu_and_mul
+from atom_core.ops import fused_experts, topk_softmax
 
 
 class SparseMoE(nn.Module):
@@ -58,45 +58,14 @@ class SparseMoE(nn.Module):
                 loaded.narrow(0, rank * inter, inter)
             )
 
-    def _experts_static(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """The experts with shapes fixed by x alone (no host sync), for CUDA-graph capture of decode steps.
-
-        Few (token, expert) pairs: gather those experts' weights. Otherwise run every expert on every token
-        with its routing weight (zero where not chosen): each expert's weights are read once, as the
-        sparse path reads them when most experts are hit.
-        """
-        tokens, k = ids.shape
-        if tokens * k < self.num_experts:
-            h = torch.einsum("tkoh,th->tko", self.w13[ids], x)  # [T, k, 2I]
-            h = silu_and_mul(h.reshape(tokens * k, -1)).view(tokens, k, -1)
-            return torch.einsum("tkhi,tki->th", self.w2[ids] * weights[..., None, None], h)
-        dense = torch.zeros(tokens, self.num_experts, dtype=weights.dtype, device=x.device)
-        dense.scatter_(1, ids, weights)  # [T, E]
-        out = torch.zeros_like(x)
-        for expert in range(self.num_experts):
-            h = silu_and_mul(F.linear(x, self.w13[expert]))
-            out += F.linear(h, self.w2[expert]) * dense[:, expert, None]
-        return out
-
     def route(self, x: torch.Tensor):
         """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
-        probs = F.softmax(self.gate(x).float(), dim=-1)
-        weights, ids = probs.topk(self.top_k, dim=-1)
-        if self.norm_topk_prob:
-            weights = weights / weights.sum(dim=-1, keepdim=True)
-        return weights.to(x.dtype), ids
+        weights, ids = topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob)
+        return weights.to(x.dtype), ids  # rounded as transformers rounds them
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        if x.is_cuda and torch.cuda.is_current_stream_capturing():
-            out = self._experts_static(x, weights, ids)
-        else:
-            out = torch.zeros_like(x)
-            for expert in ids.unique().tolist():  # host sync: only the experts hit run
-                token, slot = (ids == expert).nonzero(as_tuple=True)
-                h = silu_and_mul(F.linear(x[token], self.w13[expert]))
-                out.index_add_(0, token, F.linear(h, self.w2[expert]) * weights[token, slot, None])
-        out = all_reduce(out, self.parallel)
+        out = all_reduce(fused_experts(x, self.w13, self.w2, weights, ids), self.parallel)
         if self.shared_expert is not None:  # its down projection reduces over ranks itself
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

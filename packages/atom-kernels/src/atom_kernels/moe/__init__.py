@@ -1,0 +1,18 @@
+"""Fused MoE: routing (softmax top-k, DeepSeek-V3 grouped top-k), token ordering by expert, and the
+experts as two grouped GEMMs (gate/up fused with SiLU-and-mul, down with the routing weight) and a combine.
+"""
+
+from atom_kernels.moe.align import ExpertOrder, order_by_expert
+from atom_kernels.moe.expert_gemm import TileConfig, tile_config
+from atom_kernels.moe.fused import fused_experts
+from atom_kernels.moe.routing import grouped_topk, topk_softmax
+
+__all__ = [
+    "ExpertOrder",
+    "TileConfig",
+    "fused_experts",
+    "grouped_topk",
+    "order_by_expert",
+    "tile_config",
+    "topk_softmax",
+]

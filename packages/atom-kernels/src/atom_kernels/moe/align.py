@@ -1,0 +1,107 @@
+"""Token-by-expert ordering for the grouped GEMM: each expert's (token, slot) pairs padded to whole tiles.
+
+Three small Triton launches (count with ranks, tile offsets, scatter) after one memset, with no host sync
+and shapes fixed by T, k, E and the tile height, so it can be captured in a CUDA graph; at decode sizes
+launch count is what costs, which is why this is not a chain of ~25 torch ops. Buffers are sized for
+the worst case and the GEMM reads how many rows are real from `num_padded`.
+
+Within an expert, pairs are ordered by the atomic that counted them (not token order): each output row
+of the GEMMs depends on its own row alone, so the order never changes a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True, slots=True)
+class ExpertOrder:
+    """Pairs p = token * k + slot grouped by expert, each expert's run padded to a multiple of block_m.
+
+    sorted_pairs: [capacity] int32, pair ids in expert order; padding holds num_pairs (matches no pair).
+    tile_expert:  [capacity // block_m] int32, the expert each tile of block_m rows belongs to.
+    num_padded:   [1] int32, rows in use (a multiple of block_m); tiles past it are skipped.
+    """
+
+    sorted_pairs: torch.Tensor
+    tile_expert: torch.Tensor
+    num_padded: torch.Tensor
+    num_pairs: int
+    block_m: int
+
+
+def order_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
+    """Rows needed in the worst case: at most min(E, pairs) experts are hit, each padded by < block_m."""
+    rows = num_pairs + min(num_experts, num_pairs) * (block_m - 1)
+    return -(-rows // block_m) * block_m
+
+
+@triton.jit
+def _count_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    expert = tl.load(ids_ptr + offs, mask=mask, other=0)
+    rank = tl.atomic_add(counts_ptr + expert, 1, mask=mask)  # the old count: this pair's place in its run
+    tl.store(rank_ptr + offs, rank, mask=mask)
+
+
+@triton.jit
+def _tiles_kernel(
+    counts_ptr, start_ptr, tile_expert_ptr, num_padded_ptr, sorted_pairs_ptr, experts, num_pairs, capacity,
+    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr,
+):  # fmt: skip
+    e = tl.arange(0, BLOCK_E)
+    counts = tl.load(counts_ptr + e, mask=e < experts, other=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    tl.store(start_ptr + e, end - padded, mask=e < experts)
+    tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+    end = tl.where(e < experts, end, 2**30)  # lanes past E never count as ended
+    for t0 in range(0, capacity // BLOCK_M, BLOCK_T):
+        tile = t0 + tl.arange(0, BLOCK_T)
+        # A tile's expert is how many experts' padded runs end at or before the tile's first row.
+        ended = tl.sum((end[None, :] <= tile[:, None] * BLOCK_M).to(tl.int32), axis=1)
+        tl.store(tile_expert_ptr + tile, tl.minimum(ended, experts - 1), mask=tile < capacity // BLOCK_M)
+    for r0 in range(0, capacity, BLOCK_T):
+        row = r0 + tl.arange(0, BLOCK_T)
+        tl.store(sorted_pairs_ptr + row, tl.full([BLOCK_T], 0, tl.int32) + num_pairs, mask=row < capacity)
+
+
+@triton.jit
+def _scatter_kernel(ids_ptr, rank_ptr, start_ptr, sorted_pairs_ptr, num_pairs, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    mask = offs < num_pairs
+    expert = tl.load(ids_ptr + offs, mask=mask, other=0)
+    dest = tl.load(start_ptr + expert, mask=mask, other=0) + tl.load(rank_ptr + offs, mask=mask, other=0)
+    tl.store(sorted_pairs_ptr + dest, offs.to(tl.int32), mask=mask)
+
+
+def order_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertOrder:
+    """topk_ids: [T, k] int32/int64 with values in [0, E) -> ExpertOrder (Triton; CUDA or the interpreter)."""
+    ids = topk_ids.reshape(-1)
+    if not ids.is_contiguous():
+        ids = ids.contiguous()
+    pairs, device = ids.numel(), ids.device
+    capacity = order_capacity(pairs, num_experts, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    rank = torch.empty(pairs, dtype=torch.int32, device=device)
+    start = torch.empty(num_experts, dtype=torch.int32, device=device)
+    sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=device)
+    tile_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=device)
+    num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    block = 1024
+    grid = (triton.cdiv(pairs, block),)
+    if pairs:
+        _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block)
+    block_e = triton.next_power_of_2(num_experts)
+    _tiles_kernel[(1,)](
+        counts, start, tile_expert, num_padded, sorted_pairs, num_experts, pairs, capacity,
+        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_T=max(16, min(128, 8192 // block_e)), num_warps=4,
+    )  # fmt: skip
+    if pairs:
+        _scatter_kernel[grid](ids, rank, start, sorted_pairs, pairs, BLOCK=block)
+    return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)

@@ -1,0 +1,107 @@
+"""fused_experts: the expert half of a MoE layer (after routing), as two grouped GEMMs and a combine."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from atom_kernels.moe.align import order_by_expert
+from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
+from atom_kernels.moe.ref import fused_experts_ref
+from atom_kernels.settings import SETTINGS, Backend, resolve_backend
+
+
+def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """The experts with shapes fixed by x alone (no host sync), for CUDA-graph capture on the torch backend.
+
+    Few (token, expert) pairs gather their experts' weights; otherwise every expert runs on every token,
+    weighted by a dense [T, E] routing matrix (zero where not chosen).
+    """
+    tokens, k = topk_ids.shape
+    experts, inter = w13.shape[0], w2.shape[2]
+    ids = topk_ids.long()
+    weights = topk_weights.to(x.dtype)
+    if tokens * k < experts:
+        h = torch.einsum("tkoh,th->tko", w13[ids], x)
+        h = F.silu(h[..., :inter]) * h[..., inter:]
+        return torch.einsum("tkhi,tki->th", w2[ids] * weights[..., None, None], h)
+    dense = torch.zeros(tokens, experts, dtype=x.dtype, device=x.device).scatter_(1, ids, weights)
+    out = torch.zeros_like(x)
+    for e in range(experts):
+        h = F.linear(x, w13[e])
+        out += F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * dense[:, e, None]
+    return out
+
+
+def _experts_torch(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+    """The torch backend: the reference (only the experts hit run: a host sync), or the static form
+    while a CUDA graph is being captured."""
+    if x.is_cuda and torch.cuda.is_current_stream_capturing():
+        return _experts_static(x, w13, w2, topk_weights, topk_ids)
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
+
+
+def _check(x, w13, w2, topk_weights, topk_ids) -> None:
+    if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
+        raise ValueError(
+            f"fused_experts expects x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {tuple(x.shape)}, "
+            f"{tuple(w13.shape)}, {tuple(w2.shape)}"
+        )
+    experts, two_inter, hidden = w13.shape
+    if two_inter % 2 or hidden != x.shape[1] or w2.shape != (experts, hidden, two_inter // 2):
+        raise ValueError(
+            f"expert weights do not fit x [T, {x.shape[1]}]: w13 {tuple(w13.shape)} must be [E, 2I, H] "
+            f"and w2 {tuple(w2.shape)} must be [E, H, I]"
+        )
+    if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
+        raise ValueError(
+            f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must both be "
+            f"[T={x.shape[0]}, k]"
+        )
+    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+        raise ValueError(f"expert weights must be {x.dtype} like x, got {w13.dtype} and {w2.dtype}")
+    if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
+        raise ValueError("fused_experts needs the last dimension of x, w13 and w2 contiguous")
+
+
+def fused_experts(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    *,
+    out: torch.Tensor | None = None,
+    config: TileConfig | None = None,
+    down_config: TileConfig | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j].
+
+    x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
+    topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
+    config overrides the tile shape of both GEMMs, down_config the down GEMM's alone (same block_m;
+    benchmark sweeps). The Triton path has no host sync and can be
+    captured in a CUDA graph. Returns out.
+    """
+    _check(x, w13, w2, topk_weights, topk_ids)
+    tokens, hidden = x.shape
+    if out is None:
+        out = torch.empty_like(x, memory_format=torch.contiguous_format)
+    elif out.shape != x.shape or out.dtype != x.dtype:
+        raise ValueError(f"out must be [{tokens}, {hidden}] {x.dtype}")
+    if resolve_backend(backend, x.device) is Backend.TORCH:
+        return out.copy_(_experts_torch(x, w13, w2, topk_weights, topk_ids))
+    if tokens == 0:
+        return out
+    top_k, experts = topk_ids.shape[1], w13.shape[0]
+    cfg = config or tile_config(
+        tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret
+    )
+    order = order_by_expert(topk_ids, experts, cfg.block_m)
+    h = gate_up(x, w13, order, top_k, cfg)
+    down_cfg = down_config or down_tile_config(cfg)
+    if down_cfg.block_m != cfg.block_m:
+        raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
+    y = down(h, w2, order, topk_weights.reshape(-1).float(), down_cfg)
+    return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)

@@ -1,4 +1,4 @@
-"""Memory-bound per-token ops at T=16k (DESIGN.md §7): RMSNorm (+residual), SiLU-and-mul, rotary.
+"""Memory-bound per-token ops at T=16k (DESIGN.md §7): RMSNorm (+residual, gated), SiLU-and-mul, RoPE, MRoPE.
 
   PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_elementwise.py [--out r.json]
 
@@ -17,10 +17,10 @@ from functools import partial
 import torch
 import triton
 
-from atom_kernels import apply_rotary, rms_norm, silu_and_mul
+from atom_kernels import apply_mrope, apply_rotary, rms_norm, rms_norm_gated, silu_and_mul
 from atom_kernels.activation.ref import silu_and_mul_ref
-from atom_kernels.norm.ref import rms_norm_ref
-from atom_kernels.rotary.ref import apply_rotary_ref
+from atom_kernels.norm.ref import rms_norm_gated_ref, rms_norm_ref
+from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref
 
 DEV = torch.device("cuda")
 T, H = 16384, 4096
@@ -52,6 +52,11 @@ def main():
         partial(rms_norm_ref, x, w, 1e-6))  # fmt: skip
     add("rms_norm + residual", f"{T}x{H}", 4 * T * H * 2, partial(rms_norm, x, w, 1e-6, r, out=out),
         partial(rms_norm_ref, x, w, 1e-6, r))  # fmt: skip
+    heads = torch.randn(T * 32, 128, **bf16)  # GDN output: 32 value heads of 128 per token
+    head_gate, head_w = torch.randn(T * 32, 128, **bf16), torch.rand(128, **bf16)
+    add("rms_norm_gated (GDN)", f"{T}x32 heads x128", 3 * heads.numel() * 2,
+        partial(rms_norm_gated, heads, head_gate, head_w, 1e-6), partial(rms_norm_gated_ref, heads, head_gate, head_w, 1e-6))  # fmt: skip
+    del heads, head_gate
     gate_up = torch.randn(T, 2 * H, **bf16)
     act = torch.empty(T, H, **bf16)
     add("silu_and_mul", f"{T}x2*{H}", 3 * T * H * 2, partial(silu_and_mul, gate_up, act),
@@ -69,6 +74,19 @@ def main():
         add(name, f"T={T} q{hq}/k{hkv}x{d} rot {rot}", moved,
             partial(apply_rotary, pos, q, k, inv_freq, rotary_dim=rot),
             partial(apply_rotary_ref, pos, q, k, inv_freq, rotary_dim=rot))  # fmt: skip
+    for name, hq, hkv, d, rot, section, interleaved in (
+        ("mrope chunked (Qwen2.5-VL 7B)", 28, 4, 128, 128, (16, 24, 24), False),
+        ("mrope interleaved (Qwen3.5)", 16, 2, 256, 64, (11, 11, 10), True),
+    ):
+        qkv = torch.randn(T, (hq + 2 * hkv) * d, **bf16)
+        q = qkv[:, : hq * d].view(T, hq, d)
+        k = qkv[:, hq * d : (hq + hkv) * d].view(T, hkv, d)
+        pos = torch.randint(0, 32768, (3, T), device=DEV)
+        inv_freq = 1.0 / (1e7 ** (torch.arange(0, rot, 2, device=DEV).float() / rot))
+        moved = 2 * T * (hq + hkv) * rot * 2 + pos.numel() * pos.element_size()
+        kw = dict(rotary_dim=rot, section=section, interleaved=interleaved)
+        add(name, f"T={T} q{hq}/k{hkv}x{d} rot {rot}", moved, partial(apply_mrope, pos, q, k, inv_freq, **kw),
+            partial(apply_mrope_ref, pos, q, k, inv_freq, **kw))  # fmt: skip
     record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                   torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12, rows=rows)  # fmt: skip
     if args.out:

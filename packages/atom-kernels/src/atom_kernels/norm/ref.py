@@ -23,3 +23,14 @@ def rms_norm_ref(
     w = weight if weight_offset == 0.0 else (weight.float() + weight_offset).to(weight.dtype)
     y = w * normed
     return y if residual is None else (y, s)
+
+
+def rms_norm_gated_ref(x: torch.Tensor, gate: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """GDN's output norm (Qwen3-Next, Qwen3.5): y = (weight * rmsnorm(x)) * silu(gate), per row of x [N, D].
+
+    Rounded as transformers rounds: the norm to x's dtype, the weight product in the weight's dtype
+    promotion, the gate product in fp32, the result to x's dtype.
+    """
+    xf = x.float()
+    normed = (xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    return ((weight * normed) * torch.nn.functional.silu(gate.float())).to(x.dtype)

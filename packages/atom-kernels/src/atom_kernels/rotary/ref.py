@@ -26,6 +26,47 @@ def apply_rotary_ref(
     rotary_dim pass through. cos and sin are multiplied by `scaling` (YaRN's attention factor).
     """
     angles = positions.float()[:, None] * inv_freq.float()[None, :]  # [T, rotary_dim / 2]
+    return _rotate_ref(angles, q, k, rotary_dim=rotary_dim, scaling=scaling, neox=neox)
+
+
+def mrope_axes(half: int, section: tuple[int, int, int], interleaved: bool) -> torch.Tensor:
+    """[half] int64: which position row (0 = T, 1 = H, 2 = W) drives each rotary frequency.
+
+    Chunked (Qwen2-VL, Qwen2.5-VL): the first section[0] frequencies follow T, the next section[1]
+    H, the last section[2] W. Interleaved (Qwen3-VL, Qwen3.5): frequency i follows H when i % 3 == 1 and
+    i < 3 * section[1], W when i % 3 == 2 and i < 3 * section[2], else T.
+    """
+    if sum(section) != half:
+        raise ValueError(f"mrope_section {list(section)} must sum to rotary_dim / 2 = {half}")
+    i = torch.arange(half)
+    if interleaved:
+        axes = torch.zeros(half, dtype=torch.int64)
+        axes[(i % 3 == 1) & (i < 3 * section[1])] = 1
+        axes[(i % 3 == 2) & (i < 3 * section[2])] = 2
+        return axes
+    return (i >= section[0]).long() + (i >= section[0] + section[1]).long()
+
+
+def apply_mrope_ref(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    inv_freq: torch.Tensor,
+    *,
+    rotary_dim: int,
+    section: tuple[int, int, int],
+    interleaved: bool,
+    scaling: float = 1.0,
+    neox: bool = True,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """apply_rotary_ref with 3-D positions [3, T] (T/H/W): frequency i turns by positions[axis(i)]."""
+    axes = mrope_axes(rotary_dim // 2, section, interleaved).to(positions.device)
+    per_freq = positions.float()[axes].t()  # [T, rotary_dim / 2]
+    angles = per_freq * inv_freq.float()[None, :]
+    return _rotate_ref(angles, q, k, rotary_dim=rotary_dim, scaling=scaling, neox=neox)
+
+
+def _rotate_ref(angles, q, k, *, rotary_dim, scaling, neox):
     out = []
     for x in (q, k):
         cos = (angles.cos() * scaling).to(x.dtype)[:, None, :]

@@ -11,6 +11,12 @@ from atom_kernels.rotary.ref import apply_rotary_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 
+def rotary_num_warps(block_qh: int, block_kh: int, block_half: int) -> int:
+    """Small per-token tiles (partial rotary: 64 of 256 dims) take fewer warps, so more programs, and
+    more bytes in flight, fit on each SM; full-head tiles keep 4."""
+    return max(1, min(4, (block_qh + block_kh) * block_half // 512))
+
+
 @triton.jit
 def _rotate(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexpr, HALF: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
@@ -84,9 +90,10 @@ def apply_rotary(
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         half = rotary_dim // 2
+        block_qh, block_kh, block_half = (triton.next_power_of_2(n) for n in (q.shape[1], k.shape[1], half))
         _rotary_kernel[(q.shape[0],)](
             positions, q, k, inv_freq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1],
-            scaling, NEOX=neox, HALF=half, BLOCK_QH=triton.next_power_of_2(q.shape[1]),
-            BLOCK_KH=triton.next_power_of_2(k.shape[1]), BLOCK_HALF=triton.next_power_of_2(half),
+            scaling, NEOX=neox, HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half,
+            num_warps=rotary_num_warps(block_qh, block_kh, block_half),
         )  # fmt: skip
     return q, k

@@ -127,3 +127,22 @@ def test_bad_input_is_named(change, message):
     with pytest.raises(ValueError, match=message):
         apply_mrope(args["positions"].to(DEVICE), q, k, torch.ones(16, device=DEVICE), rotary_dim=args["rotary_dim"],
                     section=args["section"], interleaved=False)  # fmt: skip
+
+
+def test_multi_token_tiles_match_one_token_tiles():
+    # BLOCK_T > 1 is a sweep option (benchmarks/sweep_rotary.py): it must rotate exactly what BLOCK_T=1 does,
+    # including the masked tail of the last tile.
+    from atom_kernels.rotary.mrope import _mrope_kernel
+
+    tokens, hq, hkv, d, rot, section = 11, 4, 2, 64, 32, (4, 6, 6)
+    q, k = _qkv(tokens, hq, hkv, d, torch.float32)
+    positions = _positions(tokens)
+    inv_freq = 1.0 / (1e4 ** (torch.arange(0, rot, 2, device=DEVICE).float() / rot))
+    want_q, want_k = apply_mrope_ref(
+        positions, q, k, inv_freq, rotary_dim=rot, section=section, interleaved=True
+    )
+    _mrope_kernel[(3,)](positions, q, k, inv_freq, tokens, positions.stride(0), q.stride(0), q.stride(1), k.stride(0),
+                        k.stride(1), hq, hkv, 1.0, SECTION_T=4, SECTION_H=6, SECTION_W=6, INTERLEAVED=True, NEOX=True,
+                        HALF=16, BLOCK_QH=4, BLOCK_KH=2, BLOCK_HALF=16, BLOCK_T=4)  # fmt: skip
+    torch.testing.assert_close(q, want_q, rtol=2e-5, atol=2e-5)
+    torch.testing.assert_close(k, want_k, rtol=2e-5, atol=2e-5)

@@ -8,34 +8,37 @@ import triton
 import triton.language as tl
 
 from atom_kernels.rotary.ref import apply_mrope_ref
-from atom_kernels.rotary.rope import _rotate, apply_rotary, rotary_num_warps
+from atom_kernels.rotary.rope import _rotate, apply_rotary, rotary_tiles
 from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
 def _mrope_kernel(
-    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, stride_pos, stride_qt, stride_qh, stride_kt, stride_kh,
+    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, num_tokens, stride_pos, stride_qt, stride_qh, stride_kt, stride_kh,
     num_q_heads, num_k_heads, scaling, SECTION_T: tl.constexpr, SECTION_H: tl.constexpr,
     SECTION_W: tl.constexpr, INTERLEAVED: tl.constexpr, NEOX: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
-    i = tl.arange(0, BLOCK_HALF)
-    pos_t = tl.load(pos_ptr + t).to(tl.float32)
-    pos_h = tl.load(pos_ptr + stride_pos + t).to(tl.float32)
-    pos_w = tl.load(pos_ptr + 2 * stride_pos + t).to(tl.float32)
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < num_tokens
+    i = tl.arange(0, BLOCK_HALF)[None, :]
+    pos_t = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+    pos_h = tl.load(pos_ptr + stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+    pos_w = tl.load(pos_ptr + 2 * stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+    # Which position row turns frequency i: a compile-time pattern over i, shared by every token.
     if INTERLEAVED:
         use_h = (i % 3 == 1) & (i < 3 * SECTION_H)
         use_w = (i % 3 == 2) & (i < 3 * SECTION_W)
     else:
         use_h = (i >= SECTION_T) & (i < SECTION_T + SECTION_H)
         use_w = i >= SECTION_T + SECTION_H
-    pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))
+    pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
     angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    cos = (tl.cos(angle) * scaling)[None, :]
-    sin = (tl.sin(angle) * scaling)[None, :]
-    _rotate(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+    cos = (tl.cos(angle) * scaling)[:, None, :]
+    sin = (tl.sin(angle) * scaling)[:, None, :]
+    t3, ok3 = t[:, None, None], t_ok[:, None, None]
+    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
 
 
 def apply_mrope(
@@ -84,11 +87,11 @@ def apply_mrope(
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         half = rotary_dim // 2
-        block_qh, block_kh, block_half = (triton.next_power_of_2(n) for n in (q.shape[1], k.shape[1], half))
-        _mrope_kernel[(q.shape[0],)](
-            positions, q, k, inv_freq, positions.stride(0), q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q.shape[1], k.shape[1], scaling, SECTION_T=section[0], SECTION_H=section[1], SECTION_W=section[2],
-            INTERLEAVED=interleaved, NEOX=neox, HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
-            BLOCK_HALF=block_half, num_warps=rotary_num_warps(block_qh, block_kh, block_half),
+        block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
+        _mrope_kernel[(triton.cdiv(q.shape[0], block_t),)](
+            positions, q, k, inv_freq, q.shape[0], positions.stride(0), q.stride(0), q.stride(1), k.stride(0),
+            k.stride(1), q.shape[1], k.shape[1], scaling, SECTION_T=section[0], SECTION_H=section[1],
+            SECTION_W=section[2], INTERLEAVED=interleaved, NEOX=neox, HALF=half, BLOCK_QH=block_qh,
+            BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_T=block_t, num_warps=warps,
         )  # fmt: skip
     return q, k

@@ -11,18 +11,25 @@ from atom_kernels.rotary.ref import apply_rotary_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 
-def rotary_num_warps(block_qh: int, block_kh: int, block_half: int) -> int:
-    """Small per-token tiles (partial rotary: 64 of 256 dims) take fewer warps, so more programs, and
-    more bytes in flight, fit on each SM; full-head tiles keep 4."""
-    return max(1, min(4, (block_qh + block_kh) * block_half // 512))
+def rotary_tiles(num_q_heads: int, num_k_heads: int, half: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_T, num_warps) of a launch: BLOCK_T tokens per program.
+
+    H200 sweep at T=16k (benchmarks/sweep_rotary.py, results/sweep_rotary_h200.log): one token per
+    program with one or two warps beat every multi-token tile and 4-8 warps, as small programs pack
+    more loads in flight per SM (Llama-3 8B 105.6 -> 89.8 us, Qwen3.5 MRoPE 31.3 -> 25.9 us).
+    """
+    block_qh, block_kh, block_half = (triton.next_power_of_2(n) for n in (num_q_heads, num_k_heads, half))
+    per_token = (block_qh + block_kh) * block_half
+    return block_qh, block_kh, block_half, 1, 1 if per_token <= 1024 else 2
 
 
 @triton.jit
-def _rotate(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexpr, HALF: tl.constexpr,
+def _rotate(x_ptr, t, t_ok, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexpr, HALF: tl.constexpr,
             BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
-    h = tl.arange(0, BLOCK_H)[:, None]
-    i = tl.arange(0, BLOCK_HALF)[None, :]
-    mask = (h < num_heads) & (i < HALF)
+    """x [tokens t (a [BLOCK_T, 1, 1] tile), heads, D] in place; cos/sin [BLOCK_T, 1, BLOCK_HALF] fp32."""
+    h = tl.arange(0, BLOCK_H)[None, :, None]
+    i = tl.arange(0, BLOCK_HALF)[None, None, :]
+    mask = t_ok & (h < num_heads) & (i < HALF)
     base = x_ptr + t * stride_t + h * stride_h
     if NEOX:
         p1, p2 = base + i, base + HALF + i
@@ -42,18 +49,21 @@ def _rotate(x_ptr, t, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexp
 
 @triton.jit
 def _rotary_kernel(
-    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads, num_k_heads,
-    scaling, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
+    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
+    num_k_heads, scaling, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
 ):  # fmt: skip
-    t = tl.program_id(0).to(tl.int64)
+    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
+    t_ok = t < num_tokens
     i = tl.arange(0, BLOCK_HALF)
     inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    angle = tl.load(pos_ptr + t).to(tl.float32) * inv_freq
-    cos = (tl.cos(angle) * scaling)[None, :]
-    sin = (tl.sin(angle) * scaling)[None, :]
-    _rotate(q_ptr, t, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k_ptr, t, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+    pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
+    angle = pos[:, None] * inv_freq[None, :]
+    cos = (tl.cos(angle) * scaling)[:, None, :]
+    sin = (tl.sin(angle) * scaling)[:, None, :]
+    t3, ok3 = t[:, None, None], t_ok[:, None, None]
+    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
 
 
 def apply_rotary(
@@ -90,10 +100,10 @@ def apply_rotary(
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         half = rotary_dim // 2
-        block_qh, block_kh, block_half = (triton.next_power_of_2(n) for n in (q.shape[1], k.shape[1], half))
-        _rotary_kernel[(q.shape[0],)](
-            positions, q, k, inv_freq, q.stride(0), q.stride(1), k.stride(0), k.stride(1), q.shape[1], k.shape[1],
-            scaling, NEOX=neox, HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half,
-            num_warps=rotary_num_warps(block_qh, block_kh, block_half),
+        block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
+        _rotary_kernel[(triton.cdiv(q.shape[0], block_t),)](
+            positions, q, k, inv_freq, q.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
+            q.shape[1], k.shape[1], scaling, NEOX=neox, HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
+            BLOCK_HALF=block_half, BLOCK_T=block_t, num_warps=warps,
         )  # fmt: skip
     return q, k

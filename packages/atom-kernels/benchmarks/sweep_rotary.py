@@ -1,0 +1,62 @@
+"""Token-tile sweep for the rotary kernels (how rotary_tiles was chosen), at T=16k, bf16.
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_rotary.py
+
+Per shape and (BLOCK_T, num_warps): median time and TB/s of the rotated bytes (read + written in place);
+the default from rotary_tiles is marked.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+import triton
+
+from atom_kernels.rotary.mrope import _mrope_kernel
+from atom_kernels.rotary.rope import _rotary_kernel, rotary_tiles
+
+DEV, T = torch.device("cuda"), 16384
+SHAPES = [  # name, q heads, kv heads, head dim, rotary dim, mrope section (None: plain RoPE), interleaved
+    ("rope Llama-3 8B", 32, 8, 128, 128, None, False),
+    ("rope partial head 256 rot 64", 16, 2, 256, 64, None, False),
+    ("mrope interleaved Qwen3.5", 16, 2, 256, 64, (11, 11, 10), True),
+    ("mrope chunked Qwen2.5-VL", 28, 4, 128, 128, (16, 24, 24), False),
+]
+
+
+def _launch(grid, pos, q, k, inv_freq, section, interleaved, common):
+    tokens, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
+    if section:
+        _mrope_kernel[grid](pos, q, k, inv_freq, tokens, pos.stride(0), q.stride(0), q.stride(1), k.stride(0),
+                            k.stride(1), hq, hkv, 1.0, SECTION_T=section[0], SECTION_H=section[1],
+                            SECTION_W=section[2], INTERLEAVED=interleaved, **common)  # fmt: skip
+    else:
+        _rotary_kernel[grid](pos, q, k, inv_freq, tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
+                             hkv, 1.0, **common)  # fmt: skip
+
+
+def main():
+    for name, hq, hkv, d, rot, section, interleaved in SHAPES:
+        qkv = torch.randn(T, (hq + 2 * hkv) * d, device=DEV, dtype=torch.bfloat16)
+        q, k = qkv[:, : hq * d].view(T, hq, d), qkv[:, hq * d : (hq + hkv) * d].view(T, hkv, d)
+        half = rot // 2
+        inv_freq = 1.0 / (1e6 ** (torch.arange(0, rot, 2, device=DEV).float() / rot))
+        pos = torch.randint(0, 32768, (3, T) if section else (T,), device=DEV)
+        bqh, bkh, bhalf, default_t, default_w = rotary_tiles(hq, hkv, half)
+        moved = 2 * T * (hq + hkv) * rot * 2
+        for block_t in (1, 2, 4, 8, 16):
+            for warps in (1, 2, 4, 8):
+                grid = (triton.cdiv(T, block_t),)
+                common = dict(NEOX=True, HALF=half, BLOCK_QH=bqh, BLOCK_KH=bkh, BLOCK_HALF=bhalf, BLOCK_T=block_t,
+                              num_warps=warps)  # fmt: skip
+                run = partial(_launch, grid, pos, q, k, inv_freq, section, interleaved, common)
+                ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
+                mark = "  <- default" if (block_t, warps) == (default_t, default_w) else ""
+                print(
+                    f"{name:30} BLOCK_T={block_t:2d} warps={warps}  {ms * 1e3:7.1f} us  {moved / ms / 1e9:5.2f} TB/s{mark}"
+                )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,214 @@
+"""Absorbed MLA over a paged latent cache, split-KV: decode, speculative verify and extend are one kernel.
+
+One program takes one query token, a block of its heads and one slice of its cached rows; each row
+is read once per program as K (all 576 values) and as V (the first 512), so the latent cache streams
+once per head block. Slices of a long sequence run in parallel and a combine step merges them by
+their log-sum-exp (flash decoding) when tokens x head blocks cannot fill the GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.cache.fp8 import is_fp8
+from atom_kernels.mla.ref import mla_attention_ref
+from atom_kernels.settings import SETTINGS, Backend, resolve_backend
+
+LOG2E = 1.4426950408889634
+
+
+@dataclass(frozen=True, slots=True)
+class MlaTiles:
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def mla_tiles(num_heads: int, *, interpret: bool = False) -> MlaTiles:
+    """Few heads (a TP shard): the step streams the cache, 16-head tiles. Many heads: taller head tiles
+    reuse each row for more heads (fewer cache passes) at the cost of registers for the [H, 512] acc."""
+    if interpret:
+        return MlaTiles(16, 16, 1, 1)
+    if num_heads <= 16:
+        return MlaTiles(16, 64, 4, 2)
+    return MlaTiles(64, 32, 8, 2)
+
+
+@triton.jit
+def _mla_split_kernel(
+    q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr, scale_ptr, out_ptr, part_o_ptr, part_lse_ptr,
+    sm_scale_log2, num_heads, block_size, stride_qt, stride_qh, stride_bt, stride_ot, stride_oh,
+    MAX_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
+    HAS_SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+):  # fmt: skip
+    pid_tok = tl.program_id(0)
+    seq = pid_tok // MAX_Q
+    qi = pid_tok % MAX_Q
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if qi >= q_len:
+        return
+    t = (q_start + qi).to(tl.int64)
+    kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1  # causal: rows up to this token's position
+    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    lo = tl.program_id(2) * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < num_heads
+    c = tl.arange(0, RANK)
+    r = tl.arange(0, ROPE)
+    q_row = q_ptr + t * stride_qt + heads[:, None].to(tl.int64) * stride_qh
+    q_nope = tl.load(q_row + c[None, :], mask=h_ok[:, None], other=0.0)
+    q_pe = tl.load(q_row + RANK + r[None, :], mask=h_ok[:, None], other=0.0)
+    kv_scale = 1.0
+    if HAS_SCALE:
+        kv_scale = tl.load(scale_ptr)
+    qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([BLOCK_H, RANK], dtype=tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        page = tl.load(table + pos // block_size, mask=ok, other=0).to(tl.int64)
+        row = cache_ptr + (page * block_size + pos % block_size) * (RANK + ROPE)
+        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
+        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
+        s = tl.dot(q_nope, tl.trans(kv)) + tl.dot(q_pe, tl.trans(kp))
+        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[:, None])
+        denom = denom * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q_ptr.dtype.element_ty), kv)
+        m = m_new
+    has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
+    o = tl.where(has_rows[:, None], acc / tl.where(has_rows, denom, 1.0)[:, None], 0.0) * kv_scale
+    if NUM_SPLITS == 1:
+        o_row = out_ptr + t * stride_ot + heads[:, None].to(tl.int64) * stride_oh
+        tl.store(o_row + c[None, :], o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+    else:
+        # partials: [T, H, NUM_SPLITS, RANK] fp32 and log2-sum-exp [T, H, NUM_SPLITS]
+        slot = (t * num_heads + heads).to(tl.int64) * NUM_SPLITS + tl.program_id(2)
+        tl.store(part_o_ptr + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
+        lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + slot, lse, mask=h_ok)
+
+
+@triton.jit
+def _mla_combine_kernel(
+    part_o_ptr, part_lse_ptr, out_ptr, num_heads, stride_ot, stride_oh,
+    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, RANK: tl.constexpr,
+):  # fmt: skip
+    t = tl.program_id(0).to(tl.int64)
+    h = tl.program_id(1)
+    s = tl.arange(0, BLOCK_S)
+    base = (t * num_heads + h) * NUM_SPLITS
+    lse = tl.load(part_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, axis=0))  # every token has >= 1 row, so some slice is finite
+    w = w / tl.sum(w, axis=0)
+    c = tl.arange(0, RANK)
+    o = tl.load(
+        part_o_ptr + (base + s)[:, None] * RANK + c[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0
+    )
+    out = tl.sum(o * w[:, None], axis=0)
+    tl.store(out_ptr + t * stride_ot + h * stride_oh + c, out.to(out_ptr.dtype.element_ty))
+
+
+def mla_num_splits(programs: int, max_kv_len: int, block_n: int) -> int:
+    """Slices per token so that programs x slices covers the GPU about twice, each slice >= 4 tiles."""
+    if SETTINGS.triton_interpret:
+        return min(4, max(1, max_kv_len // (4 * block_n)))
+    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    wanted = -(-2 * sms // max(1, programs))
+    return max(1, min(wanted, max_kv_len // (4 * block_n), 64))
+
+
+def mla_attention(
+    q: torch.Tensor,
+    cache: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    *,
+    softmax_scale: float,
+    max_query_len: int,
+    kv_lora_rank: int = 512,
+    scale: torch.Tensor | None = None,
+    num_splits: int | None = None,
+    tiles: MlaTiles | None = None,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Absorbed MLA: q [T, Hq, R + P] against each sequence's paged latent rows -> out [T, Hq, R].
+
+    cache: [N, B, R + P] (bf16/fp16 like q, or fp8 e4m3 with scale [1] fp32); cu_seqlens_q: [S+1] int32;
+    seq_lens: [S] int32, cached rows per sequence including its new tokens; block_tables: [S, pages].
+    Each sequence's q_len queries are its last tokens (decode: 1; verify: a few; extend: its new chunk)
+    and see rows up to their own position. max_query_len: the largest q_len (a host int, fixes the grid).
+    softmax_scale: the model's (DeepSeek: (192 ** -0.5) * mscale ** 2). Slices per token (num_splits)
+    default from the grid and the block table's capacity, so the launch is CUDA-graph safe; tiles
+    overrides the tile shape (benchmark sweeps).
+    """
+    tokens, num_heads, width = q.shape if q.dim() == 3 else (0, 0, 0)
+    rope = width - kv_lora_rank
+    if q.dim() != 3 or rope <= 0 or q.stride(-1) != 1:
+        raise ValueError(
+            f"q must be [T, Hq, {kv_lora_rank} + rope] with a contiguous last dim, got {tuple(q.shape)}"
+        )
+    if cache.dim() != 3 or cache.shape[2] != width or not cache.is_contiguous():
+        raise ValueError(f"cache must be a contiguous [N, B, {width}] tensor, got {tuple(cache.shape)}")
+    fp8 = is_fp8(cache.dtype)
+    if fp8 and (scale is None or scale.numel() != 1 or scale.dtype != torch.float32):
+        raise ValueError("an fp8 latent cache needs scale: a one-element float32 tensor")
+    if not fp8 and cache.dtype != q.dtype:
+        raise ValueError(f"cache dtype {cache.dtype} must be q's ({q.dtype}) or fp8")
+    if cu_seqlens_q.shape != (seq_lens.numel() + 1,) or block_tables.shape[0] != seq_lens.numel():
+        raise ValueError(
+            f"cu_seqlens_q [S+1], seq_lens [S] and block_tables [S, pages] disagree: {tuple(cu_seqlens_q.shape)}, "
+            f"{tuple(seq_lens.shape)}, {tuple(block_tables.shape)}"
+        )
+    if out is None:
+        out = torch.empty(tokens, num_heads, kv_lora_rank, dtype=q.dtype, device=q.device)
+    elif out.shape != (tokens, num_heads, kv_lora_rank) or out.dtype != q.dtype or out.stride(-1) != 1:
+        raise ValueError(
+            f"out must be [{tokens}, {num_heads}, {kv_lora_rank}] {q.dtype}, last dim contiguous"
+        )
+    if resolve_backend(backend, q.device) is Backend.TORCH:
+        return out.copy_(mla_attention_ref(q, cache, cu_seqlens_q, seq_lens, block_tables, softmax_scale=softmax_scale,
+                                           kv_lora_rank=kv_lora_rank, scale=scale if fp8 else None))  # fmt: skip
+    pow2 = triton.next_power_of_2
+    if pow2(kv_lora_rank) != kv_lora_rank or pow2(rope) != rope or rope < 16:
+        raise ValueError(
+            f"the Triton MLA kernel needs power-of-two widths (rope >= 16), got {kv_lora_rank} + {rope}"
+        )
+    if tokens == 0:
+        return out
+    tiles = tiles or mla_tiles(num_heads, interpret=SETTINGS.triton_interpret)
+    head_blocks = triton.cdiv(num_heads, tiles.block_h)
+    capacity = block_tables.shape[1] * cache.shape[1]
+    splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles.block_n)
+    part_o = part_lse = out
+    if splits > 1:
+        part_o = torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
+        part_lse = torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device)
+    grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
+    _mla_split_kernel[grid](
+        q, cache, block_tables, seq_lens, cu_seqlens_q, scale if fp8 else q, out, part_o, part_lse,
+        softmax_scale * LOG2E, num_heads, cache.shape[1], q.stride(0), q.stride(1), block_tables.stride(0),
+        out.stride(0), out.stride(1), MAX_Q=max_query_len, NUM_SPLITS=splits, RANK=kv_lora_rank, ROPE=rope,
+        HAS_SCALE=fp8, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )  # fmt: skip
+    if splits > 1:
+        _mla_combine_kernel[(tokens, num_heads)](
+            part_o, part_lse, out, num_heads, out.stride(0), out.stride(1), NUM_SPLITS=splits,
+            BLOCK_S=pow2(splits), RANK=kv_lora_rank,
+        )  # fmt: skip
+    return out

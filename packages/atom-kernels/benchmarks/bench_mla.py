@@ -115,8 +115,8 @@ def main():
                     except Exception as exc:  # shared memory or registers this GPU does not have: skip
                         print(f"  sweep {name} {tiles} splits={splits}: {type(exc).__name__}")
             timed.sort()
-            sweeps.append(dict(case=name, default=str(mla_tiles(heads)), best=timed[:5]))
-            print(f"sweep {name}: best {timed[0]}; default {mla_tiles(heads)}")
+            sweeps.append(dict(case=name, default=str(mla_tiles(heads, 2)), best=timed[:5]))
+            print(f"sweep {name}: best {timed[0]}; default {mla_tiles(heads, 2)}")
         ms = bench_graph(run)
         base_ms = bench_graph(base)
         causal_rows = batch * (q_len * length - q_len * (q_len - 1) / 2)  # rows scored, summed over queries

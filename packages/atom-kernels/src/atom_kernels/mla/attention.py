@@ -29,33 +29,36 @@ class MlaTiles:
     num_stages: int
 
 
-def mla_tiles(num_heads: int, *, interpret: bool = False) -> MlaTiles:
+def mla_tiles(num_heads: int, itemsize: int = 2, *, interpret: bool = False) -> MlaTiles:
     """Few heads (a TP shard): the step streams the cache, 16-head tiles. Many heads: taller head tiles
-    reuse each row for more heads (fewer cache passes) at the cost of registers for the [H, 512] acc."""
-    if interpret:
-        return MlaTiles(16, 16, 1, 1)
+    reuse each row for more heads (fewer cache passes) at the cost of registers for the [H, 512] acc.
+    fp32 (exact products, no tensor-core path) takes the smallest tiles to fit shared memory."""
+    if interpret or itemsize >= 4:
+        return MlaTiles(16, 16, 4 if not interpret else 1, 1)
+    # H200 sweep (benchmarks/bench_mla.py --sweep, results/sweep_mla_h200.log), B=64 L=4k bf16:
+    # Hq=16 0.202 -> 0.129 ms with 128-row tiles; Hq=128 0.473 -> 0.398 ms with 64-row tiles, one stage.
     if num_heads <= 16:
-        return MlaTiles(16, 64, 4, 2)
-    return MlaTiles(64, 32, 8, 2)
+        return MlaTiles(16, 128, 8, 2)
+    return MlaTiles(64, 64, 8, 1)
 
 
 @triton.jit
 def _mla_split_kernel(
     q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr, scale_ptr, out_ptr, part_o_ptr, part_lse_ptr,
     sm_scale_log2, num_heads, block_size, stride_qt, stride_qh, stride_bt, stride_ot, stride_oh,
-    MAX_Q: tl.constexpr, NUM_SPLITS: tl.constexpr, RANK: tl.constexpr, ROPE: tl.constexpr,
-    HAS_SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    max_q, num_splits, RANK: tl.constexpr, ROPE: tl.constexpr,
+    HAS_SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
 ):  # fmt: skip
     pid_tok = tl.program_id(0)
-    seq = pid_tok // MAX_Q
-    qi = pid_tok % MAX_Q
+    seq = pid_tok // max_q
+    qi = pid_tok % max_q
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
     if qi >= q_len:
         return
     t = (q_start + qi).to(tl.int64)
     kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1  # causal: rows up to this token's position
-    chunk = tl.cdiv(tl.cdiv(kv_len, NUM_SPLITS), BLOCK_N) * BLOCK_N
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
     lo = tl.program_id(2) * chunk
     hi = tl.minimum(lo + chunk, kv_len)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
@@ -80,22 +83,23 @@ def _mla_split_kernel(
         row = cache_ptr + (page * block_size + pos % block_size) * (RANK + ROPE)
         kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
         kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        s = tl.dot(q_nope, tl.trans(kv)) + tl.dot(q_pe, tl.trans(kp))
+        s = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)
+        s += tl.dot(q_pe, tl.trans(kp), input_precision=PRECISION)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q_ptr.dtype.element_ty), kv)
+        acc = acc * alpha[:, None] + tl.dot(p.to(q_ptr.dtype.element_ty), kv, input_precision=PRECISION)
         m = m_new
     has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
     o = tl.where(has_rows[:, None], acc / tl.where(has_rows, denom, 1.0)[:, None], 0.0) * kv_scale
-    if NUM_SPLITS == 1:
+    if num_splits == 1:
         o_row = out_ptr + t * stride_ot + heads[:, None].to(tl.int64) * stride_oh
         tl.store(o_row + c[None, :], o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
     else:
-        # partials: [T, H, NUM_SPLITS, RANK] fp32 and log2-sum-exp [T, H, NUM_SPLITS]
-        slot = (t * num_heads + heads).to(tl.int64) * NUM_SPLITS + tl.program_id(2)
+        # partials: [T, H, num_splits, RANK] fp32 and log2-sum-exp [T, H, num_splits]
+        slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
         tl.store(part_o_ptr + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
         lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + slot, lse, mask=h_ok)
@@ -103,30 +107,34 @@ def _mla_split_kernel(
 
 @triton.jit
 def _mla_combine_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, num_heads, stride_ot, stride_oh,
-    NUM_SPLITS: tl.constexpr, BLOCK_S: tl.constexpr, RANK: tl.constexpr,
+    part_o_ptr, part_lse_ptr, out_ptr, num_heads, stride_ot, stride_oh, num_splits,
+    BLOCK_S: tl.constexpr, RANK: tl.constexpr,
 ):  # fmt: skip
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
-    base = (t * num_heads + h) * NUM_SPLITS
-    lse = tl.load(part_lse_ptr + base + s, mask=s < NUM_SPLITS, other=float("-inf"))
+    base = (t * num_heads + h) * num_splits
+    lse = tl.load(part_lse_ptr + base + s, mask=s < num_splits, other=float("-inf"))
     w = tl.exp2(lse - tl.max(lse, axis=0))  # every token has >= 1 row, so some slice is finite
     w = w / tl.sum(w, axis=0)
     c = tl.arange(0, RANK)
     o = tl.load(
-        part_o_ptr + (base + s)[:, None] * RANK + c[None, :], mask=(s < NUM_SPLITS)[:, None], other=0.0
+        part_o_ptr + (base + s)[:, None] * RANK + c[None, :], mask=(s < num_splits)[:, None], other=0.0
     )
     out = tl.sum(o * w[:, None], axis=0)
     tl.store(out_ptr + t * stride_ot + h * stride_oh + c, out.to(out_ptr.dtype.element_ty))
 
 
-def mla_num_splits(programs: int, max_kv_len: int, block_n: int) -> int:
-    """Slices per token so that programs x slices covers the GPU about twice, each slice >= 4 tiles."""
+def mla_num_splits(programs: int, max_kv_len: int, tiles: MlaTiles) -> int:
+    """Slices per token, each >= 4 row tiles: enough programs for two waves of the SMs when the step
+    streams the cache (few heads); one wave when tall head tiles make it compute-heavy (the H200 sweep:
+    Hq=128, B=64 ran fastest unsplit at 128 programs)."""
+    block_n = tiles.block_n
     if SETTINGS.triton_interpret:
         return min(4, max(1, max_kv_len // (4 * block_n)))
     sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
-    wanted = -(-2 * sms // max(1, programs))
+    waves = 1 if tiles.block_h >= 64 else 2
+    wanted = round(waves * sms / max(1, programs))  # 128 programs on 132 SMs: one wave, no split
     return max(1, min(wanted, max_kv_len // (4 * block_n), 64))
 
 
@@ -190,10 +198,10 @@ def mla_attention(
         )
     if tokens == 0:
         return out
-    tiles = tiles or mla_tiles(num_heads, interpret=SETTINGS.triton_interpret)
+    tiles = tiles or mla_tiles(num_heads, q.element_size(), interpret=SETTINGS.triton_interpret)
     head_blocks = triton.cdiv(num_heads, tiles.block_h)
     capacity = block_tables.shape[1] * cache.shape[1]
-    splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles.block_n)
+    splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles)
     part_o = part_lse = out
     if splits > 1:
         part_o = torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
@@ -202,13 +210,13 @@ def mla_attention(
     _mla_split_kernel[grid](
         q, cache, block_tables, seq_lens, cu_seqlens_q, scale if fp8 else q, out, part_o, part_lse,
         softmax_scale * LOG2E, num_heads, cache.shape[1], q.stride(0), q.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), MAX_Q=max_query_len, NUM_SPLITS=splits, RANK=kv_lora_rank, ROPE=rope,
-        HAS_SCALE=fp8, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n, num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
+        out.stride(0), out.stride(1), max_query_len, splits, RANK=kv_lora_rank, ROPE=rope, HAS_SCALE=fp8,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](
-            part_o, part_lse, out, num_heads, out.stride(0), out.stride(1), NUM_SPLITS=splits,
-            BLOCK_S=pow2(splits), RANK=kv_lora_rank,
+            part_o, part_lse, out, num_heads, out.stride(0), out.stride(1), splits, BLOCK_S=pow2(splits),
+            RANK=kv_lora_rank,
         )  # fmt: skip
     return out

@@ -1,0 +1,143 @@
+"""Causal depthwise conv1d of GDN's mixed q/k/v channels, varlen with per-request conv state slots.
+
+Prefill and decode are one path: decode is a batch of one-token sequences. Outputs come first (each
+program reads the old state for its sequence's first W-1 positions), then a second launch shifts the
+sequence's last W-1 inputs into its slot, so no program reads a state another has overwritten.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.gdn.ref import causal_conv1d_ref
+from atom_kernels.settings import Backend, resolve_backend
+
+
+@triton.jit
+def _conv_kernel(
+    x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr, dim, stride_x, stride_out,
+    stride_ss, stride_sd, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr,
+    SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    if slot < 0:  # a padding sequence: nothing to compute
+        return
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    i = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
+    if tl.program_id(2) * BLOCK_T >= length:
+        return
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    d_ok = d < dim
+    row_ok = i < length
+    use_state = length > 0  # all True
+    if HAS_INIT:
+        use_state = tl.load(init_ptr + seq) != 0
+    acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
+    for w in tl.static_range(WIDTH):
+        src = i - (WIDTH - 1) + w  # input position feeding tap w; < 0 comes from the state
+        from_x = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_x + d[None, :],
+                         mask=(row_ok & (src >= 0))[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        hist = (WIDTH - 1) + src
+        from_state = tl.load(state_ptr + slot * stride_ss + d[None, :].to(tl.int64) * stride_sd + hist[:, None],
+                             mask=(row_ok & (src < 0) & use_state)[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        tap = tl.load(w_ptr + d * WIDTH + w, mask=d_ok, other=0.0).to(tl.float32)
+        acc += (from_x.to(tl.float32) + from_state.to(tl.float32)) * tap[None, :]
+    if SILU:
+        acc = acc / (1.0 + tl.exp(-acc))
+    out = out_ptr + (start + i).to(tl.int64)[:, None] * stride_out + d[None, :]
+    tl.store(out, acc.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+
+
+@triton.jit
+def _state_kernel(
+    x_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr, dim, stride_x, stride_ss, stride_sd,
+    WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    if slot < 0:
+        return
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    use_state = length >= 0  # all True
+    if HAS_INIT:
+        use_state = tl.load(init_ptr + seq) != 0
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, BLOCK_W)  # new state column j holds input position length - (W-1) + j
+    src = length - (WIDTH - 1) + j
+    j_ok = j < WIDTH - 1
+    mask = d[:, None] < dim
+    from_x = tl.load(x_ptr + (start + src).to(tl.int64)[None, :] * stride_x + d[:, None],
+                     mask=mask & (j_ok & (src >= 0))[None, :], other=0.0)  # fmt: skip
+    row = state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd
+    old = tl.load(
+        row + (WIDTH - 1 + src)[None, :], mask=mask & (j_ok & (src < 0))[None, :] & use_state, other=0.0
+    )
+    new = from_x.to(tl.float32) + old.to(tl.float32)  # read everything before writing the slot
+    tl.store(row + j[None, :], new.to(state_ptr.dtype.element_ty), mask=mask & j_ok[None, :])
+
+
+def causal_conv1d(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    cu_seqlens: torch.Tensor,
+    conv_state: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    has_initial_state: torch.Tensor | None = None,
+    activation: bool = True,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Depthwise causal conv (then SiLU) of each sequence, continuing from and updating its state slot.
+
+    x: [T, D] (rows may be strided, last dim contiguous); weight: [D, W]; bias: [D] or None;
+    cu_seqlens: [S+1] int32; conv_state: [slots, D, W-1] (last dim contiguous), the last W-1 inputs;
+    state_indices: [S] int (-1: a padding sequence: its rows of out are not written, zeros unless out is
+    given, and no state is touched);
+    has_initial_state: [S] bool, False starts from zeros. Decode is S one-token sequences.
+    Returns out [T, D] in x's dtype.
+    """
+    if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
+        raise ValueError(
+            f"x [T, D] and weight [D, W] expected, got {tuple(x.shape)} and {tuple(weight.shape)}"
+        )
+    dim, width = weight.shape
+    if conv_state.dim() != 3 or conv_state.shape[1:] != (dim, width - 1) or conv_state.stride(-1) != 1:
+        raise ValueError(f"conv_state must be [slots, {dim}, {width - 1}], got {tuple(conv_state.shape)}")
+    if cu_seqlens.shape != (state_indices.numel() + 1,):
+        raise ValueError(f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, "
+                         f"{tuple(state_indices.shape)}")  # fmt: skip
+    if x.stride(-1) != 1 or not weight.is_contiguous():
+        raise ValueError("causal_conv1d needs x's last dimension and weight contiguous")
+    if out is None:
+        out = torch.zeros_like(x, memory_format=torch.contiguous_format)
+    if resolve_backend(backend, x.device) is Backend.TORCH:
+        return out.copy_(causal_conv1d_ref(x, weight, bias, cu_seqlens, conv_state, state_indices,
+                                           has_initial_state=has_initial_state, activation=activation))  # fmt: skip
+    seqs = state_indices.numel()
+    if seqs == 0 or x.shape[0] == 0:
+        return out
+    max_len = x.shape[0]  # a bound from the shape: no host read of the lengths
+    block_t, block_d = min(32, triton.next_power_of_2(max_len)), min(128, triton.next_power_of_2(dim))
+    init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
+    grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))
+    _conv_kernel[grid](
+        x, weight, bias if bias is not None else weight, out, conv_state, cu_seqlens, state_indices, init, dim,
+        x.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1), WIDTH=width,
+        HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
+        BLOCK_D=block_d,
+    )  # fmt: skip
+    _state_kernel[(seqs, triton.cdiv(dim, block_d))](
+        x, conv_state, cu_seqlens, state_indices, init, dim, x.stride(0), conv_state.stride(0),
+        conv_state.stride(1), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
+        BLOCK_W=triton.next_power_of_2(max(1, width - 1)),
+    )  # fmt: skip
+    return out

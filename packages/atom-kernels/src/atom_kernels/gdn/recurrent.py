@@ -1,0 +1,125 @@
+"""The gated delta rule token by token over request state slots: decode (one token per sequence),
+speculative verify (a few) and short prefills. One program per (sequence, value head, value block)
+keeps its [BLOCK_V, Dk] slice of the state in registers for the whole sequence."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.gdn.ref import gated_delta_rule_ref
+from atom_kernels.settings import Backend, resolve_backend
+
+
+@triton.jit
+def _l2norm(x, L2NORM: tl.constexpr):
+    if L2NORM:
+        x = x / tl.sqrt(tl.sum(x * x, axis=0) + 1e-6)
+    return x
+
+
+@triton.jit
+def _recurrent_kernel(
+    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, out_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr,
+    num_v_heads, group, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    stride_ot, stride_oh, stride_ss, stride_sh,
+    DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr, HAS_INIT: tl.constexpr,
+):  # fmt: skip
+    seq = tl.program_id(0)
+    hv = tl.program_id(1)
+    hk = hv // group
+    vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
+    ks = tl.arange(0, DK)
+    start = tl.load(cu_ptr + seq)
+    end = tl.load(cu_ptr + seq + 1)
+    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    start64 = start.to(tl.int64)
+    if slot < 0:  # padding: its outputs are zeros, no state is read or written
+        for t in range(start, end):
+            tl.store(out_ptr + (start64 + (t - start)) * stride_ot + hv * stride_oh + vs, tl.zeros([BLOCK_V], tl.float32)
+                     .to(out_ptr.dtype.element_ty))  # fmt: skip
+        return
+    s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]  # [BLOCK_V, DK]
+    h = tl.load(s_ptrs).to(tl.float32)
+    if HAS_INIT:  # a new request starts from zeros, whatever the slot held
+        h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
+    for t in range(start, end):
+        t64 = start64 + (t - start)
+        q = _l2norm(tl.load(q_ptr + t64 * stride_qt + hk * stride_qh + ks).to(tl.float32), L2NORM) * scale
+        k = _l2norm(tl.load(k_ptr + t64 * stride_kt + hk * stride_kh + ks).to(tl.float32), L2NORM)
+        v = tl.load(v_ptr + t64 * stride_vt + hv * stride_vh + vs).to(tl.float32)
+        g = tl.load(g_ptr + t64 * num_v_heads + hv).to(tl.float32)
+        beta = tl.load(beta_ptr + t64 * num_v_heads + hv).to(tl.float32)
+        h = h * tl.exp(g)
+        delta = (v - tl.sum(h * k[None, :], axis=1)) * beta
+        h = h + delta[:, None] * k[None, :]
+        o = tl.sum(h * q[None, :], axis=1)
+        tl.store(out_ptr + t64 * stride_ot + hv * stride_oh + vs, o.to(out_ptr.dtype.element_ty))
+    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
+
+
+def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None:
+    tokens, num_k_heads, dk = q.shape if q.dim() == 3 else (0, 0, 0)
+    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != tokens:
+        raise ValueError(f"q, k [T, HK, Dk] and v [T, HV, Dv] expected, got {tuple(q.shape)}, {tuple(k.shape)}, "
+                         f"{tuple(v.shape)}")  # fmt: skip
+    num_v_heads, dv = v.shape[1], v.shape[2]
+    if num_v_heads % num_k_heads:
+        raise ValueError(f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
+    if g.shape != (tokens, num_v_heads) or beta.shape != (tokens, num_v_heads):
+        raise ValueError(f"g and beta must be [T, HV] = {(tokens, num_v_heads)}, got {tuple(g.shape)}, "
+                         f"{tuple(beta.shape)}")  # fmt: skip
+    if state.dim() != 4 or state.shape[1:] != (num_v_heads, dv, dk) or not state[0].is_contiguous():
+        raise ValueError(f"state must be [slots, {num_v_heads}, {dv}, {dk}] (per slot contiguous), "
+                         f"got {tuple(state.shape)}")  # fmt: skip
+    if cu_seqlens.shape != (state_indices.numel() + 1,):
+        raise ValueError(f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, "
+                         f"{tuple(state_indices.shape)}")  # fmt: skip
+    if not (g.is_contiguous() and beta.is_contiguous()) or min(x.stride(-1) for x in (q, k, v)) != 1:
+        raise ValueError("g and beta must be contiguous, and q, k, v need a contiguous last dimension")
+    pow2 = triton.next_power_of_2
+    if pow2(dk) != dk or pow2(dv) != dv or dk < 16 or dv < 16:
+        raise ValueError(f"head dims must be powers of two >= 16, got Dk={dk}, Dv={dv}")
+
+
+def gated_delta_rule_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    g: torch.Tensor,
+    beta: torch.Tensor,
+    cu_seqlens: torch.Tensor,
+    state: torch.Tensor,
+    state_indices: torch.Tensor,
+    *,
+    has_initial_state: torch.Tensor | None = None,
+    use_qk_l2norm: bool = True,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Gated delta rule, token by token (see atom_kernels.gdn.ref for the math and layouts).
+
+    q, k: [T, HK, Dk]; v: [T, HV, Dv]; g (log decay, fp32), beta: [T, HV]; cu_seqlens: [S+1] int32;
+    state: [slots, HV, Dv, Dk] fp32 or bf16, read from and written back to state_indices [S] (-1:
+    padding, output rows zero); has_initial_state: [S] bool (False: start from zeros). Returns o
+    [T, HV, Dv] in v's dtype. No host sync: decode steps capture in CUDA graphs.
+    """
+    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
+    if out is None:
+        out = torch.empty_like(v, memory_format=torch.contiguous_format)
+    if resolve_backend(backend, v.device) is Backend.TORCH:
+        return out.copy_(gated_delta_rule_ref(q, k, v, g, beta, cu_seqlens, state, state_indices,
+                                              has_initial_state=has_initial_state, use_qk_l2norm=use_qk_l2norm))  # fmt: skip
+    seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
+    if seqs == 0:
+        return out
+    block_v = min(dv, 32)  # [32, Dk] fp32 of state per program: 32 registers a thread at Dk=128
+    init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
+    _recurrent_kernel[(seqs, num_v_heads, dv // block_v)](
+        q, k, v, g, beta, out, state, cu_seqlens, state_indices, init, num_v_heads, num_v_heads // q.shape[1],
+        dk**-0.5, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
+        out.stride(1), state.stride(0), state.stride(1), DK=dk, DV=dv, BLOCK_V=block_v, L2NORM=use_qk_l2norm,
+        HAS_INIT=has_initial_state is not None, num_warps=4,
+    )  # fmt: skip
+    return out

@@ -3,7 +3,16 @@
 Adapters' attention backends call these; they never import atom_kernels themselves.
 """
 
-from atom_kernels import apply_rotary, fused_experts, grouped_topk, rms_norm, silu_and_mul, topk_softmax
+from atom_kernels import (
+    apply_mrope,
+    apply_rotary,
+    fused_experts,
+    grouped_topk,
+    rms_norm,
+    rms_norm_gated,
+    silu_and_mul,
+    topk_softmax,
+)
 from atom_kernels.attention import (
     DecodePartition,
     paged_decode,
@@ -12,20 +21,30 @@ from atom_kernels.attention import (
     plan_decode,
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
+from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
+from atom_kernels.mla import mla_attention, write_latent
 
 __all__ = [
     "DecodePartition",
     "KVLayout",
+    "apply_mrope",
     "apply_rotary",
+    "causal_conv1d",
     "fused_experts",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gdn_gating",
     "grouped_topk",
     "kv_cache_shapes",
+    "mla_attention",
     "paged_decode",
     "paged_decode_persistent",
     "paged_prefill",
     "plan_decode",
     "rms_norm",
+    "rms_norm_gated",
     "silu_and_mul",
     "topk_softmax",
     "write_kv",
+    "write_latent",
 ]

@@ -197,8 +197,12 @@ def gated_delta_rule_chunked(
         return out
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
-    exact = v.dtype == torch.float32 or SETTINGS.triton_interpret or torch.version.hip is not None
-    prec_inv, prec = ("ieee", "ieee") if exact else ("tf32x3", "tf32")
+    # The inverse needs fp32 accuracy: 3-pass TF32 on NVIDIA tensor cores (plain fp32 dots of these tiles
+    # spill); fp32 activations get it everywhere. The interpreter and ROCm take IEEE fp32.
+    if SETTINGS.triton_interpret or torch.version.hip is not None:
+        prec_inv = prec = "ieee"
+    else:
+        prec_inv, prec = "tf32x3", "tf32x3" if v.dtype == torch.float32 else "tf32"
     buf = dict(dtype=v.dtype, device=v.device)  # intermediates in the activations' dtype halve their traffic
     cum = torch.empty(chunks, num_v_heads, CHUNK, dtype=torch.float32, device=v.device)
     w = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)

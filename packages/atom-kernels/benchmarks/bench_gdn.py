@@ -1,0 +1,108 @@
+"""Gated delta net on the H200 (issue targets): recurrent decode over state slots and chunked prefill.
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_gdn.py \
+      [--out results/gdn_h200.json]
+
+Decode: HV=32, D=128, fp32 state, B=64: bytes = state read + written (+ q/k/v/o), TB/s and % of the copy
+bandwidth measured in this run. Prefill: one sequence of 8k and 32k tokens, H=32, D=128, bf16, against
+flash-linear-attention's chunk_gated_delta_rule on the same inputs in the same run when the package is
+importable (install its wheels with --no-deps; the table says when it was not). Times are medians of
+CUDA-graph replays for decode and of do_bench for prefill (which plans chunks on the host).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+from functools import partial
+
+import torch
+import triton
+
+from atom_kernels.gdn import gated_delta_rule_chunked, gated_delta_rule_recurrent
+
+DEV = torch.device("cuda")
+H, D = 32, 128
+
+
+def inputs(tokens, heads=H):
+    torch.manual_seed(0)
+    q = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
+    k = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
+    g = torch.nn.functional.logsigmoid(torch.randn(tokens, heads, device=DEV)) * 0.1  # log decay <= 0
+    beta = torch.rand(tokens, heads, device=DEV, dtype=torch.bfloat16)
+    return q, k, v, g, beta
+
+
+def fla_chunk():
+    try:
+        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
+    except Exception as exc:  # not installed on this machine: the table says so
+        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
+        return None
+    return chunk_gated_delta_rule
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    args = parser.parse_args()
+    src = torch.randn(2**29, device=DEV, dtype=torch.bfloat16)
+    copy_bw = (
+        2 * src.numel() * 2 / (triton.testing.do_bench(partial(torch.empty_like(src).copy_, src)) * 1e-3)
+    )
+    del src
+    rows = []
+    batch = 64
+    q, k, v, g, beta = inputs(batch)
+    state = torch.randn(batch + 8, H, D, D, device=DEV) * 0.01
+    idx = torch.randperm(batch + 8, device=DEV)[:batch].to(torch.int32)
+    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    out = torch.empty_like(v)
+    ms = triton.testing.do_bench_cudagraph(partial(gated_delta_rule_recurrent, q, k, v, g, beta, cu, state, idx, out=out),
+                                           rep=100, return_mode="median")  # fmt: skip
+    nbytes = 2 * batch * H * D * D * 4 + 4 * batch * H * D * 2
+    rows.append(dict(case=f"decode B={batch} HV={H} D={D} fp32 state", ms=ms, tb_s=nbytes / ms / 1e9,
+                     pct_copy=100 * nbytes / ms / 1e-3 / copy_bw))  # fmt: skip
+    chunk_fla = fla_chunk()
+    for tokens in (8192, 32768):
+        q, k, v, g, beta = inputs(tokens)
+        state = torch.zeros(1, H, D, D, device=DEV)
+        idx = torch.zeros(1, device=DEV, dtype=torch.int32)
+        cu = torch.tensor([0, tokens], device=DEV, dtype=torch.int32)
+        out = torch.empty_like(v)
+        run = partial(gated_delta_rule_chunked, q, k, v, g, beta, cu, state, idx,
+                      has_initial_state=torch.zeros(1, dtype=torch.bool, device=DEV), out=out)  # fmt: skip
+        run()
+        row = dict(
+            case=f"chunked prefill T={tokens} H={H} D={D}",
+            ms=triton.testing.do_bench(run, return_mode="median"),
+        )
+        if chunk_fla is not None:
+            fla = partial(chunk_fla, q[None], k[None], v[None], g[None], beta[None], use_qk_l2norm_in_kernel=True,
+                          output_final_state=True)  # fmt: skip
+            want, final = fla()
+            err = ((out.float() - want[0].float()).abs().max() / want.float().abs().max()).item()
+            state_err = ((state[0].float() - final[0].transpose(-1, -2).float()).abs().max()
+                         / final.float().abs().max()).item()  # fmt: skip
+            row.update(fla_ms=triton.testing.do_bench(fla, return_mode="median"), max_rel_err=err,
+                       state_rel_err=state_err)  # fmt: skip
+            row["x_fla"] = row["fla_ms"] / row["ms"]
+        rows.append(row)
+    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), torch=torch.__version__,
+                  triton=triton.__version__, copy_tb_s=copy_bw / 1e12, rows=rows)  # fmt: skip
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+    print(f"\n{record['device']}  copy {copy_bw / 1e12:.2f} TB/s")
+    print(f"{'case':38} {'ms':>8} {'TB/s':>6} {'% copy':>7} {'fla ms':>8} {'x fla':>6} {'rel err':>8}")
+    for r in rows:
+        bw = f"{r['tb_s']:6.2f} {r['pct_copy']:6.1f}%" if "tb_s" in r else f"{'':6} {'':7}"
+        fla = f"{r['fla_ms']:8.3f} {r['x_fla']:6.2f} {r['max_rel_err']:8.1e}" if "fla_ms" in r else ""
+        print(f"{r['case']:38} {r['ms']:8.3f} {bw} {fla}")
+
+
+if __name__ == "__main__":
+    main()

@@ -11,7 +11,7 @@ from atom_kernels.gdn.ref import causal_conv1d_ref, gated_delta_rule_ref, gdn_ga
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if GPU else [])
-DK, DV = (128, 128) if GPU else (32, 16)
+DK, DV = (128, 128) if GPU else (32, 64)  # Dv 64: two 32-wide value blocks per head on the CPU too
 HF = "transformers.models.qwen3_next.modeling_qwen3_next"
 
 
@@ -148,10 +148,18 @@ def test_conv_kernel_matches_reference(lengths, dtype):
     has_init = torch.tensor([True, False, True, True][: len(lengths)], device=DEVICE)
     ref_state = state.clone()
     want = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices, has_initial_state=has_init)
-    got = causal_conv1d(x, weight, bias, cu, state, indices, has_initial_state=has_init, backend="triton")
+    got = causal_conv1d(x, weight, bias, cu, state, indices, has_initial_state=has_init, max_seqlen=max(lengths),
+                        backend="triton")  # fmt: skip
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     torch.testing.assert_close(state, ref_state, rtol=tol, atol=tol)
+    # without max_seqlen the grid covers T positions per sequence: same result, idle programs exit
+    state2 = ref_state.clone()
+    again = causal_conv1d(x, weight, bias, cu, state2, indices, has_initial_state=torch.ones_like(has_init),
+                          backend="triton")  # fmt: skip
+    want2 = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices)
+    torch.testing.assert_close(again, want2, rtol=tol, atol=tol)
+    torch.testing.assert_close(state2, ref_state, rtol=tol, atol=tol)
 
 
 @pytest.mark.parametrize(("change", "message"), [

@@ -63,7 +63,9 @@ SHAPES = [  # seq_lens, query_lens: decode, speculative verify, extend with a se
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_size", [1, 16] + ([64] if GPU else [4]))
 @pytest.mark.parametrize(("seq_lens", "query_lens"), SHAPES)
-@pytest.mark.parametrize("heads", [16, 5] + ([128] if GPU else []))
+@pytest.mark.parametrize(
+    "heads", [16, 5] + ([128] if GPU else [33])
+)  # 33: three head blocks, the last partial
 def test_matches_reference(seq_lens, query_lens, block_size, heads, dtype):
     case = _case(seq_lens, query_lens, heads, block_size, dtype)
     got, want = _run(case, softmax_scale=(RANK // 4 + ROPE) ** -0.5)

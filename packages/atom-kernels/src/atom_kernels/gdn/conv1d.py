@@ -93,6 +93,7 @@ def causal_conv1d(
     *,
     has_initial_state: torch.Tensor | None = None,
     activation: bool = True,
+    max_seqlen: int | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -102,7 +103,9 @@ def causal_conv1d(
     cu_seqlens: [S+1] int32; conv_state: [slots, D, W-1] (last dim contiguous), the last W-1 inputs;
     state_indices: [S] int (-1: a padding sequence: its rows of out are not written, zeros unless out is
     given, and no state is touched);
-    has_initial_state: [S] bool, False starts from zeros. Decode is S one-token sequences.
+    has_initial_state: [S] bool, False starts from zeros. Decode is S one-token sequences (max_seqlen=1).
+    max_seqlen: the longest sequence, if the caller knows it (sizes the grid; default T, which is
+    always enough but launches idle programs when there are many sequences).
     Returns out [T, D] in x's dtype.
     """
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
@@ -125,7 +128,7 @@ def causal_conv1d(
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:
         return out
-    max_len = x.shape[0]  # a bound from the shape: no host read of the lengths
+    max_len = max_seqlen or x.shape[0]  # a bound known without reading the lengths on the host
     block_t, block_d = min(32, triton.next_power_of_2(max_len)), min(128, triton.next_power_of_2(dim))
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))

@@ -125,14 +125,14 @@ def _mla_combine_kernel(
     tl.store(out_ptr + t * stride_ot + h * stride_oh + c, out.to(out_ptr.dtype.element_ty))
 
 
-def mla_num_splits(programs: int, max_kv_len: int, tiles: MlaTiles) -> int:
+def mla_num_splits(programs: int, max_kv_len: int, tiles: MlaTiles, device: torch.device) -> int:
     """Slices per token, each >= 4 row tiles: enough programs for two waves of the SMs when the step
     streams the cache (few heads); one wave when tall head tiles make it compute-heavy (the H200 sweep:
     Hq=128, B=64 ran fastest unsplit at 128 programs)."""
     block_n = tiles.block_n
     if SETTINGS.triton_interpret:
         return min(4, max(1, max_kv_len // (4 * block_n)))
-    sms = torch.cuda.get_device_properties(torch.cuda.current_device()).multi_processor_count
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
     waves = 1 if tiles.block_h >= 64 else 2
     wanted = round(waves * sms / max(1, programs))  # 128 programs on 132 SMs: one wave, no split
     return max(1, min(wanted, max_kv_len // (4 * block_n), 64))
@@ -201,7 +201,7 @@ def mla_attention(
     tiles = tiles or mla_tiles(num_heads, q.element_size(), interpret=SETTINGS.triton_interpret)
     head_blocks = triton.cdiv(num_heads, tiles.block_h)
     capacity = block_tables.shape[1] * cache.shape[1]
-    splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles)
+    splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles, q.device)
     part_o = part_lse = out
     if splits > 1:
         part_o = torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)

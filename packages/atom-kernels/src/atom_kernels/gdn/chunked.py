@@ -4,6 +4,7 @@ Per chunk of C=64 tokens and value head (math as transformers' torch_chunk_gated
 1. prepare (all chunks at once): cumulative log decay, the strictly lower system A = (beta k k^T) *
    decay, its inverse T = (I + A)^-1 (A is nilpotent: the product of (I + (-A)^(2^i)), six small
    matmuls), then w = T (beta k exp(cum)) and u = T (beta v);
+   and, for step 2, the keys decayed to the chunk's end and the chunk's whole decay;
 2. state (sequential over a sequence's chunks, parallel over heads and value blocks): the state before
    each chunk, and the chunk's corrected values v_new = u - w S^T; the final state goes to the slot;
 3. output (all chunks at once): o = (q exp(cum)) S_before^T + ((q k^T) * decay, causal) v_new.
@@ -31,8 +32,8 @@ def _rows_l2(x, L2NORM: tl.constexpr):
 
 @triton.jit
 def _prepare_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, w_ptr, u_ptr,
-    num_v_heads, group, stride_kt, stride_kh, stride_vt, stride_vh,
+    k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, w_ptr, u_ptr, kd_ptr,
+    decay_ptr, num_v_heads, group, stride_kt, stride_kh, stride_vt, stride_vh,
     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L2NORM: tl.constexpr, LOG2C: tl.constexpr,
     PREC_INV: tl.constexpr,
 ):  # fmt: skip
@@ -69,15 +70,22 @@ def _prepare_kernel(
     v = tl.load(v_ptr + rows[:, None] * stride_vt + hv * stride_vh + vs[None, :], mask=ok[:, None], other=0.0)
     u = tl.dot(inv, v.to(tl.float32) * beta[:, None], input_precision=PREC_INV)
     tl.store(u_ptr + slot * C * DV + i[:, None] * DV + vs[None, :], u.to(u_ptr.dtype.element_ty))
+    # For the sequential state kernel, done here in parallel: the keys decayed to the chunk's end, and the
+    # chunk's whole decay (padding rows have g = 0, so the sum is the decay up to the last real token).
+    total = tl.sum(g, axis=0)
+    kd = k * tl.exp(total - cum)[:, None]  # padding rows of k are 0
+    tl.store(kd_ptr + slot * C * DK + i[:, None] * DK + ks[None, :], kd.to(kd_ptr.dtype.element_ty))
+    tl.store(decay_ptr + slot, tl.exp(total))
 
 
 @triton.jit
 def _state_kernel(
-    k_ptr, cu_ptr, first_chunk_ptr, chunk_start_ptr, idx_ptr, init_ptr, cum_ptr, w_ptr, u_ptr, h_ptr, vnew_ptr,
-    state_ptr, num_v_heads, group, stride_kt, stride_kh, stride_ss, stride_sh,
-    C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
+    first_chunk_ptr, idx_ptr, init_ptr, w_ptr, u_ptr, kd_ptr, decay_ptr, h_ptr, vnew_ptr, state_ptr, num_v_heads,
+    stride_ss, stride_sh, C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
     HAS_INIT: tl.constexpr, PREC: tl.constexpr,
 ):  # fmt: skip
+    # The only sequential part: per chunk two dependent matmuls on the state; every load in the loop
+    # depends on the chunk index alone, so the next chunk's can be in flight (num_stages).
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     slot = tl.load(idx_ptr + seq).to(tl.int64)
@@ -86,7 +94,6 @@ def _state_kernel(
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     ks = tl.arange(0, DK)
     i = tl.arange(0, C)
-    end = tl.load(cu_ptr + seq + 1)
     s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]
     h = tl.load(s_ptrs).to(tl.float32)  # [BLOCK_V, DK]
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
@@ -94,23 +101,16 @@ def _state_kernel(
     hv64 = hv.to(tl.int64)  # buffer offsets in int64: chunks * heads * 64 * 128 passes 2^31 at long prompts
     for c in range(tl.load(first_chunk_ptr + seq), tl.load(first_chunk_ptr + seq + 1)):
         slot_c = c * num_v_heads + hv64
-        tl.store(h_ptr + slot_c * DV * DK + vs[:, None] * DK + ks[None, :], h.to(h_ptr.dtype.element_ty))
         w = tl.load(w_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :]).to(tl.float32)
         u = tl.load(u_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :]).to(tl.float32)
+        kd = tl.load(kd_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :]).to(tl.float32)
+        decay = tl.load(decay_ptr + slot_c)
+        tl.store(h_ptr + slot_c * DV * DK + vs[:, None] * DK + ks[None, :], h.to(h_ptr.dtype.element_ty))
         v_new = u - tl.dot(w, tl.trans(h), input_precision=PREC)  # [C, BLOCK_V]
         tl.store(
             vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :], v_new.to(vnew_ptr.dtype.element_ty)
         )
-        t0 = tl.load(chunk_start_ptr + c)
-        rows = (t0 + i).to(tl.int64)
-        ok = t0 + i < end
-        k = tl.load(k_ptr + rows[:, None] * stride_kt + (hv // group) * stride_kh + ks[None, :], mask=ok[:, None],
-                    other=0.0)  # fmt: skip
-        k = _rows_l2(k.to(tl.float32), L2NORM)
-        cum = tl.load(cum_ptr + slot_c * C + i)
-        last = tl.load(cum_ptr + slot_c * C + tl.minimum(end - t0, C) - 1)
-        kd = tl.where(ok[:, None], k * tl.exp(last - cum)[:, None], 0.0)
-        h = h * tl.exp(last) + tl.dot(tl.trans(v_new.to(tl.float32)), kd, input_precision=PREC)
+        h = h * decay + tl.dot(tl.trans(v_new), kd, input_precision=PREC)
     tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
 
 
@@ -209,17 +209,20 @@ def gated_delta_rule_chunked(
     u = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
     v_new = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
     h = torch.empty(chunks, num_v_heads, dv, dk, **buf)
+    kd = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
+    decay = torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device)
     _prepare_kernel[(chunks, num_v_heads)](
-        k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, cum, w, u, num_v_heads, group, k.stride(0), k.stride(1),
+        k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, cum, w, u, kd, decay, num_v_heads, group, k.stride(0),
+        k.stride(1),
         v.stride(0), v.stride(1), C=CHUNK, DK=dk, DV=dv, L2NORM=use_qk_l2norm, LOG2C=CHUNK.bit_length() - 1,
         PREC_INV=prec_inv, num_warps=4,
     )  # fmt: skip
     block_v = min(dv, 32)
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     _state_kernel[(seqs, num_v_heads, dv // block_v)](
-        k, cu_seqlens, first_chunk, chunk_start, state_indices, init, cum, w, u, h, v_new, state, num_v_heads, group,
-        k.stride(0), k.stride(1), state.stride(0), state.stride(1), C=CHUNK, DK=dk, DV=dv, BLOCK_V=block_v,
-        L2NORM=use_qk_l2norm, HAS_INIT=has_initial_state is not None, PREC=prec, num_warps=4,
+        first_chunk, state_indices, init, w, u, kd, decay, h, v_new, state, num_v_heads, state.stride(0),
+        state.stride(1), C=CHUNK, DK=dk, DV=dv, BLOCK_V=block_v, HAS_INIT=has_initial_state is not None, PREC=prec,
+        num_warps=4, num_stages=2,
     )  # fmt: skip
     _output_kernel[(chunks, num_v_heads, dv // block_v)](
         q, k, out, cu_seqlens, chunk_seq, chunk_start, cum, h, v_new, state_indices, num_v_heads, group, dk**-0.5,

@@ -19,6 +19,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import triton
+from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.mla import mla_attention
@@ -78,20 +79,12 @@ def sdpa_baseline(q, cache, tables, scale, batch, q_len):
     return partial(F.scaled_dot_product_attention, qq, k, v, attn_mask=mask, scale=SCALE)
 
 
-def measure_rates():
-    src = torch.randn(2**29, device=DEV, dtype=torch.bfloat16)
-    copy = 2 * src.numel() * 2 / (triton.testing.do_bench(partial(torch.empty_like(src).copy_, src)) * 1e-3)
-    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    mm = 2 * 8192**3 / (triton.testing.do_bench(partial(torch.mm, a, a)) * 1e-3)
-    return copy, mm
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
-    copy_bw, mm_rate = measure_rates()
+    copy_bw, mm_rate = measure_ceilings()
     rows, sweeps = [], []
     for name, heads, batch, length, q_len, page, fp8 in CASES:
         torch.manual_seed(0)

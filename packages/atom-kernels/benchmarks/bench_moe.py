@@ -22,6 +22,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import triton
+from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels import fused_experts, grouped_topk, topk_softmax
 from atom_kernels.moe import TileConfig, tile_config
@@ -62,21 +63,12 @@ def torch_loop(x, w13, w2, weights, ids):
     return out
 
 
-def measure_rates():
-    src = torch.randn(2**29, **BF16)
-    copy = 2 * src.numel() * 2 / (bench(partial(torch.empty_like(src).copy_, src)) * 1e-3)
-    del src
-    a, b = torch.randn(8192, 8192, **BF16), torch.randn(8192, 8192, **BF16)
-    mm = 2 * 8192**3 / (bench(partial(torch.mm, a, b)) * 1e-3)
-    return copy, mm
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
-    copy_bw, mm_rate = measure_rates()
+    copy_bw, mm_rate = measure_ceilings()
     rows, sweeps = [], []
     for name, experts, k, hidden, inter, tokens in CASES:
         torch.manual_seed(0)

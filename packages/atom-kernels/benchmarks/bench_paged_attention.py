@@ -20,6 +20,7 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import triton
+from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.attention import DecodePartition, paged_decode, paged_decode_persistent, paged_prefill
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
@@ -33,17 +34,6 @@ HQ, HKV, D = 32, 8, 128
 def bench(fn) -> float:
     """Median milliseconds."""
     return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def measure_ceilings() -> tuple[float, float]:
-    """(copy bandwidth in bytes/s counting read + write, bf16 matmul FLOP/s), measured now."""
-    src = torch.randn(2**29, device=DEV, dtype=torch.bfloat16)  # 1 GiB
-    dst = torch.empty_like(src)
-    copy_bw = 2 * src.numel() * 2 / (bench(partial(dst.copy_, src)) * 1e-3)
-    a = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=DEV, dtype=torch.bfloat16)
-    mm = 2 * 8192**3 / (bench(partial(torch.matmul, a, b)) * 1e-3)
-    return copy_bw, mm
 
 
 def paged_cache(batch: int, seq_len: int, block_size: int, layout: KVLayout, dtype, fp8_scales=None):

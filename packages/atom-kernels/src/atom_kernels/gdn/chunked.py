@@ -16,9 +16,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.recurrent import check_gdn_inputs
-from atom_kernels.gdn.ref import gated_delta_rule_ref
-from atom_kernels.settings import SETTINGS, Backend, resolve_backend
+from atom_kernels.gdn.inputs import gdn_entry
+from atom_kernels.settings import SETTINGS, Backend
 
 CHUNK = 64
 
@@ -185,12 +184,10 @@ def gated_delta_rule_chunked(
 
     Reads cu_seqlens on the host to plan the chunks (prefill only; decode uses the recurrent kernel).
     """
-    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
-    if out is None:
-        out = torch.empty_like(v, memory_format=torch.contiguous_format)
-    if resolve_backend(backend, v.device) is Backend.TORCH:
-        return out.copy_(gated_delta_rule_ref(q, k, v, g, beta, cu_seqlens, state, state_indices,
-                                              has_initial_state=has_initial_state, use_qk_l2norm=use_qk_l2norm))  # fmt: skip
+    out, done = gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
+                          use_qk_l2norm=use_qk_l2norm, out=out, backend=backend)  # fmt: skip
+    if done:
+        return out
     chunk_seq, chunk_start, first_chunk = _chunk_map(cu_seqlens)
     chunks, seqs = chunk_seq.numel(), state_indices.numel()
     if chunks == 0:

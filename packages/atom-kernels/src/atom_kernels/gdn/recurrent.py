@@ -8,8 +8,8 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.ref import gated_delta_rule_ref
-from atom_kernels.settings import Backend, resolve_backend
+from atom_kernels.gdn.inputs import gdn_entry
+from atom_kernels.settings import Backend
 
 
 @triton.jit
@@ -59,30 +59,6 @@ def _recurrent_kernel(
     tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
 
 
-def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None:
-    tokens, num_k_heads, dk = q.shape if q.dim() == 3 else (0, 0, 0)
-    if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != tokens:
-        raise ValueError(f"q, k [T, HK, Dk] and v [T, HV, Dv] expected, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")  # fmt: skip
-    num_v_heads, dv = v.shape[1], v.shape[2]
-    if num_v_heads % num_k_heads:
-        raise ValueError(f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
-    if g.shape != (tokens, num_v_heads) or beta.shape != (tokens, num_v_heads):
-        raise ValueError(f"g and beta must be [T, HV] = {(tokens, num_v_heads)}, got {tuple(g.shape)}, "
-                         f"{tuple(beta.shape)}")  # fmt: skip
-    if state.dim() != 4 or state.shape[1:] != (num_v_heads, dv, dk) or not state[0].is_contiguous():
-        raise ValueError(f"state must be [slots, {num_v_heads}, {dv}, {dk}] (per slot contiguous), "
-                         f"got {tuple(state.shape)}")  # fmt: skip
-    if cu_seqlens.shape != (state_indices.numel() + 1,):
-        raise ValueError(f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, "
-                         f"{tuple(state_indices.shape)}")  # fmt: skip
-    if not (g.is_contiguous() and beta.is_contiguous()) or min(x.stride(-1) for x in (q, k, v)) != 1:
-        raise ValueError("g and beta must be contiguous, and q, k, v need a contiguous last dimension")
-    pow2 = triton.next_power_of_2
-    if pow2(dk) != dk or pow2(dv) != dv or dk < 16 or dv < 16:
-        raise ValueError(f"head dims must be powers of two >= 16, got Dk={dk}, Dv={dv}")
-
-
 def gated_delta_rule_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -105,12 +81,10 @@ def gated_delta_rule_recurrent(
     padding, output rows zero); has_initial_state: [S] bool (False: start from zeros). Returns o
     [T, HV, Dv] in v's dtype. No host sync: decode steps capture in CUDA graphs.
     """
-    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
-    if out is None:
-        out = torch.empty_like(v, memory_format=torch.contiguous_format)
-    if resolve_backend(backend, v.device) is Backend.TORCH:
-        return out.copy_(gated_delta_rule_ref(q, k, v, g, beta, cu_seqlens, state, state_indices,
-                                              has_initial_state=has_initial_state, use_qk_l2norm=use_qk_l2norm))  # fmt: skip
+    out, done = gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
+                          use_qk_l2norm=use_qk_l2norm, out=out, backend=backend)  # fmt: skip
+    if done:
+        return out
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
     if seqs == 0:
         return out

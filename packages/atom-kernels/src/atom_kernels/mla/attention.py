@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.cache.fp8 import is_fp8
+from atom_kernels.mla.cache import check_latent_dtype
 from atom_kernels.mla.ref import mla_attention_ref
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
@@ -172,11 +172,7 @@ def mla_attention(
         )
     if cache.dim() != 3 or cache.shape[2] != width or not cache.is_contiguous():
         raise ValueError(f"cache must be a contiguous [N, B, {width}] tensor, got {tuple(cache.shape)}")
-    fp8 = is_fp8(cache.dtype)
-    if fp8 and (scale is None or scale.numel() != 1 or scale.dtype != torch.float32):
-        raise ValueError("an fp8 latent cache needs scale: a one-element float32 tensor")
-    if not fp8 and cache.dtype != q.dtype:
-        raise ValueError(f"cache dtype {cache.dtype} must be q's ({q.dtype}) or fp8")
+    fp8 = check_latent_dtype(cache, scale, q.dtype, "q")
     if cu_seqlens_q.shape != (seq_lens.numel() + 1,) or block_tables.shape[0] != seq_lens.numel():
         raise ValueError(
             f"cu_seqlens_q [S+1], seq_lens [S] and block_tables [S, pages] disagree: {tuple(cu_seqlens_q.shape)}, "

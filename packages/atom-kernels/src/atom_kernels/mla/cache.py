@@ -11,6 +11,18 @@ from atom_kernels.mla.ref import write_latent_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 
+def check_latent_dtype(
+    cache: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype, name: str
+) -> bool:
+    """A latent cache is in the activations' dtype, or fp8 with a one-element fp32 scale; returns is-fp8."""
+    fp8 = is_fp8(cache.dtype)
+    if fp8 and (scale is None or scale.numel() != 1 or scale.dtype != torch.float32):
+        raise ValueError("an fp8 latent cache needs scale: a one-element float32 tensor")
+    if not fp8 and cache.dtype != dtype:
+        raise ValueError(f"cache dtype {cache.dtype} must be {name}'s ({dtype}) or fp8")
+    return fp8
+
+
 @triton.jit
 def _write_latent_kernel(
     kv_c_ptr, k_pe_ptr, cache_ptr, slot_ptr, scale_ptr, stride_c, stride_pe, fp8_limit,
@@ -57,11 +69,7 @@ def write_latent(
         raise ValueError(f"cache must be a contiguous [N, B, {rank + rope}] tensor, got {tuple(cache.shape)}")
     if slot_mapping.shape != (kv_c.shape[0],):
         raise ValueError(f"slot_mapping must be [{kv_c.shape[0]}], got {tuple(slot_mapping.shape)}")
-    fp8 = is_fp8(cache.dtype)
-    if fp8 and (scale is None or scale.numel() != 1 or scale.dtype != torch.float32):
-        raise ValueError("an fp8 latent cache needs scale: a one-element float32 tensor")
-    if not fp8 and cache.dtype != kv_c.dtype:
-        raise ValueError(f"cache dtype {cache.dtype} must be kv_c's ({kv_c.dtype}) or fp8")
+    fp8 = check_latent_dtype(cache, scale, kv_c.dtype, "kv_c")
     if kv_c.stride(-1) != 1 or k_pe.stride(-1) != 1:
         raise ValueError("kv_c and k_pe need a contiguous last dimension")
     if resolve_backend(backend, kv_c.device) is Backend.TORCH:

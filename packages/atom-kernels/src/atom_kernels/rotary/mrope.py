@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.rotary.ref import apply_mrope_ref
-from atom_kernels.rotary.rope import _rotate, apply_rotary, rotary_tiles
+from atom_kernels.rotary.rope import _rotate_qk, apply_rotary, rotary_tiles
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -34,11 +34,8 @@ def _mrope_kernel(
         use_w = i >= SECTION_T + SECTION_H
     pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
     angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    cos = (tl.cos(angle) * scaling)[:, None, :]
-    sin = (tl.sin(angle) * scaling)[:, None, :]
-    t3, ok3 = t[:, None, None], t_ok[:, None, None]
-    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+    _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
+               num_k_heads, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)  # fmt: skip
 
 
 def apply_mrope(

@@ -48,6 +48,19 @@ def _rotate(x_ptr, t, t_ok, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.co
 
 
 @triton.jit
+def _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
+               num_k_heads, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
+               BLOCK_HALF: tl.constexpr):  # fmt: skip
+    """q and k of tokens t [BLOCK_T] turned by angle [BLOCK_T, BLOCK_HALF] (fp32); RoPE and MRoPE differ only
+    in how they compute the angle."""
+    cos = (tl.cos(angle) * scaling)[:, None, :]
+    sin = (tl.sin(angle) * scaling)[:, None, :]
+    t3, ok3 = t[:, None, None], t_ok[:, None, None]
+    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+
+
+@triton.jit
 def _rotary_kernel(
     pos_ptr, q_ptr, k_ptr, inv_freq_ptr, num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
     num_k_heads, scaling, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr,
@@ -59,11 +72,8 @@ def _rotary_kernel(
     inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
     pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
     angle = pos[:, None] * inv_freq[None, :]
-    cos = (tl.cos(angle) * scaling)[:, None, :]
-    sin = (tl.sin(angle) * scaling)[:, None, :]
-    t3, ok3 = t[:, None, None], t_ok[:, None, None]
-    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+    _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
+               num_k_heads, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)  # fmt: skip
 
 
 def apply_rotary(

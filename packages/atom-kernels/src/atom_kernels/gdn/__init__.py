@@ -1,9 +1,16 @@
 """Gated delta net (Qwen3-Next, Qwen3.5 linear attention): gating, causal conv1d with state slots, and the
 gated delta rule as a chunked prefill and a recurrent decode step."""
 
-from atom_kernels.gdn.chunked import gated_delta_rule_chunked
+from atom_kernels.gdn.chunked import GdnTiles, gated_delta_rule_chunked, gdn_tiles
 from atom_kernels.gdn.conv1d import causal_conv1d
 from atom_kernels.gdn.gating import gdn_gating
 from atom_kernels.gdn.recurrent import gated_delta_rule_recurrent
 
-__all__ = ["causal_conv1d", "gated_delta_rule_chunked", "gated_delta_rule_recurrent", "gdn_gating"]
+__all__ = [
+    "GdnTiles",
+    "causal_conv1d",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gdn_gating",
+    "gdn_tiles",
+]

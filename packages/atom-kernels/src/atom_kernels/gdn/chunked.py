@@ -2,8 +2,9 @@
 
 Per chunk of C=64 tokens and value head (math as transformers' torch_chunk_gated_delta_rule):
 1. prepare (all chunks at once): cumulative log decay, the strictly lower system A = (beta k k^T) *
-   decay, its inverse T = (I + A)^-1 (A is nilpotent: the product of (I + (-A)^(2^i)), six small
-   matmuls), then w = T (beta k exp(cum)) and u = T (beta v);
+   decay, its inverse T = (I + A)^-1 by halves (each diagonal block's inverse is a short product of
+   matmuls since A is nilpotent, then the off-diagonal block), then w = T (beta k exp(cum)) and
+   u = T (beta v);
    and, for step 2, the keys decayed to the chunk's end and the chunk's whole decay;
 2. state (sequential over a sequence's chunks, parallel over heads and value blocks): the state before
    each chunk, and the chunk's corrected values v_new = u - w S^T; the final state goes to the slot;
@@ -11,6 +12,8 @@ Per chunk of C=64 tokens and value head (math as transformers' torch_chunk_gated
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 import triton
@@ -22,6 +25,36 @@ from atom_kernels.settings import SETTINGS, Backend
 CHUNK = 64
 
 
+@dataclass(frozen=True)
+class GdnTiles:
+    """Launch shapes of the chunked kernels. lowp: with 16-bit activations, the state and output kernels'
+    matmuls take operands in that dtype (the state and all sums stay fp32), as the intermediates are
+    stored in it anyway; inverse_precision is the prepare kernel's (the inverse needs fp32 accuracy)."""
+
+    state_block_v: int = 32
+    state_warps: int = 4
+    state_stages: int = 3
+    out_block_v: int = 64
+    out_warps: int = 4
+    prepare_warps: int = 4
+    lowp: bool = True
+    inverse_precision: str = "tf32x3"
+
+
+def gdn_tiles(dtype: torch.dtype, dv: int, *, interpret: bool = False) -> GdnTiles:
+    """Defaults, from the H200 sweep (benchmarks/sweep_gdn.py, results/sweep_gdn_h200.log); fp32
+    activations keep 3-pass TF32 everywhere, the interpreter and ROCm IEEE fp32."""
+    exact = interpret or torch.version.hip is not None
+    return GdnTiles(
+        state_block_v=min(dv, 32),
+        out_block_v=min(dv, 32 if interpret else 64),  # several value blocks on the CPU too
+        lowp=dtype != torch.float32 and not interpret,
+        # 1-pass TF32 suffices when w and u are stored in 16 bits (H200, 8k and 32k: the same error
+        # against an fp32 run as 3-pass, at half the prepare time)
+        inverse_precision="ieee" if exact else "tf32x3" if dtype == torch.float32 else "tf32",
+    )
+
+
 @triton.jit
 def _rows_l2(x, L2NORM: tl.constexpr):
     if L2NORM:
@@ -30,50 +63,108 @@ def _rows_l2(x, L2NORM: tl.constexpr):
 
 
 @triton.jit
+def _mm(a, b, LOWP: tl.constexpr, LOW: tl.constexpr, PREC: tl.constexpr):
+    """a @ b with fp32 sums: operands in the 16-bit dtype LOW when LOWP, else fp32 at PREC."""
+    if LOWP:
+        out = tl.dot(a.to(LOW), b.to(LOW))
+    else:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision=PREC)
+    return out
+
+
+@triton.jit
+def _unit_lower_inverse(a, N: tl.constexpr, LOG2N: tl.constexpr, PREC: tl.constexpr):
+    """(I + a)^-1 for a strictly lower [N, N] a: a is nilpotent, so the inverse is the finite product
+    (I - a)(I + a^2)(I + a^4)... (a^N = 0)."""
+    idx = tl.arange(0, N)
+    power = -a
+    inv = tl.where(idx[:, None] == idx[None, :], 1.0, 0.0) + power
+    for _ in tl.static_range(LOG2N - 1):
+        power = tl.dot(power, power, input_precision=PREC)
+        inv = inv + tl.dot(inv, power, input_precision=PREC)
+    return inv
+
+
+@triton.jit
 def _prepare_kernel(
     k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, w_ptr, u_ptr, kd_ptr,
     decay_ptr, num_v_heads, group, stride_kt, stride_kh, stride_vt, stride_vh,
     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L2NORM: tl.constexpr, LOG2C: tl.constexpr,
-    PREC_INV: tl.constexpr,
+    PREC_INV: tl.constexpr, LOWP: tl.constexpr,
 ):  # fmt: skip
+    # The chunk in two halves of H = C/2 rows: T = (I + A)^-1 is lower block-triangular, so it is the two
+    # diagonal blocks' inverses (independent, half as long) and T10 = -T11 A10 T00.
     c = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
+    seq = tl.load(chunk_seq_ptr + c)
+    if seq < 0:  # past the last chunk (the grid is sized from shapes, not from the lengths)
+        return
+    HALF: tl.constexpr = C // 2
+    LOW: tl.constexpr = w_ptr.dtype.element_ty
     t0 = tl.load(chunk_start_ptr + c)
-    end = tl.load(cu_ptr + tl.load(chunk_seq_ptr + c) + 1)
-    i = tl.arange(0, C)
-    rows = (t0 + i).to(tl.int64)
-    ok = t0 + i < end
+    end = tl.load(cu_ptr + seq + 1)
+    r = tl.arange(0, HALF)
+    rows0, rows1 = (t0 + r).to(tl.int64), (t0 + HALF + r).to(tl.int64)
+    ok0, ok1 = rows0 < end, rows1 < end
     ks, vs = tl.arange(0, DK), tl.arange(0, DV)
-    k = tl.load(
-        k_ptr + rows[:, None] * stride_kt + (hv // group) * stride_kh + ks[None, :],
-        mask=ok[:, None],
-        other=0.0,
+    k_head = k_ptr + (hv // group) * stride_kh + ks[None, :]
+    k0 = _rows_l2(
+        tl.load(k_head + rows0[:, None] * stride_kt, mask=ok0[:, None], other=0.0).to(tl.float32), L2NORM
     )
-    k = _rows_l2(k.to(tl.float32), L2NORM)
-    g = tl.load(g_ptr + rows * num_v_heads + hv, mask=ok, other=0.0).to(tl.float32)
-    beta = tl.load(beta_ptr + rows * num_v_heads + hv, mask=ok, other=0.0).to(tl.float32)
-    cum = tl.cumsum(g, axis=0)
+    k1 = _rows_l2(
+        tl.load(k_head + rows1[:, None] * stride_kt, mask=ok1[:, None], other=0.0).to(tl.float32), L2NORM
+    )
+    g0 = tl.load(g_ptr + rows0 * num_v_heads + hv, mask=ok0, other=0.0).to(tl.float32)
+    g1 = tl.load(g_ptr + rows1 * num_v_heads + hv, mask=ok1, other=0.0).to(tl.float32)
+    b0 = tl.load(beta_ptr + rows0 * num_v_heads + hv, mask=ok0, other=0.0).to(tl.float32)
+    b1 = tl.load(beta_ptr + rows1 * num_v_heads + hv, mask=ok1, other=0.0).to(tl.float32)
+    cum0 = tl.cumsum(g0, axis=0)
+    cum1 = tl.cumsum(g1, axis=0) + tl.sum(g0, axis=0)
     slot = c * num_v_heads + hv
-    tl.store(cum_ptr + slot * C + i, cum)
-    kb = k * beta[:, None]
-    lower = i[:, None] > i[None, :]
-    decay = tl.exp(tl.where(lower, cum[:, None] - cum[None, :], float("-inf")))
-    neg_a = -tl.dot(kb, tl.trans(k), input_precision=PREC_INV) * decay  # -A, strictly lower
-    inv = tl.where(i[:, None] == i[None, :], 1.0, 0.0) + neg_a  # I - A
-    power = neg_a
-    for _ in tl.static_range(LOG2C - 1):  # (I + A)^-1 = (I - A)(I + A^2)(I + A^4)... (A^C = 0)
-        power = tl.dot(power, power, input_precision=PREC_INV)
-        inv = inv + tl.dot(inv, power, input_precision=PREC_INV)
-    w = tl.dot(inv, kb * tl.exp(cum)[:, None], input_precision=PREC_INV)
-    tl.store(w_ptr + slot * C * DK + i[:, None] * DK + ks[None, :], w.to(w_ptr.dtype.element_ty))
-    v = tl.load(v_ptr + rows[:, None] * stride_vt + hv * stride_vh + vs[None, :], mask=ok[:, None], other=0.0)
-    u = tl.dot(inv, v.to(tl.float32) * beta[:, None], input_precision=PREC_INV)
-    tl.store(u_ptr + slot * C * DV + i[:, None] * DV + vs[None, :], u.to(u_ptr.dtype.element_ty))
+    tl.store(cum_ptr + slot * C + r, cum0)
+    tl.store(cum_ptr + slot * C + HALF + r, cum1)
+    kb0, kb1 = k0 * b0[:, None], k1 * b1[:, None]
+    lower = r[:, None] > r[None, :]
+    # A = (beta k k^T) * exp(cum_i - cum_j) below the diagonal; every entry of block 10 is below it.
+    a00 = _mm(kb0, tl.trans(k0), LOWP, LOW, PREC_INV) * tl.exp(
+        tl.where(lower, cum0[:, None] - cum0[None, :], float("-inf"))
+    )
+    a11 = _mm(kb1, tl.trans(k1), LOWP, LOW, PREC_INV) * tl.exp(
+        tl.where(lower, cum1[:, None] - cum1[None, :], float("-inf"))
+    )
+    a10 = _mm(kb1, tl.trans(k0), LOWP, LOW, PREC_INV) * tl.exp(cum1[:, None] - cum0[None, :])
+    t00 = _unit_lower_inverse(a00, HALF, LOG2C - 1, PREC_INV)
+    t11 = _unit_lower_inverse(a11, HALF, LOG2C - 1, PREC_INV)
+    t10 = -tl.dot(t11, tl.dot(a10, t00, input_precision=PREC_INV), input_precision=PREC_INV)
+    # w = T (beta k exp(cum)), u = T (beta v), per half of the rows
+    x0, x1 = kb0 * tl.exp(cum0)[:, None], kb1 * tl.exp(cum1)[:, None]
+    w0 = _mm(t00, x0, LOWP, LOW, PREC_INV)
+    w1 = _mm(t10, x0, LOWP, LOW, PREC_INV) + _mm(t11, x1, LOWP, LOW, PREC_INV)
+    w_rows = w_ptr + slot * C * DK + ks[None, :]
+    tl.store(w_rows + r[:, None] * DK, w0.to(w_ptr.dtype.element_ty))
+    tl.store(w_rows + (HALF + r)[:, None] * DK, w1.to(w_ptr.dtype.element_ty))
+    v_head = v_ptr + hv * stride_vh + vs[None, :]
+    v0 = (
+        tl.load(v_head + rows0[:, None] * stride_vt, mask=ok0[:, None], other=0.0).to(tl.float32)
+        * b0[:, None]
+    )
+    v1 = (
+        tl.load(v_head + rows1[:, None] * stride_vt, mask=ok1[:, None], other=0.0).to(tl.float32)
+        * b1[:, None]
+    )
+    u0 = _mm(t00, v0, LOWP, LOW, PREC_INV)
+    u1 = _mm(t10, v0, LOWP, LOW, PREC_INV) + _mm(t11, v1, LOWP, LOW, PREC_INV)
+    u_rows = u_ptr + slot * C * DV + vs[None, :]
+    tl.store(u_rows + r[:, None] * DV, u0.to(u_ptr.dtype.element_ty))
+    tl.store(u_rows + (HALF + r)[:, None] * DV, u1.to(u_ptr.dtype.element_ty))
     # For the sequential state kernel, done here in parallel: the keys decayed to the chunk's end, and the
     # chunk's whole decay (padding rows have g = 0, so the sum is the decay up to the last real token).
-    total = tl.sum(g, axis=0)
-    kd = k * tl.exp(total - cum)[:, None]  # padding rows of k are 0
-    tl.store(kd_ptr + slot * C * DK + i[:, None] * DK + ks[None, :], kd.to(kd_ptr.dtype.element_ty))
+    total = tl.sum(g0, axis=0) + tl.sum(g1, axis=0)
+    kd_rows = kd_ptr + slot * C * DK + ks[None, :]
+    tl.store(kd_rows + r[:, None] * DK, (k0 * tl.exp(total - cum0)[:, None]).to(kd_ptr.dtype.element_ty))
+    tl.store(
+        kd_rows + (HALF + r)[:, None] * DK, (k1 * tl.exp(total - cum1)[:, None]).to(kd_ptr.dtype.element_ty)
+    )
     tl.store(decay_ptr + slot, tl.exp(total))
 
 
@@ -81,35 +172,37 @@ def _prepare_kernel(
 def _state_kernel(
     first_chunk_ptr, idx_ptr, init_ptr, w_ptr, u_ptr, kd_ptr, decay_ptr, h_ptr, vnew_ptr, state_ptr, num_v_heads,
     stride_ss, stride_sh, C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    HAS_INIT: tl.constexpr, PREC: tl.constexpr,
+    HAS_INIT: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
 ):  # fmt: skip
     # The only sequential part: per chunk two dependent matmuls on the state; every load in the loop
-    # depends on the chunk index alone, so the next chunk's can be in flight (num_stages).
+    # depends on the chunk index alone, so the next chunk's can be in flight (num_stages). The state is
+    # held transposed, [DK, BLOCK_V], so both matmuls have 64+ rows (Hopper's warpgroup MMA).
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     slot = tl.load(idx_ptr + seq).to(tl.int64)
     if slot < 0:
         return
+    LOW: tl.constexpr = w_ptr.dtype.element_ty
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     ks = tl.arange(0, DK)
     i = tl.arange(0, C)
-    s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]
-    h = tl.load(s_ptrs).to(tl.float32)  # [BLOCK_V, DK]
+    s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[None, :] * DK + ks[:, None]
+    h = tl.load(s_ptrs).to(tl.float32)  # [DK, BLOCK_V]: S^T
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
         h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
     hv64 = hv.to(tl.int64)  # buffer offsets in int64: chunks * heads * 64 * 128 passes 2^31 at long prompts
     for c in range(tl.load(first_chunk_ptr + seq), tl.load(first_chunk_ptr + seq + 1)):
         slot_c = c * num_v_heads + hv64
-        w = tl.load(w_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :]).to(tl.float32)
+        w = tl.load(w_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :])
         u = tl.load(u_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :]).to(tl.float32)
-        kd = tl.load(kd_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :]).to(tl.float32)
+        kd = tl.load(kd_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :])
         decay = tl.load(decay_ptr + slot_c)
-        tl.store(h_ptr + slot_c * DV * DK + vs[:, None] * DK + ks[None, :], h.to(h_ptr.dtype.element_ty))
-        v_new = u - tl.dot(w, tl.trans(h), input_precision=PREC)  # [C, BLOCK_V]
-        tl.store(
-            vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :], v_new.to(vnew_ptr.dtype.element_ty)
-        )
-        h = h * decay + tl.dot(tl.trans(v_new), kd, input_precision=PREC)
+        h_low = h.to(h_ptr.dtype.element_ty)
+        tl.store(h_ptr + slot_c * DK * DV + ks[:, None] * DV + vs[None, :], h_low)
+        v_new = u - _mm(w, h_low, LOWP, LOW, PREC)  # [C, BLOCK_V]
+        v_low = v_new.to(vnew_ptr.dtype.element_ty)
+        h = h * decay + _mm(tl.trans(kd), v_low, LOWP, LOW, PREC)
+        tl.store(vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :], v_low)
     tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
 
 
@@ -118,12 +211,14 @@ def _output_kernel(
     q_ptr, k_ptr, out_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, h_ptr, vnew_ptr, idx_ptr,
     num_v_heads, group, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
     C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
-    PREC: tl.constexpr,
+    PREC: tl.constexpr, LOWP: tl.constexpr,
 ):  # fmt: skip
     c = tl.program_id(0).to(tl.int64)
+    seq = tl.load(chunk_seq_ptr + c)
+    if seq < 0:
+        return
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    seq = tl.load(chunk_seq_ptr + c)
     t0 = tl.load(chunk_start_ptr + c)
     end = tl.load(cu_ptr + seq + 1)
     i = tl.arange(0, C)
@@ -134,6 +229,7 @@ def _output_kernel(
     if tl.load(idx_ptr + seq) < 0:  # padding sequence: zeros
         tl.store(o_ptrs, tl.zeros([C, BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty), mask=ok[:, None])
         return
+    LOW: tl.constexpr = h_ptr.dtype.element_ty
     hk = hv // group
     q = tl.load(q_ptr + rows[:, None] * stride_qt + hk * stride_qh + ks[None, :], mask=ok[:, None], other=0.0)
     q = _rows_l2(q.to(tl.float32), L2NORM) * scale
@@ -141,28 +237,33 @@ def _output_kernel(
     k = _rows_l2(k.to(tl.float32), L2NORM)
     slot_c = c * num_v_heads + hv
     cum = tl.load(cum_ptr + slot_c * C + i)
-    h = tl.load(h_ptr + slot_c * DV * DK + vs[:, None] * DK + ks[None, :]).to(tl.float32)
-    o = tl.dot(q * tl.exp(cum)[:, None], tl.trans(h), input_precision=PREC)
+    h = tl.load(
+        h_ptr + slot_c * DK * DV + ks[:, None] * DV + vs[None, :]
+    )  # [DK, BLOCK_V]: S^T before the chunk
+    v_new = tl.load(vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :])
     causal = i[:, None] >= i[None, :]
-    attn = tl.dot(q, tl.trans(k), input_precision=PREC) * tl.exp(tl.where(causal, cum[:, None] - cum[None, :],
-                                                                           float("-inf")))  # fmt: skip
-    v_new = tl.load(vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :]).to(tl.float32)
-    o += tl.dot(attn, v_new, input_precision=PREC)
+    decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
+    o = _mm(q * tl.exp(cum)[:, None], h, LOWP, LOW, PREC)
+    attn = _mm(q, tl.trans(k), LOWP, LOW, PREC) * decay
+    o += _mm(attn, v_new, LOWP, LOW, PREC)
     tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
 
 
-def _chunk_map(cu_seqlens: torch.Tensor):
-    """(chunk -> sequence, chunk -> first token, sequence -> first chunk [S+1]) on the device."""
-    bounds = cu_seqlens.tolist()  # prefill is planned on the host (one sync), as engines do
-    chunk_seq, chunk_start, first = [], [], [0]
-    for s in range(len(bounds) - 1):
-        starts = range(bounds[s], bounds[s + 1], CHUNK)
-        chunk_seq += [s] * len(starts)
-        chunk_start += list(starts)
-        first.append(len(chunk_seq))
-    dev = cu_seqlens.device
-    as_tensor = lambda x: torch.tensor(x, dtype=torch.int32, device=dev)  # noqa: E731
-    return as_tensor(chunk_seq), as_tensor(chunk_start), as_tensor(first)
+def _chunk_plan(cu_seqlens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(chunk -> sequence or -1 past the last chunk, chunk -> first token, sequence -> first chunk [S+1]),
+    computed on the device without a host sync. There are at most T // C + S chunks (each sequence adds
+    at most one partial chunk); the grid takes that bound and the extra programs return at once."""
+    seqs = cu_seqlens.numel() - 1
+    cu = cu_seqlens.long()
+    counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    first = torch.zeros(seqs + 1, dtype=torch.long, device=cu.device)
+    torch.cumsum(counts, 0, out=first[1:])
+    j = torch.arange(tokens // CHUNK + seqs, device=cu.device)
+    seq = torch.searchsorted(first[1:], j, right=True)  # the s with first[s] <= j < first[s + 1]
+    inside = seq.clamp(max=seqs - 1)
+    start = cu[inside] + (j - first[inside]) * CHUNK
+    chunk_seq = torch.where(j < first[-1], seq, -1)
+    return chunk_seq.int(), start.int(), first.int()
 
 
 def gated_delta_rule_chunked(
@@ -179,51 +280,60 @@ def gated_delta_rule_chunked(
     use_qk_l2norm: bool = True,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
+    tiles: GdnTiles | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule for prefill; same arguments and result as `gated_delta_rule_recurrent`.
 
-    Reads cu_seqlens on the host to plan the chunks (prefill only; decode uses the recurrent kernel).
+    Plans the chunks on the device (no host sync; intermediates are sized from T and S). Prefill only:
+    decode uses the recurrent kernel.
+    tiles: launch shapes and matmul precisions (default `gdn_tiles`).
     """
     out, done = gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
                           use_qk_l2norm=use_qk_l2norm, out=out, backend=backend)  # fmt: skip
     if done:
         return out
-    chunk_seq, chunk_start, first_chunk = _chunk_map(cu_seqlens)
-    chunks, seqs = chunk_seq.numel(), state_indices.numel()
-    if chunks == 0:
+    tokens, seqs = q.shape[0], state_indices.numel()
+    if tokens == 0:
         return out
+    chunk_seq, chunk_start, first_chunk = _chunk_plan(cu_seqlens, tokens)
+    chunks = chunk_seq.numel()
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     group = num_v_heads // q.shape[1]
-    # The inverse needs fp32 accuracy: 3-pass TF32 on NVIDIA tensor cores (plain fp32 dots of these tiles
-    # spill); fp32 activations get it everywhere. The interpreter and ROCm take IEEE fp32.
-    if SETTINGS.triton_interpret or torch.version.hip is not None:
-        prec_inv = prec = "ieee"
-    else:
-        prec_inv, prec = "tf32x3", "tf32x3" if v.dtype == torch.float32 else "tf32"
+    tiles = tiles or gdn_tiles(v.dtype, dv, interpret=SETTINGS.triton_interpret)
+    if dv % tiles.state_block_v or dv % tiles.out_block_v:
+        raise ValueError(f"value blocks {tiles.state_block_v}, {tiles.out_block_v} must divide Dv={dv}")
+    if tiles.state_stages < 2:
+        # Triton 3.6 on the H200: the unpipelined state loop intermittently faults (illegal address) at 8k
+        # tokens, while compute-sanitizer finds no bad access or race; 2-4 stages never did.
+        raise ValueError(f"state_stages must be >= 2, got {tiles.state_stages}")
+    # fp32 activations take 3-pass TF32 on NVIDIA tensor cores (plain fp32 dots of these tiles spill);
+    # the interpreter and ROCm IEEE fp32. 16-bit activations with lowp=False take TF32.
+    exact = SETTINGS.triton_interpret or torch.version.hip is not None
+    prec = "ieee" if exact else "tf32x3" if v.dtype == torch.float32 else "tf32"
+    lowp = tiles.lowp and v.dtype != torch.float32
     buf = dict(dtype=v.dtype, device=v.device)  # intermediates in the activations' dtype halve their traffic
     cum = torch.empty(chunks, num_v_heads, CHUNK, dtype=torch.float32, device=v.device)
     w = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
     u = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
     v_new = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
-    h = torch.empty(chunks, num_v_heads, dv, dk, **buf)
+    h = torch.empty(chunks, num_v_heads, dk, dv, **buf)  # the state before each chunk, transposed
     kd = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
     decay = torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device)
     _prepare_kernel[(chunks, num_v_heads)](
         k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, cum, w, u, kd, decay, num_v_heads, group, k.stride(0),
         k.stride(1),
         v.stride(0), v.stride(1), C=CHUNK, DK=dk, DV=dv, L2NORM=use_qk_l2norm, LOG2C=CHUNK.bit_length() - 1,
-        PREC_INV=prec_inv, num_warps=4,
+        PREC_INV=tiles.inverse_precision, LOWP=lowp, num_warps=tiles.prepare_warps,
     )  # fmt: skip
-    block_v = min(dv, 32)
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
-    _state_kernel[(seqs, num_v_heads, dv // block_v)](
+    _state_kernel[(seqs, num_v_heads, dv // tiles.state_block_v)](
         first_chunk, state_indices, init, w, u, kd, decay, h, v_new, state, num_v_heads, state.stride(0),
-        state.stride(1), C=CHUNK, DK=dk, DV=dv, BLOCK_V=block_v, HAS_INIT=has_initial_state is not None, PREC=prec,
-        num_warps=4, num_stages=2,
+        state.stride(1), C=CHUNK, DK=dk, DV=dv, BLOCK_V=tiles.state_block_v, HAS_INIT=has_initial_state is not None,
+        PREC=prec, LOWP=lowp, num_warps=tiles.state_warps, num_stages=tiles.state_stages,
     )  # fmt: skip
-    _output_kernel[(chunks, num_v_heads, dv // block_v)](
+    _output_kernel[(chunks, num_v_heads, dv // tiles.out_block_v)](
         q, k, out, cu_seqlens, chunk_seq, chunk_start, cum, h, v_new, state_indices, num_v_heads, group, dk**-0.5,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1), C=CHUNK, DK=dk, DV=dv,
-        BLOCK_V=block_v, L2NORM=use_qk_l2norm, PREC=prec, num_warps=4,
+        BLOCK_V=tiles.out_block_v, L2NORM=use_qk_l2norm, PREC=prec, LOWP=lowp, num_warps=tiles.out_warps,
     )  # fmt: skip
     return out

@@ -178,36 +178,45 @@ def prefill_rows(mm_rate: float, quick: bool) -> list[dict]:
 
 
 def write_rows(copy_bw: float, quick: bool) -> list[dict]:
+    """Slots "random": distinct random slots (the worst case, as vLLM's cache benchmark draws them);
+    "pages": a prefill's pattern, consecutive offsets through randomly ordered pages."""
     rows = []
     tokens, block_size = 16384, 16
     num_blocks = tokens // block_size * 2
+    pages = torch.randperm(num_blocks, device=DEV)[: tokens // block_size]
+    slot_patterns = {
+        "random": torch.randperm(num_blocks * block_size, device=DEV)[:tokens],
+        "pages": (pages[:, None] * block_size + torch.arange(block_size, device=DEV)).flatten(),
+    }
     for layout in (KVLayout.FLASH, KVLayout.SHUFFLE):
         for fp8 in (None, "tensor", "token"):
-            cache_dtype = default_fp8_dtype(DEV) if fp8 else torch.bfloat16
-            shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, cache_dtype)
-            kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
-            vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
-            k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
-            v = torch.randn_like(k)
-            slots = torch.randperm(num_blocks * block_size, device=DEV)[:tokens]
-            ks = vs = None
-            if fp8 == "tensor":
-                ks = vs = torch.tensor([0.01], device=DEV)
-            elif fp8 == "token":
-                ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
-                vs = torch.empty_like(ks)
-            ms = bench(partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs))
-            moved = 2 * k.numel() * (2 + kc.element_size()) + (2 * tokens * HKV * 4 if fp8 == "token" else 0)
-            src = torch.cat([k, v]).view(-1)
-            dst = torch.empty_like(src)
-            ref_ms = bench(partial(dst.copy_, src))
-            rows.append(dict(
-                op="kv write", shape=f"T={tokens} Hkv={HKV} D={D}", layout=str(layout),
-                kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=moved / (ms * 1e-3) / 1e12,
-                roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3), baseline="copy of K,V (bf16)",
-                baseline_ms=ref_ms, baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
-                speedup_vs_baseline=ref_ms / ms,
-            ))  # fmt: skip
+            for pattern, slots in slot_patterns.items():
+                cache_dtype = default_fp8_dtype(DEV) if fp8 else torch.bfloat16
+                shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, cache_dtype)
+                kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
+                vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
+                k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
+                v = torch.randn_like(k)
+                ks = vs = None
+                if fp8 == "tensor":
+                    ks = vs = torch.tensor([0.01], device=DEV)
+                elif fp8 == "token":
+                    ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
+                    vs = torch.empty_like(ks)
+                ms = bench(partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs))
+                moved = 2 * k.numel() * (2 + kc.element_size()) + (
+                    2 * tokens * HKV * 4 if fp8 == "token" else 0
+                )
+                src = torch.cat([k, v]).view(-1)
+                dst = torch.empty_like(src)
+                ref_ms = bench(partial(dst.copy_, src))
+                rows.append(dict(
+                    op="kv write", shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}", layout=str(layout),
+                    kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=moved / (ms * 1e-3) / 1e12,
+                    roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3), baseline="copy of K,V (bf16)",
+                    baseline_ms=ref_ms, baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
+                    speedup_vs_baseline=ref_ms / ms,
+                ))  # fmt: skip
             if quick:
                 break
     return rows

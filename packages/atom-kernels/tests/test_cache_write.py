@@ -73,6 +73,40 @@ def test_triton_write_equals_reference(layout, block_size, dtype):
     torch.testing.assert_close(vc, vc_ref, rtol=0, atol=0, equal_nan=True)
 
 
+def _prefill_slots(block_size, lengths_and_starts, num_blocks):
+    """Slots as a prefill writes them: each sequence fills consecutive offsets of its (random) pages,
+    starting where its cached prefix ended."""
+    pages = torch.randperm(num_blocks).tolist()
+    slots = []
+    for length, start in lengths_and_starts:
+        positions = torch.arange(start, start + length)
+        table = torch.tensor([pages.pop() for _ in range(-(-(start + length) // block_size))])
+        slots.append(table[positions // block_size] * block_size + positions % block_size)
+    return torch.cat(slots).to(DEVICE)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])  # shuffle runs of x = 4 and 8
+@pytest.mark.parametrize(("heads", "head_dim"), [(3, 32), (8, 256)])  # 8 x 256: two head blocks
+@pytest.mark.parametrize("layout", list(KVLayout))
+def test_prefill_page_runs_equal_reference(layout, heads, head_dim, dtype):
+    """Groups of tokens whose slots run through whole pages, start mid-page (a cached prefix), or hold
+    padding: the grouped shuffle stores must land exactly where the reference puts each token."""
+    block_size, num_blocks = 16, 12
+    # tokens 8-15 fill half a page from offset 0 (whole x-runs); 3, 20 and 40 are padding
+    slots = _prefill_slots(block_size, [(16, 0), (37, 5), (9, 3)], num_blocks)
+    slots[[3, 20, 40]] = -1
+    tokens = slots.numel()
+    k = torch.randn(tokens, heads, head_dim, device=DEVICE).to(dtype)
+    v = torch.randn(tokens, heads, head_dim, device=DEVICE).to(dtype)
+    shapes = kv_cache_shapes(layout, num_blocks, block_size, heads, head_dim, dtype)
+    kc, vc = (torch.full(shape, float("nan"), device=DEVICE, dtype=dtype) for shape in shapes)
+    kc_ref, vc_ref = kc.clone(), vc.clone()
+    write_kv(k, v, kc, vc, slots, layout=layout, backend="triton")
+    write_kv_ref(k, v, kc_ref, vc_ref, slots, layout)
+    torch.testing.assert_close(kc, kc_ref, rtol=0, atol=0, equal_nan=True)
+    torch.testing.assert_close(vc, vc_ref, rtol=0, atol=0, equal_nan=True)
+
+
 @pytest.mark.parametrize("layout", list(KVLayout))
 def test_strided_token_inputs(layout):
     base = torch.randn(9, 3, 2, 32, device=DEVICE)

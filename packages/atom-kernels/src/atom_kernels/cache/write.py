@@ -28,6 +28,19 @@ def _quantize(x, scale_ptr, scale_off, scale_mask, SCALE_KIND: tl.constexpr, FP8
 
 
 @triton.jit
+def _store_by_element(
+    k_cache_ptr, v_cache_ptr, k, v, blk, off, h, d, mask, num_heads, head_dim, block_size, stride_cb, stride_cn,
+    stride_ch, LAYOUT: tl.constexpr, X: tl.constexpr,
+):  # fmt: skip
+    """Each token at its own slot's offsets (any layout, any slots)."""
+    k_off, v_off = kv_offsets(
+        blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch, LAYOUT, X
+    )
+    tl.store(k_cache_ptr + k_off, k, mask=mask)
+    tl.store(v_cache_ptr + v_off, v, mask=mask)
+
+
+@triton.jit
 def _write_kv_kernel(
     k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
     tokens, stride_kt, stride_kh, stride_vt, stride_vh,
@@ -56,22 +69,23 @@ def _write_kv_kernel(
         v = _quantize(v, v_scale_ptr, scale_off, scale_mask, SCALE_KIND, FP8_MAX)
     k = k.to(k_cache_ptr.dtype.element_ty)
     v = v.to(v_cache_ptr.dtype.element_ty)
-    i = tl.arange(0, BLOCK_T)[None, None, :]
-    first = tl.max(tl.where(i == 0, slot, 0))  # the group's first slot (0 when it is padding)
-    in_run = tl.sum((live & (slot == first + i)).to(tl.int32))
-    if LAYOUT == 1 and BLOCK_T == X and in_run == BLOCK_T and first % X == 0:
-        # x consecutive slots from a multiple of x (a prefill's page): whole 16-byte V runs
-        k_off, v_off = shuffle_run_offsets(first // block_size, first % block_size, h, d, i, num_heads, head_dim,
-                                           block_size, X)  # fmt: skip
-        run_mask = (h < num_heads) & (d < head_dim)
-        tl.store(k_cache_ptr + k_off, k, mask=run_mask)
-        tl.store(v_cache_ptr + v_off, v, mask=run_mask)
+    if LAYOUT == 1 and BLOCK_T == X:  # compile-time: only shuffle groups can hold a whole run
+        i = tl.arange(0, BLOCK_T)[None, None, :]
+        first = tl.max(tl.where(i == 0, slot, 0))  # the group's first slot (0 when it is padding)
+        in_run = tl.sum((live & (slot == first + i)).to(tl.int32))
+        if in_run == BLOCK_T and first % X == 0:
+            # x consecutive slots from a multiple of x (a prefill's page): whole 16-byte V runs
+            k_off, v_off = shuffle_run_offsets(first // block_size, first % block_size, h, d, i, num_heads,
+                                               head_dim, block_size, X)  # fmt: skip
+            run_mask = (h < num_heads) & (d < head_dim)
+            tl.store(k_cache_ptr + k_off, k, mask=run_mask)
+            tl.store(v_cache_ptr + v_off, v, mask=run_mask)
+        else:
+            _store_by_element(k_cache_ptr, v_cache_ptr, k, v, blk, off, h, d, mask, num_heads, head_dim, block_size,
+                              stride_cb, stride_cn, stride_ch, LAYOUT, X)  # fmt: skip
     else:
-        k_off, v_off = kv_offsets(
-            blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch, LAYOUT, X
-        )
-        tl.store(k_cache_ptr + k_off, k, mask=mask)
-        tl.store(v_cache_ptr + v_off, v, mask=mask)
+        _store_by_element(k_cache_ptr, v_cache_ptr, k, v, blk, off, h, d, mask, num_heads, head_dim, block_size,
+                          stride_cb, stride_cn, stride_ch, LAYOUT, X)  # fmt: skip
 
 
 def write_tiles(layout: KVLayout, num_heads: int, head_dim: int, x: int) -> tuple[int, int, int]:

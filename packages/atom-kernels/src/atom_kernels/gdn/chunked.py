@@ -25,7 +25,7 @@ from atom_kernels.settings import SETTINGS, Backend
 CHUNK = 64
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GdnTiles:
     """Launch shapes of the chunked kernels. lowp: with 16-bit activations, the state and output kernels'
     matmuls take operands in that dtype (the state and all sums stay fp32), as the intermediates are

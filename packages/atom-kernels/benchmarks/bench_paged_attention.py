@@ -3,10 +3,13 @@
   PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_paged_attention.py \
       [--out results.json] [--quick]
 
-Per shape: median time (triton.testing.do_bench), achieved TB/s or TFLOP/s, % of the roofline (bytes at
-the copy bandwidth measured in this run, or flops at the bf16 matmul rate measured in this run), and
-the ratio to a baseline measured in the same run on the same data made contiguous (torch SDPA; for KV
-writes, a plain copy of the same bytes). A table is printed last; --out writes the rows as JSON.
+Per shape: median time (decode: CUDA-graph replays over rotated cache copies, graph_timing.py, as an engine
+runs decode, and KV writes, whose ~40 us would otherwise time the host; prefill: triton.testing.do_bench, L2
+flushed), achieved TB/s or TFLOP/s, % of the
+roofline (bytes at the copy bandwidth measured in this run, or flops at the bf16 matmul rate measured in this
+run), and the ratio to a baseline measured in the same run, the same way, on the same data made contiguous
+(torch SDPA; for KV writes, a plain copy of the same bytes). A table is printed last; --out writes the rows
+as JSON.
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ from functools import partial
 import torch
 import torch.nn.functional as F
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
+from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
+from graph_timing import graph_ms, rotation
 
 from atom_kernels.attention import DecodePartition, paged_decode, paged_decode_persistent, paged_prefill
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
@@ -74,32 +78,76 @@ def paged_cache(batch: int, seq_len: int, block_size: int, layout: KVLayout, dty
 
 
 def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
+    """Timed as CUDA-graph replays over rotated cache copies (graph_timing.py), for ours and SDPA alike."""
     rows = []
     shapes = [(64, 8192, 16), (64, 8192, 64)] + (
         [] if quick else [(1, 32768, 16), (4, 32768, 16), (8, 32768, 16)]
     )
     for batch, seq_len, block_size in shapes:
         for layout, fp8 in [(KVLayout.FLASH, None), (KVLayout.SHUFFLE, None), (KVLayout.FLASH, "tensor"),
-                            (KVLayout.FLASH, "token")]:  # fmt: skip
+                            (KVLayout.FLASH, "token"), (KVLayout.SHUFFLE, "tensor")]:  # fmt: skip
             if quick and layout is KVLayout.SHUFFLE and batch != 64:
                 continue
-            kc, vc, tables, ks, vs, k, v = paged_cache(
-                batch, seq_len, block_size, layout, torch.bfloat16, fp8
+            kv_bytes = batch * seq_len * HKV * D * 2 * (1 if fp8 else 2) + (
+                batch * seq_len * HKV * 4 * 2 if fp8 == "token" else 0
             )
+            sdpa_bytes = batch * seq_len * HKV * D * 2 * 2
             q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
             seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
             out = torch.empty_like(q)
-            ms = bench(partial(paged_decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
-                               k_scale=ks, v_scale=vs, max_seq_len=seq_len, out=out))  # fmt: skip
-            ref_ms = bench(partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True))
-            kv_bytes = kc.numel() * kc.element_size() * 2 + (ks.numel() * 4 * 2 if fp8 == "token" else 0)
-            sdpa_bytes = k.numel() * k.element_size() * 2
+            ours, sdpa = [], []
+            for _ in range(rotation(sdpa_bytes)):
+                kc, vc, tables, ks, vs, k, v = paged_cache(
+                    batch, seq_len, block_size, layout, torch.bfloat16, fp8
+                )
+                ours.append(partial(paged_decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
+                                    k_scale=ks, v_scale=vs, max_seq_len=seq_len, out=out))  # fmt: skip
+                sdpa.append(partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True))
+            ms = graph_ms(ours)
+            ref_ms = graph_ms(sdpa)
+            del ours, sdpa
             rows.append(dict(
                 op="decode", shape=f"B={batch} L={seq_len} page={block_size}", layout=str(layout),
                 kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
                 roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
                 baseline="SDPA contiguous bf16", baseline_ms=ref_ms,
                 baseline_value=sdpa_bytes / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
+            ))  # fmt: skip
+    return rows
+
+
+def split_rows(copy_bw: float) -> list[dict]:
+    """Small batches at L=32k: KV splits per sequence (the grid's choice and fixed counts) and the persistent
+    partition, all as graph replays; the baseline is the grid's automatic choice."""
+    rows = []
+    for batch in (1, 4, 8):
+        seq_len, block_size = 32768, 16
+        kv_bytes = batch * seq_len * HKV * D * 2 * 2
+        q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
+        seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
+        out = torch.empty_like(q)
+        caches = [paged_cache(batch, seq_len, block_size, KVLayout.FLASH, torch.bfloat16)[:3]
+                  for _ in range(rotation(kv_bytes))]  # fmt: skip
+        part = DecodePartition.allocate(
+            max_batch=batch, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, device=DEV
+        )
+        common = dict(seq_lens=seq_lens, out=out)
+        grid = partial(paged_decode, q, max_seq_len=seq_len, **common)
+        auto_ms = graph_ms([partial(grid, kc, vc, block_tables=t) for kc, vc, t in caches])
+        variants = [
+            (f"grid, {n} splits", graph_ms([partial(grid, kc, vc, block_tables=t, num_splits=n) for kc, vc, t in caches]))
+            for n in (16, 32, 64, 128, 256)
+        ]  # fmt: skip
+        variants.append(("persistent (plan + decode)", graph_ms([
+            partial(paged_decode_persistent, q, kc, vc, block_tables=t, partition=part, **common)
+            for kc, vc, t in caches])))  # fmt: skip
+        for label, ms in [("grid, auto splits", auto_ms), *variants]:
+            rows.append(dict(
+                op="decode splits", shape=f"B={batch} L={seq_len} page={block_size}", layout="flash", kv=label,
+                ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
+                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3), baseline="grid, auto splits",
+                baseline_ms=auto_ms, baseline_value=kv_bytes / (auto_ms * 1e-3) / 1e12,
+                speedup_vs_baseline=auto_ms / ms,
             ))  # fmt: skip
     return rows
 
@@ -203,13 +251,13 @@ def write_rows(copy_bw: float, quick: bool) -> list[dict]:
                 elif fp8 == "token":
                     ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
                     vs = torch.empty_like(ks)
-                ms = bench(partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs))
+                ms = graph_ms([partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)])
                 moved = 2 * k.numel() * (2 + kc.element_size()) + (
                     2 * tokens * HKV * 4 if fp8 == "token" else 0
                 )
                 src = torch.cat([k, v]).view(-1)
                 dst = torch.empty_like(src)
-                ref_ms = bench(partial(dst.copy_, src))
+                ref_ms = graph_ms([partial(dst.copy_, src)])
                 rows.append(dict(
                     op="kv write", shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}", layout=str(layout),
                     kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=moved / (ms * 1e-3) / 1e12,
@@ -239,13 +287,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=["write", "decode", "persistent", "prefill"])
+    parser.add_argument("--only", nargs="+", choices=["write", "decode", "splits", "persistent", "prefill"])
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw, mm_rate = measure_ceilings()
     groups = {
         "write": lambda: write_rows(copy_bw, args.quick),
         "decode": lambda: decode_rows(copy_bw, args.quick),
+        "splits": lambda: split_rows(copy_bw),
         "persistent": lambda: persistent_rows(copy_bw),
         "prefill": lambda: prefill_rows(mm_rate, args.quick),
     }

@@ -1,12 +1,13 @@
 """Tile-configuration sweep for paged decode and prefill on the GPU (picks the launch defaults).
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_tiles.py
-Prints, per case, the fastest configurations (median ms) and the current default's time.
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_tiles.py [WORD ...]
+Runs the cases whose names contain every WORD (all cases without words). Prints, per case, the fastest configurations (median ms) and the current default's time.
 """
 
 from __future__ import annotations
 
 import itertools
+import sys
 from functools import partial
 
 import torch
@@ -61,6 +62,10 @@ def prefill_case(batch, seq_len, page):
     return q, kc, vc, tables, None, None, cu, seq_lens, seq_len, KVLayout.FLASH
 
 
+def selected(name: str) -> bool:
+    return all(word in name for word in sys.argv[1:])
+
+
 def sweep(name, case, configs, splits_options, bytes_or_flops, unit):
     results = []
     for config, splits in itertools.product(configs, splits_options):
@@ -77,14 +82,19 @@ def main():
         TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5))
     ]
     for batch, seq_len, layout, fp8 in [(64, 8192, KVLayout.FLASH, None), (64, 8192, KVLayout.FLASH, "tensor"),
-                                        (64, 8192, KVLayout.SHUFFLE, None), (4, 32768, KVLayout.FLASH, None)]:  # fmt: skip
+                                        (64, 8192, KVLayout.SHUFFLE, None), (64, 8192, KVLayout.SHUFFLE, "tensor"),
+                                        (4, 32768, KVLayout.FLASH, None)]:  # fmt: skip
+        name = f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}"
+        if not selected(name):
+            continue
         case = decode_case(batch, seq_len, 16, layout, fp8)
         kv_bytes = case[1].numel() * case[1].element_size() * 2
         splits = (1, 2, 4) if batch == 64 else (8, 16, 32, 64)
-        sweep(f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}", case, decode_configs, splits,
-              kv_bytes, "TB/s")  # fmt: skip
+        sweep(name, case, decode_configs, splits, kv_bytes, "TB/s")
     prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
                        itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip
+    if not selected("prefill causal B=8 L=4096 page=64"):
+        return
     case = prefill_case(8, 4096, 64)
     sweep(
         "prefill causal B=8 L=4096 page=64",

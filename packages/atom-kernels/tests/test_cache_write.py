@@ -210,3 +210,9 @@ def test_bad_inputs_are_named():
         write_kv(k, k, kc, vc, torch.zeros(3, dtype=torch.long), k_scale=torch.ones(1), v_scale=torch.ones(1))
     with pytest.raises(ValueError, match="divisible by x=8"):
         kv_cache_shapes("shuffle", 2, 12, 2, 32, torch.float16)
+    k_shape, v_shape = kv_cache_shapes("shuffle", 2, 16, 2, 32, torch.float16)
+    numel = torch.Size(k_shape).numel()
+    misaligned = torch.zeros(numel + 1, dtype=torch.float16)[1:].view(k_shape)  # contiguous, 2 bytes off
+    with pytest.raises(ValueError, match="16-byte aligned"):
+        write_kv(k, k, misaligned, torch.zeros(v_shape, dtype=torch.float16), torch.zeros(3, dtype=torch.long),
+                 layout="shuffle")  # fmt: skip

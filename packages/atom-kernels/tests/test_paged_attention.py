@@ -55,15 +55,16 @@ def test_prefill_ragged_with_prefix(paged_case, dtype, layout, block_size, heads
         {"sliding_window": 16, "softcap": 3.0, "sinks": True},
     ],
 )
-def test_prefill_window_softcap_sinks(paged_case, features):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_prefill_window_softcap_sinks(paged_case, features, layout):
     features = dict(features)
     case = paged_case(seq_lens=[45, 33], query_lens=[45, 12], num_q_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
-                      block_size=16, layout=KVLayout.FLASH, dtype=torch.float32, device=DEVICE)  # fmt: skip
+                      block_size=16, layout=layout, dtype=torch.float32, device=DEVICE)  # fmt: skip
     if features.pop("sinks", False):
         features["sinks"] = torch.randn(4, device=DEVICE) * 2
-    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=case.max_query_len,
+    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=case.max_query_len, layout=layout,
                         out=_poisoned_like(case.q), backend="triton", **features, **case.args())  # fmt: skip
-    _check(out, case, **features)
+    _check(out, case, layout=layout, **features)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -82,14 +83,15 @@ def test_decode_ragged(paged_case, dtype, layout, block_size, heads, num_splits)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_decode_speculative_verify_window_sinks(paged_case, num_splits):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_decode_speculative_verify_window_sinks(paged_case, num_splits, layout):
     case = paged_case(seq_lens=[20, 67, 9], query_lens=[3, 3, 3], num_q_heads=8, num_kv_heads=2,
-                      head_dim=HEAD_DIM, block_size=16, layout=KVLayout.FLASH, dtype=torch.float32, device=DEVICE)  # fmt: skip
+                      head_dim=HEAD_DIM, block_size=16, layout=layout, dtype=torch.float32, device=DEVICE)  # fmt: skip
     sinks = torch.randn(8, device=DEVICE)
     out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       query_len=3, sliding_window=12, sinks=sinks, num_splits=num_splits,
+                       query_len=3, layout=layout, sliding_window=12, sinks=sinks, num_splits=num_splits,
                        out=_poisoned_like(case.q), backend="triton")  # fmt: skip
-    _check(out, case, sliding_window=12, sinks=sinks)
+    _check(out, case, layout=layout, sliding_window=12, sinks=sinks)
 
 
 @pytest.mark.parametrize("scales", ["tensor", "token"])

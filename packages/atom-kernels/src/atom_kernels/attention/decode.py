@@ -6,6 +6,7 @@ import torch
 import triton
 
 from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
+from atom_kernels.cache.fp8 import is_fp8
 from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend
 
@@ -21,6 +22,12 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     want = triton.cdiv(2 * sms, batch * num_kv_heads)
     cap = max(1, max_seq_len // 512)
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
+
+
+def decode_tiles(cache_dtype: torch.dtype) -> TileConfig:
+    """GPU decode tiles (H200 sweeps, sweep_tiles.py): fp8 rows are half as long, so five stages keep as
+    many bytes in flight as three do for 16-bit caches."""
+    return TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=5 if is_fp8(cache_dtype) else 3)
 
 
 def paged_decode(
@@ -60,11 +67,7 @@ def paged_decode(
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
         num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
                                    longest, q.device)  # fmt: skip
-    config = (
-        TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=3)  # H200 sweep (sweep_tiles.py)
-        if on_gpu(q)
-        else TileConfig(16, 16, 1, 1)
-    )
+    config = decode_tiles(k_cache.dtype) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     return run_paged_attention(
         q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
         max_query_len=query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,

@@ -21,16 +21,40 @@ def _tanh(x):
 
 
 @triton.jit
+def _load_e4m3_rows_as_f16(base_ptr, row_off, mask, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    """[BLOCK_N, BLOCK_D] fp16 from e4m3 rows starting at base_ptr + row_off ([BLOCK_N, 1]), 16-byte aligned.
+
+    Loaded as 32-bit words and converted four values at a time in the load's layout. Left to the compiler,
+    the conversion would follow the MMA operand read from shared memory, which for V in the flash layout
+    (D contiguous where the MMA wants positions) is one byte per load.
+    """
+    words = (
+        base_ptr.to(tl.pointer_type(tl.int32), bitcast=True)
+        + row_off // 4
+        + tl.arange(0, BLOCK_D // 4)[None, :]
+    )
+    words = tl.max_contiguous(tl.multiple_of(words, [1, 16]), [1, 4])  # the division hides the alignment
+    w = tl.load(words, mask=mask, other=0)
+    v0, v1, v2, v3 = tl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; cvt.rn.f16x2.e4m3x2 a, lo;"
+        " cvt.rn.f16x2.e4m3x2 b, hi; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
+        "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1,
+    )  # fmt: skip
+    return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BLOCK_N, BLOCK_D))
+
+
+@triton.jit
 def _attend(
     acc, l_i, m_i, q, q_pos,
     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
     n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap, window,
-    MASKED: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    MASKED: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, BLOCK_D)[None, :].to(tl.int64)
     d_ok = d < HEAD_DIM
+    d4 = tl.arange(0, BLOCK_D // 4)[None, :]
     for n0 in range(n_start, n_end, BLOCK_N):
         pos = n0 + tl.arange(0, BLOCK_N)
         pos_ok = pos < n_end
@@ -53,6 +77,13 @@ def _attend(
             LAYOUT,
             X,
         )
+        if LAYOUT == 1:
+            # Tiles start at a multiple of BLOCK_N (a multiple of X) and pages hold whole runs of X tokens,
+            # so V's X positions from each multiple of X are one aligned 16-byte run; the block-table load
+            # hides that from the compiler.
+            v_ptr = tl.max_contiguous(tl.multiple_of(v_cache_ptr + v_off, [16, 1]), [X, 1])  # bytes; elements
+        else:
+            v_ptr = v_cache_ptr + v_off
         if MASKED:
             k = tl.load(k_cache_ptr + k_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
         else:
@@ -75,10 +106,19 @@ def _attend(
         p = tl.exp2(s - m_safe[:, None])
         alpha = tl.exp2(m_i - m_safe)
         l_i = l_i * alpha + tl.sum(p, 1)
-        if MASKED:
-            v = tl.load(v_cache_ptr + v_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
+        if MASKED and LAYOUT == 1:
+            # A run's first position is valid whenever any is (runs are aligned, valid positions a prefix) or
+            # points into page 0, so whole-run loads stay in bounds; the positions past the end are zeroed.
+            v = tl.where(pos_ok[:, None], tl.load(v_ptr, mask=d_ok, other=0.0).to(q.dtype), 0.0)
+        elif V_WORDS:
+            v_row = kv_offsets(blk[:, None], off[:, None], kvh, 0, num_kv_heads, HEAD_DIM, block_size,
+                               stride_cb, stride_cn, stride_ch, LAYOUT, X)[1]  # fmt: skip
+            v_mask = pos_ok[:, None] & (d4 < HEAD_DIM // 4) if MASKED else d4 < HEAD_DIM // 4
+            v = _load_e4m3_rows_as_f16(v_cache_ptr, v_row, v_mask, BLOCK_N, BLOCK_D)
+        elif MASKED:
+            v = tl.load(v_ptr, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
         else:
-            v = tl.load(v_cache_ptr + v_off, mask=d_ok, other=0.0).to(q.dtype)
+            v = tl.load(v_ptr, mask=d_ok, other=0.0).to(q.dtype)
         if SCALE_KIND == 2:
             p = p * tl.load(v_scale_ptr + scale_off, mask=pos_ok, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
@@ -93,7 +133,7 @@ def paged_attention_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
     GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -121,6 +161,8 @@ def paged_attention_kernel(
     q = tl.load(
         q_ptr + t_idx[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
     )
+    if FP16_COMPUTE:
+        q = q.to(tl.float16)  # e4m3 -> fp16 is one packed instruction per two values; -> bf16 is not
 
     # This tile's KV positions [kv_start, kv_end), this split's share of them, and the part of that
     # share every row sees (no masks needed there).
@@ -129,6 +171,8 @@ def paged_attention_kernel(
     kv_start = 0
     if HAS_WINDOW:
         kv_start = tl.maximum(first_pos - window + 1, 0)
+        if LAYOUT == 1:  # whole V runs (see _attend); the window mask hides the extra positions
+            kv_start = kv_start // X * X
     per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), NUM_SPLITS) * BLOCK_N
     n_start = kv_start + split * per_split
     n_end = tl.minimum(n_start + per_split, kv_end)
@@ -146,12 +190,12 @@ def paged_attention_kernel(
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
         n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, False, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+        window, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, l_i, m_i = _attend(
         acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
         full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, True, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+        window, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     if SCALE_KIND == 1:
         acc = acc * tl.load(v_scale_ptr)
@@ -207,7 +251,7 @@ def persistent_decode_kernel(
     k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_ptr, per_ptr, base_ptr,
     stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
     sm_scale, softcap, batch, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-    GROUP: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr,
+    GROUP: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_COMPUTE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
@@ -260,12 +304,12 @@ def persistent_decode_kernel(
         acc, l_i, m_i = _attend(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
             n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, False, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+            softcap, 0, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         acc, l_i, m_i = _attend(
             acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
             full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, True, LAYOUT, X, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+            softcap, 0, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         if SCALE_KIND == 1:
             acc = acc * tl.load(v_scale_ptr)

@@ -133,7 +133,8 @@ def run_paged_attention(
         scale, softcap or 0.0, sliding_window or 0, num_q_heads, num_kv_heads, block_size,
         *cache_strides(layout, k_cache),
         GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
-        LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype), SCALE_KIND=kind,
+        LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype),
+        V_WORDS=fp8_v_as_words(layout, q, v_cache), SCALE_KIND=kind,
         HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
@@ -147,6 +148,21 @@ def run_paged_attention(
             BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
         )  # fmt: skip
     return out
+
+
+def fp8_v_as_words(layout: KVLayout, q: torch.Tensor, v_cache: torch.Tensor) -> bool:
+    """Whether the kernels convert fp8 V to fp16 from 32-bit words with PTX (kernels._load_e4m3_rows_as_f16):
+    e4m3 on NVIDIA, a flash layout whose rows start 16-byte aligned, fp16 compute."""
+    return (
+        v_cache.is_cuda
+        and torch.version.hip is None
+        and v_cache.dtype == torch.float8_e4m3fn
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and layout is KVLayout.FLASH
+        and all(s % 16 == 0 for s in v_cache.stride()[:3])
+        and v_cache.shape[-1] % 16 == 0
+        and v_cache.data_ptr() % 16 == 0
+    )
 
 
 def on_gpu(t: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from atom_kernels.attention.kernels import combine_partials_kernel, persistent_decode_kernel
-from atom_kernels.attention.launch import check_inputs
+from atom_kernels.attention.launch import check_inputs, fp8_v_as_words
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8
@@ -78,7 +78,8 @@ def paged_decode_persistent(
         q.stride(0), q.stride(1), c.out.stride(0), c.out.stride(1), block_tables.stride(0),
         c.softmax_scale, softcap or 0.0, batch, num_q_heads, c.num_kv_heads, c.block_size,
         *cache_strides(c.layout, k_cache),
-        GROUP=group, LAYOUT=layout_code(c.layout, k_cache), X=shuffle_width(k_cache.dtype), SCALE_KIND=c.scale_kind,
+        GROUP=group, LAYOUT=layout_code(c.layout, k_cache), X=shuffle_width(k_cache.dtype),
+        V_WORDS=fp8_v_as_words(c.layout, q, v_cache), SCALE_KIND=c.scale_kind,
         HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,

@@ -75,6 +75,8 @@ def cache_geometry(
             )
     elif not (k_cache.is_contiguous() and v_cache.is_contiguous()):
         raise ValueError("shuffle K and V caches must be contiguous")
+    elif k_cache.data_ptr() % 16 or v_cache.data_ptr() % 16:
+        raise ValueError("shuffle K and V caches must start 16-byte aligned (their x-wide runs are 16 bytes)")
     return n, b, h, d
 
 

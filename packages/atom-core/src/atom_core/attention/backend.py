@@ -25,6 +25,10 @@ class AttentionLayerSpec:
 
 
 class AttentionLayer(Protocol):
+    # True when q/k/v may be views with a unit last stride (slices of one qkv projection); a layer without
+    # it gets contiguous tensors.
+    accepts_strided_inputs: bool
+
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] for this forward's tokens -> [T, Hq, D]. Reads the ForwardContext."""
         ...

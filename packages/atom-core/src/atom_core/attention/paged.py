@@ -26,6 +26,8 @@ class PagedAttentionBackend:
 
 
 class PagedAttentionLayer:
+    accepts_strided_inputs = True  # write_kv and the attention kernels take row strides
+
     def __init__(self, spec: AttentionLayerSpec, layout: str, kernel_backend: str | None):
         self.spec = spec
         self.layout = layout

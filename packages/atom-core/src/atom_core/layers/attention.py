@@ -48,9 +48,11 @@ class SelfAttention(nn.Module):
         )
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
-        v = v.view(tokens, self.num_kv_heads, self.head_dim).contiguous()
+        v = v.view(tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
-        out = self.attn(q.contiguous(), k.contiguous(), v)  # [T, Hq, D]
+        if not getattr(self.attn, "accepts_strided_inputs", False):
+            q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
+        out = self.attn(q, k, v)  # [T, Hq, D]
         return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))

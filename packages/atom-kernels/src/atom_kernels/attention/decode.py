@@ -14,13 +14,14 @@ from atom_kernels.settings import Backend
 def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
     """KV splits per sequence so that batch x heads x splits fills the GPU (a power of two, <= 64).
 
-    Each split keeps at least 512 positions, so short sequences are never split.
+    Each split keeps at least 128 positions (two 64-wide tiles): a single sequence of a few hundred tokens
+    still spreads over several programs per head instead of one that walks it alone.
     """
     if device.type != "cuda":
         return 1 if max_seq_len <= 64 else 2  # exercise both paths on the CPU interpreter cheaply
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     want = triton.cdiv(2 * sms, batch * num_kv_heads)
-    cap = max(1, max_seq_len // 512)
+    cap = max(1, max_seq_len // 128)
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
 
 

@@ -101,3 +101,10 @@ def test_bad_inputs_are_named(paged_case):
     with pytest.raises(ValueError, match="partition buffers are for"):
         paged_decode_persistent(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens,
                                 block_tables=case.block_tables, partition=_partition(2, 2, heads=(4, 2)))  # fmt: skip
+    shuffle = paged_case(seq_lens=[20, 30], query_lens=[1, 1], num_q_heads=8, num_kv_heads=2, head_dim=HEAD_DIM,
+                         block_size=16, layout=KVLayout.SHUFFLE, dtype=torch.float32, device=DEVICE)  # fmt: skip
+    with pytest.raises(ValueError, match="multiple of x=4"):
+        paged_decode_persistent(shuffle.q, shuffle.k_cache, shuffle.v_cache, seq_lens=shuffle.seq_lens,
+                                block_tables=shuffle.block_tables, layout="shuffle",
+                                partition=DecodePartition.allocate(max_batch=2, num_q_heads=8, num_kv_heads=2,
+                                                                   head_dim=HEAD_DIM, device=DEVICE, block=2))  # fmt: skip

@@ -25,8 +25,8 @@ class AttentionLayerSpec:
 
 
 class AttentionLayer(Protocol):
-    # True when q/k/v may be views with a unit last stride (slices of one qkv projection); a layer without
-    # it gets contiguous tensors.
+    # Optional: True when q/k/v may be views with a unit last stride (slices of one qkv projection). A layer
+    # that leaves it out (as the vLLM and SGLang layers do) gets contiguous tensors.
     accepts_strided_inputs: bool
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -114,6 +114,7 @@ def run_paged_attention(
     if tokens == 0 or batch == 0:
         return out
 
+    check_shuffle_tile(layout, config.block_n, k_cache.dtype)
     group = num_q_heads // num_kv_heads
     block_m = max(config.block_m, triton.next_power_of_2(group))
     tokens_per_tile = block_m // group
@@ -148,6 +149,15 @@ def run_paged_attention(
             BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
         )  # fmt: skip
     return out
+
+
+def check_shuffle_tile(layout: KVLayout, block_n: int, cache_dtype: torch.dtype) -> None:
+    """The kernels load shuffle V as whole x-position runs, so KV tiles must start at multiples of x."""
+    x = shuffle_width(cache_dtype)
+    if layout is KVLayout.SHUFFLE and block_n % x:
+        raise ValueError(
+            f"a shuffle cache of {cache_dtype} needs KV tiles of a multiple of x={x} positions, got {block_n}"
+        )
 
 
 def fp8_v_as_words(layout: KVLayout, q: torch.Tensor, v_cache: torch.Tensor) -> bool:

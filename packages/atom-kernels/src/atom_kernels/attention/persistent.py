@@ -11,7 +11,7 @@ import torch
 import triton
 
 from atom_kernels.attention.kernels import combine_partials_kernel, persistent_decode_kernel
-from atom_kernels.attention.launch import check_inputs, fp8_v_as_words
+from atom_kernels.attention.launch import check_inputs, check_shuffle_tile, fp8_v_as_words
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8
@@ -58,6 +58,7 @@ def paged_decode_persistent(
     num_q_heads = q.shape[1]
     if partition.part_o.shape[1:] != (num_q_heads, c.head_dim):
         raise ValueError(f"partition buffers are for {tuple(partition.part_o.shape[1:])}, not [Hq, D]")
+    check_shuffle_tile(c.layout, partition.block, k_cache.dtype)
     if resolve_backend(backend, q.device) is Backend.TORCH:
         ref = paged_attention_ref(
             q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=c.layout,

@@ -22,6 +22,7 @@ from atom_kernels.attention import (
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
+from atom_kernels.linear import linear
 from atom_kernels.mla import mla_attention, write_latent
 
 __all__ = [
@@ -36,6 +37,7 @@ __all__ = [
     "gdn_gating",
     "grouped_topk",
     "kv_cache_shapes",
+    "linear",
     "mla_attention",
     "paged_decode",
     "paged_decode_persistent",

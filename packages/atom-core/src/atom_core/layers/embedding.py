@@ -8,6 +8,7 @@ from torch import nn
 
 from atom_core.config import ParallelConfig
 from atom_core.layers.parallel import all_gather_last_dim, all_reduce
+from atom_core.ops import linear
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -38,4 +39,4 @@ class VocabParallelEmbedding(nn.Module):
 class ParallelLMHead(VocabParallelEmbedding):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [T, H] -> [T, vocab_size]."""
-        return all_gather_last_dim(F.linear(hidden, self.weight), self.parallel)[:, : self.vocab_size]
+        return all_gather_last_dim(linear(hidden, self.weight), self.parallel)[:, : self.vocab_size]

@@ -8,11 +8,11 @@ saying what was expected; the checkpoint loader adds the tensor's name.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from atom_core.config import ParallelConfig
 from atom_core.layers.parallel import all_reduce
+from atom_core.ops import linear
 
 
 def _check(loaded: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -44,7 +44,7 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(x, self.weight, self.bias)
+        return linear(x, self.weight, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
@@ -141,6 +141,7 @@ class RowParallelLinear(LinearBase):
         _check(loaded, (param.shape[0], cols * self.parallel.tp_size))
         param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = all_reduce(F.linear(x, self.weight), self.parallel)
+    def forward(self, x: torch.Tensor, *, gated_input: bool = False) -> torch.Tensor:
+        """x: [T, K_local], or [T, 2*K_local] with gated_input: silu(gate) * up is applied in the matmul's load."""
+        y = all_reduce(linear(x, self.weight, gated_input=gated_input), self.parallel)
         return y if self.bias is None else y + self.bias

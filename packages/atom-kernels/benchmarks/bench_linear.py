@@ -1,0 +1,126 @@
+"""Linear layers at decode's row counts: atom_kernels.linear against cuBLAS (F.linear), as graph replays.
+
+  PYTHONPATH=packages/atom-kernels/src python3 benchmarks/bench_linear.py [--sweep] [--out results.json]
+
+Llama-3-8B's projections (bf16). Each call reads the whole weight, so the roofline is the weight's bytes at
+the copy bandwidth measured in the same run. The down projection takes the gated MLP's [M, 2I]
+pre-activation: the baseline is silu_and_mul then cuBLAS, the kernel applies the activation in its load.
+Weights rotate over copies that exceed the L2, as in a decode step where every layer's weights stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+
+import torch
+import torch.nn.functional as F
+import triton
+from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
+from graph_timing import graph_ms, rotation
+
+from atom_kernels import silu_and_mul
+from atom_kernels.linear import linear
+from atom_kernels.linear.skinny import SkinnyTiles, run_skinny
+
+SHAPES = {  # name: (N, K, gated input)
+    "qkv": (6144, 4096, False),
+    "o": (4096, 4096, False),
+    "gate_up": (28672, 4096, False),
+    "down": (4096, 14336, True),
+    "lm_head": (128256, 4096, False),
+}
+ROWS = (1, 2, 4, 8, 16)
+
+
+def candidates(rows: int) -> list[SkinnyTiles]:
+    if rows == 1:
+        grid = itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))
+    else:
+        grid = itertools.product((32, 64, 128), (64, 128, 256), (4,), (3, 4, 5, 6))
+    return [SkinnyTiles(*t) for t in grid]
+
+
+def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float) -> None:
+    n, k = weights[0].shape
+    for rows in (1, 4, 16):
+        fused = gated and rows == 1  # the activation is fused at one row only
+        x = torch.randn(rows, 2 * k if fused else k, device="cuda", dtype=torch.bfloat16)
+        y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+        found = []
+        for tiles in candidates(rows):
+            try:
+                ms = graph_ms(
+                    [
+                        lambda w=w, x=x, y=y, t=tiles, g=fused: run_skinny(
+                            x, w, None, y, gated_input=g, tiles=t
+                        )
+                        for w in weights
+                    ]
+                )
+            except triton.runtime.errors.OutOfResources:
+                continue
+            found.append((ms, tiles))
+        found.sort(key=lambda f: f[0])
+        for ms, t in found[:4]:
+            pct = n * k * 2 / (ms * 1e-3) / copy_bw * 100
+            print(f"  sweep {name:8} M={rows:2} BN={t.block_n:3} BK={t.block_k:4} warps={t.warps} "
+                  f"stages={t.stages}: {ms * 1000:7.1f} us {pct:5.1f}%")  # fmt: skip
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--sweep", action="store_true", help="time tile candidates first")
+    parser.add_argument("names", nargs="*", default=list(SHAPES))
+    args = parser.parse_args()
+    copy_bw, _ = measure_ceilings()
+    torch.manual_seed(0)
+    rows_out = []
+    for name in args.names:
+        n, k, gated = SHAPES[name]
+        nbytes = n * k * 2
+        weights = [
+            torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(rotation(nbytes))
+        ]
+        if args.sweep:
+            sweep(name, weights, gated, copy_bw)
+        for rows in ROWS:
+            x = torch.randn(rows, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
+
+            def cublas(w, x=x, gated=gated):
+                return F.linear(silu_and_mul(x) if gated else x, w)
+
+            base = graph_ms([lambda w=w: cublas(w) for w in weights])
+            ours = graph_ms([lambda w=w, x=x, g=gated: linear(x, w, gated_input=g) for w in weights])
+            err = (
+                (linear(x, weights[0], gated_input=gated).float() - cublas(weights[0]).float())
+                .abs()
+                .max()
+                .item()
+            )
+            rows_out.append(dict(name=name, n=n, k=k, gated=gated, rows=rows, cublas_us=base * 1e3, atom_us=ours * 1e3,
+                                 atom_pct_copy=nbytes / (ours * 1e-3) / copy_bw * 100,
+                                 cublas_pct_copy=nbytes / (base * 1e-3) / copy_bw * 100, speedup=base / ours,
+                                 max_abs_diff=err))  # fmt: skip
+        del weights
+        torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s (read + write)")
+    print(
+        f"{'layer':8} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>10} {'% copy':>7} {'ATOM us':>8} {'% copy':>7} {'x':>5}"
+    )
+    for r in rows_out:
+        print(f"{r['name'] + ('*' if r['gated'] else ''):8} {r['n']:6} {r['k']:6} {r['rows']:3} {r['cublas_us']:10.1f} "
+              f"{r['cublas_pct_copy']:7.1f} {r['atom_us']:8.1f} {r['atom_pct_copy']:7.1f} {r['speedup']:5.2f}")  # fmt: skip
+    print("* gated input: cuBLAS column includes silu_and_mul")
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
+                           torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
+                           rows=rows_out), f, indent=1)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

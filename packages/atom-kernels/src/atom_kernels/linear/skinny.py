@@ -1,0 +1,175 @@
+"""y = x @ W^T for decode's few rows: a kernel that streams the weight once at near-copy bandwidth.
+
+At one to a few rows a linear layer is a pure weight read, and cuBLAS reaches 64-90% of the H200's copy
+bandwidth on Llama-3-8B's projections (results/gemv_h200.json). Two kernels stream W in row blocks:
+- one row: a GEMV that multiplies [BLOCK_N, BLOCK_K] tiles by x and reduces over K once at the end;
+- 2..MAX_SKINNY_ROWS rows: the tensor-core product W_tile @ x^T (rows padded to 16), so the weight
+  tile feeds every row from one load.
+The GEMV can take the gated MLP's [1, 2K] pre-activation and apply silu(gate) * up while loading x,
+which removes the separate activation kernel in front of the down projection. Past MAX_SKINNY_ROWS rows,
+and on the CPU unless the Triton backend is asked for, the call goes to torch (cuBLAS).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+
+from atom_kernels.activation import silu_and_mul
+from atom_kernels.settings import Backend, resolve_backend
+
+MAX_SKINNY_ROWS = 16  # rows past this are a real GEMM: cuBLAS's tiles win
+_KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+
+
+@triton.jit
+def _load_x(x_ptrs, gate_offset, mask, GATED: tl.constexpr, MASKED: tl.constexpr):
+    """x at x_ptrs; with GATED, silu(x) * x[+gate_offset] rounded to x's dtype (what silu_and_mul stores)."""
+    x = tl.load(x_ptrs, mask=mask, other=0.0) if MASKED else tl.load(x_ptrs)
+    if GATED:
+        if MASKED:
+            up = tl.load(x_ptrs + gate_offset, mask=mask, other=0.0).to(tl.float32)
+        else:
+            up = tl.load(x_ptrs + gate_offset).to(tl.float32)
+        gate = x.to(tl.float32)
+        x = (gate / (1.0 + tl.exp(-gate)) * up).to(x_ptrs.dtype.element_ty)
+    return x
+
+
+@triton.jit
+def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
+                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
+                 HAS_BIAS: tl.constexpr):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    # The last block re-reads row N-1 instead of masking, so every weight load stays a full 16-byte vector.
+    rows = tl.minimum(rn, N - 1)
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # partial sums per lane; one reduction at the end
+    for k in range(0, K, BLOCK_K):
+        kk = k + rk
+        w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
+        x = _load_x(x_ptr + kk, K, kk < K, GATED, not EVEN_K)
+        acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
+        w_ptrs += BLOCK_K
+    y = tl.sum(acc, 1)
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows).to(tl.float32)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
+                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
+                   HAS_BIAS: tl.constexpr):  # fmt: skip
+    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    rows = tl.minimum(rn, N - 1)
+    rm = tl.arange(0, BLOCK_M)
+    rk = tl.arange(0, BLOCK_K)
+    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
+    x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
+    acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
+    for k in range(0, K, BLOCK_K):
+        kk = k + rk
+        w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
+        x = tl.load(x_ptrs, mask=(rm[None, :] < M) & (kk[:, None] < K), other=0.0)
+        acc = tl.dot(w, x, acc)
+        w_ptrs += BLOCK_K
+        x_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + rows).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_y + rn[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated_input: bool) -> int:
+    if weight.dim() != 2:
+        raise ValueError(f"linear expects weight [N, K], got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    width = 2 * k if gated_input else k
+    if x.shape[-1] != width:
+        what = "[..., 2K] (gate then up)" if gated_input else "[..., K]"
+        raise ValueError(f"linear expects x {what} with K={k} from weight {tuple(weight.shape)}, "
+                         f"got x of shape {tuple(x.shape)}")  # fmt: skip
+    if x.dtype != weight.dtype:
+        raise ValueError(f"linear needs x and weight of one dtype, got {x.dtype} and {weight.dtype}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"linear expects bias [{n}], got {tuple(bias.shape)}")
+    return n
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, gated_input: bool = False,
+           backend: Backend | str | None = None) -> torch.Tensor:  # fmt: skip
+    """x @ weight^T + bias, the weight-streaming kernels at <= MAX_SKINNY_ROWS rows.
+
+    x: [..., K], or [..., 2K] with gated_input (the input is then silu(x[..., :K]) * x[..., K:]);
+    weight: [N, K] (nn.Linear's layout), same dtype as x; bias: [N] or None. Returns [..., N].
+    The kernels run for fp16/bf16 on a GPU (or with backend="triton", under the CPU interpreter);
+    everything else goes to torch.
+    """
+    n = _check(x, weight, bias, gated_input)
+    chosen = resolve_backend(backend, x.device)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, x.shape[-1])
+    rows = x2.shape[0]
+    use_kernel = (
+        chosen is not Backend.TORCH
+        and (x.is_cuda or backend is not None)  # on the CPU the interpreter is a test path, not a fast one
+        and 0 < rows <= MAX_SKINNY_ROWS
+        and x.dtype in _KERNEL_DTYPES
+        and weight.stride(-1) == 1
+    )
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if not use_kernel:
+        h = silu_and_mul(x2, backend=chosen) if gated_input else x2
+        return F.linear(h, weight, bias).view(*lead, n)
+    if gated_input and rows > 1:
+        # Computing silu * up inside the MMA kernel's load stalls its pipeline (3x slower measured):
+        # past one row the activation runs as its own kernel.
+        x2, gated_input = silu_and_mul(x2, backend=chosen), False
+    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=skinny_tiles(rows, weight.shape[1]))
+    return y.view(*lead, n)
+
+
+@dataclass(frozen=True, slots=True)
+class SkinnyTiles:
+    block_n: int  # weight rows per program
+    block_k: int  # reduction step
+    warps: int
+    stages: int
+
+
+def skinny_tiles(rows: int, k: int) -> SkinnyTiles:
+    """Tiles from benchmarks/bench_linear.py --sweep on the H200 (Llama-3-8B's projections)."""
+    if rows == 1:  # longer K steps pay off on long rows (down: 29.2 vs 31.6 us at K=14336)
+        return SkinnyTiles(8, min(1024 if k >= 8192 else 512, triton.next_power_of_2(k)), 4, 1)
+    return SkinnyTiles(64, min(128, max(16, triton.next_power_of_2(k))), 4, 6)
+
+
+def run_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *,
+               gated_input: bool, tiles: SkinnyTiles) -> None:  # fmt: skip
+    """The kernels without checks (linear() validates): x [M, K] (or [1, 2K] gated) with a contiguous last
+    dim, y [M, N] contiguous."""
+    if gated_input and x.shape[0] != 1:
+        raise ValueError("the gated input is fused for one row only")
+    rows, (n, k) = x.shape[0], weight.shape
+    b = bias if bias is not None else weight  # never read without HAS_BIAS
+    grid = (triton.cdiv(n, tiles.block_n),)
+    even_k = k % tiles.block_k == 0
+    if rows == 1:
+        _gemv_kernel[grid](
+            x, weight, b, y, n, k, weight.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EVEN_K=even_k,
+            GATED=gated_input, HAS_BIAS=bias is not None, num_warps=tiles.warps, num_stages=tiles.stages,
+        )  # fmt: skip
+    else:
+        _skinny_kernel[grid](
+            x, weight, b, y, rows, n, k, x.stride(0), weight.stride(0), y.stride(0), BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k, BLOCK_M=16, EVEN_K=even_k, HAS_BIAS=bias is not None,
+            num_warps=tiles.warps, num_stages=tiles.stages,
+        )  # fmt: skip

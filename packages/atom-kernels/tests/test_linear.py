@@ -1,0 +1,116 @@
+import pytest
+import torch
+import torch.nn.functional as F
+
+from atom_kernels.linear import MAX_SKINNY_ROWS, linear
+from atom_kernels.linear.ref import linear_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# The CPU interpreter's bf16 math is wrong: bf16 runs on the GPU only.
+DTYPES = [torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOL = {torch.float16: 2e-3, torch.bfloat16: 1.6e-2}
+
+
+def _operands(rows, n, k, dtype, *, gated=False, bias=False):
+    x = torch.randn(rows, 2 * k if gated else k, dtype=dtype, device=DEVICE)
+    w = torch.randn(n, k, dtype=dtype, device=DEVICE) / k**0.5
+    b = torch.randn(n, dtype=dtype, device=DEVICE) if bias else None
+    return x, w, b
+
+
+def _assert_close(got, want, dtype):
+    # fp32 accumulation in both; the output's rounding is the error that remains.
+    torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 2, 5, MAX_SKINNY_ROWS])
+@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 200), (130, 1024), (8, 40)])
+def test_matches_reference(rows, n, k, dtype):
+    x, w, _ = _operands(rows, n, k, dtype)
+    got = linear(x, w, backend="triton")
+    assert got.shape == (rows, n) and got.dtype == dtype
+    _assert_close(got, linear_ref(x, w), dtype)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize(("n", "k"), [(48, 256), (21, 72)])
+def test_gated_input_and_bias(rows, n, k, dtype):
+    x, w, b = _operands(rows, n, k, dtype, gated=True, bias=True)
+    got = linear(x, w, b, gated_input=True, backend="triton")
+    _assert_close(got, linear_ref(x, w, b, gated_input=True), dtype)
+    # The fusion equals the two-kernel path it replaces: silu_and_mul, then the matmul.
+    gate, up = x.float().chunk(2, dim=-1)
+    two_step = F.linear((F.silu(gate) * up).to(dtype).float(), w.float(), b.float())
+    _assert_close(got, two_step, dtype)
+
+
+def test_leading_dims_and_strided_rows():
+    base = torch.randn(2, 3, 96, dtype=torch.float16, device=DEVICE)
+    x = base[..., :64]  # rows 96 apart, last dim contiguous
+    w = torch.randn(24, 64, dtype=torch.float16, device=DEVICE) / 8
+    got = linear(x, w, backend="triton")
+    assert got.shape == (2, 3, 24)
+    _assert_close(got, linear_ref(x.reshape(6, 64), w).view(2, 3, 24), torch.float16)
+
+
+def test_reference_is_the_textbook_formula():
+    x = torch.randn(3, 10, dtype=torch.float64)
+    w, b = torch.randn(4, 5, dtype=torch.float64), torch.randn(4, dtype=torch.float64)
+    gate, up = x[:, :5], x[:, 5:]
+    expected = (gate * torch.sigmoid(gate) * up) @ w.T + b
+    torch.testing.assert_close(linear_ref(x, w, b, gated_input=True), expected)
+
+
+@pytest.mark.parametrize("rows", [MAX_SKINNY_ROWS + 1, 40])
+def test_many_rows_and_other_backends_agree(rows):
+    # Past MAX_SKINNY_ROWS (and for fp32, or with the torch backend) the call is torch's matmul.
+    for dtype in (torch.float16, torch.float32):
+        x, w, b = _operands(rows, 24, 48, dtype, gated=True, bias=True)
+        want = linear_ref(x, w, b, gated_input=True)
+        tol = dict(rtol=1e-5, atol=1e-5) if dtype is torch.float32 else dict(rtol=2e-3, atol=2e-3)
+        for backend in ("triton", "torch"):
+            got = linear(x, w, b, gated_input=True, backend=backend)
+            torch.testing.assert_close(got.float(), want.float(), **tol)
+
+
+def test_gated_run_is_one_row_only():
+    from atom_kernels.linear.skinny import run_skinny, skinny_tiles
+
+    x, w, _ = _operands(2, 16, 32, torch.float16, gated=True)
+    with pytest.raises(ValueError, match="one row only"):
+        run_skinny(x, w, None, torch.empty(2, 16, dtype=torch.float16, device=DEVICE), gated_input=True,
+                   tiles=skinny_tiles(2, 32))  # fmt: skip
+
+
+def test_one_row_fp32_uses_torch_and_is_exact():
+    x, w, b = _operands(1, 16, 32, torch.float32, bias=True)
+    torch.testing.assert_close(linear(x, w, b, backend="triton"), F.linear(x, w, b))
+
+
+def test_empty_batch():
+    x, w, _ = _operands(0, 16, 32, torch.float16)
+    assert linear(x, w, backend="triton").shape == (0, 16)
+
+
+@pytest.mark.parametrize(
+    ("x_shape", "w_shape", "bias_shape", "gated", "message"),
+    [
+        ((2, 30), (16, 32), None, False, r"x \[\.\.\., K\] with K=32"),
+        ((2, 32), (16, 32), None, True, r"\[\.\.\., 2K\] \(gate then up\)"),
+        ((2, 32), (16, 32, 1), None, False, r"weight \[N, K\]"),
+        ((2, 32), (16, 32), (15,), False, r"bias \[16\]"),
+    ],
+)
+def test_bad_shapes_are_named(x_shape, w_shape, bias_shape, gated, message):
+    x = torch.randn(*x_shape, device=DEVICE)
+    w = torch.randn(*w_shape, device=DEVICE)
+    b = torch.randn(*bias_shape, device=DEVICE) if bias_shape else None
+    with pytest.raises(ValueError, match=message):
+        linear(x, w, b, gated_input=gated)
+
+
+def test_mixed_dtypes_are_refused():
+    with pytest.raises(ValueError, match="one dtype"):
+        linear(torch.randn(1, 8, dtype=torch.float16), torch.randn(4, 8))

@@ -22,7 +22,7 @@ def checkpoint(tmp_path_factory):
 
 
 def _llm(path, **kw):
-    return LLM(path, kernel_backend="torch", **{"block_size": 4, "num_kv_blocks": 128, **kw})
+    return LLM(path, **{"kernel_backend": "torch", "block_size": 4, "num_kv_blocks": 128, **kw})
 
 
 def _prompts():
@@ -171,6 +171,21 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     finally:
         tp.shutdown()
     assert not workers[0].is_alive()
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallel on GPUs needs two of them")
+def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint):
+    _, path = checkpoint
+    prompts = [{"prompt_token_ids": p} for p in _prompts()]
+    # fp32, Triton kernels, CUDA graphs for decode, NCCL all-reduces; step inputs through shared memory.
+    kw = dict(device="cuda", kernel_backend="triton", block_size=16, num_kv_blocks=64)
+    single = [o.outputs[0].token_ids for o in _llm(path, **kw).generate(prompts, GREEDY)]
+    tp = _llm(path, tensor_parallel_size=2, **kw)
+    try:
+        assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
+        assert tp.engine.runner.runner.graphs.replays > 0
+    finally:
+        tp.shutdown()
 
 
 def test_tensor_parallel_beyond_the_visible_gpus_is_refused(checkpoint):

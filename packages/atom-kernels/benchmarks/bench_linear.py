@@ -14,6 +14,7 @@ import argparse
 import datetime
 import itertools
 import json
+import time
 
 import torch
 import torch.nn.functional as F
@@ -70,6 +71,24 @@ def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float) -
                   f"stages={t.stages}: {ms * 1000:7.1f} us {pct:5.1f}%")  # fmt: skip
 
 
+def host_us_per_call(calls: int = 2000) -> dict[str, float]:
+    """Host microseconds per eager call at one row on a tiny weight: what an eager decode step pays per layer."""
+    x = torch.randn(1, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
+    x2 = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    out = {}
+    for name, fn in (("F.linear", lambda: F.linear(x, w)), ("linear", lambda: linear(x, w)),
+                     ("silu_and_mul", lambda: silu_and_mul(x2))):  # fmt: skip
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        out[name] = (time.perf_counter() - start) / calls * 1e6
+    return out
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
@@ -107,6 +126,7 @@ def main():
                                  max_abs_diff=err))  # fmt: skip
         del weights
         torch.cuda.empty_cache()
+    host = host_us_per_call()
     print(f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s (read + write)")
     print(
         f"{'layer':8} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>10} {'% copy':>7} {'ATOM us':>8} {'% copy':>7} {'x':>5}"
@@ -115,11 +135,15 @@ def main():
         print(f"{r['name'] + ('*' if r['gated'] else ''):8} {r['n']:6} {r['k']:6} {r['rows']:3} {r['cublas_us']:10.1f} "
               f"{r['cublas_pct_copy']:7.1f} {r['atom_us']:8.1f} {r['atom_pct_copy']:7.1f} {r['speedup']:5.2f}")  # fmt: skip
     print("* gated input: cuBLAS column includes silu_and_mul")
+    print(
+        "host time per eager call (tiny weight, GPU idle): "
+        + ", ".join(f"{k} {v:.1f} us" for k, v in host.items())
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
                            torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
-                           rows=rows_out), f, indent=1)  # fmt: skip
+                           host_us_per_call=host, rows=rows_out), f, indent=1)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Tensor parallel for the engine: rank 0 in this process, ranks 1..N-1 in spawned worker processes.
 
-Rank 0 schedules and broadcasts each step's inputs over a gloo control group; every rank runs the same
-forward on its shards (the layers' collectives keep them in step); rank 0 samples. NCCL carries the
-model's collectives on GPUs, gloo on the CPU.
+Rank 0 schedules and hands each step's inputs to the workers through shared memory (StepChannel; the
+gloo control group carries setup, oversized messages and shutdown); every rank runs the same forward on
+its shards (the layers' collectives keep them in step); rank 0 samples. NCCL carries the model's
+collectives on GPUs, gloo on the CPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import torch.multiprocessing as mp
 
 from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.engine.model_runner import ModelRunner, StepInputs
+from atom_core.engine.step_channel import StepChannel
 
 
 def _free_port() -> int:
@@ -35,7 +37,8 @@ def _init(rank: int, size: int, port: int, device: torch.device):
     return dist.new_group(backend="gloo")
 
 
-def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: dict[str, Any]) -> None:
+def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: dict[str, Any],
+            channel: StepChannel) -> None:  # fmt: skip
     device = _device(device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
@@ -44,14 +47,17 @@ def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: 
         runner = ModelRunner(**runner_args, parallel=ParallelConfig(size, rank, dist.group.WORLD), device=device,
                              control_group=control)  # fmt: skip
         while True:
-            message = [None]
-            dist.broadcast_object_list(message, src=0, group=control)
-            if message[0] is None:
+            message = channel.receive(rank - 1, group=control)
+            if message is None:
                 dist.barrier(group=control)  # leave together: no rank tears gloo down under a peer
-                return
-            runner.run(message[0])
-    finally:
+                break
+            runner.run(message)
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    # A clean stop ends the process without tearing NCCL down here: on GPUs that teardown waited for
+    # rank 0's and stalled every shutdown. The process's end frees its GPU memory and sockets.
+    os._exit(0)
 
 
 class TensorParallelRunner:
@@ -68,7 +74,8 @@ class TensorParallelRunner:
         port = _free_port()
         args = dict(runner_args, model_config=model_config, cache=cache)
         context = mp.get_context("spawn")
-        self.workers = [context.Process(target=_worker, args=(r, size, port, device, args), daemon=True)
+        self.channel = StepChannel(size - 1, context)
+        self.workers = [context.Process(target=_worker, args=(r, size, port, device, args, self.channel), daemon=True)
                         for r in range(1, size)]  # fmt: skip
         for proc in self.workers:
             proc.start()
@@ -79,15 +86,18 @@ class TensorParallelRunner:
         self.num_blocks = self.runner.num_blocks
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
-        dist.broadcast_object_list([inputs], src=0, group=self.control)
+        self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
         return self.runner.run(inputs)
+
+    def _workers_alive(self) -> bool:
+        return all(proc.is_alive() for proc in self.workers)
 
     def shutdown(self) -> None:
         if not self.workers:
             return
-        dist.broadcast_object_list([None], src=0, group=self.control)
+        self.channel.send(None, group=self.control, workers_alive=self._workers_alive)
         dist.barrier(group=self.control)
-        for proc in self.workers:
+        for proc in self.workers:  # they exit right after the barrier
             proc.join(timeout=30)
         self.workers = []
         dist.destroy_process_group()

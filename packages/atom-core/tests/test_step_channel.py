@@ -1,0 +1,77 @@
+"""StepChannel: rank 0's step inputs reach worker processes intact, in order, and oversized ones over gloo."""
+
+import os
+import socket
+
+import pytest
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from atom_core.engine.step_channel import StepChannel
+
+MESSAGES = [
+    {"ids": [1, 2, 3]},
+    list(range(5000)),
+    "small",
+    {"tables": [[7] * 300] * 4},
+]  # 2nd, 4th > 256 bytes
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(rank: int, port: int):
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=3)
+
+
+def _echo(rank: int, port: int, channel: StepChannel, out) -> None:
+    _init(rank, port)
+    try:
+        while (message := channel.receive(rank - 1)) is not None:
+            out.put((rank, message))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_workers_receive_every_message_in_order_small_and_oversized():
+    ctx = mp.get_context("spawn")
+    port = _port()
+    channel = StepChannel(2, ctx, capacity=256)  # two of the messages take the gloo path
+    out = ctx.Queue()
+    workers = [ctx.Process(target=_echo, args=(r, port, channel, out), daemon=True) for r in (1, 2)]
+    for w in workers:
+        w.start()
+    _init(0, port)
+    try:
+        for message in [*MESSAGES, None]:
+            channel.send(message, workers_alive=lambda: all(w.is_alive() for w in workers))
+        got = {1: [], 2: []}
+        for _ in range(2 * len(MESSAGES)):
+            rank, message = out.get(timeout=60)
+            got[rank].append(message)
+        assert got == {1: MESSAGES, 2: MESSAGES}
+    finally:
+        for w in workers:
+            w.join(timeout=30)
+        dist.destroy_process_group()
+    assert all(w.exitcode == 0 for w in workers)
+
+
+def _exit_after_one(channel: StepChannel) -> None:
+    channel.receive(0)
+
+
+def test_a_dead_worker_makes_send_raise_instead_of_hanging():
+    ctx = mp.get_context("spawn")
+    channel = StepChannel(1, ctx, capacity=256)
+    worker = ctx.Process(target=_exit_after_one, args=(channel,), daemon=True)
+    worker.start()
+    channel.send("first", workers_alive=worker.is_alive)  # consumed, then the worker exits
+    worker.join(timeout=60)
+    channel.send("second", workers_alive=worker.is_alive)  # the buffer was freed: no wait yet
+    with pytest.raises(RuntimeError, match="worker exited"):
+        channel.send("third", workers_alive=worker.is_alive)  # "second" is never consumed

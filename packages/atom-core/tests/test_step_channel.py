@@ -1,7 +1,9 @@
 """StepChannel: rank 0's step inputs reach worker processes intact, in order, and oversized ones over gloo."""
 
 import os
+import signal
 import socket
+import time
 
 import pytest
 import torch.distributed as dist
@@ -75,3 +77,36 @@ def test_a_dead_worker_makes_send_raise_instead_of_hanging():
     channel.send("second", workers_alive=worker.is_alive)  # the buffer was freed: no wait yet
     with pytest.raises(RuntimeError, match="worker exited"):
         channel.send("third", workers_alive=worker.is_alive)  # "second" is never consumed
+
+
+def _receive_forever(channel: StepChannel) -> None:
+    channel.receive(0)  # rank 0 never sends: this must end once rank 0 is gone
+
+
+def _rank0_that_dies(out) -> None:
+    ctx = mp.get_context("spawn")
+    channel = StepChannel(1, ctx, capacity=256)
+    worker = ctx.Process(target=_receive_forever, args=(channel,))
+    worker.start()
+    out.put(worker.pid)
+    out.close()
+    out.join_thread()  # the pid is sent before the abrupt exit
+    os._exit(0)  # abruptly: no shutdown message, no cleanup of the worker
+
+
+def test_a_worker_exits_when_rank0_is_gone():
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    rank0 = ctx.Process(target=_rank0_that_dies, args=(out,))
+    rank0.start()
+    pid = out.get(timeout=60)
+    rank0.join(timeout=60)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return  # the orphaned worker noticed and exited
+        time.sleep(0.2)
+    os.kill(pid, signal.SIGKILL)
+    raise AssertionError("the worker kept waiting after rank 0 exited")

@@ -1,7 +1,7 @@
 """y = x @ W^T for decode's few rows: a kernel that streams the weight once at near-copy bandwidth.
 
 At one to a few rows a linear layer is a pure weight read, and cuBLAS reaches 64-90% of the H200's copy
-bandwidth on Llama-3-8B's projections (results/gemv_h200.json). Two kernels stream W in row blocks:
+bandwidth on Llama-3-8B's projections (benchmarks/results/linear_h200.json). Two kernels stream W in row blocks:
 - one row: a GEMV that multiplies [BLOCK_N, BLOCK_K] tiles by x and reduces over K once at the end;
 - 2..MAX_SKINNY_ROWS rows: the tensor-core product W_tile @ x^T (rows padded to 16), so the weight
   tile feeds every row from one load.

@@ -14,7 +14,8 @@ import torch
 import triton
 from bench_paged_attention import DEV, HQ, D, paged_cache
 
-from atom_kernels.attention.launch import TileConfig, run_paged_attention
+from atom_kernels.attention.launch import TileConfig, check_inputs, run_paged_attention
+from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache import KVLayout
 
 
@@ -30,6 +31,22 @@ def time_config(case, config, splits):
         return (
             float("inf") if "resources" in str(err).lower() or "shared" in str(err).lower() else _raise(err)
         )
+
+
+def time_tma_config(case, config, splits):
+    """The TMA prefill kernel (prefill_tma.py) at `config`; splits must be 1."""
+    q, kc, vc, tables, _, _, cu, seq_lens, max_q, layout = case
+    c = check_inputs(q, kc, vc, seq_lens=seq_lens, cu_seqlens_q=cu, block_tables=tables, layout=layout,
+                     softmax_scale=None, sliding_window=None, sinks=None, k_scale=None, v_scale=None, out=None)  # fmt: skip
+    if splits != 1 or not tma_prefill_fits(q, kc, vc, c, config.block_n):
+        return float("inf")
+    fn = partial(run_tma_prefill, q, kc, vc, c, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
+                 max_query_len=max_q, sliding_window=None, softcap=None, sinks=None, config=config)  # fmt: skip
+    try:
+        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+    except Exception as err:  # out of shared memory or registers, or a shape the compiler refuses
+        print(f"  {config}: {type(err).__name__}: {str(err).splitlines()[0][:120]}")
+        return float("inf")
 
 
 def _raise(err):
@@ -66,10 +83,10 @@ def selected(name: str) -> bool:
     return all(word in name for word in sys.argv[1:])
 
 
-def sweep(name, case, configs, splits_options, bytes_or_flops, unit):
+def sweep(name, case, configs, splits_options, bytes_or_flops, unit, timer=time_config):
     results = []
     for config, splits in itertools.product(configs, splits_options):
-        results.append((time_config(case, config, splits), config, splits))
+        results.append((timer(case, config, splits), config, splits))
     results.sort(key=lambda r: r[0])
     print(f"\n{name}")
     for ms, config, splits in results[:5]:
@@ -93,17 +110,19 @@ def main():
         sweep(name, case, decode_configs, splits, kv_bytes, "TB/s")
     prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
                        itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip
-    if not selected("prefill causal B=8 L=4096 page=64"):
-        return
-    case = prefill_case(8, 4096, 64)
-    sweep(
-        "prefill causal B=8 L=4096 page=64",
-        case,
-        prefill_configs,
-        (1,),
-        4 * 8 * HQ * D * 4096 * 4096 / 2,
-        "TFLOP/s",
-    )
+    flops = 4 * 8 * HQ * D * 4096 * 4096 / 2
+    if selected("prefill causal B=8 L=4096 page=64"):
+        sweep("prefill causal B=8 L=4096 page=64", prefill_case(8, 4096, 64), prefill_configs, (1,), flops,
+              "TFLOP/s")  # fmt: skip
+    tma_configs = [TileConfig(m, n, w, s) for m, n, w, s in
+                   itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3, 4, 5))]  # fmt: skip
+    if selected("prefill TMA causal B=8 L=4096 page=64"):
+        sweep("prefill TMA causal B=8 L=4096 page=64", prefill_case(8, 4096, 64), tma_configs, (1,), flops,
+              "TFLOP/s", timer=time_tma_config)  # fmt: skip
+    small_tiles = [TileConfig(m, 16, w, s) for m, w, s in itertools.product((64, 128), (4, 8), (3, 4, 5))]
+    if selected("prefill TMA causal B=8 L=4096 page=16"):
+        sweep("prefill TMA causal B=8 L=4096 page=16", prefill_case(8, 4096, 16), small_tiles, (1,), flops,
+              "TFLOP/s", timer=time_tma_config)  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -48,6 +48,7 @@ def paged_decode(
     v_scale: torch.Tensor | None = None,
     max_seq_len: int | None = None,
     num_splits: int | None = None,
+    cu_seqlens_q: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -58,12 +59,14 @@ def paged_decode(
     block_tables: [B, max_pages] int32. Caches in `layout`, bf16/fp16 like q or fp8 with k_scale/v_scale
     (one fp32 value, or [N, Hkv, block_size]). sinks: [Hq] fp32. Returns out [B * query_len, Hq, D].
     num_splits: KV splits per sequence (default: enough to fill the GPU; pass it, and max_seq_len,
-    for CUDA-graph capture, which must not read seq_lens on the host).
+    for CUDA-graph capture, which must not read seq_lens on the host). cu_seqlens_q: [B+1] int32, b *
+    query_len; an engine that has it saves building it (two small kernels) in every layer.
     """
     batch = seq_lens.numel()
     if q.shape[0] != batch * query_len:
         raise ValueError(f"q has {q.shape[0]} tokens, expected B * query_len = {batch * query_len}")
-    cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
+    if cu_seqlens_q is None:
+        cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
         num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],

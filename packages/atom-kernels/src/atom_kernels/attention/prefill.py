@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
+from atom_kernels.attention.launch import TileConfig, check_inputs, on_gpu, run_paged_attention
+from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache.layout import KVLayout
-from atom_kernels.settings import Backend
+from atom_kernels.settings import Backend, resolve_backend
 
 
 def prefill_config(head_dim: int, gpu: bool) -> TileConfig:
@@ -15,6 +16,9 @@ def prefill_config(head_dim: int, gpu: bool) -> TileConfig:
     if head_dim > 128:
         return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
     return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)  # H200 sweep (sweep_tiles.py)
+
+
+TMA_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)  # H200 sweep (sweep_tiles.py)
 
 
 def paged_prefill(
@@ -42,7 +46,22 @@ def paged_prefill(
     sequence's seq_lens[b] tokens, its q_len new ones last, so a prefix-cached or chunked prefill is the
     same call as a plain one. block_tables: [B, max_pages] int32; max_query_len: the largest q_len (host
     int). Other arguments as in paged_decode. Returns out [T, Hq, D].
+
+    On Hopper and newer GPUs a 16-bit flash cache whose pages hold whole 64-position tiles is read with
+    TMA copies (prefill_tma.py); every other call takes the generic tile kernel.
     """
+    if resolve_backend(backend, q.device) is Backend.TRITON:
+        c = check_inputs(
+            q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
+            layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window, sinks=sinks,
+            k_scale=k_scale, v_scale=v_scale, out=out,
+        )  # fmt: skip
+        if tma_prefill_fits(q, k_cache, v_cache, c, TMA_CONFIG.block_n):
+            return run_tma_prefill(
+                q, k_cache, v_cache, c, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
+                max_query_len=max_query_len, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+                config=TMA_CONFIG,
+            )  # fmt: skip
     return run_paged_attention(
         q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
         max_query_len=max_query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,

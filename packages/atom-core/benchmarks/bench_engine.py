@@ -44,8 +44,15 @@ def hf_tok_s(config: LlamaConfig, batch: int, prompt: int, new: int) -> float:
 
 def atom_tok_s(llm: LLM, vocab: int, batch: int, prompt: int, new: int) -> float:
     params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
-    prompts = [{"prompt_token_ids": torch.randint(0, vocab, (prompt,)).tolist()} for _ in range(batch)]
-    llm.generate(prompts[:1], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True))  # warm up
+
+    def fresh():
+        return [{"prompt_token_ids": torch.randint(0, vocab, (prompt,)).tolist()} for _ in range(batch)]
+
+    # Warm up on other prompts of the same shape: Triton compiles a kernel per argument specialization
+    # (a batch of 1 is one), which must not land in the timed run, and a repeated prompt would be a
+    # prefix-cache hit there.
+    llm.generate(fresh(), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
+    prompts = fresh()
     torch.cuda.synchronize()
     start = time.perf_counter()
     llm.generate(prompts, params)

@@ -180,12 +180,15 @@ def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint):
     # fp32, Triton kernels, CUDA graphs for decode, NCCL all-reduces; step inputs through shared memory.
     kw = dict(device="cuda", kernel_backend="triton", block_size=16, num_kv_blocks=64)
     single = [o.outputs[0].token_ids for o in _llm(path, **kw).generate(prompts, GREEDY)]
-    tp = _llm(path, tensor_parallel_size=2, **kw)
-    try:
-        assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
-        assert tp.engine.runner.runner.graphs.replays > 0
-    finally:
-        tp.shutdown()
+    for _ in range(2):  # the second engine starts after the first one's shutdown, in the same process
+        tp = _llm(path, tensor_parallel_size=2, **kw)
+        workers = tp.engine.runner.workers
+        try:
+            assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
+            assert tp.engine.runner.runner.graphs.replays > 0
+        finally:
+            tp.shutdown()
+        assert not workers[0].is_alive()
 
 
 def test_tensor_parallel_beyond_the_visible_gpus_is_refused(checkpoint):

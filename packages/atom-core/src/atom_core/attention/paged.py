@@ -71,6 +71,7 @@ def paged_attention(
         sliding_window=sliding_window, backend=kernel_backend, out=out,
     )  # fmt: skip
     if meta.is_decode:
-        return paged_decode(q, k_cache, v_cache, max_seq_len=meta.max_seq_len, **common, **scales)
+        return paged_decode(q, k_cache, v_cache, max_seq_len=meta.max_seq_len, cu_seqlens_q=meta.cu_seqlens_q,
+                            **common, **scales)  # fmt: skip
     return paged_prefill(q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, max_query_len=meta.max_query_len,
                          **common, **scales)  # fmt: skip

@@ -29,12 +29,21 @@ class DecodeGraphs:
         self.block_size = block_size
         self.max_pages = -(-max_model_len // block_size)
         n = self.sizes[-1]
-        i32, i64 = dict(dtype=torch.int32, device=device), dict(dtype=torch.int64, device=device)
-        self.ids = torch.zeros(n, **i64)
-        self.positions = torch.zeros(n, **i64)
-        self.slots = torch.full((n,), -1, **i64)
-        self.seq_lens = torch.ones(n, **i32)
-        self.block_tables = torch.zeros(n, self.max_pages, **i32)
+        i32 = dict(dtype=torch.int32, device=device)
+        # Two device buffers, each filled by one host-to-device copy per step from a pinned twin: the
+        # int64 rows ids / positions / slots (whole: 24 bytes a row), and the int32 seq_lens followed by
+        # the block tables (a prefix: seq_lens whole, then the batch's table rows).
+        self.vectors = torch.zeros(3, n, dtype=torch.int64, device=device)
+        self.ids, self.positions, self.slots = self.vectors
+        self.slots.fill_(-1)
+        self.lens_tables = torch.zeros(n + n * self.max_pages, **i32)
+        self.seq_lens = self.lens_tables[:n]
+        self.seq_lens.fill_(1)
+        self.block_tables = self.lens_tables[n:].view(n, self.max_pages)
+        pin = torch.cuda.is_available() and device.type == "cuda"
+        self.host_vectors = torch.zeros(3, n, dtype=torch.int64, pin_memory=pin)
+        self.host_lens_tables = torch.zeros(n + n * self.max_pages, dtype=torch.int32, pin_memory=pin)
+        self.copied = torch.cuda.Event()
         self.cu = torch.arange(n + 1, **i32)  # one query token per row
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
@@ -62,6 +71,14 @@ class DecodeGraphs:
             self.graphs[size] = graph
         torch.cuda.synchronize(device)
 
+    def release(self) -> None:
+        """Free every graph and its memory. Needed before NCCL is torn down: destroying a communicator
+        whose collectives a live graph captured waits forever (pytorch/pytorch#115388)."""
+        for graph in self.graphs.values():
+            graph.reset()
+        self.graphs.clear()
+        self.logits.clear()
+
     def size_for(self, batch: int) -> int | None:
         """The captured size a decode batch of `batch` rows replays at, or None if it is too large."""
         i = bisect.bisect_left(self.sizes, batch)
@@ -76,18 +93,19 @@ class DecodeGraphs:
         bs = self.block_size
         slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, block_tables, strict=True)]
         pad = size - batch
-        width = self.max_pages
-        tables = torch.tensor([t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad,
-                              dtype=torch.int32)  # fmt: skip
-        host = torch.tensor(
-            [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad, seq_lens + [1] * pad],
-            dtype=torch.int64,
+        n, width = len(self.seq_lens), self.max_pages
+        self.copied.synchronize()  # the last step's copies out of the pinned buffers are done (long since)
+        self.host_vectors[:, :size] = torch.tensor(
+            [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad]
         )
-        self.ids[:size].copy_(host[0], non_blocking=True)
-        self.positions[:size].copy_(host[1], non_blocking=True)
-        self.slots[:size].copy_(host[2], non_blocking=True)
-        self.seq_lens[:size].copy_(host[3], non_blocking=True)
-        self.block_tables[:size].copy_(tables, non_blocking=True)
+        self.host_lens_tables[:size] = torch.tensor(seq_lens + [1] * pad, dtype=torch.int32)
+        tables = [t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad
+        self.host_lens_tables[n : n + size * width] = torch.tensor(tables, dtype=torch.int32).view(-1)
+        self.vectors.copy_(self.host_vectors, non_blocking=True)
+        self.lens_tables[: n + size * width].copy_(
+            self.host_lens_tables[: n + size * width], non_blocking=True
+        )
+        self.copied.record()
         self.graphs[size].replay()
         self.replays += 1
         return self.logits[size][:batch]

@@ -130,9 +130,8 @@ class LLMEngine:
                 self.scheduler.waiting.remove(seq)
 
     def shutdown(self) -> None:
-        """Stop tensor-parallel workers (a no-op for a single-process engine)."""
-        if isinstance(self.runner, TensorParallelRunner):
-            self.runner.shutdown()
+        """Stop tensor-parallel workers and free the CUDA graphs; the engine takes no more steps."""
+        self.runner.shutdown()
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -61,6 +61,12 @@ class ModelRunner:
                                            max_model_len=max_model_len or model_config.max_position_embeddings,
                                            block_size=cache.block_size)  # fmt: skip
 
+    def shutdown(self) -> None:
+        """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
     def _blocks_that_fit(self, fraction: float) -> int:
         per_block = kv_bytes_per_block(self.config, self.cache, self.num_kv_heads, self.device)
         if self.device.type == "cuda":

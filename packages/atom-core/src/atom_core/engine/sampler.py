@@ -12,6 +12,8 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
 
     Greedy rows take one batched argmax (one device-to-host copy per step, not one per row).
     """
+    if all(p.greedy and p.logprobs is None for p in params):  # bf16 -> fp32 is exact: the same argmax
+        return logits.argmax(dim=-1).tolist(), [None] * len(params)
     logits = logits.float()
     tokens = logits.argmax(dim=-1).tolist()
     for row, (p, gen) in enumerate(zip(params, generators, strict=True)):

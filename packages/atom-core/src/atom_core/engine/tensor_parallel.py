@@ -49,15 +49,26 @@ def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: 
         while True:
             message = channel.receive(rank - 1, group=control)
             if message is None:
-                dist.barrier(group=control)  # leave together: no rank tears gloo down under a peer
                 break
             runner.run(message)
+        runner.shutdown()
+        _leave_together(device, control)
     except BaseException:
         dist.destroy_process_group()
         raise
-    # A clean stop ends the process without tearing NCCL down here: on GPUs that teardown waited for
-    # rank 0's and stalled every shutdown. The process's end frees its GPU memory and sockets.
-    os._exit(0)
+    os._exit(0)  # torn down already; skip the interpreter's exit handlers (CUDA, NCCL) after it
+
+
+def _leave_together(device: torch.device, control) -> None:
+    """Every rank, at shutdown: finish the GPU's queued work, meet, then destroy the groups at the same time.
+
+    Destroying NCCL communicators may be collective (torch shuts groups down in one fixed order for that
+    reason): a rank that destroys while a peer waits elsewhere (joining a process) stalls both. The
+    rank's CUDA graphs must be released first (ModelRunner.shutdown)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    dist.barrier(group=control)
+    dist.destroy_process_group()
 
 
 class TensorParallelRunner:
@@ -96,8 +107,10 @@ class TensorParallelRunner:
         if not self.workers:
             return
         self.channel.send(None, group=self.control, workers_alive=self._workers_alive)
-        dist.barrier(group=self.control)
-        for proc in self.workers:  # they exit right after the barrier
-            proc.join(timeout=30)
+        self.runner.shutdown()
+        _leave_together(self.runner.device, self.control)
+        for proc in self.workers:  # each exits right after its groups are destroyed
+            proc.join(timeout=60)
+            if proc.is_alive():
+                proc.kill()
         self.workers = []
-        dist.destroy_process_group()

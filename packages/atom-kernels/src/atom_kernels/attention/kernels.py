@@ -44,6 +44,41 @@ def _load_e4m3_rows_as_f16(base_ptr, row_off, mask, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
+def _tile_rows(
+    tok0, q_start, q_len, kv_len, kvh, GROUP: tl.constexpr, TOKENS: tl.constexpr, BLOCK_M: tl.constexpr
+):
+    """A GQA-packed tile's rows (row r: token tok0 + r // GROUP, q-head kvh * GROUP + r % GROUP) ->
+    (q-head, row valid, absolute position of the row's token, token index in q) per row."""
+    rows = tl.arange(0, BLOCK_M)
+    tok = tok0 + rows // GROUP
+    head = kvh * GROUP + rows % GROUP
+    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
+    return head, row_ok, kv_len - q_len + tok, (q_start + tok).to(tl.int64)
+
+
+@triton.jit
+def _softmax_step(s, m_i, l_i):
+    """Online softmax over one block of log2-scaled scores s: -> (p, rescale of the running sums, m, l)."""
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
+    p = tl.exp2(s - m_safe[:, None])
+    alpha = tl.exp2(m_i - m_safe)
+    return p, alpha, m_new, l_i * alpha + tl.sum(p, 1)
+
+
+@triton.jit
+def _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS: tl.constexpr):
+    """The finished rows' output acc / l, with each q-head's sink logit joining the denominator."""
+    if HAS_SINKS:
+        sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
+        m_new = tl.maximum(m_i, sink)
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.exp2(sink - m_new)
+        acc = acc * alpha[:, None]
+    return acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+
+
+@triton.jit
 def _attend(
     acc, l_i, m_i, q, q_pos,
     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
@@ -101,11 +136,7 @@ def _attend(
             if HAS_WINDOW:
                 visible = visible & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
         if MASKED and LAYOUT == 1:
             # A run's first position is valid whenever any is (runs are aligned, valid positions a prefix) or
             # points into page 0, so whole-run loads stay in bounds; the positions past the end are zeroed.
@@ -150,12 +181,7 @@ def paged_attention_kernel(
         return
     kv_len = tl.load(seq_lens_ptr + seq)
 
-    rows = tl.arange(0, BLOCK_M)
-    tok = tok0 + rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
-    q_pos = kv_len - q_len + tok  # absolute position of each row's token
-    t_idx = (q_start + tok).to(tl.int64)
+    head, row_ok, q_pos, t_idx = _tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     io_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
     q = tl.load(
@@ -201,13 +227,7 @@ def paged_attention_kernel(
         acc = acc * tl.load(v_scale_ptr)
 
     if NUM_SPLITS == 1:
-        if HAS_SINKS:
-            sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
-            m_new = tl.maximum(m_i, sink)
-            alpha = tl.exp2(m_i - m_new)
-            l_i = l_i * alpha + tl.exp2(sink - m_new)
-            acc = acc * alpha[:, None]
-        o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+        o = _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS)
         out_off = t_idx[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
         tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
     else:

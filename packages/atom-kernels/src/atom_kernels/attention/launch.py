@@ -95,8 +95,10 @@ def run_paged_attention(
     backend: Backend | str | None,
     num_splits: int,
     config: TileConfig,
+    checked: Checked | None = None,
 ) -> torch.Tensor:
-    c = check_inputs(
+    """checked: check_inputs' result for these same arguments, when the caller has it already."""
+    c = checked or check_inputs(
         q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
         layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window, sinks=sinks,
         k_scale=k_scale, v_scale=v_scale, out=out,

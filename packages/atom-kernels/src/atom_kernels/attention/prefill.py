@@ -50,6 +50,7 @@ def paged_prefill(
     On Hopper and newer GPUs a 16-bit flash cache whose pages hold whole 64-position tiles is read with
     TMA copies (prefill_tma.py); every other call takes the generic tile kernel.
     """
+    c = None
     if resolve_backend(backend, q.device) is Backend.TRITON:
         c = check_inputs(
             q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
@@ -66,5 +67,5 @@ def paged_prefill(
         q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
         max_query_len=max_query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,
         softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, backend=backend,
-        num_splits=1, config=prefill_config(q.shape[-1], on_gpu(q)),
+        num_splits=1, config=prefill_config(q.shape[-1], on_gpu(q)), checked=c,
     )  # fmt: skip

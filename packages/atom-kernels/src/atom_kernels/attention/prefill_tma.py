@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atom_kernels.attention.kernels import LOG2E, _tanh
+from atom_kernels.attention.kernels import LOG2E, _normalize, _softmax_step, _tanh, _tile_rows
 from atom_kernels.attention.launch import Checked, TileConfig
 from atom_kernels.cache.layout import KVLayout
 
@@ -40,11 +40,7 @@ def _attend_tma(
             if HAS_WINDOW:
                 visible = visible & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, 1))
-        m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)
-        p = tl.exp2(s - m_safe[:, None])
-        alpha = tl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + tl.sum(p, 1)
+        p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
         v = v_desc.load([row, col])
         if MASKED:  # rows past the sequence's end hold stale or unwritten values (NaN times p = 0 is NaN)
             v = tl.where((pos < kv_len)[:, None], v, 0.0)
@@ -71,12 +67,7 @@ def paged_prefill_tma_kernel(
         return
     kv_len = tl.load(seq_lens_ptr + seq)
 
-    rows = tl.arange(0, BLOCK_M)
-    tok = tok0 + rows // GROUP
-    head = kvh * GROUP + rows % GROUP
-    row_ok = (rows < TOKENS * GROUP) & (tok < q_len)
-    q_pos = kv_len - q_len + tok
-    t_idx = (q_start + tok).to(tl.int64)
+    head, row_ok, q_pos, t_idx = _tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
     io_mask = row_ok[:, None]
     q = tl.load(
@@ -104,13 +95,7 @@ def paged_prefill_tma_kernel(
         acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, full_end, kv_end, kv_len, col, block_size,
         sm_scale, softcap, window, True, HAS_SOFTCAP, HAS_WINDOW, BLOCK_N,
     )  # fmt: skip
-    if HAS_SINKS:
-        sink = tl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
-        m_new = tl.maximum(m_i, sink)
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.exp2(sink - m_new)
-        acc = acc * alpha[:, None]
-    o = acc / tl.where(l_i > 0, l_i, 1.0)[:, None]
+    o = _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS)
     out_off = t_idx[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
 

@@ -165,10 +165,15 @@ def test_fp8_write_read_round_trip_within_quantization_error(layout, per_token):
 @pytest.mark.skipif(
     not GPU, reason="fp8 Triton writes are checked on the GPU (the interpreter's fp8 is wrong)"
 )
+@pytest.mark.parametrize("slot_pattern", ["random", "prefill"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("layout", list(KVLayout))
-def test_fp8_triton_write_equals_reference(layout, per_token):
+def test_fp8_triton_write_equals_reference(layout, per_token, slot_pattern):
     k, v, slots, (kc, vc) = _case(layout, FP8, 16, num_blocks=6, heads=8, head_dim=128, tokens=40)
+    if slot_pattern == "prefill":  # whole 16-token fp8 shuffle runs, sequences starting mid-run
+        slots = _prefill_slots(16, [(19, 0), (21, 7)], 6)
+        slots[5] = -1
+    k, v = k.to(torch.bfloat16), v.to(torch.bfloat16)  # a model's K/V
     shape = (6, 8, 16)
     scales = [
         torch.zeros(shape, device=DEVICE) if per_token else torch.tensor([s], device=DEVICE)

@@ -25,9 +25,12 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
 
 
-def decode_tiles(cache_dtype: torch.dtype) -> TileConfig:
+def decode_tiles(cache_dtype: torch.dtype, layout: KVLayout) -> TileConfig:
     """GPU decode tiles (H200 sweeps, sweep_tiles.py): fp8 rows are half as long, so five stages keep as
-    many bytes in flight as three do for 16-bit caches."""
+    many bytes in flight as three do for 16-bit caches. Shuffle tiles of 32 positions read each V run
+    group as whole 128-byte lines (4 runs x 8 dims per warp load)."""
+    if layout is KVLayout.SHUFFLE and not is_fp8(cache_dtype):
+        return TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
     return TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=5 if is_fp8(cache_dtype) else 3)
 
 
@@ -71,7 +74,7 @@ def paged_decode(
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
         num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
                                    longest, q.device)  # fmt: skip
-    config = decode_tiles(k_cache.dtype) if on_gpu(q) else TileConfig(16, 16, 1, 1)
+    config = decode_tiles(k_cache.dtype, KVLayout(layout)) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     return run_paged_attention(
         q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
         max_query_len=query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,

@@ -28,13 +28,3 @@ def kv_offsets(
         k_off = ((blk * block_size + off) * num_heads + h) * head_dim + d
         v_off = k_off
     return k_off, v_off
-
-
-@triton.jit
-def shuffle_run_offsets(blk, off0, h, d, i, num_heads, head_dim, block_size, X: tl.constexpr):
-    """Shuffle offsets of X tokens at consecutive slots (blk, off0 + i), off0 a multiple of X, i = 0..X-1:
-    the same elements as kv_offsets, written so the compiler sees V's X tokens (and K's X dims) as one
-    contiguous 16-byte run."""
-    k_off = ((blk * num_heads + h) * (head_dim // X) + d // X) * (block_size * X) + (off0 + i) * X + d % X
-    v_off = ((blk * num_heads + h) * (block_size // X) + off0 // X) * (head_dim * X) + d * X + i
-    return k_off, v_off

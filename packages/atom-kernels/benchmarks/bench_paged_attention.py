@@ -225,32 +225,42 @@ def prefill_rows(mm_rate: float, quick: bool) -> list[dict]:
     return rows
 
 
+def write_slots(pattern: str, tokens: int, num_blocks: int, block_size: int) -> torch.Tensor:
+    """ "random": distinct random slots (the worst case, as vLLM's cache benchmark draws them); "pages": a
+    prefill's pattern, consecutive offsets through randomly ordered pages."""
+    if pattern == "random":
+        return torch.randperm(num_blocks * block_size, device=DEV)[:tokens]
+    pages = torch.randperm(num_blocks, device=DEV)[: tokens // block_size]
+    return (pages[:, None] * block_size + torch.arange(block_size, device=DEV)).flatten()
+
+
+def write_case(layout: KVLayout, fp8: str | None, tokens: int, num_blocks: int, block_size: int):
+    """Random bf16 K/V [tokens, Hkv, D], empty caches (fp8 when `fp8` is "tensor" or "token") and their
+    scales: (k, v, k_cache, v_cache, k_scale, v_scale)."""
+    cache_dtype = default_fp8_dtype(DEV) if fp8 else torch.bfloat16
+    shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, cache_dtype)
+    kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
+    vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
+    k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
+    v = torch.randn_like(k)
+    ks = vs = None
+    if fp8 == "tensor":
+        ks = vs = torch.tensor([0.01], device=DEV)
+    elif fp8 == "token":
+        ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
+        vs = torch.empty_like(ks)
+    return k, v, kc, vc, ks, vs
+
+
 def write_rows(copy_bw: float, quick: bool) -> list[dict]:
-    """Slots "random": distinct random slots (the worst case, as vLLM's cache benchmark draws them);
-    "pages": a prefill's pattern, consecutive offsets through randomly ordered pages."""
     rows = []
     tokens, block_size = 16384, 16
     num_blocks = tokens // block_size * 2
-    pages = torch.randperm(num_blocks, device=DEV)[: tokens // block_size]
-    slot_patterns = {
-        "random": torch.randperm(num_blocks * block_size, device=DEV)[:tokens],
-        "pages": (pages[:, None] * block_size + torch.arange(block_size, device=DEV)).flatten(),
-    }
+    slot_patterns = {p: write_slots(p, tokens, num_blocks, block_size) for p in ("random", "pages")}
     for layout in (KVLayout.FLASH, KVLayout.SHUFFLE):
         for fp8 in (None, "tensor", "token"):
             for pattern, slots in slot_patterns.items():
-                cache_dtype = default_fp8_dtype(DEV) if fp8 else torch.bfloat16
-                shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, cache_dtype)
-                kc = torch.empty(shapes[0], device=DEV, dtype=cache_dtype)
-                vc = torch.empty(shapes[1], device=DEV, dtype=cache_dtype)
-                k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
-                v = torch.randn_like(k)
-                ks = vs = None
-                if fp8 == "tensor":
-                    ks = vs = torch.tensor([0.01], device=DEV)
-                elif fp8 == "token":
-                    ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
-                    vs = torch.empty_like(ks)
+                k, v, kc, vc, ks, vs = write_case(layout, fp8, tokens, num_blocks, block_size)
                 ms = graph_ms([partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)])
                 moved = 2 * k.numel() * (2 + kc.element_size()) + (
                     2 * tokens * HKV * 4 if fp8 == "token" else 0

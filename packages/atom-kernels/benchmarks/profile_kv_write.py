@@ -8,10 +8,9 @@
 import sys
 
 import torch
-from bench_paged_attention import DEV, HKV, D
+from bench_paged_attention import write_case, write_slots
 
-from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
-from atom_kernels.cache.fp8 import default_fp8_dtype
+from atom_kernels.cache import KVLayout, write_kv
 
 
 def main():
@@ -21,23 +20,9 @@ def main():
     torch.manual_seed(0)
     tokens, block_size = 16384, 16
     num_blocks = tokens // block_size * 2
-    if pattern == "pages":
-        pages = torch.randperm(num_blocks, device=DEV)[: tokens // block_size]
-        slots = (pages[:, None] * block_size + torch.arange(block_size, device=DEV)).flatten()
-    else:
-        slots = torch.randperm(num_blocks * block_size, device=DEV)[:tokens]
-    dtype = default_fp8_dtype(DEV) if kv.startswith("fp8") else torch.bfloat16
-    shapes = kv_cache_shapes(layout, num_blocks, block_size, HKV, D, dtype)
-    kc = torch.empty(shapes[0], device=DEV, dtype=dtype)
-    vc = torch.empty(shapes[1], device=DEV, dtype=dtype)
-    k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
-    ks = vs = None
-    if kv == "fp8-tensor":
-        ks = vs = torch.tensor([0.01], device=DEV)
-    elif kv == "fp8-token":
-        ks = torch.empty(num_blocks, HKV, block_size, device=DEV)
-        vs = torch.empty_like(ks)
+    slots = write_slots(pattern, tokens, num_blocks, block_size)
+    k, v, kc, vc, ks, vs = write_case(layout, kv.removeprefix("fp8-") if kv != "bf16" else None, tokens,
+                                      num_blocks, block_size)  # fmt: skip
     for _ in range(5):
         write_kv(k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)
     torch.cuda.synchronize()

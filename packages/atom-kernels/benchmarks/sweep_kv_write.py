@@ -12,12 +12,12 @@ from functools import partial
 
 import torch
 import triton
-from bench_paged_attention import DEV, HKV, D
+from bench_paged_attention import DEV, HKV, D, write_case, write_slots
 from ceilings import measure_ceilings
 from graph_timing import graph_ms
 
-from atom_kernels.cache import KVLayout, kv_cache_shapes
-from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
+from atom_kernels.cache import KVLayout
+from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.cache.layout import shuffle_width
 from atom_kernels.cache.write_shuffle import write_shuffle_kernel
 
@@ -27,16 +27,12 @@ def main():
     copy_bw, _ = measure_ceilings()
     tokens, block_size = 16384, 16
     num_blocks = tokens // block_size * 2
-    pages = torch.randperm(num_blocks, device=DEV)[: tokens // block_size]
-    slots = (pages[:, None] * block_size + torch.arange(block_size, device=DEV)).flatten()
-    k = torch.randn(tokens, HKV, D, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn_like(k)
+    slots = write_slots("pages", tokens, num_blocks, block_size)
     for kind in ("bf16", "fp8/tensor"):
-        dtype = default_fp8_dtype(DEV) if kind != "bf16" else torch.bfloat16
+        k, v, kc, vc, _, _ = write_case(KVLayout.SHUFFLE, "tensor" if kind != "bf16" else None, tokens, num_blocks,
+                                        block_size)  # fmt: skip
+        dtype = kc.dtype
         x = shuffle_width(dtype)
-        shapes = kv_cache_shapes(KVLayout.SHUFFLE, num_blocks, block_size, HKV, D, dtype)
-        kc = torch.empty(shapes[0], device=DEV, dtype=dtype)
-        vc = torch.empty(shapes[1], device=DEV, dtype=dtype)
         scale = torch.tensor([0.01], device=DEV)
         moved = 2 * k.numel() * (2 + kc.element_size())
         results = []

@@ -30,8 +30,7 @@ def compile_decode(layout: int, kv: str, scale_kind: int, v_words: bool, stages:
     fp8 = kv.startswith("fp8")
     const = dict(GROUP=4, TOKENS=4, NUM_SPLITS=1, LAYOUT=layout, X=16 if fp8 else 8, V_WORDS=v_words,
                  SCALE_KIND=scale_kind, HAS_SOFTCAP=False, HAS_WINDOW=False, HAS_SINKS=False,
-                 DOT_PRECISION="tf32", FP16_COMPUTE=fp8, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128,
-                 K_PIECE=32 if fp8 else 16)  # fmt: skip
+                 DOT_PRECISION="tf32", FP16_COMPUTE=fp8, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128)  # fmt: skip
     ptrs = dict(q_ptr="*bf16", k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", out_ptr="*bf16", part_o_ptr="*fp32",
                 part_lse_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32",
                 block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")  # fmt: skip

@@ -13,20 +13,25 @@ from functools import partial
 import torch
 import triton
 from bench_paged_attention import DEV, HQ, D, paged_cache
+from graph_timing import graph_ms
 
 from atom_kernels.attention.launch import TileConfig, check_inputs, run_paged_attention
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache import KVLayout
 
 
-def time_config(case, config, splits):
+def time_config(case, config, splits, graph=False):
+    """Median ms of run_paged_attention at `config`; graph=True times CUDA-graph replays (decode: a ~0.3 ms
+    call's eager timing includes the host's launch cost)."""
     q, kc, vc, tables, ks, vs, cu, seq_lens, max_q, layout = case
     fn = partial(run_paged_attention, q, kc, vc, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
                  max_query_len=max_q, layout=layout, softmax_scale=None, sliding_window=None, softcap=None,
                  sinks=None, k_scale=ks, v_scale=vs, out=torch.empty_like(q), backend="triton",
                  num_splits=splits, config=config)  # fmt: skip
     try:
-        return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+        return (
+            graph_ms([fn]) if graph else triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
+        )
     except Exception as err:  # out of shared memory, etc.
         return (
             float("inf") if "resources" in str(err).lower() or "shared" in str(err).lower() else _raise(err)
@@ -89,25 +94,29 @@ def sweep(name, case, configs, splits_options, bytes_or_flops, unit, timer=time_
         results.append((timer(case, config, splits), config, splits))
     results.sort(key=lambda r: r[0])
     print(f"\n{name}")
-    for ms, config, splits in results[:5]:
+    for ms, config, splits in results[:8]:
         print(f"  {ms:8.3f} ms  {bytes_or_flops / (ms * 1e-3) / 1e12:7.2f} {unit}  splits={splits} {config}")
 
 
 def main():
     torch.manual_seed(0)
     decode_configs = [
-        TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64, 128), (2, 4, 8), (2, 3, 4, 5))
+        TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64, 128), (1, 2, 4), (2, 3, 4, 5, 6))
+    ]
+    shuffle_configs = [  # tiles of whole 16-byte runs: multiples of x = 8 (bf16) or 16 (fp8) positions
+        TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64), (1, 2, 4), (2, 3, 4))
     ]
     for batch, seq_len, layout, fp8 in [(64, 8192, KVLayout.FLASH, None), (64, 8192, KVLayout.FLASH, "tensor"),
                                         (64, 8192, KVLayout.SHUFFLE, None), (64, 8192, KVLayout.SHUFFLE, "tensor"),
-                                        (4, 32768, KVLayout.FLASH, None)]:  # fmt: skip
+                                        (4, 32768, KVLayout.FLASH, None), (1, 32768, KVLayout.SHUFFLE, None)]:  # fmt: skip
         name = f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}"
         if not selected(name):
             continue
         case = decode_case(batch, seq_len, 16, layout, fp8)
         kv_bytes = case[1].numel() * case[1].element_size() * 2
-        splits = (1, 2, 4) if batch == 64 else (8, 16, 32, 64)
-        sweep(name, case, decode_configs, splits, kv_bytes, "TB/s")
+        splits = (1, 2) if batch == 64 else (8, 16, 32, 64) if batch > 1 else (32, 64, 128)
+        configs = decode_configs if layout is KVLayout.FLASH else shuffle_configs
+        sweep(name, case, configs, splits, kv_bytes, "TB/s", timer=partial(time_config, graph=True))
     prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
                        itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip
     flops = 4 * 8 * HQ * D * 4096 * 4096 / 2

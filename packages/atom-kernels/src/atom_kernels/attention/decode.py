@@ -26,11 +26,11 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
 
 
 def decode_tiles(cache_dtype: torch.dtype, layout: KVLayout) -> TileConfig:
-    """GPU decode tiles (H200 sweeps, sweep_tiles.py): fp8 rows are half as long, so five stages keep as
-    many bytes in flight as three do for 16-bit caches. Shuffle tiles of 32 positions read each V run
-    group as whole 128-byte lines (4 runs x 8 dims per warp load)."""
-    if layout is KVLayout.SHUFFLE and not is_fp8(cache_dtype):
-        return TileConfig(block_m=16, block_n=32, num_warps=4, num_stages=2)
+    """GPU decode tiles (H200 sweeps, sweep_tiles.py, B=64 L=8k page 16). Flash: fp8 rows are half as long,
+    so five stages keep as many bytes in flight as three do for 16-bit caches. Shuffle: one warp per
+    program and two stages (bf16 32-position tiles 4.0 TB/s; 2 warps 3.75, 4 warps slower still)."""
+    if layout is KVLayout.SHUFFLE:
+        return TileConfig(block_m=16, block_n=64 if is_fp8(cache_dtype) else 32, num_warps=1, num_stages=2)
     return TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=5 if is_fp8(cache_dtype) else 3)
 
 

@@ -44,23 +44,6 @@ def _load_e4m3_rows_as_f16(base_ptr, row_off, mask, BLOCK_N: tl.constexpr, BLOCK
 
 
 @triton.jit
-def _q_pieces(
-    q_ptr, q_rows, row_ok, FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr,
-    K_PIECE: tl.constexpr,
-):  # fmt: skip
-    """q as a tuple of [BLOCK_M, K_PIECE] column pieces (q_rows: [BLOCK_M, 1] element offsets of the rows),
-    the operands of the shuffle layout's per-piece score products (see _attend)."""
-    pieces = ()
-    for j in tl.static_range(BLOCK_D // K_PIECE):
-        d = j * K_PIECE + tl.arange(0, K_PIECE)[None, :]
-        qj = tl.load(q_ptr + q_rows + d, mask=row_ok[:, None] & (d < HEAD_DIM), other=0.0)
-        if FP16_COMPUTE:
-            qj = qj.to(tl.float16)
-        pieces = pieces + (qj,)  # noqa: RUF005 (Triton's frontend has no starred tuples)
-    return pieces
-
-
-@triton.jit
 def _tile_rows(
     tok0, q_start, q_len, kv_len, kvh, GROUP: tl.constexpr, TOKENS: tl.constexpr, BLOCK_M: tl.constexpr
 ):
@@ -97,12 +80,12 @@ def _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS: tl.constexpr):
 
 @triton.jit
 def _attend(
-    acc, l_i, m_i, q, qs, q_pos,
+    acc, l_i, m_i, q, q_pos,
     k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
     n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap, window,
     MASKED: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, K_PIECE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     d = tl.arange(0, BLOCK_D)[None, :].to(tl.int64)
     d_ok = d < HEAD_DIM
@@ -115,42 +98,27 @@ def _attend(
         else:
             blk = tl.load(table_ptr + pos // block_size).to(tl.int64)
         off = (pos % block_size).to(tl.int64)
-        k_off, v_off = kv_offsets(
-            blk[:, None],
-            off[:, None],
-            kvh,
-            d,
-            num_kv_heads,
-            HEAD_DIM,
-            block_size,
-            stride_cb,
-            stride_cn,
-            stride_ch,
-            LAYOUT,
-            X,
-        )
         if LAYOUT == 1:
-            # Tiles start at a multiple of BLOCK_N (a multiple of X) and pages hold whole runs of X tokens,
-            # so V's X positions from each multiple of X are one aligned 16-byte run; the block-table load
-            # hides that from the compiler.
-            v_ptr = tl.max_contiguous(tl.multiple_of(v_cache_ptr + v_off, [16, 1]), [X, 1])  # bytes; elements
+            # A page holds K as [D/x, B, x] (one 16-byte row of x dims per position and slab) and V as
+            # [B/x, D, x] (one 16-byte run of x positions per dim). Both are loaded in that order, as
+            # [D/x, BLOCK_N, x] and [BLOCK_N/x, D, x] tiles: a warp's lanes take consecutive 16-byte rows
+            # (whole lines, one copy each), and the permute/reshape to [BLOCK_N, D] is a view of the
+            # shared-memory tile that ldmatrix reads as MMA operands directly.
+            slab = tl.arange(0, BLOCK_D // X)[:, None, None]
+            e = tl.arange(0, X)[None, None, :]
+            k_row = kv_offsets(blk, off, kvh, 0, num_kv_heads, HEAD_DIM, block_size, stride_cb, stride_cn,
+                               stride_ch, LAYOUT, X)[0]  # fmt: skip
+            k3_mask = slab * X + e < HEAD_DIM
+            if MASKED:
+                k3_mask = k3_mask & pos_ok[None, :, None]
+            k3 = tl.load(
+                k_cache_ptr + k_row[None, :, None] + slab * (block_size * X) + e, mask=k3_mask, other=0.0
+            )
+            k = tl.reshape(tl.permute(k3, (1, 0, 2)), (BLOCK_N, BLOCK_D)).to(q.dtype)
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         else:
-            v_ptr = v_cache_ptr + v_off
-        if LAYOUT == 1:
-            # Shuffle K holds each page's positions as 16-byte rows of x dims, one [B, x] slab per x dims.
-            # Read as [BLOCK_N, D] the lanes of a warp would run along D, 16 slabs apart (one sector from
-            # each of 16 lines per load: bound by L2 requests). Pieces of K_PIECE = 4x dims put 8 lanes
-            # along positions per slab, so a load covers whole 128-byte lines; the score is the sum of
-            # the pieces' products.
-            s = tl.zeros((q.shape[0], BLOCK_N), dtype=tl.float32)
-            for j in tl.static_range(BLOCK_D // K_PIECE):
-                dj = j * K_PIECE + tl.arange(0, K_PIECE)[None, :].to(tl.int64)
-                kj_off = kv_offsets(blk[:, None], off[:, None], kvh, dj, num_kv_heads, HEAD_DIM, block_size,
-                                    stride_cb, stride_cn, stride_ch, LAYOUT, X)[0]  # fmt: skip
-                kj_mask = pos_ok[:, None] & (dj < HEAD_DIM) if MASKED else dj < HEAD_DIM
-                kj = tl.load(k_cache_ptr + kj_off, mask=kj_mask, other=0.0).to(q.dtype)
-                s = tl.dot(qs[j], tl.trans(kj), s, input_precision=DOT_PRECISION)
-        else:
+            k_off, v_off = kv_offsets(blk[:, None], off[:, None], kvh, d, num_kv_heads, HEAD_DIM, block_size,
+                                      stride_cb, stride_cn, stride_ch, LAYOUT, X)  # fmt: skip
             if MASKED:
                 k = tl.load(k_cache_ptr + k_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
             else:
@@ -169,19 +137,34 @@ def _attend(
                 visible = visible & (pos[None, :] > q_pos[:, None] - window)
             s = tl.where(visible, s, float("-inf"))
         p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
-        if MASKED and LAYOUT == 1:
-            # A run's first position is valid whenever any is (runs are aligned, valid positions a prefix) or
-            # points into page 0, so whole-run loads stay in bounds; the positions past the end are zeroed.
-            v = tl.where(pos_ok[:, None], tl.load(v_ptr, mask=d_ok, other=0.0).to(q.dtype), 0.0)
+        if LAYOUT == 1:
+            # Runs start at multiples of X (tile starts are multiples of BLOCK_N, itself one of X, and the
+            # window start is rounded down to X), so a tile is BLOCK_N / X whole runs. In the masked steps
+            # a run's first position is valid whenever any is (valid positions are a prefix) or points
+            # into page 0, so whole-run loads stay in bounds; positions past the end are zeroed.
+            run = n0 + tl.arange(0, BLOCK_N // X) * X
+            if MASKED:
+                run_blk = tl.load(table_ptr + run // block_size, mask=run < n_end, other=0).to(tl.int64)
+            else:
+                run_blk = tl.load(table_ptr + run // block_size).to(tl.int64)
+            # ((blk*H + h)*(B/X) + off/X)*D*X, the run's first element (kv_offsets with d = 0, off % X = 0)
+            v_run = ((run_blk * num_kv_heads + kvh) * (block_size // X) + (run % block_size) // X) * (
+                HEAD_DIM * X
+            )
+            vd = tl.arange(0, BLOCK_D)[None, :, None]
+            v3 = tl.load(v_cache_ptr + v_run[:, None, None] + vd * X + e, mask=vd < HEAD_DIM, other=0.0)
+            v = tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_D)).to(q.dtype)
+            if MASKED:
+                v = tl.where(pos_ok[:, None], v, 0.0)
         elif V_WORDS:
             v_row = kv_offsets(blk[:, None], off[:, None], kvh, 0, num_kv_heads, HEAD_DIM, block_size,
                                stride_cb, stride_cn, stride_ch, LAYOUT, X)[1]  # fmt: skip
             v_mask = pos_ok[:, None] & (d4 < HEAD_DIM // 4) if MASKED else d4 < HEAD_DIM // 4
             v = _load_e4m3_rows_as_f16(v_cache_ptr, v_row, v_mask, BLOCK_N, BLOCK_D)
         elif MASKED:
-            v = tl.load(v_ptr, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + v_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
         else:
-            v = tl.load(v_ptr, mask=d_ok, other=0.0).to(q.dtype)
+            v = tl.load(v_cache_ptr + v_off, mask=d_ok, other=0.0).to(q.dtype)
         if SCALE_KIND == 2:
             p = p * tl.load(v_scale_ptr + scale_off, mask=pos_ok, other=0.0)[None, :]
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
@@ -199,7 +182,7 @@ def paged_attention_kernel(
     LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
     FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    BLOCK_D: tl.constexpr, K_PIECE: tl.constexpr,
+    BLOCK_D: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     seq = tl.program_id(1)
@@ -221,10 +204,6 @@ def paged_attention_kernel(
     )
     if FP16_COMPUTE:
         q = q.to(tl.float16)  # e4m3 -> fp16 is one packed instruction per two values; -> bf16 is not
-    qs = ()
-    if LAYOUT == 1:
-        qs = _q_pieces(q_ptr, t_idx[:, None] * stride_qt + head[:, None] * stride_qh, row_ok, FP16_COMPUTE,
-                       HEAD_DIM, BLOCK_D, K_PIECE)  # fmt: skip
 
     # This tile's KV positions [kv_start, kv_end), this split's share of them, and the part of that
     # share every row sees (no masks needed there).
@@ -250,14 +229,14 @@ def paged_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, qs, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
         n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D, K_PIECE,
+        window, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, qs, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
         full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D, K_PIECE,
+        window, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
     )  # fmt: skip
     if SCALE_KIND == 1:
         acc = acc * tl.load(v_scale_ptr)
@@ -310,7 +289,6 @@ def persistent_decode_kernel(
     GROUP: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_COMPUTE: tl.constexpr,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-    K_PIECE: tl.constexpr,
 ):  # fmt: skip
     """Program (p, kv head) decodes its share of the partition (see partition.py): one token per sequence."""
     p = tl.program_id(0)
@@ -353,24 +331,20 @@ def persistent_decode_kernel(
         )
         if FP16_COMPUTE:
             q = q.to(tl.float16)
-        qs = ()
-        if LAYOUT == 1:
-            qs = _q_pieces(q_ptr, t_idx * stride_qt + head[:, None] * stride_qh, row_ok, FP16_COMPUTE, HEAD_DIM,
-                           BLOCK_D, K_PIECE)  # fmt: skip
         q_pos = tl.zeros((BLOCK_M,), dtype=tl.int32) + kv_len - 1
         table_ptr = block_tables_ptr + t_idx * stride_bt
         acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _attend(
-            acc, l_i, m_i, q, qs, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
             n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D, K_PIECE,
+            softcap, 0, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         acc, l_i, m_i = _attend(
-            acc, l_i, m_i, q, qs, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
+            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
             full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D, K_PIECE,
+            softcap, 0, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
         )  # fmt: skip
         if SCALE_KIND == 1:
             acc = acc * tl.load(v_scale_ptr)

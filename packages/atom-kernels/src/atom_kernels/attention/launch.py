@@ -142,7 +142,6 @@ def run_paged_attention(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
         HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
-        K_PIECE=shuffle_k_piece(k_cache.dtype, head_dim),
         num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
     if num_splits > 1:
@@ -161,13 +160,6 @@ def check_shuffle_tile(layout: KVLayout, block_n: int, cache_dtype: torch.dtype)
         raise ValueError(
             f"a shuffle cache of {cache_dtype} needs KV tiles of a multiple of x={x} positions, got {block_n}"
         )
-
-
-def shuffle_k_piece(cache_dtype: torch.dtype, head_dim: int) -> int:
-    """Dims per piece of a shuffle K tile (kernels._attend): two x-wide slabs, so a warp's 32 lanes cover 16
-    positions of both (512 contiguous bytes of a page); at least 16 (the MMA depth), at most the padded
-    head dim. H200, B=64 L=8k page 16: 2.93 TB/s; four slabs (8 positions a lane group) 2.2 TB/s."""
-    return max(16, min(2 * shuffle_width(cache_dtype), triton.next_power_of_2(head_dim)))
 
 
 def fp8_v_as_words(layout: KVLayout, q: torch.Tensor, v_cache: torch.Tensor) -> bool:

@@ -11,7 +11,7 @@ import torch
 import triton
 
 from atom_kernels.attention.kernels import combine_partials_kernel, persistent_decode_kernel
-from atom_kernels.attention.launch import check_inputs, check_shuffle_tile, fp8_v_as_words, shuffle_k_piece
+from atom_kernels.attention.launch import check_inputs, check_shuffle_tile, fp8_v_as_words
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8
@@ -85,7 +85,7 @@ def paged_decode_persistent(
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
         HEAD_DIM=c.head_dim, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=partition.block,
-        BLOCK_D=triton.next_power_of_2(c.head_dim), K_PIECE=shuffle_k_piece(k_cache.dtype, c.head_dim),
+        BLOCK_D=triton.next_power_of_2(c.head_dim),
         num_warps=2 if gpu else 1, num_stages=3 if gpu else 1,
     )  # fmt: skip
     combine_partials_kernel[(batch, num_q_heads)](

@@ -14,7 +14,7 @@ from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, l
 from atom_kernels.cache.offsets import kv_offsets
 from atom_kernels.cache.quantize import quantize_fp8
 from atom_kernels.cache.ref import write_kv_ref
-from atom_kernels.cache.write_shuffle import shuffle_write_heads, write_shuffle_kernel
+from atom_kernels.cache.write_shuffle import shuffle_write_tiles, write_shuffle_kernel
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -94,18 +94,21 @@ def write_kv(
     fmax = fp8_max(k_cache.dtype) if kind else 1.0
     if layout is KVLayout.SHUFFLE:
         x = shuffle_width(k_cache.dtype)
-        block_h = shuffle_write_heads(num_heads, head_dim, x)
+        block_h, warps = shuffle_write_tiles(num_heads, head_dim, x)
         write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(num_heads, block_h))](
             k, v, k_cache, v_cache, slot_mapping, *scales, tokens, k.stride(0), k.stride(1), v.stride(0),
             v.stride(1), num_heads, block_size, HEAD_DIM=head_dim, X=x, SCALE_KIND=kind, FP8_MAX=fmax,
-            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=2,
+            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps,
         )  # fmt: skip
         return
-    # One token per program, all heads (82-89% of copy bandwidth on the H200 at T=16k).
+    # One token per program, all heads. H200, T=16k (sweep_kv_write.py): 4 warps 89-90% of copy bandwidth
+    # for bf16 and per-tensor fp8; per-token scales reduce each head's row, in one warp without a shared-
+    # memory round trip: 85% against 78% with 4 warps.
     block_h = min(triton.next_power_of_2(num_heads), max(1, 8192 // block_d))
+    warps = 1 if kind == 2 else 4 if block_h * block_d <= 4096 else 8
     _write_flash_kernel[(tokens, triton.cdiv(num_heads, block_h))](
         k, v, k_cache, v_cache, slot_mapping, *scales, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         num_heads, head_dim, block_size, *cache_strides(layout, k_cache), LAYOUT=layout_code(layout, k_cache),
         SCALE_KIND=kind, FP8_MAX=fmax, BLOCK_H=block_h, BLOCK_D=block_d,
-        num_warps=4 if block_h * block_d <= 4096 else 8,
+        num_warps=warps,
     )  # fmt: skip

@@ -147,10 +147,9 @@ def _attend(
                 run_blk = tl.load(table_ptr + run // block_size, mask=run < n_end, other=0).to(tl.int64)
             else:
                 run_blk = tl.load(table_ptr + run // block_size).to(tl.int64)
-            # ((blk*H + h)*(B/X) + off/X)*D*X, the run's first element (kv_offsets with d = 0, off % X = 0)
-            v_run = ((run_blk * num_kv_heads + kvh) * (block_size // X) + (run % block_size) // X) * (
-                HEAD_DIM * X
-            )
+            # The run's first element: offsets are multiples of X there, as written so the compiler sees it.
+            v_run = kv_offsets(run_blk, run % block_size // X * X, kvh, 0, num_kv_heads, HEAD_DIM, block_size,
+                               stride_cb, stride_cn, stride_ch, LAYOUT, X)[1]  # fmt: skip
             vd = tl.arange(0, BLOCK_D)[None, :, None]
             v3 = tl.load(v_cache_ptr + v_run[:, None, None] + vd * X + e, mask=vd < HEAD_DIM, other=0.0)
             v = tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_D)).to(q.dtype)

@@ -27,6 +27,8 @@ from ceilings import measure_ceilings  # sibling scripts: benchmarks run from th
 from graph_timing import graph_ms, rotation
 
 from atom_kernels.attention import DecodePartition, paged_decode, paged_decode_persistent, paged_prefill
+from atom_kernels.attention.decode import decode_splits, decode_tiles
+from atom_kernels.attention.launch import run_paged_attention
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.cache.convert import flash_to_shuffle
 from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
@@ -84,9 +86,10 @@ def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
         [] if quick else [(1, 32768, 16), (4, 32768, 16), (8, 32768, 16)]
     )
     for batch, seq_len, block_size in shapes:
-        for layout, fp8 in [(KVLayout.FLASH, None), (KVLayout.SHUFFLE, None), (KVLayout.FLASH, "tensor"),
-                            (KVLayout.FLASH, "token"), (KVLayout.SHUFFLE, "tensor")]:  # fmt: skip
-            if quick and layout is KVLayout.SHUFFLE and batch != 64:
+        for layout, fp8, generic in [(KVLayout.FLASH, None, False), (KVLayout.SHUFFLE, None, False),
+                                     (KVLayout.FLASH, "tensor", False), (KVLayout.FLASH, "token", False),
+                                     (KVLayout.FLASH, "tensor", True), (KVLayout.SHUFFLE, "tensor", False)]:  # fmt: skip
+            if quick and (layout is KVLayout.SHUFFLE or generic) and batch != 64:
                 continue
             kv_bytes = batch * seq_len * HKV * D * 2 * (1 if fp8 else 2) + (
                 batch * seq_len * HKV * 4 * 2 if fp8 == "token" else 0
@@ -100,20 +103,41 @@ def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
                 kc, vc, tables, ks, vs, k, v = paged_cache(
                     batch, seq_len, block_size, layout, torch.bfloat16, fp8
                 )
-                ours.append(partial(paged_decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
+                decode = (
+                    partial(generic_tile_decode, config=decode_tiles(kc.dtype, layout))
+                    if generic
+                    else paged_decode
+                )
+                ours.append(partial(decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
                                     k_scale=ks, v_scale=vs, max_seq_len=seq_len, out=out))  # fmt: skip
                 sdpa.append(partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True))
             ms = graph_ms(ours)
             ref_ms = graph_ms(sdpa)
             del ours, sdpa
             rows.append(dict(
-                op="decode", shape=f"B={batch} L={seq_len} page={block_size}", layout=str(layout),
+                op="decode", shape=f"B={batch} L={seq_len} page={block_size}",
+                layout=f"{layout} (generic tile kernel)" if generic else str(layout),
                 kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
                 roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
                 baseline="SDPA contiguous bf16", baseline_ms=ref_ms,
                 baseline_value=sdpa_bytes / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
             ))  # fmt: skip
     return rows
+
+
+def generic_tile_decode(
+    q, kc, vc, *, seq_lens, block_tables, layout, k_scale, v_scale, max_seq_len, out, config
+):
+    """paged_decode through the generic tile kernel at `config`, for fp8 flash caches that paged_decode
+    sends to the Gluon kernel (decode_e4m3.py): both in the same run."""
+    batch = seq_lens.numel()
+    splits = decode_splits(batch, kc.shape[2], max_seq_len, q.device)
+    return run_paged_attention(
+        q, kc, vc, cu_seqlens_q=torch.arange(batch + 1, device=q.device, dtype=torch.int32), seq_lens=seq_lens,
+        block_tables=block_tables, max_query_len=1, layout=layout, softmax_scale=None, sliding_window=None,
+        softcap=None, sinks=None, k_scale=k_scale, v_scale=v_scale, out=out, backend="triton",
+        num_splits=splits, config=config,
+    )  # fmt: skip
 
 
 def split_rows(copy_bw: float) -> list[dict]:
@@ -284,11 +308,11 @@ def print_table(rows: list[dict], copy_bw: float, mm_rate: float) -> None:
     print(
         f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s"
     )
-    head = f"{'op':<15}{'shape':<26}{'layout':<8}{'kv':<28}{'ms':>8}{'value':>14}{'%roof':>7}{'base':>14}{'x base':>8}"
+    head = f"{'op':<15}{'shape':<26}{'layout':<30}{'kv':<14}{'ms':>8}{'value':>14}{'%roof':>7}{'base':>14}{'x base':>8}"
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['op']:<15}{r['shape']:<26}{r['layout']:<8}{r['kv']:<28}{r['ms']:>8.3f}"
+        print(f"{r['op']:<15}{r['shape']:<26}{r['layout']:<30}{r['kv']:<14}{r['ms']:>8.3f}"
               f"{r['value']:>8.2f} {r['metric']:<6}{r['roofline_pct']:>6.0f}%{r['baseline_value']:>8.2f} "
               f"{r['metric']:<6}{r['speedup_vs_baseline']:>7.2f}")  # fmt: skip
 

@@ -5,7 +5,8 @@
 Triton compiles to PTX and SASS on any machine (ptxas and cuobjdump ship in its wheel), so how loads
 vectorize and where fp8 is converted can be checked before spending GPU time: per variant, the count of
 SASS instructions, 16-byte async copies (cp.async.cg), narrower ones (cp.async.ca), one-byte shared loads
-and e4m3 conversions. Arguments are specialized as at the B=64 Hq32/Hkv8/D128 page-16 benchmark shape.
+e4m3 conversions and stores to shared memory (the generic kernel's fp8 V makes a second pass through
+shared memory; the Gluon kernel of decode_e4m3.py makes none). Arguments are specialized as at the B=64 Hq32/Hkv8/D128 page-16 benchmark shape.
 """
 
 from __future__ import annotations
@@ -14,12 +15,14 @@ import os
 import re
 import subprocess
 import tempfile
+from functools import partial
 
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.backends.nvidia import compiler as nvidia
 from triton.compiler import ASTSource
 
+from atom_kernels.attention.decode_e4m3 import compile_offline as compile_e4m3
 from atom_kernels.attention.kernels import paged_attention_kernel
 
 INTS = dict(stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128, stride_bt=512, num_q_heads=32,
@@ -65,17 +68,27 @@ def sass_lines(kernel) -> list[str]:
 def main() -> None:
     variants = [("flash bf16", 0, "bf16", 0, False, 3), ("shuffle bf16", 1, "bf16", 0, False, 3),
                 ("flash fp8, V converted after the MMA read", 0, "fp8e4nv", 1, False, 5),
-                ("flash fp8, V as words (default)", 0, "fp8e4nv", 1, True, 5),
+                ("flash fp8, V as words (generic kernel)", 0, "fp8e4nv", 1, True, 5),
                 ("shuffle fp8", 1, "fp8e4nv", 1, False, 5)]  # fmt: skip
-    print(f"{'variant':<44}{'SASS':>6}{'cp16':>6}{'cp<16':>7}{'lds.b8':>8}{'cvt e4m3':>9}")
-    for label, *args in variants:
-        kernel = compile_decode(*args)
+    kernels = [(label, partial(compile_decode, *args)) for label, *args in variants] + [
+        ("flash fp8, Gluon e4m3 kernel (64 pos., 1 warp)", partial(compile_e4m3, BLOCK_N=64)),
+        ("flash fp8, Gluon e4m3 kernel (default tiles)", compile_e4m3),
+    ]
+    print(f"{'variant':<48}{'SASS':>6}{'cp16':>6}{'cp<16':>7}{'lds.b8':>8}{'cvt e4m3':>9}{'st.shared':>10}")
+    for label, build in kernels:
+        kernel = build()
         ptx = kernel.asm["ptx"]
         counts = [len(sass_lines(kernel))] + [
             len(re.findall(p, ptx))
-            for p in (r"cp\.async\.cg", r"cp\.async\.ca", r"ld\.shared\.b8", r"cvt\.rn\.f16x2\.e4m3x2")
+            for p in (
+                r"cp\.async\.cg",
+                r"cp\.async\.ca",
+                r"ld\.shared\.b8",
+                r"cvt\.rn\.f16x2\.e4m3x2",
+                r"st\.shared",
+            )
         ]
-        print(f"{label:<44}" + "".join(f"{c:>{w}}" for c, w in zip(counts, (6, 6, 7, 8, 9), strict=True)))
+        print(f"{label:<48}" + "".join(f"{c:>{w}}" for c, w in zip(counts, (6, 6, 7, 8, 9, 10), strict=True)))
 
 
 if __name__ == "__main__":

@@ -106,16 +106,25 @@ def main():
     shuffle_configs = [  # tiles of whole 16-byte runs: multiples of x = 8 (bf16) or 16 (fp8) positions
         TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64), (1, 2, 4), (2, 3, 4))
     ]
-    for batch, seq_len, layout, fp8 in [(64, 8192, KVLayout.FLASH, None), (64, 8192, KVLayout.FLASH, "tensor"),
-                                        (64, 8192, KVLayout.SHUFFLE, None), (64, 8192, KVLayout.SHUFFLE, "tensor"),
-                                        (4, 32768, KVLayout.FLASH, None), (1, 32768, KVLayout.SHUFFLE, None)]:  # fmt: skip
-        name = f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}"
+    e4m3_configs = [  # decode_e4m3.py: one warp
+        TileConfig(16, n, 1, s, e4m3_gluon=True) for n, s in itertools.product((16, 32, 64), (2, 3, 4))
+    ]
+    for batch, seq_len, layout, fp8, gluon in [
+        (64, 8192, KVLayout.FLASH, None, False), (64, 8192, KVLayout.FLASH, "tensor", False),
+        (64, 8192, KVLayout.SHUFFLE, None, False), (64, 8192, KVLayout.SHUFFLE, "tensor", False),
+        (4, 32768, KVLayout.FLASH, None, False), (1, 32768, KVLayout.SHUFFLE, None, False),
+        (64, 8192, KVLayout.FLASH, "tensor", True), (64, 8192, KVLayout.FLASH, "token", True),
+        (4, 32768, KVLayout.FLASH, "tensor", True), (1, 32768, KVLayout.FLASH, "tensor", True),
+    ]:  # fmt: skip
+        name = f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}{' gluon' if gluon else ''}"
         if not selected(name):
             continue
         case = decode_case(batch, seq_len, 16, layout, fp8)
         kv_bytes = case[1].numel() * case[1].element_size() * 2
         splits = (1, 2) if batch == 64 else (8, 16, 32, 64) if batch > 1 else (32, 64, 128)
-        configs = decode_configs if layout is KVLayout.FLASH else shuffle_configs
+        if gluon:  # one-warp programs: more of them
+            splits = (2, 4, 8) if batch == 64 else (16, 32, 64, 128) if batch > 1 else (64, 128, 256)
+        configs = e4m3_configs if gluon else decode_configs if layout is KVLayout.FLASH else shuffle_configs
         sweep(name, case, configs, splits, kv_bytes, "TB/s", timer=partial(time_config, graph=True))
     prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
                        itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip

@@ -5,14 +5,19 @@ from __future__ import annotations
 import torch
 import triton
 
+from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
 from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
 from atom_kernels.cache.fp8 import is_fp8
 from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend
 
 
-def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device) -> int:
-    """KV splits per sequence so that batch x heads x splits fills the GPU (a power of two, <= 64).
+def decode_splits(
+    batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device, programs_per_sm: int = 2
+) -> int:
+    """KV splits per sequence so that batch x heads x splits fills the GPU (a power of two, <= 64) with
+    programs_per_sm programs per SM (2 for the generic kernel; 7 for the one-warp e4m3 kernel, H200 sweep:
+    B=64 L=8k best at 2 splits, B=4 L=32k at 32).
 
     Each split keeps at least 128 positions (two 64-wide tiles): a single sequence of a few hundred tokens
     still spreads over several programs per head instead of one that walks it alone.
@@ -20,15 +25,19 @@ def decode_splits(batch: int, num_kv_heads: int, max_seq_len: int, device: torch
     if device.type != "cuda":
         return 1 if max_seq_len <= 64 else 2  # exercise both paths on the CPU interpreter cheaply
     sms = torch.cuda.get_device_properties(device).multi_processor_count
-    want = triton.cdiv(2 * sms, batch * num_kv_heads)
+    want = triton.cdiv(programs_per_sm * sms, batch * num_kv_heads)
     cap = max(1, max_seq_len // 128)
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
 
 
-def decode_tiles(cache_dtype: torch.dtype, layout: KVLayout) -> TileConfig:
+def decode_tiles(cache_dtype: torch.dtype, layout: KVLayout, e4m3_gluon: bool = False) -> TileConfig:
     """GPU decode tiles (H200 sweeps, sweep_tiles.py, B=64 L=8k page 16). Flash: fp8 rows are half as long,
     so five stages keep as many bytes in flight as three do for 16-bit caches. Shuffle: one warp per
-    program and two stages (bf16 32-position tiles 4.0 TB/s; 2 warps 3.75, 4 warps slower still)."""
+    program and two stages (bf16 32-position tiles 4.0 TB/s; 2 warps 3.75, 4 warps slower still).
+    e4m3_gluon: the flash e4m3 kernel of decode_e4m3.py, where the caller has checked it applies (B=64 L=8k:
+    16-position tiles, three stages, 4.2 TB/s of fp8 KV; 32 positions 4.1)."""
+    if e4m3_gluon:
+        return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=3, e4m3_gluon=True)
     if layout is KVLayout.SHUFFLE:
         return TileConfig(block_m=16, block_n=64 if is_fp8(cache_dtype) else 32, num_warps=1, num_stages=2)
     return TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=5 if is_fp8(cache_dtype) else 3)
@@ -70,11 +79,12 @@ def paged_decode(
         raise ValueError(f"q has {q.shape[0]} tokens, expected B * query_len = {batch * query_len}")
     if cu_seqlens_q is None:
         cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
+    gluon = on_gpu(q) and KVLayout(layout) is KVLayout.FLASH and e4m3_decode_supported(q, k_cache, v_cache)
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
         num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
-                                   longest, q.device)  # fmt: skip
-    config = decode_tiles(k_cache.dtype, KVLayout(layout)) if on_gpu(q) else TileConfig(16, 16, 1, 1)
+                                   longest, q.device, programs_per_sm=7 if gluon else 2)  # fmt: skip
+    config = decode_tiles(k_cache.dtype, KVLayout(layout), gluon) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     return run_paged_attention(
         q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
         max_query_len=query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,

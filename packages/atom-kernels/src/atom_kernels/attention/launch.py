@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from atom_kernels.attention.decode_e4m3 import MAX_ROWS, e4m3_decode_kernel, e4m3_decode_supported
 from atom_kernels.attention.kernels import combine_splits_kernel, paged_attention_kernel
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
@@ -20,6 +21,7 @@ class TileConfig:
     block_n: int  # KV positions per step
     num_warps: int
     num_stages: int
+    e4m3_gluon: bool = False  # decode_e4m3.e4m3_decode_kernel (one warp) instead of the generic tile kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,22 +130,40 @@ def run_paged_attention(
         )
         part_lse = torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     grid = (tiles * num_splits, batch, num_kv_heads)
-    paged_attention_kernel[grid](
+    common = (
         q, k_cache, v_cache, out, part_o, part_lse,
         k_scale if kind else q, v_scale if kind else q, sinks if sinks is not None else q,
         block_tables, seq_lens, cu_seqlens_q,
         q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
         scale, softcap or 0.0, sliding_window or 0, num_q_heads, num_kv_heads, block_size,
         *cache_strides(layout, k_cache),
-        GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
-        LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype),
-        V_WORDS=fp8_v_as_words(layout, q, v_cache), SCALE_KIND=kind,
-        HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
-        HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=config.block_n, BLOCK_D=triton.next_power_of_2(head_dim),
-        num_warps=config.num_warps, num_stages=config.num_stages,
     )  # fmt: skip
+    features = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
+                    HAS_SINKS=sinks is not None, HEAD_DIM=head_dim, BLOCK_N=config.block_n)  # fmt: skip
+    if config.e4m3_gluon:
+        if (
+            block_m != MAX_ROWS
+            or layout is not KVLayout.FLASH
+            or not e4m3_decode_supported(q, k_cache, v_cache)
+        ):
+            raise ValueError(
+                "e4m3_gluon tiles need e4m3_decode_supported inputs and at most 16 rows per tile"
+            )
+        e4m3_decode_kernel[grid](
+            *common, GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits, SCALE_KIND=kind,
+            STAGES=config.num_stages, PAGE=block_size if block_size & (block_size - 1) == 0 else 0, **features,
+            num_warps=1,
+        )  # fmt: skip
+    else:
+        paged_attention_kernel[grid](
+            *common, GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
+            LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype),
+            V_WORDS=fp8_v_as_words(layout, q, v_cache), SCALE_KIND=kind,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+            BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim), **features,
+            num_warps=config.num_warps, num_stages=config.num_stages,
+        )  # fmt: skip
     if num_splits > 1:
         combine_splits_kernel[(tokens, num_q_heads)](
             part_o, part_lse, out, sinks if sinks is not None else q, out.stride(0), out.stride(1), num_q_heads,

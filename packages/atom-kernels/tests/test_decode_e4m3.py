@@ -130,6 +130,8 @@ def _bank_conflict_probe(BLOCK_N: gl.constexpr, D: gl.constexpr):
 
 
 def _offline_builds(out_path: str) -> None:
+    # The probe reports through _record while it is compiled; a cached build would skip that and report nothing.
+    os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     ptx = {
         f"{d} {n} {k}": compile_offline(HEAD_DIM=d, BLOCK_N=n, SCALE_KIND=k, STAGES=STAGES).asm["ptx"]
         for d, n, k in PTX_CASES
@@ -139,6 +141,7 @@ def _offline_builds(out_path: str) -> None:
             _bank_conflict_probe, {"BLOCK_N": "constexpr", "D": "constexpr"}, {(0,): n, (1,): d}, {}
         )
         triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=1))
+    assert len(_recorded) == 3 * len(BANK_CASES), f"the bank-conflict probe recorded {sorted(_recorded)}"
     with open(out_path, "w") as f:
         json.dump({"ptx": ptx, "banks": _recorded}, f)
 

@@ -32,6 +32,8 @@ from atom_kernels.attention.launch import run_paged_attention
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.cache.convert import flash_to_shuffle
 from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
+from atom_kernels.cache.layout import shuffle_width
+from atom_kernels.cache.write_shuffle import shuffle_write_tiles, write_shuffle_kernel
 
 DEV = torch.device("cuda")
 HQ, HKV, D = 32, 8, 128
@@ -276,29 +278,55 @@ def write_case(layout: KVLayout, fp8: str | None, tokens: int, num_blocks: int, 
     return k, v, kc, vc, ks, vs
 
 
+def generic_shuffle_write(k, v, kc, vc, slots, ks, vs, block_h=None, warps=None):
+    """A shuffle-layout write through the generic Triton kernel (write_shuffle.py) at (heads per program,
+    warps), its defaults from shuffle_write_tiles: for e4m3 caches, which write_kv sends to the Gluon kernel
+    (write_shuffle_e4m3.py), so that both are measured in the same run."""
+    tokens, x = k.shape[0], shuffle_width(kc.dtype)
+    default_h, default_warps = shuffle_write_tiles(HKV, D, x)
+    block_h, warps = block_h or default_h, warps or default_warps
+    kind = 0 if ks is None else 1 if ks.numel() == 1 else 2
+    write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(HKV, block_h))](
+        k, v, kc, vc, slots, *((ks, vs) if kind else (k, v)), tokens, k.stride(0), k.stride(1), v.stride(0),
+        v.stride(1), HKV, kc.shape[3], HEAD_DIM=D, X=x, SCALE_KIND=kind,
+        FP8_MAX=fp8_max(kc.dtype) if kind else 1.0, BLOCK_H=block_h, BLOCK_D=D, num_warps=warps,
+    )  # fmt: skip
+
+
 def write_rows(copy_bw: float, quick: bool) -> list[dict]:
+    """T=16k (a prefill's worth: random slots and page runs) and T=64 (a decode step's scattered slots)."""
     rows = []
-    tokens, block_size = 16384, 16
-    num_blocks = tokens // block_size * 2
-    slot_patterns = {p: write_slots(p, tokens, num_blocks, block_size) for p in ("random", "pages")}
+    block_size = 16
+    cases = [(16384, "random"), (16384, "pages"), (64, "random")]
     for layout in (KVLayout.FLASH, KVLayout.SHUFFLE):
         for fp8 in (None, "tensor", "token"):
-            for pattern, slots in slot_patterns.items():
-                k, v, kc, vc, ks, vs = write_case(layout, fp8, tokens, num_blocks, block_size)
-                ms = graph_ms([partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)])
-                moved = 2 * k.numel() * (2 + kc.element_size()) + (
-                    2 * tokens * HKV * 4 if fp8 == "token" else 0
-                )
-                src = torch.cat([k, v]).view(-1)
-                dst = torch.empty_like(src)
-                ref_ms = graph_ms([partial(dst.copy_, src)])
-                rows.append(dict(
-                    op="kv write", shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}", layout=str(layout),
-                    kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=moved / (ms * 1e-3) / 1e12,
-                    roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3), baseline="copy of K,V (bf16)",
-                    baseline_ms=ref_ms, baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
-                    speedup_vs_baseline=ref_ms / ms,
-                ))  # fmt: skip
+            # fp8 shuffle: write_kv's Gluon kernel, then the generic Triton kernel on the same data
+            for generic in (False, True) if fp8 and layout is KVLayout.SHUFFLE else (False,):
+                for tokens, pattern in cases:
+                    num_blocks = max(tokens // block_size * 2, 1024)
+                    slots = write_slots(pattern, tokens, num_blocks, block_size)
+                    k, v, kc, vc, ks, vs = write_case(layout, fp8, tokens, num_blocks, block_size)
+                    write = (
+                        partial(generic_shuffle_write, k, v, kc, vc, slots, ks, vs)
+                        if generic
+                        else partial(write_kv, k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)
+                    )
+                    ms = graph_ms([write])
+                    moved = 2 * k.numel() * (2 + kc.element_size()) + (
+                        2 * tokens * HKV * 4 if fp8 == "token" else 0
+                    )
+                    src = torch.cat([k, v]).view(-1)
+                    dst = torch.empty_like(src)
+                    ref_ms = graph_ms([partial(dst.copy_, src)])
+                    rows.append(dict(
+                        op="kv write", shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}",
+                        layout=f"{layout} (generic Triton kernel)" if generic else str(layout),
+                        kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s",
+                        value=moved / (ms * 1e-3) / 1e12, roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3),
+                        baseline="copy of K,V (bf16)", baseline_ms=ref_ms,
+                        baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
+                        speedup_vs_baseline=ref_ms / ms,
+                    ))  # fmt: skip
             if quick:
                 break
     return rows

@@ -15,6 +15,7 @@ from atom_kernels.cache.offsets import kv_offsets
 from atom_kernels.cache.quantize import quantize_fp8
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.cache.write_shuffle import shuffle_write_tiles, write_shuffle_kernel
+from atom_kernels.cache.write_shuffle_e4m3 import e4m3_shuffle_write_kernel, e4m3_shuffle_write_supported
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -92,6 +93,13 @@ def write_kv(
     block_d = triton.next_power_of_2(head_dim)
     scales = (k_scale, v_scale) if kind else (k, v)
     fmax = fp8_max(k_cache.dtype) if kind else 1.0
+    if layout is KVLayout.SHUFFLE and e4m3_shuffle_write_supported(k, k_cache):
+        e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), num_heads)](
+            k, v, k_cache, v_cache, slot_mapping, *scales, tokens, k.stride(0), k.stride(1), v.stride(0),
+            v.stride(1), num_heads, block_size, HEAD_DIM=head_dim, SCALE_KIND=kind, FP8_MAX=fmax,
+            PAGE=block_size if block_size & (block_size - 1) == 0 else 0, num_warps=1, maxnreg=128,
+        )  # fmt: skip
+        return
     if layout is KVLayout.SHUFFLE:
         x = shuffle_width(k_cache.dtype)
         block_h, warps = shuffle_write_tiles(num_heads, head_dim, x)

@@ -1,6 +1,9 @@
 """Shared fixtures, and the Triton interpreter on machines without a GPU."""
 
+import json
 import os
+import subprocess
+import sys
 from dataclasses import dataclass
 
 import pytest
@@ -107,3 +110,19 @@ def make_case(
 def paged_case():
     """make_case(...): a random paged-attention scenario (see make_case)."""
     return make_case
+
+
+@pytest.fixture(scope="session")
+def offline_builds(tmp_path_factory):
+    """offline_builds(test_file) -> the JSON that test_file, run as a script with an output path, writes: its
+    offline sm90 builds, compiled in a fresh interpreter without TRITON_INTERPRET. In the CPU test session the
+    interpreter has patched triton.language's tensor operators for good (its device-function calls do not
+    undo their patches), which breaks any later compile in the same process."""
+
+    def build(test_file: str) -> dict:
+        path = tmp_path_factory.mktemp("sm90") / "builds.json"
+        env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        subprocess.run([sys.executable, test_file, str(path)], env=env, check=True)
+        return json.loads(path.read_text())
+
+    return build

@@ -4,7 +4,6 @@
 import json
 import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -97,9 +96,7 @@ def _shared_bytes_read(ptx: str) -> int:
     return sum(widths[w] for w in re.findall(r"ld\.shared\.(v[24]\.b(?:32|16)|b32|b16|b8|u8)", ptx))
 
 
-# Offline sm90 builds run in a fresh interpreter without TRITON_INTERPRET: in the CPU test session the Triton
-# interpreter has patched triton.language's tensor operators for good (its device-function calls do not
-# undo their patches), which breaks any later compile in the same process.
+# Offline sm90 builds: this file run as a script (conftest.offline_builds says why in a fresh interpreter).
 PTX_CASES = [(128, 16, 1), (128, 32, 2), (64, 32, 1)]  # (head_dim, block_n, scale_kind)
 BANK_CASES = [(128, 16), (128, 32), (64, 32)]  # (head_dim, block_n)
 STAGES = 3
@@ -147,11 +144,8 @@ def _offline_builds(out_path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sm90") / "builds.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, __file__, str(path)], env=env, check=True)
-    return json.loads(path.read_text())
+def offline(offline_builds):
+    return offline_builds(__file__)
 
 
 @pytest.mark.parametrize(("head_dim", "block_n", "scale_kind"), PTX_CASES)

@@ -2,9 +2,7 @@
 no interpreter), and on any machine its sm90 build, read for what the kernel exists for."""
 
 import json
-import os
 import re
-import subprocess
 import sys
 
 import pytest
@@ -133,7 +131,7 @@ def test_other_caches_take_the_generic_kernel():
     assert not e4m3_shuffle_write_supported(k[..., :96], torch.empty(shapes[0], device=DEVICE, dtype=FP8))
 
 
-# Offline sm90 builds run in a fresh interpreter without TRITON_INTERPRET (see test_decode_e4m3.py).
+# Offline sm90 builds: this file run as a script (conftest.offline_builds says why in a fresh interpreter).
 BUILDS = [(128, 1), (128, 2), (64, 1), (64, 2)]  # (head_dim, scale_kind)
 
 
@@ -144,11 +142,8 @@ def _offline_builds(out_path: str) -> None:
 
 
 @pytest.fixture(scope="module")
-def offline(tmp_path_factory):
-    path = tmp_path_factory.mktemp("sm90") / "builds.json"
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    subprocess.run([sys.executable, __file__, str(path)], env=env, check=True)
-    return json.loads(path.read_text())
+def offline(offline_builds):
+    return offline_builds(__file__)
 
 
 @pytest.mark.parametrize(("head_dim", "scale_kind"), BUILDS)

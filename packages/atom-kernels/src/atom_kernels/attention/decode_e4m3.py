@@ -25,6 +25,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from atom_kernels.gluon_helpers import add2, max2, page_of
+
 # Gluon is young: Triton 3.6 names the CTA barrier thread_barrier (3.7: barrier), and 3.9 renames the
 # cp.async copy async_copy_global_to_shared to async_load.
 _cta_barrier = gl.barrier if hasattr(gl, "barrier") else gl.thread_barrier
@@ -103,16 +105,7 @@ def v_pair_layout(block_n, head_dim):
     )
 
 
-# Reductions and cdiv written here: Gluon's own wrap Triton functions, which TRITON_INTERPRET=1 (the CPU
-# tests) turns into interpreter objects that a compiled kernel cannot call.
-@gluon.jit
-def _max2(a, b):
-    return gl.maximum(a, b)
-
-
-@gluon.jit
-def _add2(a, b):
-    return a + b
+# cdiv is written out in the kernel for the reason gluon_helpers gives for its reductions.
 
 
 @gluon.jit
@@ -160,16 +153,6 @@ def _v_operand(v_tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, B_OP: gl.c
 
 
 @gluon.jit
-def _page_of(pos, block_size, PAGE: gl.constexpr):
-    """(block-table index, offset in the page) of positions pos; PAGE: block_size when it is a power of two
-    (shifts and masks), else 0 (divisions by the runtime value)."""
-    if PAGE > 0:
-        return pos // PAGE, pos % PAGE
-    else:
-        return pos // block_size, pos % block_size
-
-
-@gluon.jit
 def _issue_tile(
     k_smem, v_smem, ks_smem, vs_smem, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
     t, n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
@@ -182,7 +165,7 @@ def _issue_tile(
     Rows at or past n_end are zero-filled without being read (nor is their block-table entry)."""
     pos = n_start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, COPY))
     ok = pos < n_end
-    page, off = _page_of(pos, block_size, PAGE)
+    page, off = page_of(pos, block_size, PAGE)
     blk = gl.load(table_ptr + page, mask=ok, other=0).to(gl.int64)
     row = blk * stride_cb + off.to(gl.int64) * stride_cn + kvh * stride_ch
     d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, COPY))
@@ -194,7 +177,7 @@ def _issue_tile(
         LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         pos = n_start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=LANES)
         ok = pos < n_end
-        page, off = _page_of(pos, block_size, PAGE)
+        page, off = page_of(pos, block_size, PAGE)
         blk = gl.load(table_ptr + page, mask=ok, other=0).to(gl.int64)
         scale_off = (blk * num_kv_heads + kvh) * block_size + off
         _copy_to_shared(ks_smem.index(t % STAGES), k_scale_ptr + scale_off, mask=ok)
@@ -304,11 +287,11 @@ def e4m3_decode_kernel(
             visible = visible & (gl.expand_dims(pos, 0) > gl.expand_dims(q_pos, 1) - window)
         s = gl.where(visible, s, float("-inf"))
 
-        m_new = gl.maximum(m_i, gl.reduce(s, 1, _max2))
+        m_new = gl.maximum(m_i, gl.reduce(s, 1, max2))
         m_safe = gl.where(m_new == float("-inf"), 0.0, m_new)  # a row with nothing visible yet
         p = gl.exp2(s - gl.expand_dims(m_safe, 1))
         alpha = gl.exp2(m_i - m_safe)
-        l_i = l_i * alpha + gl.reduce(p, 1, _add2)
+        l_i = l_i * alpha + gl.reduce(p, 1, add2)
         m_i = m_new
         if SCALE_KIND == 2:
             p = p * gl.expand_dims(vs_smem.index(slot).load(COLS), 0)

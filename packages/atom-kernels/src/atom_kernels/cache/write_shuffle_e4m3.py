@@ -27,32 +27,10 @@ import torch
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
+from atom_kernels.gluon_helpers import max2, or2, page_of
+
 X: gl.constexpr = gl.constexpr(16)  # e4m3 elements per 16-byte run: tokens per program
 HEAD_DIMS = (64, 128)  # a V thread's dims (D / 32) and K's 16-dim rows tile these exactly
-
-
-@gluon.jit
-def _max2(a, b):
-    return gl.maximum(a, b)
-
-
-@gluon.jit
-def _or2(a, b):
-    return a | b
-
-
-@gluon.jit
-def _add2(a, b):
-    return a + b
-
-
-@gluon.jit
-def _page_of(slot, block_size, PAGE: gl.constexpr):
-    """(block, offset in the block) of slots; PAGE: block_size when it is a power of two, else 0."""
-    if PAGE > 0:
-        return slot // PAGE, slot % PAGE
-    else:
-        return slot // block_size, slot % block_size
 
 
 @gluon.jit
@@ -83,7 +61,7 @@ def _to_e4m3(x, inv, AXIS: gl.constexpr, SCALE_KIND: gl.constexpr):
 
 @gluon.jit
 def _absmax(x, AXIS: gl.constexpr):
-    return gl.reduce(gl.abs(x.to(gl.float32)), AXIS, _max2)
+    return gl.reduce(gl.abs(x.to(gl.float32)), AXIS, max2)
 
 
 @gluon.jit
@@ -140,7 +118,7 @@ def e4m3_shuffle_write_kernel(
 
     # K: every live token's 16-dim rows.
     k_live = k_slot >= 0  # -1: padding, not written
-    k_blk, k_off = _page_of(gl.where(k_live, k_slot, 0), block_size, PAGE)
+    k_blk, k_off = page_of(gl.where(k_live, k_slot, 0), block_size, PAGE)
     k_row = (k_blk * num_heads + h) * block_size + k_off  # its scale's index, too
     k8 = _to_e4m3(
         k, _inverse_scales(_absmax(k, 1), k_scale_ptr, k_row, k_live, SCALE_KIND, FP8_MAX), 1, SCALE_KIND
@@ -155,14 +133,14 @@ def e4m3_shuffle_write_kernel(
     # and the 15 steps after it hold no break; own tokens are window tokens 16 .. 31.
     q64 = q.to(gl.int64)
     one = gl.full([4 * X], 1, gl.int64, WINDOW)
-    breaks = gl.reduce(gl.where((w < 0) | (w_next != w + 1), one << q64, 0), 0, _or2)
+    breaks = gl.reduce(gl.where((w < 0) | (w_next != w + 1), one << q64, 0), 0, or2)
     starts = (
         (w >= 0) & (w % X == 0) & (((breaks >> q64) & ((1 << (X - 1)) - 1)) == 0) & (q >= 1) & (q < 2 * X)
     )
     own = (q >= X) & (q < 2 * X)
     # one reduction for two masks: bits 0-31 run starts (window tokens 1 .. 31), 32-47 own live tokens
     bits = gl.where(starts, one << q64, 0) | gl.where(own & (w >= 0), one << (q64 + X), 0)
-    bits = gl.reduce(bits, 0, _or2)
+    bits = gl.reduce(bits, 0, or2)
     start_bits = bits & 0xFFFFFFFF
     live_bits = (bits >> 2 * X) & 0xFFFF
     covered = start_bits | (start_bits << 1)  # bit p: a complete run starting at p - 15 .. p covers p
@@ -175,11 +153,11 @@ def e4m3_shuffle_write_kernel(
     d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(1, V_STORE))
     i = gl.arange(0, X, layout=TOK)
     if own_starts != 0:  # the program stores that run whole
-        lead = gl.reduce(gl.where(((own_starts >> i) & 1) != 0, i, 0), 0, _max2)
+        lead = gl.reduce(gl.where(((own_starts >> i) & 1) != 0, i, 0), 0, max2)
         v_run = v_own
         if lead > 0:  # it reaches into the next program's tokens
             v_run = _load_v(v_ptr, t0 + lead, stride_vt, h * stride_vh, tokens, HEAD_DIM, V_LOAD, V_STORE)
-        blk, off = _page_of(gl.load(slot_ptr + t0 + lead).to(gl.int64), block_size, PAGE)
+        blk, off = page_of(gl.load(slot_ptr + t0 + lead).to(gl.int64), block_size, PAGE)
         run_row = (blk * num_heads + h) * block_size + off  # the run's first token's scale index
         if SCALE_KIND == 2:  # scales from rows across lanes (stored from there), inverses to every thread
             row_max = _v_absmax(v_ptr, t0 + lead, stride_vt, h * stride_vh, tokens, HEAD_DIM, K_TILE)

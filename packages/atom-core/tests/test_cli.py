@@ -43,6 +43,15 @@ def test_generate_from_token_ids(atom_cache, capsys):
     assert 1 <= len(record["token_ids"]) <= 3
 
 
+def test_generate_takes_prompts_as_positional_arguments(atom_cache, capsys):
+    """As vLLM users type it: `atom generate "a prompt" "another"`, beside --prompt and token ids, in order."""
+    args = ["generate", "--json", "--max-tokens", "3", "Paged attention", "The quick brown fox"]
+    assert main([*args, "--prompt", "Hello there", "--prompt-token-ids", "0,5,9"]) == 0
+    records = [json.loads(line) for line in capsys.readouterr().out.strip().splitlines()]
+    assert [r["prompt"] for r in records] == ["Paged attention", "The quick brown fox", "Hello there", None]
+    assert records[3]["prompt_token_ids"] == [0, 5, 9]
+
+
 def test_bad_arguments_are_refused(atom_cache, tmp_path, capsys):
     assert main(["generate", "--max-tokens", "0"]) == 2
     assert main(["generate", "--model", str(tmp_path)]) == 2

@@ -25,9 +25,18 @@ CASES = {
                                                          high_freq_factor=4.0, original_max_position_embeddings=32))),
     "yarn-rope": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=4.0,
                                                       original_max_position_embeddings=32))),
+    "yarn-mscale-untruncated": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=4.0, mscale=0.8,
+                                                                    mscale_all_dim=0.5, truncate=False,
+                                                                    original_max_position_embeddings=32))),
+    "yarn-attention-factor-betas": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=3.0,
+                                                                        attention_factor=1.3, beta_fast=16,
+                                                                        beta_slow=2, original_max_position_embeddings=64))),
     "linear-rope": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="linear", factor=2.0))),
     "dynamic-rope-past-max": (LlamaConfig, dict(max_position_embeddings=24, rope_scaling=dict(ROPE, rope_type="dynamic",
                                                                                                factor=2.0))),
+    # transformers grows a dynamic base past max_position_embeddings, whatever original_max_position_embeddings says
+    "dynamic-rope-original-ignored": (LlamaConfig, dict(max_position_embeddings=24, rope_scaling=dict(
+        ROPE, rope_type="dynamic", factor=2.0, original_max_position_embeddings=12))),
     "qwen3": (Qwen3Config, dict(head_dim=16)),
     "qwen3-tied": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=True, num_key_value_heads=4)),
     "qwen3-moe": (Qwen3MoeConfig, dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,

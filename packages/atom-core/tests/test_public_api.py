@@ -13,6 +13,34 @@ def test_every_name_of_the_adapter_surface_resolves():
             "bind_forward_context", "supported_architectures", "paged_prefill", "paged_decode"} <= set(api.__all__)  # fmt: skip
 
 
+def test_the_offline_engine_is_importable_as_vllm_users_write_it():
+    from atom_core import LLM, CompletionOutput, LLMEngine, RequestOutput, SamplingParams
+    from atom_core.engine import llm, llm_engine, outputs, sampling_params
+
+    assert (LLM, LLMEngine) == (llm.LLM, llm_engine.LLMEngine)
+    assert (SamplingParams, RequestOutput, CompletionOutput) == (
+        sampling_params.SamplingParams,
+        outputs.RequestOutput,
+        outputs.CompletionOutput,
+    )
+    assert set(atom_core.__all__) >= {
+        "LLM",
+        "SamplingParams",
+        "RequestOutput",
+        "CompletionOutput",
+        "LLMEngine",
+    }
+
+
+def test_importing_the_package_does_not_import_torch():
+    import subprocess
+    import sys
+
+    code = "import sys, atom_core; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
 def test_kernel_ops_reach_adapters_through_core():
     x = torch.randn(5, 32)
     torch.testing.assert_close(api.silu_and_mul(x), silu_and_mul_ref(x), rtol=1e-5, atol=1e-5)

@@ -47,6 +47,9 @@ def _build_parser() -> argparse.ArgumentParser:
     gen = _with_engine_args(
         sub.add_parser("generate", help="greedy generation on a checkpoint (default: the built-in demo)")
     )
+    gen.add_argument(
+        "prompts", nargs="*", metavar="PROMPT", help="prompts to complete (as vLLM's LLM.generate)"
+    )
     gen.add_argument("--prompt", action="append", help="a prompt; repeat for several")
     gen.add_argument(
         "--prompt-token-ids", action="append", type=_parse_token_ids, help="a prompt as token ids: '1,2,3'"
@@ -149,7 +152,7 @@ def _generate(args: argparse.Namespace) -> int:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
     llm = LLM(model_dir, device=args.device, load_format=args.load_format,
               tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
-    prompts: list = [p for p in args.prompt or []] + [
+    prompts: list = [*args.prompts, *(args.prompt or [])] + [
         {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
     ]
     if not prompts:

@@ -33,7 +33,10 @@ class RopeConfig:
     high_freq_factor: float = 4.0  # llama3
     beta_fast: float = 32.0  # yarn
     beta_slow: float = 1.0  # yarn
-    attention_factor: float | None = None  # yarn (None: 0.1 * ln(factor) + 1)
+    attention_factor: float | None = None  # yarn (None: from factor, mscale and mscale_all_dim)
+    mscale: float | None = None  # yarn
+    mscale_all_dim: float | None = None  # yarn
+    truncate: bool = True  # yarn: round the correction range to whole dims
     partial_rotary_factor: float = 1.0
 
     SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
@@ -52,16 +55,23 @@ class RopeConfig:
         params = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
         theta = params.get("rope_theta", hf.get("rope_theta", 10000.0))
         rope_type = params.get("rope_type", params.get("type", "default"))
+        original = params.get("original_max_position_embeddings")
+        factor = params.get("factor")
+        if factor is None and rope_type == "yarn" and original:  # transformers: the context's growth
+            factor = hf.get("max_position_embeddings", original) / original
         return cls(
             theta=float(theta),
             rope_type=rope_type,
-            factor=float(params.get("factor", 1.0)),
-            original_max_position=params.get("original_max_position_embeddings"),
+            factor=float(1.0 if factor is None else factor),
+            original_max_position=original,
             low_freq_factor=float(params.get("low_freq_factor", 1.0)),
             high_freq_factor=float(params.get("high_freq_factor", 4.0)),
-            beta_fast=float(params.get("beta_fast", 32.0)),
-            beta_slow=float(params.get("beta_slow", 1.0)),
+            beta_fast=float(params.get("beta_fast") or 32.0),
+            beta_slow=float(params.get("beta_slow") or 1.0),
             attention_factor=params.get("attention_factor"),
+            mscale=params.get("mscale"),
+            mscale_all_dim=params.get("mscale_all_dim"),
+            truncate=bool(params.get("truncate", True)),
             partial_rotary_factor=float(
                 params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
             ),
@@ -87,8 +97,11 @@ class ModelConfig:
     tie_word_embeddings: bool
     attention_bias: bool
     dtype: torch.dtype
+    hidden_act: str = "silu"
     hf: dict[str, Any] = field(repr=False, default_factory=dict)  # the raw config, for family extras
     generation: dict[str, Any] = field(repr=False, default_factory=dict)  # generation_config.json, if any
+
+    SUPPORTED_ACTIVATIONS = ("silu",)
 
     def __post_init__(self):
         for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -98,6 +111,11 @@ class ModelConfig:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
                 f"num_key_value_heads ({self.num_key_value_heads})"
+            )
+        if self.hidden_act not in self.SUPPORTED_ACTIVATIONS:
+            raise ConfigError(
+                f"hidden_act {self.hidden_act!r} is not supported (ATOM's MLPs compute "
+                f"{', '.join(self.SUPPORTED_ACTIVATIONS)})"
             )
 
     @classmethod
@@ -145,6 +163,7 @@ class ModelConfig:
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", False)),
             dtype=resolve_dtype(dtype, hf),
+            hidden_act=hf.get("hidden_act", "silu"),
             hf=hf,
             generation=generation or {},
         )

@@ -15,12 +15,11 @@ def rope_frequencies(rope: RopeConfig, rotary_dim: int, max_position: int, seq_l
     """(inv_freq [rotary_dim / 2] fp32, attention scaling). seq_len matters only for dynamic scaling."""
     exponents = torch.arange(0, rotary_dim, 2, dtype=torch.int64).float() / rotary_dim
     base = rope.theta
-    if rope.rope_type == "dynamic":
-        original = rope.original_max_position or max_position
-        if seq_len is not None and seq_len > original:
-            base = base * ((rope.factor * seq_len / original) - (rope.factor - 1)) ** (
-                rotary_dim / (rotary_dim - 2)
-            )
+    # Dynamic NTK grows the base past max_position_embeddings (transformers ignores original_max_position here)
+    if rope.rope_type == "dynamic" and seq_len is not None and seq_len > max_position:
+        base = base * ((rope.factor * seq_len / max_position) - (rope.factor - 1)) ** (
+            rotary_dim / (rotary_dim - 2)
+        )
     inv_freq = 1.0 / base**exponents
     if rope.rope_type == "linear":
         return inv_freq / rope.factor, 1.0
@@ -43,17 +42,26 @@ def _llama3(inv_freq: torch.Tensor, rope: RopeConfig, max_position: int) -> torc
     return torch.where(medium, blended, scaled)
 
 
+def yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    """YaRN's attention temperature for a context grown `factor` times (1 when it is not grown)."""
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 def _yarn(rope: RopeConfig, dim: int, max_position: int) -> tuple[torch.Tensor, float]:
     original = rope.original_max_position or max_position
     scaling = rope.attention_factor
-    if scaling is None:
-        scaling = 0.1 * math.log(rope.factor) + 1.0 if rope.factor > 1 else 1.0
+    if scaling is None and rope.mscale and rope.mscale_all_dim:
+        scaling = yarn_mscale(rope.factor, rope.mscale) / yarn_mscale(rope.factor, rope.mscale_all_dim)
+    elif scaling is None:
+        scaling = yarn_mscale(rope.factor)
 
     def correction_dim(rotations: float) -> float:
         return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
 
-    low = max(math.floor(correction_dim(rope.beta_fast)), 0)
-    high = min(math.ceil(correction_dim(rope.beta_slow)), dim - 1)
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
     if low == high:
         high += 0.001
     ramp = ((torch.arange(dim // 2, dtype=torch.float32) - low) / (high - low)).clamp(0, 1)

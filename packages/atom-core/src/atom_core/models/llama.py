@@ -13,17 +13,19 @@ from atom_core.layers.attention import SelfAttention
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.norm import RMSNorm
+from atom_core.models.attention_windows import no_windows
 from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
 
 class DecoderLayer(nn.Module):
     def __init__(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str, mlp: nn.Module,
-                 *, qk_norm: bool, biases: tuple[bool, bool]):  # fmt: skip
+                 *, qk_norm: bool, biases: tuple[bool, bool], sliding_window: int | None = None):  # fmt: skip
         super().__init__()
         eps, dtype = config.rms_norm_eps, config.dtype
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.self_attn = SelfAttention(config, ctx, layer_index=layer_index, prefix=f"{prefix}.self_attn",
-                                       qk_norm=qk_norm, qkv_bias=biases[0], o_bias=biases[1])  # fmt: skip
+                                       qk_norm=qk_norm, qkv_bias=biases[0], o_bias=biases[1],
+                                       sliding_window=sliding_window)  # fmt: skip
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = mlp
 
@@ -41,6 +43,7 @@ class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [T, vocab]."""
 
     qk_norm = False  # Qwen3: RMSNorm over each head of q and k before rotary
+    attention_windows = staticmethod(no_windows)  # config -> each layer's window (attention_windows.py)
     packed_rules = LLAMA_PACKED
     name_rules = ()
 
@@ -52,6 +55,7 @@ class LlamaForCausalLM(nn.Module):
         self.model = nn.Module()
         self.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype,
                                                          parallel=parallel)  # fmt: skip
+        windows = self.attention_windows(config)
         self.model.layers = nn.ModuleList(
             DecoderLayer(
                 config,
@@ -61,6 +65,7 @@ class LlamaForCausalLM(nn.Module):
                 self.make_mlp(config, ctx, i, f"{p}.layers.{i}.mlp"),
                 qk_norm=self.qk_norm,
                 biases=self.attention_biases(config),
+                sliding_window=windows[i],
             )
             for i in range(config.num_hidden_layers)
         )

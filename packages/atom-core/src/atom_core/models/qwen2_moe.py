@@ -5,18 +5,15 @@ from __future__ import annotations
 from torch import nn
 
 from atom_core.build import BuildContext
-from atom_core.config import ConfigError, ModelConfig
+from atom_core.config import ModelConfig
+from atom_core.models.attention_windows import qwen2_moe_windows
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule, is_sparse_layer, sparse_moe
 
 
 class Qwen2MoeForCausalLM(LlamaForCausalLM):
     name_rules = (expert_rule,)
-
-    def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
-        if config.hf.get("use_sliding_window"):
-            raise ConfigError("Qwen2-MoE with use_sliding_window=true is not supported yet")
-        super().__init__(config, ctx, prefix)
+    attention_windows = staticmethod(qwen2_moe_windows)
 
     def attention_biases(self, config: ModelConfig) -> tuple[bool, bool]:
         return bool(config.hf.get("qkv_bias", True)), False

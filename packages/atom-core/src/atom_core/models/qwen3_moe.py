@@ -9,6 +9,7 @@ from torch import nn
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.layers.moe import SparseMoE
+from atom_core.models.attention_windows import qwen3_moe_windows
 from atom_core.models.qwen3 import Qwen3ForCausalLM
 
 _EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
@@ -48,6 +49,7 @@ def sparse_moe(config: ModelConfig, ctx: BuildContext) -> SparseMoE:
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     name_rules = (expert_rule,)
+    attention_windows = staticmethod(qwen3_moe_windows)
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):

@@ -146,6 +146,8 @@ def _config(architecture, **fields):
         ("Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=0, max_window_layers=0),
          "window is 0"),
         ("Qwen2MoeForCausalLM", dict(use_sliding_window=True, sliding_window=-1, **MOE), "window is -1"),
+        # transformers' Llama ignores it in a forward but its cache keeps only the window: no one answer
+        ("LlamaForCausalLM", dict(sliding_window=6), "sets sliding_window=6"),
     ],
 )  # fmt: skip
 def test_window_fields_atom_cannot_compute_are_refused_by_name(architecture, fields, message):

@@ -22,11 +22,13 @@ def fresh_process(monkeypatch):
 
 @pytest.fixture(scope="session")
 def checkpoint_for(tmp_path_factory):
-    """checkpoint_for(architecture): a random transformers checkpoint saved once per session."""
+    """checkpoint_for(architecture, **overrides): a random transformers checkpoint saved once per session
+    (overrides change the architecture's tiny config, e.g. to add attention windows)."""
     made = {}
 
-    def get(architecture: str):
-        if architecture not in made:
+    def get(architecture: str, **overrides):
+        key = f"{architecture}{sorted(overrides.items())}"
+        if key not in made:
             import torch
             import transformers
             from checkpoints import ARCHITECTURES
@@ -34,12 +36,12 @@ def checkpoint_for(tmp_path_factory):
             family = architecture.removesuffix("ForCausalLM")
             config = getattr(transformers, f"{family}Config")(
                 vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                max_position_embeddings=256, **ARCHITECTURES[architecture],
+                max_position_embeddings=256, **{**ARCHITECTURES[architecture], **overrides},
             )  # fmt: skip
             torch.manual_seed(0)
             path = tmp_path_factory.mktemp(family)
             transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-            made[architecture] = path
-        return made[architecture]
+            made[key] = path
+        return made[key]
 
     return get

@@ -58,9 +58,41 @@ def test_wrapper_matches_transformers_through_extend_and_decode(checkpoint_for, 
     _assert_matches_transformers(checkpoint, prompts, tokens, logits)
 
 
-def test_a_prefix_cached_request_matches_transformers(checkpoint_for):
+# Windows shorter than the prompts: Qwen3 mixes full and windowed layers, Qwen3-MoE windows every layer,
+# Qwen2-MoE every other one. Each layer carries its window to the backend as RadixAttention's
+# sliding_window_size (q - k <= size, so one less than transformers' window).
+WINDOWED = {
+    "Qwen3ForCausalLM": dict(use_sliding_window=True, sliding_window=7, max_window_layers=1),
+    "Qwen3MoeForCausalLM": dict(use_sliding_window=True, sliding_window=9),
+    "Qwen2MoeForCausalLM": dict(use_sliding_window=True, sliding_window=6, max_window_layers=2),
+}
+
+
+@pytest.mark.parametrize("architecture", list(WINDOWED))
+def test_windowed_layers_match_transformers_past_the_window(checkpoint_for, architecture):
+    from transformers import AutoModelForCausalLM
+
+    checkpoint = checkpoint_for(architecture, **WINDOWED[architecture])
+    hf = AutoModelForCausalLM.from_pretrained(checkpoint)
+    windows = [getattr(layer.self_attn, "sliding_window", None) for layer in hf.model.layers]
+    h = SglangHarness(checkpoint, page_size=16)
+    sizes = [layer.self_attn.attn.sliding_window_size for layer in h.model.atom.model.layers]
+    assert sizes == [-1 if w is None else w - 1 for w in windows] and any(w is not None for w in windows)
+    prompts = _prompts(seed=11)
+    tokens, logits = _generate(h, prompts)
+    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+
+
+@pytest.mark.parametrize(
+    ("architecture", "overrides"),
+    [
+        ("LlamaForCausalLM", {}),
+        ("Qwen3ForCausalLM", WINDOWED["Qwen3ForCausalLM"]),
+    ],  # the prefix outruns the window
+)
+def test_a_prefix_cached_request_matches_transformers(checkpoint_for, architecture, overrides):
     # SGLang's radix cache hands a new request the pages of a shared prefix: only the rest is extended.
-    checkpoint = checkpoint_for("LlamaForCausalLM")
+    checkpoint = checkpoint_for(architecture, **overrides)
     h = SglangHarness(checkpoint, page_size=16)
     shared = list(range(2, 34))  # two whole pages
     first = h.add([*shared, 40, 41])

@@ -57,6 +57,14 @@ def save_checkpoint(architecture: str, path: Path, config_kwargs: dict) -> Check
     return Checkpoint(architecture, path)
 
 
+def transformers_windows(path: Path) -> list[int | None]:
+    """Each layer's attention window in transformers' own model of the checkpoint (None: full)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return [getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers]
+
+
 def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
     """transformers' greedy continuation, step by step through its own KV cache."""
     from transformers import AutoModelForCausalLM
@@ -74,14 +82,15 @@ def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
 
 @pytest.fixture(scope="session")
 def checkpoint_for(tmp_path_factory):
-    """checkpoint_for(architecture, **config_kwargs): saved once per architecture per session."""
+    """checkpoint_for(architecture, **config_kwargs): saved once per architecture and config per session."""
     made: dict[str, Checkpoint] = {}
 
     def get(architecture: str, **config_kwargs) -> Checkpoint:
-        if architecture not in made:
+        key = f"{architecture}{sorted(config_kwargs.items())}"
+        if key not in made:
             path = tmp_path_factory.mktemp(architecture) / "ckpt"
-            made[architecture] = save_checkpoint(architecture, path, config_kwargs)
-        return made[architecture]
+            made[key] = save_checkpoint(architecture, path, config_kwargs)
+        return made[key]
 
     return get
 
@@ -90,3 +99,9 @@ def checkpoint_for(tmp_path_factory):
 def greedy_reference():
     """greedy_reference(checkpoint, prompt, steps) -> transformers' greedy tokens."""
     return lambda ckpt, prompt, steps: transformers_greedy(ckpt.path, prompt, steps)
+
+
+@pytest.fixture(scope="session")
+def windows_reference():
+    """windows_reference(checkpoint) -> each layer's window in transformers' model of it."""
+    return lambda ckpt: transformers_windows(ckpt.path)

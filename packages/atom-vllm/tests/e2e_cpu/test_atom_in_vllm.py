@@ -89,6 +89,30 @@ def test_atom_runs_the_architecture_and_equals_transformers(
     assert f"runs {architecture}" in text
 
 
+# Windows shorter than the prompts: Qwen3 mixes full and windowed layers (vLLM's per-layer windows);
+# Qwen3-MoE windows every layer (vLLM also sets its model-wide window then).
+WINDOWED = {
+    "qwen3-mixed": ("Qwen3ForCausalLM", dict(ARCHITECTURES["Qwen3ForCausalLM"], use_sliding_window=True,
+                                              sliding_window=7, max_window_layers=1)),
+    "qwen3-moe-all": ("Qwen3MoeForCausalLM", dict(ARCHITECTURES["Qwen3MoeForCausalLM"], use_sliding_window=True,
+                                                  sliding_window=9)),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("case", list(WINDOWED))
+def test_each_layer_runs_the_window_transformers_gives_it(
+    case, checkpoint_for, greedy_reference, windows_reference
+):
+    architecture, kwargs = WINDOWED[case]
+    ckpt = checkpoint_for(architecture, **kwargs)
+    expected = [greedy_reference(ckpt, p, STEPS) for p in PROMPTS]
+    runs, what, hits = _run_vllm(ckpt.path, PROMPTS, rounds=2)
+    assert what["atom_model_class"].endswith("." + architecture)
+    assert what["windows"] == windows_reference(ckpt)
+    assert runs == [expected, expected]  # chunked prefill and (round 2) cached pages, across the window
+    assert hits >= 64
+
+
 def test_atom_off_leaves_vllms_own_implementation(checkpoint_for, greedy_reference, monkeypatch, capfd):
     ckpt = checkpoint_for("LlamaForCausalLM", **ARCHITECTURES["LlamaForCausalLM"])
     monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")

@@ -22,3 +22,25 @@ def test_unsupported_features_are_refused_by_name(kwargs, name):
         AtomAttentionImpl(4, 32, 0.1, 2)  # plain decoder attention is accepted
         with pytest.raises(NotImplementedError, match=name):
             AtomAttentionImpl(4, 32, 0.1, 2, **kwargs)
+
+
+def test_a_full_layer_does_not_inherit_vllms_model_wide_window():
+    # vLLM hands a layer without a window of its own CacheConfig.sliding_window; atom-core decided each
+    # layer's window already, so the adapter's full layers must stay full.
+    from vllm.config import CacheConfig
+
+    from atom_core.integration import AttentionLayerSpec
+    from atom_vllm.attention.layer import VllmAttentionBackend
+    from atom_vllm.registration import register_attention_backend
+
+    register_attention_backend()
+    cache = CacheConfig(sliding_window=8)
+    with set_current_vllm_config(VllmConfig(cache_config=cache)):
+        backend = VllmAttentionBackend(cache)
+        full = backend.make_layer(AttentionLayerSpec(0, 4, 2, 32, 0.1, "model.layers.0.self_attn.attn"))
+        windowed = backend.make_layer(
+            AttentionLayerSpec(1, 4, 2, 32, 0.1, "model.layers.1.self_attn.attn", sliding_window=5)
+        )
+    assert (full.sliding_window, full.impl.sliding_window) == (None, None)
+    assert (windowed.sliding_window, windowed.impl.sliding_window) == (5, 5)
+    assert cache.sliding_window == 8  # the engine's own config is left as it was

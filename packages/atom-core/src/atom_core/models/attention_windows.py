@@ -18,8 +18,16 @@ Windows = tuple[int | None, ...]  # one entry per decoder layer
 FULL, SLIDING = "full_attention", "sliding_attention"
 
 
-def no_windows(config: ModelConfig) -> Windows:
-    """Llama: transformers' Llama reads no window field (a stray `sliding_window` is ignored there too)."""
+def llama_windows(config: ModelConfig) -> Windows:
+    """Llama: full attention. transformers' Llama ignores `sliding_window` in its forward, yet its KV cache
+    keeps only that many positions (so cached decode differs from a full forward): with no one answer to
+    match, a Llama config that sets it is refused."""
+    if config.hf.get("sliding_window") is not None:
+        raise ConfigError(
+            f"{config.architecture} sets sliding_window={config.hf['sliding_window']!r}: transformers' Llama "
+            "attends fully in a forward but keeps only that window in its KV cache, so ATOM refuses to pick "
+            "one; remove the field (or set it to null) for full attention"
+        )
     return (None,) * config.num_hidden_layers
 
 

@@ -13,7 +13,7 @@ from atom_core.layers.attention import SelfAttention
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.norm import RMSNorm
-from atom_core.models.attention_windows import no_windows
+from atom_core.models.attention_windows import llama_windows
 from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
 
@@ -43,7 +43,7 @@ class LlamaForCausalLM(nn.Module):
     """forward(input_ids [T], positions [T]) -> hidden [T, H]; compute_logits(hidden) -> [T, vocab]."""
 
     qk_norm = False  # Qwen3: RMSNorm over each head of q and k before rotary
-    attention_windows = staticmethod(no_windows)  # config -> each layer's window (attention_windows.py)
+    attention_windows = staticmethod(llama_windows)  # config -> each layer's window (attention_windows.py)
     packed_rules = LLAMA_PACKED
     name_rules = ()
 

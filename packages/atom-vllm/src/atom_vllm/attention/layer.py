@@ -3,6 +3,8 @@ Attention module (so vLLM allocates, binds and schedules its KV cache) running t
 
 from __future__ import annotations
 
+import copy
+
 import torch
 from vllm.model_executor.layers.attention import Attention
 
@@ -30,6 +32,16 @@ class VllmAttentionBackend:
         # spec.prefix is the layer's module path in the wrapper, which vLLM uses as the layer's name.
         return VllmAttentionLayer(
             spec.num_heads, spec.head_dim, spec.scale, num_kv_heads=spec.num_kv_heads,
-            cache_config=self.cache_config, per_layer_sliding_window=spec.sliding_window, prefix=spec.prefix,
-            attn_backend=self.backend_cls,
+            cache_config=self._cache_config(spec.sliding_window), per_layer_sliding_window=spec.sliding_window,
+            prefix=spec.prefix, attn_backend=self.backend_cls,
         )  # fmt: skip
+
+    def _cache_config(self, window: int | None):
+        """vLLM gives a layer without a window of its own the model-wide `cache_config.sliding_window`
+        (set from the config's `sliding_window` unless `layer_types` mixes kinds). atom-core has already
+        decided each layer's window as transformers does, so a full layer gets a config without one."""
+        if window is not None or self.cache_config is None or self.cache_config.sliding_window is None:
+            return self.cache_config
+        config = copy.copy(self.cache_config)
+        config.sliding_window = None
+        return config

@@ -67,7 +67,7 @@ def main():
                 for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
                     seq.num_computed_tokens += n
                     engine.blocks.register_full_blocks(seq)
-                tokens, _ = sample(logits, [s.params for s in sched.seqs], [None] * len(sched.seqs))
+                tokens = sample(logits, sched.seqs).tokens
                 for seq, token in zip(sched.seqs, tokens, strict=True):
                     seq.append(token, None)
                 t4 = time.perf_counter()

@@ -143,7 +143,7 @@ def test_bad_requests_are_refused_and_the_engine_keeps_serving(checkpoint):
     llm = _llm(path, max_model_len=32)
     with pytest.raises(ValueError, match="exceeds the model's max_model_len 32"):
         llm.generate({"prompt_token_ids": list(range(1, 30))}, SamplingParams(max_tokens=10))
-    with pytest.raises(ValueError, match=r"must be in \[0, 151\)"):
+    with pytest.raises(ValueError, match=r"must be integers in \[0, 151\)"):
         llm.generate({"prompt_token_ids": [1, 500]})
     with pytest.raises(ValueError, match="no tokenizer"):
         llm.generate("text needs a tokenizer")

@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from pathlib import Path
 
 from atom_core import __version__
+from atom_core.entrypoints.openai.limits import ServerLimits
 
 
 def _log(message: str) -> None:
@@ -66,11 +68,21 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes")
+    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes "
+                       "(visible to other local users: prefer --api-key-file or ATOM_API_KEY)")  # fmt: skip
+    serve.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
     serve.add_argument("--max-num-seqs", type=int, default=256)
     serve.add_argument("--num-kv-blocks", type=int, default=None)
+    limits = ServerLimits()
+    serve.add_argument("--max-request-bytes", type=int, default=limits.max_body_bytes, help="413 above this")
+    serve.add_argument("--request-timeout", type=float, default=limits.request_timeout,
+                       help="seconds a client has to send a request's head, then its body")  # fmt: skip
+    serve.add_argument("--keep-alive-timeout", type=float, default=limits.keep_alive_timeout)
+    serve.add_argument("--max-connections", type=int, default=limits.max_connections)
+    serve.add_argument("--shutdown-timeout", type=float, default=limits.shutdown_timeout,
+                       help="seconds in-flight requests get after SIGTERM")  # fmt: skip
     bench = _with_engine_args(
         sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
     )
@@ -106,6 +118,24 @@ def _bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _api_key(args: argparse.Namespace) -> str | None:
+    """--api-key, else --api-key-file, else $ATOM_API_KEY; an empty key is refused, not taken as none."""
+    if args.api_key is not None:
+        key, where = args.api_key, "--api-key"
+    elif args.api_key_file is not None:
+        try:
+            key, where = args.api_key_file.read_text().strip(), str(args.api_key_file)
+        except OSError as err:
+            raise ValueError(f"--api-key-file {args.api_key_file}: {err.strerror}") from None
+    elif "ATOM_API_KEY" in os.environ:
+        key, where = os.environ["ATOM_API_KEY"], "ATOM_API_KEY"
+    else:
+        return None
+    if not key.strip():
+        raise ValueError(f"the API key from {where} is empty: give a real key, or none to serve without one")
+    return key.strip()
+
+
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -114,23 +144,36 @@ def _serve(args: argparse.Namespace) -> int:
     from atom_core.demo import ensure_demo_checkpoint
     from atom_core.engine import LLMEngine
     from atom_core.engine.async_engine import AsyncEngine
-    from atom_core.entrypoints.openai_server import create_app
+    from atom_core.entrypoints.openai.app import create_app
+    from atom_core.entrypoints.openai.connections import guarded_protocol
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    api_key = _api_key(args)
+    limits = ServerLimits(max_body_bytes=args.max_request_bytes, request_timeout=args.request_timeout,
+                          keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
+                          shutdown_timeout=args.shutdown_timeout)  # fmt: skip
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     if args.model is None:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
     engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device,
                        tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
-    async_engine = AsyncEngine(engine)
+    server: list[uvicorn.Server] = []
+    async_engine = AsyncEngine(engine, on_dead=lambda reason: setattr(server[0], "should_exit", True))
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
+    app = create_app(async_engine, name, api_key=api_key, limits=limits)
+    server.append(uvicorn.Server(uvicorn.Config(
+        app, host=args.host, port=args.port, log_level="warning", http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_timeout, timeout_graceful_shutdown=limits.shutdown_timeout,
+    )))  # fmt: skip
     try:
-        uvicorn.run(create_app(async_engine, name, api_key=args.api_key), host=args.host, port=args.port,
-                    log_level="warning")  # fmt: skip
+        server[0].run()
     finally:
         async_engine.shutdown()
         engine.shutdown()
+    if async_engine.dead is not None:
+        _log(f"error: the engine is dead, so the server stopped: {async_engine.dead}")
+        return 1
     return 0
 
 
@@ -184,14 +227,20 @@ def main(argv: list[str] | None = None) -> int:
 
         print(f"atom-core {__version__}, atom-kernels {atom_kernels.__version__}")
         return 0
-    if args.command == "generate":
-        return _generate(args)
-    if args.command == "serve":
-        return _serve(args)
-    if args.command == "bench":
-        return _bench(args)
-    parser.print_help()
-    return 2
+    commands = {"generate": _generate, "serve": _serve, "bench": _bench}
+    if args.command not in commands:
+        parser.print_help()
+        return 2
+    try:
+        return commands[args.command](args)
+    except (ValueError, OSError) as err:  # a bad checkpoint, config or argument: the message says which
+        _log(f"error: {_one_line(err)}")
+        return 2
+
+
+def _one_line(err: BaseException) -> str:
+    text = str(err) or type(err).__name__
+    return " ".join(text.split())
 
 
 if __name__ == "__main__":

@@ -128,8 +128,13 @@ class ModelConfig:
             hf = json.loads(config_file.read_text())
         except json.JSONDecodeError as err:
             raise ConfigError(f"{config_file} is not valid JSON: {err}") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{config_file} is not a JSON object")
         generation_file = path / "generation_config.json"
-        generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+        try:
+            generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
+        except json.JSONDecodeError as err:
+            raise ConfigError(f"{generation_file} is not valid JSON: {err}") from None
         return cls.from_hf_dict(hf, path=path, dtype=dtype, generation=generation)
 
     @classmethod
@@ -145,6 +150,8 @@ class ModelConfig:
         ]
         if missing:
             raise ConfigError(f"config.json lacks {', '.join(missing)}")
+        for name in ("hidden_size", "num_attention_heads"):  # divided by below
+            _positive(name, hf[name])
         heads = hf["num_attention_heads"]
         head_dim = hf.get("head_dim") or hf["hidden_size"] // heads
         return cls(

@@ -7,7 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from atom_core.build import BuildContext
@@ -23,7 +23,14 @@ def checkpoint_files(path: str | Path) -> list[Path]:
     path = Path(path)
     index = path / "model.safetensors.index.json"
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        try:
+            weight_map = json.loads(index.read_text()).get("weight_map", {})
+        except (json.JSONDecodeError, AttributeError) as err:
+            raise CheckpointError(f"{index} is not a valid index: {err}") from None
+        root = path.resolve()
+        outside = sorted({f for f in weight_map.values() if not (path / f).resolve().is_relative_to(root)})
+        if outside:  # never read files the checkpoint does not contain
+            raise CheckpointError(f"{index} points outside the checkpoint dir: {', '.join(outside)}")
         files = sorted({path / f for f in weight_map.values()})
         missing = [f.name for f in files if not f.is_file()]
         if missing:
@@ -48,9 +55,12 @@ def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
 
 def _iter_files(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     for file in files:
-        with safe_open(str(file), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
-                yield name, f.get_tensor(name)
+        try:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():  # noqa: SIM118 (safe_open has no __iter__)
+                    yield name, f.get_tensor(name)
+        except (SafetensorError, OSError) as err:
+            raise CheckpointError(f"{file} is not a readable safetensors file: {err}") from None
 
 
 def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.Module:
@@ -84,3 +94,12 @@ def load_checkpoint(
     if missing:
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise CheckpointError(f"checkpoint {path} is missing tensors for: {shown}")
+    _check_finite(model, path)
+
+
+def _check_finite(model: nn.Module, path) -> None:
+    """NaN or Inf in a weight would make every answer garbage: name the first such parameter (one
+    reduction per parameter, where it lives: cheap on a GPU, a pass over memory on the CPU)."""
+    for name, param in model.named_parameters():
+        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+            raise CheckpointError(f"checkpoint {path}: {name} holds NaN or Inf values")

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.model_runner import ModelRunner
@@ -20,6 +22,7 @@ from atom_core.engine.sequence import Sequence, Status
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
 Prompt = str | list[int] | dict
+logger = logging.getLogger("atom.engine")
 
 
 @dataclass(slots=True)
@@ -46,7 +49,7 @@ class LLMEngine:
 
             model = ensure_demo_checkpoint(log=lambda _: None)
         self.model_config = ModelConfig.from_pretrained(model, dtype=dtype)
-        self.max_model_len = max_model_len or self.model_config.max_position_embeddings
+        self.max_model_len = self._check_max_model_len(max_model_len)
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
         cache = CacheConfig(
             block_size=block_size, layout=kv_layout, kv_dtype=kv_cache_dtype, num_blocks=num_kv_blocks
@@ -60,12 +63,38 @@ class LLMEngine:
         else:
             self.runner = ModelRunner(self.model_config, cache, parallel=ParallelConfig(), device=self.device,
                                       **runner_args)  # fmt: skip
+        self.max_model_len = self._fit_max_model_len(max_model_len, self.runner.num_blocks * block_size)
         self.blocks = BlockManager(self.runner.num_blocks, block_size)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.blocks)
         self.tokenizer = self._load_tokenizer(Path(model))
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
+        self.consecutive_failures = (
+            0  # forwards that failed in a row (a caller may decide the engine is dead)
+        )
+
+    def _check_max_model_len(self, asked: int | None) -> int:
+        limit = self.model_config.max_position_embeddings
+        if asked is None:
+            return limit
+        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
+            raise ConfigError(f"max_model_len must be a positive integer, got {asked!r}")
+        if asked > limit:
+            raise ConfigError(f"max_model_len {asked} is above the model's max_position_embeddings {limit}")
+        return asked
+
+    def _fit_max_model_len(self, asked: int | None, capacity: int) -> int:
+        """One sequence of max_model_len tokens must fit the KV cache, or no request could be promised to
+        finish: a length the user set is refused, the model's own limit is lowered (and said so)."""
+        if self.max_model_len <= capacity:
+            return self.max_model_len
+        blocks = f"{self.runner.num_blocks} KV blocks hold {capacity} tokens"
+        if asked is not None:
+            raise ConfigError(f"max_model_len {asked} does not fit the KV cache: {blocks} (give more blocks or "
+                              "memory, or a smaller max_model_len)")  # fmt: skip
+        logger.warning("max_model_len lowered from %d to %d: %s", self.max_model_len, capacity, blocks)
+        return capacity
 
     @staticmethod
     def _load_tokenizer(path: Path):
@@ -75,7 +104,10 @@ class LLMEngine:
             return None
         from transformers import AutoTokenizer
 
-        return AutoTokenizer.from_pretrained(path)
+        try:  # never run a checkpoint's own code (auto_map): transformers then refuses instead of asking
+            return AutoTokenizer.from_pretrained(path, trust_remote_code=False)
+        except (OSError, ValueError) as err:
+            raise ConfigError(f"{path}: its tokenizer could not be loaded: {err}") from None
 
     def _eos_ids(self) -> set[int]:
         found = self.model_config.generation.get("eos_token_id", self.model_config.hf.get("eos_token_id"))
@@ -93,18 +125,31 @@ class LLMEngine:
             return None, list(prompt)
         if self.tokenizer is None:
             raise ValueError("this model has no tokenizer: pass prompts as {'prompt_token_ids': [...]}")
+        if len(prompt) > self.max_prompt_chars:  # refused before the tokenizer spends time on it
+            raise ValueError(
+                f"the prompt has {len(prompt)} characters: more than max_model_len {self.max_model_len} "
+                f"tokens of this tokenizer can hold ({self.max_prompt_chars})"
+            )
         return prompt, self.tokenizer(prompt).input_ids
+
+    @functools.cached_property
+    def max_prompt_chars(self) -> int:
+        """No prompt longer than this fits max_model_len tokens: a token covers at most as many characters
+        as its longest vocabulary entry (twice that, for normalizers that merge characters)."""
+        return 2 * max(map(len, self.tokenizer.get_vocab())) * self.max_model_len
 
     def add_request(
         self, prompt: Prompt, params: SamplingParams | None = None, request_id: str | None = None
     ) -> str:
+        """Validate the whole request, then queue all its samples: a request that raises ValueError
+        left nothing behind."""
         params = params or SamplingParams()
         text, ids = self.tokenize(prompt)
         vocab = self.model_config.vocab_size
         if not ids:
             raise ValueError("the prompt is empty")
-        if any(not 0 <= t < vocab for t in ids):
-            raise ValueError(f"prompt token ids must be in [0, {vocab})")
+        if any(isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab for t in ids):
+            raise ValueError(f"prompt token ids must be integers in [0, {vocab})")
         if len(ids) + params.max_tokens > self.max_model_len:
             raise ValueError(
                 f"prompt ({len(ids)} tokens) + max_tokens ({params.max_tokens}) exceeds the model's "
@@ -113,10 +158,10 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        request = _Request(request_id, text, ids)
-        for i in range(params.n):
-            seq = Sequence(request_id, i, ids, params)
-            request.seqs.append(seq)
+        request = _Request(
+            request_id, text, ids, [Sequence(request_id, i, ids, params) for i in range(params.n)]
+        )
+        for seq in request.seqs:
             self.scheduler.add(seq)
         self.requests[request_id] = request
         return request_id
@@ -124,10 +169,27 @@ class LLMEngine:
     def abort(self, request_id: str) -> None:
         request = self.requests.pop(request_id, None)
         for seq in request.seqs if request else []:
-            if seq.status is Status.RUNNING:
-                self.scheduler.finish(seq, "abort")
-            elif seq in self.scheduler.waiting:
-                self.scheduler.waiting.remove(seq)
+            self._end(seq, "abort")
+
+    def fail(self, request_ids, message: str) -> list[RequestOutput]:
+        """End these requests with an error (their blocks freed); the engine goes on with the others."""
+        outputs = []
+        for request_id in request_ids:
+            if (request := self.requests.pop(request_id, None)) is None:
+                continue
+            for seq in request.seqs:
+                self._end(seq, "error")
+            out = self._output(request, pop=False)
+            out.error = message
+            outputs.append(out)
+        return outputs
+
+    def _end(self, seq: Sequence, reason: str) -> None:
+        if seq.status is Status.RUNNING:
+            self.scheduler.finish(seq, reason)
+        elif seq.status is Status.WAITING:
+            self.scheduler.waiting.remove(seq)
+            seq.status, seq.finish_reason = Status.FINISHED, reason
 
     def shutdown(self) -> None:
         """Stop tensor-parallel workers and free the CUDA graphs; the engine takes no more steps."""
@@ -141,20 +203,31 @@ class LLMEngine:
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
-        inputs = ModelRunner.prepare(batch)
-        logits = self.runner.run(inputs)
-        ends = inputs.ends
+        try:
+            inputs = ModelRunner.prepare(batch)
+            logits = self.runner.run(inputs)
+        except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
+            logger.exception("a forward failed; its %d requests fail", len(batch.seqs))
+            self.consecutive_failures += 1
+            return self.fail(
+                dict.fromkeys(s.request_id for s in batch.seqs), f"the model's forward failed: {err}"
+            )
+        self.consecutive_failures = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
-        sampled = [batch.seqs[row] for row in ends]
-        tokens, logprobs = sample(logits, [s.params for s in sampled], [s.generator for s in sampled])
-        touched = {}
-        for seq, token, lp in zip(sampled, tokens, logprobs, strict=True):
+        sampled = [batch.seqs[row] for row in inputs.ends]
+        result = sample(logits, sampled)
+        touched, failed = {}, {}
+        for seq, token, lp, error in zip(sampled, result.tokens, result.logprobs, result.errors, strict=True):
+            if error is not None:
+                failed.setdefault(seq.request_id, error)
+                continue
             seq.append(token, lp)
             self._check_stop(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        return [self._output(r, pop=True) for r in touched.values()]
+        outputs = self.fail(failed, next(iter(failed.values()))) if failed else []
+        return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
 
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
@@ -188,8 +261,20 @@ class LLMEngine:
         if finished and pop:
             self.requests.pop(request.request_id, None)
         outputs = [
-            CompletionOutput(s.index, s.text, list(s.output_token_ids), s.finish_reason,
+            CompletionOutput(s.index, _settled_text(s), list(s.output_token_ids), s.finish_reason,
                              list(s.output_logprobs) if s.params.logprobs is not None else None)
             for s in request.seqs
         ]  # fmt: skip
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)
+
+
+def _settled_text(seq: Sequence) -> str:
+    """seq's text, less a tail that may still become a stop string while it runs: what is reported (and
+    streamed) never has to be taken back, so streamed text equals the final text."""
+    if seq.status is Status.FINISHED or not seq.params.stop:
+        return seq.text
+    text = seq.text
+    held = max(
+        (k for stop in seq.params.stop for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0
+    )
+    return text[: len(text) - held]

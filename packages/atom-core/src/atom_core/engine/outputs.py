@@ -10,7 +10,7 @@ class CompletionOutput:
     index: int
     text: str
     token_ids: list[int]
-    finish_reason: str | None  # "stop", "length", or None while running
+    finish_reason: str | None  # "stop", "length", "abort", "error", or None while running
     logprobs: list[dict[int, float]] | None = None
 
 
@@ -21,3 +21,4 @@ class RequestOutput:
     prompt_token_ids: list[int]
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
+    error: str | None = None  # why the request failed (it is then finished; the engine goes on with others)

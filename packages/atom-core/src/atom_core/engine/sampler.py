@@ -1,26 +1,55 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p; per-request seeded generators; logprobs."""
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, OpenAI/vLLM penalties; per-request seeded
+generators; logprobs. A row whose logits are not finite, or whose sampling fails, fails alone: the other
+rows of the batch are sampled as usual."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
-from atom_core.engine.sampling_params import SamplingParams
+from atom_core.engine.sequence import Sequence
 
 
-def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator | None]):
-    """logits: [B, V] -> (tokens [B] list, per row the {token: logprob} dict or None).
+@dataclass(slots=True)
+class Sampled:
+    tokens: list[int | None]  # None where the row failed
+    logprobs: list[dict[int, float] | None]
+    errors: list[str | None]  # why a row failed
 
-    Greedy rows take one batched argmax (one device-to-host copy per step, not one per row).
+
+def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
+    """logits: [B, V], one row per sequence -> the next token of each (and its logprobs if asked for).
+
+    Plain greedy rows take one batched argmax (one device-to-host copy per step, not one per row).
     """
-    if all(p.greedy and p.logprobs is None for p in params):  # bf16 -> fp32 is exact: the same argmax
-        return logits.argmax(dim=-1).tolist(), [None] * len(params)
+    params = [s.params for s in seqs]
+    finite = torch.isfinite(logits).all(dim=-1)
+    if all(p.greedy and p.logprobs is None and not p.penalized for p in params):
+        tokens, ok = torch.stack([logits.argmax(dim=-1), finite.long()]).tolist()
+        errors = [None if good else _NON_FINITE for good in ok]
+        return Sampled(
+            [t if good else None for t, good in zip(tokens, ok, strict=True)], [None] * len(seqs), errors
+        )
     logits = logits.float()
-    tokens = logits.argmax(dim=-1).tolist()
-    for row, (p, gen) in enumerate(zip(params, generators, strict=True)):
-        if not p.greedy:
-            tokens[row] = _sample_row(logits[row] / p.temperature, p, gen)
-    logprobs: list[dict[int, float] | None] = [None] * len(params)
-    wanted = [row for row, p in enumerate(params) if p.logprobs is not None]
+    ok = finite.tolist()
+    penalized = [row for row, p in enumerate(params) if p.penalized and ok[row]]
+    if penalized:
+        logits = logits.clone()
+        for row in penalized:
+            _apply_penalties(logits[row], seqs[row])
+    tokens: list[int | None] = logits.argmax(dim=-1).tolist()
+    errors: list[str | None] = [None if good else _NON_FINITE for good in ok]
+    for row, (p, seq) in enumerate(zip(params, seqs, strict=True)):
+        if not ok[row]:
+            tokens[row] = None
+        elif not p.greedy:
+            try:
+                tokens[row] = _sample_row(logits[row], p, seq.generator)
+            except RuntimeError as err:  # what torch.multinomial says of a distribution it cannot sample
+                tokens[row], errors[row] = None, f"sampling failed: {err}"
+    logprobs: list[dict[int, float] | None] = [None] * len(seqs)
+    wanted = [row for row, p in enumerate(params) if p.logprobs is not None and tokens[row] is not None]
     if wanted:
         lp = torch.log_softmax(logits[wanted], dim=-1).cpu()
         for i, row in enumerate(wanted):
@@ -28,10 +57,27 @@ def sample(logits: torch.Tensor, params: list[SamplingParams], generators: list[
             top = {int(t): float(lp[i, t]) for t in lp[i].topk(k).indices} if k else {}
             top[tokens[row]] = float(lp[i, tokens[row]])
             logprobs[row] = top
-    return tokens, logprobs
+    return Sampled(tokens, logprobs, errors)
 
 
-def _sample_row(x: torch.Tensor, p: SamplingParams, gen: torch.Generator | None) -> int:
+_NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
+
+
+def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
+    """In place, as vLLM applies them: repetition over prompt and output tokens, presence and frequency
+    over output tokens only."""
+    p = seq.params
+    if p.repetition_penalty != 1:
+        seen = torch.tensor(sorted(set(seq.token_ids)), device=row.device)
+        values = row[seen]
+        row[seen] = torch.where(values > 0, values / p.repetition_penalty, values * p.repetition_penalty)
+    if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):
+        counts = torch.bincount(torch.tensor(seq.output_token_ids, device=row.device), minlength=row.numel())
+        row -= p.frequency_penalty * counts + p.presence_penalty * (counts > 0)
+
+
+def _sample_row(x: torch.Tensor, p, gen: torch.Generator | None) -> int:
+    x = (x - x.max()) / p.temperature  # the largest logit is 0: no overflow at any temperature >= eps
     if p.top_k > 0 and p.top_k < x.numel():
         kth = x.topk(p.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))

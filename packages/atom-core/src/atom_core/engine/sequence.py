@@ -42,7 +42,7 @@ class Sequence:
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
         if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed(self.params.seed + self.index)
+            self.generator = torch.Generator().manual_seed((self.params.seed + self.index) % 2**64)
 
     @property
     def num_uncomputed(self) -> int:

@@ -21,19 +21,28 @@ from atom_core.engine.model_runner import ModelRunner, StepInputs
 from atom_core.engine.step_channel import StepChannel
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _loopback_listener() -> socket.socket:
+    """The rendezvous socket, bound to loopback only: the ranks share one host, nothing else may connect."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen()
+    return listener
 
 
 def _device(base: torch.device, rank: int) -> torch.device:
     return torch.device("cuda", rank) if base.type == "cuda" else base
 
 
-def _init(rank: int, size: int, port: int, device: torch.device):
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("nccl" if device.type == "cuda" else "gloo", rank=rank, world_size=size)
+def _init(rank: int, size: int, port: int, device: torch.device, listener: socket.socket | None = None):
+    """Join the process group through rank 0's loopback store; gloo's and NCCL's own sockets use the
+    loopback interface too (unless the environment names another)."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    fd = {} if listener is None else {"master_listen_fd": listener.fileno()}
+    store = dist.TCPStore("127.0.0.1", port, size, is_master=listener is not None, **fd)
+    dist.init_process_group(
+        "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=size
+    )
     return dist.new_group(backend="gloo")
 
 
@@ -82,7 +91,8 @@ class TensorParallelRunner:
                 f"tensor_parallel_size {size} needs {size} GPUs, {torch.cuda.device_count()} are visible "
                 "(use fewer ranks, or device='cpu' for tensor parallel over gloo)"
             )
-        port = _free_port()
+        listener = _loopback_listener()
+        port = listener.getsockname()[1]
         args = dict(runner_args, model_config=model_config, cache=cache)
         context = mp.get_context("spawn")
         self.channel = StepChannel(size - 1, context)
@@ -91,7 +101,8 @@ class TensorParallelRunner:
         for proc in self.workers:
             proc.start()
         device = _device(device, 0)
-        self.control = _init(0, size, port, device)
+        self.control = _init(0, size, port, device, listener)
+        self._listener = listener  # the store serves on it until shutdown
         self.runner = ModelRunner(**args, parallel=ParallelConfig(size, 0, dist.group.WORLD), device=device,
                                   control_group=self.control)  # fmt: skip
         self.num_blocks = self.runner.num_blocks
@@ -114,3 +125,4 @@ class TensorParallelRunner:
             if proc.is_alive():
                 proc.kill()
         self.workers = []
+        self._listener.close()

@@ -1,0 +1,35 @@
+"""Chat messages -> prompt token ids through the checkpoint's chat template, with message text kept text.
+
+A message may contain the spelling of a control token ("</s>", "<|im_end|>"): tokenizing the rendered
+template as one string would turn it into that control token, letting a user end a turn or forge one.
+When any message holds such a spelling, the template is rendered around placeholders and each message's
+text is tokenized on its own with special tokens split into ordinary text; otherwise the rendered text
+is tokenized whole, exactly as transformers' apply_chat_template(tokenize=True) does.
+"""
+
+from __future__ import annotations
+
+import re
+
+_MARK = "\ue000{}\ue001"  # private-use characters around a message's index
+_SPLIT = re.compile("\ue000(\\d+)\ue001")
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
+    """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template")
+    controls = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t]
+    if not any(t in m["content"] for m in messages for t in controls):
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        return tokenizer(text, add_special_tokens=False).input_ids
+    marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+    rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    ids: list[int] = []
+    for i, piece in enumerate(_SPLIT.split(rendered)):
+        if i % 2 == 0:  # the template's own text, control tokens included
+            ids += tokenizer(piece, add_special_tokens=False).input_ids if piece else []
+        else:
+            content = messages[int(piece)]["content"]
+            ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
+    return ids

@@ -1,0 +1,127 @@
+"""OpenAI request bodies, strict: every field is either implemented or refused with its name.
+
+Types are strict ("5" is not an integer, true is not a number), unknown fields are refused, strings must be
+valid Unicode (a lone surrogate is refused here, not by the tokenizer). Sampling fields map to
+SamplingParams, which checks their ranges.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from atom_core.engine.sampling_params import SamplingParams
+
+MAX_N = 16
+
+
+def _unicode(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (it holds a lone surrogate)") from None
+    return text
+
+
+Text = Annotated[str, AfterValidator(_unicode)]
+
+
+class StreamOptions(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    include_usage: bool = False
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    model: Text | None = None
+    n: int = 1
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = -1  # vLLM's extension, as are min_p, repetition_penalty, stop_token_ids, ignore_eos
+    min_p: float = 0.0
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    seed: int | None = None
+    stop: Text | list[Text] | None = None
+    stop_token_ids: list[int] | None = None
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    ignore_eos: bool = False
+    user: Text | None = None  # the caller's end-user id: metadata, it changes no answer
+    logit_bias: dict[str, float] | None = None
+
+    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+        if self.n > MAX_N:
+            raise ValueError(f"n must be at most {MAX_N}")
+        if self.logit_bias:
+            raise ValueError("logit_bias is not supported")
+        if self.stream_options is not None and not self.stream:
+            raise ValueError("stream_options is only allowed with stream: true")
+        return SamplingParams(
+            n=self.n, temperature=self.temperature, top_p=self.top_p, top_k=self.top_k, min_p=self.min_p,
+            presence_penalty=self.presence_penalty, frequency_penalty=self.frequency_penalty,
+            repetition_penalty=self.repetition_penalty, seed=self.seed, max_tokens=max_tokens, stop=self.stop,
+            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos, logprobs=logprobs,
+        )  # fmt: skip
+
+    @property
+    def include_usage(self) -> bool:
+        return self.stream_options is not None and self.stream_options.include_usage
+
+
+class CompletionRequest(_Request):
+    prompt: Text | list[int]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    suffix: Text | None = None
+    best_of: int | None = None
+
+    def checked_params(self) -> SamplingParams:
+        if self.suffix:
+            raise ValueError("suffix is not supported")
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of is not supported (other than equal to n)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo with logprobs is not supported (it needs the prompt's logprobs)")
+        return self.sampling_params(16 if self.max_tokens is None else self.max_tokens, self.logprobs)
+
+
+class TextPart(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text"]
+    text: Text
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | list[TextPart]
+    name: Text | None = None
+
+    def text(self) -> str:
+        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
+
+
+class ChatCompletionRequest(_Request):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool = False
+    top_logprobs: int | None = None
+
+    def checked_params(self, room: int) -> SamplingParams:
+        """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's)."""
+        if (
+            None not in (self.max_tokens, self.max_completion_tokens)
+            and self.max_tokens != self.max_completion_tokens
+        ):
+            raise ValueError("max_tokens and max_completion_tokens disagree; give one")
+        if self.top_logprobs is not None and not self.logprobs:
+            raise ValueError("top_logprobs needs logprobs: true")
+        budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+        return self.sampling_params(max(room, 1) if budget is None else budget,
+                                    (self.top_logprobs or 0) if self.logprobs else None)  # fmt: skip

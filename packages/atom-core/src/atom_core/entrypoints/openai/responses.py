@@ -1,0 +1,83 @@
+"""Response bodies and stream chunks in OpenAI's shapes: choices, usage, logprobs (completions' and chat's)."""
+
+from __future__ import annotations
+
+import json
+
+from atom_core.engine.outputs import CompletionOutput, RequestOutput
+
+
+def error_body(
+    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code or status}}
+
+
+def usage(out: RequestOutput) -> dict:
+    prompt = len(out.prompt_token_ids)
+    completion = sum(len(c.token_ids) for c in out.outputs)
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+class Formatter:
+    """Builds one request's bodies; `chat` picks the chat shapes, `echo` prefixes completions with the prompt."""
+
+    def __init__(self, tokenizer, model: str, request_id: str, created: int, *, chat: bool, echo: str = "",
+                 top_logprobs: int = 0):  # fmt: skip
+        self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
+        self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
+
+    def _token(self, t: int) -> str:
+        return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
+
+    def logprobs(self, c: CompletionOutput, start: int = 0, text_offset: int = 0) -> dict | None:
+        """The logprobs of c's tokens from `start` on (a stream sends each token's once)."""
+        if c.logprobs is None:
+            return None
+        ids, lps = c.token_ids[start:], c.logprobs[start:]
+        if self.chat:
+            return {"content": [self._chat_entry(t, lp) for t, lp in zip(ids, lps, strict=True)]}
+        tokens = [self._token(t) for t in ids]
+        offsets, at = [], text_offset
+        for token in tokens:
+            offsets.append(at)
+            at += len(token)
+        return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(ids, lps, strict=True)],
+                "top_logprobs": [{self._token(k): v for k, v in lp.items()} for lp in lps],
+                "text_offset": offsets}  # fmt: skip
+
+    def _chat_entry(self, t: int, lp: dict[int, float]) -> dict:
+        def one(k: int, v: float) -> dict:
+            token = self._token(k)
+            return {"token": token, "logprob": v, "bytes": list(token.encode("utf-8"))}
+
+        # lp holds the top_logprobs best tokens and the sampled one (which may be outside them)
+        best = sorted(lp.items(), key=lambda kv: -kv[1])[: self.top_logprobs]
+        return {**one(t, lp[t]), "top_logprobs": [one(k, v) for k, v in best]}
+
+    def full(self, out: RequestOutput) -> dict:
+        choices = []
+        for c in out.outputs:
+            choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": self.logprobs(c)}
+            if self.chat:
+                choice["message"] = {"role": "assistant", "content": c.text}
+            else:
+                choice["text"] = self.echo + c.text
+            choices.append(choice)
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices, "usage": usage(out)}  # fmt: skip
+
+    def chunk(self, choices: list[dict], usage_stats: dict | None = None) -> str:
+        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": choices}  # fmt: skip
+        if usage_stats is not None:
+            body["usage"] = usage_stats
+        return f"data: {json.dumps(body)}\n\n"
+
+    def delta(self, c: CompletionOutput, text: str, first: bool, logprobs: dict | None) -> dict:
+        choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": logprobs}
+        if self.chat:
+            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+        else:
+            choice["text"] = (self.echo if first else "") + text
+        return choice

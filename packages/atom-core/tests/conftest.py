@@ -96,3 +96,70 @@ def hf_greedy(model, prompt, steps):
 def hf_greedy_tokens():
     """hf_greedy(model, prompt, steps): transformers' greedy continuation (an argmax loop over its KV cache)."""
     return hf_greedy
+
+
+class ServerProcess:
+    """`atom serve` in a subprocess on a free localhost port; `stop()` sends SIGTERM and returns the exit code."""
+
+    def __init__(self, args: list[str], cache_dir, env: dict | None = None, ready: bool = True):
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = s.getsockname()[1]
+        self.base = f"http://127.0.0.1:{self.port}"
+        self.log_path = cache_dir / f"server-{self.port}.log"
+        self._log = open(self.log_path, "w")  # noqa: SIM115 (closed by stop)
+        # The server picks its own kernels (torch on the CPU): not the Triton interpreter set for these tests.
+        inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+        env = {**inherited, "ATOM_CACHE_DIR": str(cache_dir), **(env or {})}
+        self.proc = subprocess.Popen([sys.executable, "-m", "atom_core.cli", "serve", "--port", str(self.port),
+                                      "--device", "cpu", *args], env=env, stdout=self._log,
+                                     stderr=subprocess.STDOUT)  # fmt: skip
+        if ready:
+            self.wait_ready()
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        import time
+
+        import httpx
+
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            assert self.proc.poll() is None, self.log()
+            try:
+                if httpx.get(f"{self.base}/health", timeout=1).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        raise AssertionError(f"the server did not become ready:\n{self.log()}")
+
+    def log(self) -> str:
+        self._log.flush()
+        return self.log_path.read_text()
+
+    def stop(self, timeout: float = 30) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        code = self.proc.wait(timeout=timeout)
+        self._log.close()
+        return code
+
+
+@pytest.fixture(scope="module")
+def start_server(tmp_path_factory):
+    """start_server(args, env=None) -> a running ServerProcess; every one still running is stopped at the end."""
+    cache = tmp_path_factory.mktemp("atom-cache")
+    started: list[ServerProcess] = []
+
+    def start(args: list[str], env: dict | None = None, ready: bool = True) -> ServerProcess:
+        started.append(ServerProcess(args, cache, env, ready))
+        return started[-1]
+
+    yield start
+    for server in started:
+        if server.proc.poll() is None:
+            server.proc.kill()
+            server.proc.wait()

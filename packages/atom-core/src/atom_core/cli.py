@@ -139,13 +139,11 @@ def _api_key(args: argparse.Namespace) -> str | None:
 def _serve(args: argparse.Namespace) -> int:
     import logging
 
-    import uvicorn
-
     from atom_core.demo import ensure_demo_checkpoint
     from atom_core.engine import LLMEngine
     from atom_core.engine.async_engine import AsyncEngine
     from atom_core.entrypoints.openai.app import create_app
-    from atom_core.entrypoints.openai.connections import guarded_protocol
+    from atom_core.entrypoints.openai.connections import Server, make_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = _api_key(args)
@@ -158,14 +156,11 @@ def _serve(args: argparse.Namespace) -> int:
     engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
                        num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device,
                        tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
-    server: list[uvicorn.Server] = []
+    server: list[Server] = []
     async_engine = AsyncEngine(engine, on_dead=lambda reason: setattr(server[0], "should_exit", True))
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
     app = create_app(async_engine, name, api_key=api_key, limits=limits)
-    server.append(uvicorn.Server(uvicorn.Config(
-        app, host=args.host, port=args.port, log_level="warning", http=guarded_protocol(limits),
-        timeout_keep_alive=limits.keep_alive_timeout, timeout_graceful_shutdown=limits.shutdown_timeout,
-    )))  # fmt: skip
+    server.append(make_server(app, args.host, args.port, limits))
     try:
         server[0].run()
     finally:

@@ -4,13 +4,16 @@ A failure inside a step fails the requests it touched (their streams raise Reque
 reason) and the engine goes on with the others. When steps keep failing, the engine cannot run any more:
 it is marked dead (`dead` says why), every waiting request fails, and `on_dead` tells the server, which
 then reports unhealthy and exits rather than hang. Tokenization runs on its own thread, outside the
-engine lock, so a long prompt delays neither the event loop nor the engine's steps.
+engine lock, so a long prompt delays neither the event loop nor the engine's steps; the event loop never
+waits for the engine lock either (admission runs on a worker thread, aborts go through an inbox that
+the engine thread drains between steps).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import queue
 import threading
 from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -41,6 +44,7 @@ class AsyncEngine:
         self._wake = threading.Event()
         self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
         self._failed_steps = 0  # steps that raised outside the forward (the engine counts forward failures)
+        self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()  # requests whose clients left
         self._tokenizer_thread = ThreadPoolExecutor(
             1, thread_name_prefix="atom-tokenize"
         )  # one: not reentrant
@@ -62,6 +66,8 @@ class AsyncEngine:
     def _step(self) -> list[RequestOutput] | None:
         try:
             with self._lock:
+                while not self._aborts.empty():
+                    self.engine.abort(self._aborts.get())
                 if not self.engine.has_unfinished_requests():
                     return None
                 outputs = self.engine.step()
@@ -99,24 +105,33 @@ class AsyncEngine:
         if self.dead is not None:
             raise EngineDead(self.dead)
         text, ids = await self.run_tokenizer(self.engine.tokenize, prompt)
-        queue: asyncio.Queue = asyncio.Queue()
-        with self._lock:
-            self.engine.add_request({"prompt": text, "prompt_token_ids": ids}, params, request_id)
-            self._queues[request_id] = (asyncio.get_running_loop(), queue)
-        self._wake.set()
+        outputs: asyncio.Queue = asyncio.Queue()
+        self._queues[request_id] = (asyncio.get_running_loop(), outputs)
         try:
-            while True:
-                out = await queue.get()
+            await asyncio.to_thread(
+                self._admit, {"prompt": text, "prompt_token_ids": ids}, params, request_id
+            )
+        except BaseException:
+            self._queues.pop(request_id, None)
+            raise
+        self._wake.set()
+        finished = False
+        try:
+            while not finished:
+                out = await outputs.get()
                 if out.error is not None:
                     raise RequestFailed(out.error)
+                finished = out.finished
                 yield out
-                if out.finished:
-                    return
         finally:
             self._queues.pop(request_id, None)
-            with self._lock:
-                if request_id in self.engine.requests:  # the client went away: free its blocks
-                    self.engine.abort(request_id)
+            if not finished:  # the client went away (or the request failed): the engine frees it
+                self._aborts.put(request_id)
+                self._wake.set()
+
+    def _admit(self, prompt: Prompt, params: SamplingParams, request_id: str) -> None:
+        with self._lock:
+            self.engine.add_request(prompt, params, request_id)
 
     def shutdown(self) -> None:
         self._stop = True

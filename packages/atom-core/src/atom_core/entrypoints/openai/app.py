@@ -65,7 +65,7 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     async def health():
         if engine.dead is not None:
             return _error(503, f"the engine is dead: {engine.dead}", "service_unavailable")
-        return {"status": "ok"}
+        return {"status": "ok", "requests": len(engine.engine.requests)}  # requests in the engine now
 
     @app.get("/v1/models")
     async def models():

@@ -1,10 +1,19 @@
-"""Connections uvicorn accepts, bounded: GuardedH11Protocol (uvicorn's h11 protocol) closes a connection
-that has not sent a complete request head within request_timeout (just opened, or idle after a response),
-and closes new connections beyond max_connections at once: each holds a file descriptor, and a flood of
-them must not starve real clients."""
+"""The HTTP server process: connections bounded, shutdown graceful.
+
+GuardedH11Protocol (uvicorn's h11 protocol) closes a connection that has not sent a complete request head
+within request_timeout (just opened, or idle after a response), and closes new connections beyond
+max_connections at once: each holds a file descriptor, and a flood of them must not starve real clients.
+Server is uvicorn's, except that SIGTERM/SIGINT end `run()` normally once in-flight requests finished (or
+shutdown_timeout passed): uvicorn re-raises the signal instead, which would skip the engine's shutdown.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
+import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from atom_core.entrypoints.openai.limits import ServerLimits
@@ -51,3 +60,24 @@ class GuardedH11Protocol(H11Protocol):
 def guarded_protocol(limits: ServerLimits) -> type[GuardedH11Protocol]:
     """The protocol class uvicorn builds connections with, carrying these limits."""
     return type("GuardedH11Protocol", (GuardedH11Protocol,), {"limits": limits})
+
+
+class Server(uvicorn.Server):
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():  # signals reach the main thread only
+            yield
+            return
+        originals = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in originals.items():
+                signal.signal(sig, handler)
+
+
+def make_server(app, host: str, port: int, limits: ServerLimits) -> Server:
+    return Server(uvicorn.Config(
+        app, host=host, port=port, log_level="warning", http=guarded_protocol(limits),
+        timeout_keep_alive=limits.keep_alive_timeout, timeout_graceful_shutdown=limits.shutdown_timeout,
+    ))  # fmt: skip

@@ -1,0 +1,188 @@
+"""Faults injected into a real engine: a request that fails inside a step fails alone; an engine that can no
+longer run says so (health 503, EngineDead, `atom serve` exits 1) instead of hanging."""
+
+import asyncio
+import threading
+import time
+
+import httpx
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig
+
+from atom_core import LLMEngine, SamplingParams
+from atom_core.cli import main
+from atom_core.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
+from atom_core.engine.model_runner import ModelRunner
+from atom_core.entrypoints.openai.app import create_app
+
+GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    torch.manual_seed(0)
+    config = LlamaConfig(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
+    path = tmp_path_factory.mktemp("faults") / "ckpt"
+    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    return path
+
+
+def _engine(path) -> LLMEngine:
+    return LLMEngine(path, kernel_backend="torch", block_size=4, num_kv_blocks=64)
+
+
+def _drain(engine: LLMEngine) -> dict:
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished
+
+
+PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13], "c": [20, 21]}
+
+
+def _alone(path) -> dict:
+    engine = _engine(path)
+    for rid, p in PROMPTS.items():
+        engine.add_request({"prompt_token_ids": p}, GREEDY, rid)
+    return {rid: out.outputs[0].token_ids for rid, out in _drain(engine).items()}
+
+
+def _poison(engine: LLMEngine, victim: str, *, raise_in_forward: bool = False):
+    """Make the runner's logits for `victim`'s rows NaN (or make any forward that includes it raise)."""
+    schedule, run = engine.scheduler.schedule, engine.runner.run
+    batch = {}
+
+    def spy():
+        batch["now"] = schedule()
+        return batch["now"]
+
+    def poisoned(inputs):
+        rows = [i for i, row in enumerate(inputs.ends) if batch["now"].seqs[row].request_id == victim]
+        if rows and raise_in_forward:
+            raise RuntimeError("injected fault")
+        logits = run(inputs).clone()
+        logits[rows] = float("nan")
+        return logits
+
+    engine.scheduler.schedule, engine.runner.run = spy, poisoned
+
+
+def test_non_finite_logits_fail_only_their_request(checkpoint):
+    expected = _alone(checkpoint)
+    engine = _engine(checkpoint)
+    _poison(engine, "b")
+    for rid, p in PROMPTS.items():
+        engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.7, seed=1, max_tokens=6)
+                           if rid == "b" else GREEDY, rid)  # fmt: skip
+    done = _drain(engine)
+    assert "non-finite logits" in done["b"].error and done["b"].outputs[0].finish_reason == "error"
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
+        "a": expected["a"],
+        "c": expected["c"],
+    }
+    assert engine.blocks.num_free_blocks == 64  # the failed request's blocks came back
+
+
+def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint):
+    expected = _alone(checkpoint)
+    engine = _engine(checkpoint)
+    _poison(engine, "b", raise_in_forward=True)
+    engine.add_request({"prompt_token_ids": PROMPTS["b"]}, GREEDY, "b")
+    done = _drain(engine)
+    assert "injected fault" in done["b"].error
+    for rid in ("a", "c"):  # later requests run as if nothing happened
+        engine.add_request({"prompt_token_ids": PROMPTS[rid]}, GREEDY, rid)
+    done = _drain(engine)
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
+        "a": expected["a"],
+        "c": expected["c"],
+    }
+    assert engine.consecutive_failures == 0
+
+
+def test_a_rejected_request_leaves_nothing_behind(checkpoint):
+    engine = _engine(checkpoint)
+    with pytest.raises(ValueError, match="max_model_len"):
+        engine.add_request({"prompt_token_ids": [3] * 100}, SamplingParams(n=2, max_tokens=60))
+    assert not engine.requests and not engine.scheduler.waiting
+    # a seed far past 64 bits with n=2 (once a KeyError a step later) is a valid request
+    engine.add_request({"prompt_token_ids": [3, 4]}, SamplingParams(n=2, seed=2**70, max_tokens=3), "s")
+    assert len(_drain(engine)["s"].outputs) == 2
+
+
+def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):
+    engine = _engine(checkpoint)
+    engine.runner.run = lambda inputs: (_ for _ in ()).throw(RuntimeError("the device is gone"))
+    died = threading.Event()
+    async_engine = AsyncEngine(engine, on_dead=lambda reason: died.set())
+    app = create_app(async_engine, "m")
+
+    async def scenario():
+        for i in range(AsyncEngine.MAX_FAILED_STEPS):
+            with pytest.raises(RequestFailed, match="the device is gone"):
+                async for _ in async_engine.generate({"prompt_token_ids": [1, 2]}, GREEDY, f"r{i}"):
+                    pass
+        assert died.wait(5)
+        with pytest.raises(EngineDead):
+            async for _ in async_engine.generate({"prompt_token_ids": [1, 2]}, GREEDY, "late"):
+                pass
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as client:
+            health = await client.get("/health")
+            r = await client.post("/v1/completions", json={"prompt": [1, 2], "max_tokens": 2})
+        return health, r
+
+    try:
+        health, r = asyncio.run(scenario())
+    finally:
+        async_engine.shutdown()
+    assert health.status_code == 503 and "the engine is dead" in health.json()["error"]["message"]
+    assert r.status_code == 503
+
+
+def test_atom_serve_exits_non_zero_when_its_engine_dies(atom_cache, monkeypatch):
+    monkeypatch.setattr(
+        ModelRunner, "run", lambda self, inputs: (_ for _ in ()).throw(RuntimeError("broken"))
+    )
+    port = _free_port()
+    result = {}
+    thread = threading.Thread(
+        target=lambda: result.setdefault(
+            "rc",
+            main(
+                [
+                    "serve",
+                    "--port",
+                    str(port),
+                    "--device",
+                    "cpu",
+                    "--num-kv-blocks",
+                    "64",
+                    "--max-model-len",
+                    "128",
+                ]
+            ),
+        )
+    )
+    thread.start()
+    base = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 120
+    while time.time() < deadline and "rc" not in result:
+        try:
+            httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 2}, timeout=5)
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    thread.join(timeout=30)
+    assert result.get("rc") == 1
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

@@ -1,5 +1,10 @@
 """The native engine: batched output equals each request alone and transformers; sampling controls behave."""
 
+import contextlib
+import ipaddress
+import os
+from pathlib import Path
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
@@ -168,9 +173,44 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
         workers = tp.engine.runner.workers
         assert len(workers) == 1 and workers[0].is_alive()
+        for pid in (os.getpid(), workers[0].pid):  # the rendezvous and gloo listen on loopback only
+            addresses = _listening_addresses(pid)
+            assert addresses and all(a.startswith("127.") for a in addresses), addresses
     finally:
         tp.shutdown()
     assert not workers[0].is_alive()
+
+
+def _listening_addresses(pid: int) -> list[str]:
+    """The local IPv4/IPv6 addresses of the TCP sockets process `pid` listens on (from /proc)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[8:-1])
+    found = []
+    for table, width in (("tcp", 8), ("tcp6", 32)):
+        for line in Path(f"/proc/{pid}/net/{table}").read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:  # LISTEN
+                raw = fields[1].split(":")[0]
+                if width == 8:
+                    found.append(".".join(str(b) for b in reversed(bytes.fromhex(raw))))
+                else:
+                    words = [bytes.fromhex(raw[i : i + 8])[::-1] for i in range(0, 32, 8)]
+                    addr = ipaddress.IPv6Address(b"".join(words))
+                    found.append(str(addr.ipv4_mapped or addr))
+    return found
+
+
+def test_a_cache_smaller_than_the_models_context_lowers_max_model_len(checkpoint):
+    _, path = checkpoint  # max_position_embeddings 256; 4 blocks of 16 hold 64 tokens
+    llm = _llm(path, block_size=16, num_kv_blocks=4)
+    assert llm.engine.max_model_len == 64
+    with pytest.raises(ValueError, match="max_model_len 64"):
+        llm.generate({"prompt_token_ids": list(range(1, 67))}, SamplingParams(max_tokens=1))
+    assert llm.generate({"prompt_token_ids": list(range(1, 50))}, GREEDY)[0].finished  # 49 + 12 fit
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallel on GPUs needs two of them")

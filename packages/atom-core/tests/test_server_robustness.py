@@ -84,6 +84,8 @@ HOSTILE = {
     "chat: token limits disagree": ({"messages": USER, "max_tokens": 4, "max_completion_tokens": 5}, 400,
                                     "disagree"),
     "chat: top_logprobs without logprobs": ({"messages": USER, "top_logprobs": 2}, 400, "needs logprobs"),
+    "chat: more text than max_model_len holds": ({"messages": [{"role": "user", "content": "ab " * 60_000}]}, 400,
+                                                 "characters"),
 }  # fmt: skip
 
 

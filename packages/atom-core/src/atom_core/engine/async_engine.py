@@ -77,7 +77,8 @@ class AsyncEngine:
             logger.exception("an engine step failed")
             self._failed_steps += 1
             with self._lock:
-                return self.engine.fail(list(self.engine.requests), f"the engine failed: {err}")
+                reason = f"the engine failed ({type(err).__name__}; the server log has the details)"
+                return self.engine.fail(list(self.engine.requests), reason)
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:

@@ -209,9 +209,8 @@ class LLMEngine:
         except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
             logger.exception("a forward failed; its %d requests fail", len(batch.seqs))
             self.consecutive_failures += 1
-            return self.fail(
-                dict.fromkeys(s.request_id for s in batch.seqs), f"the model's forward failed: {err}"
-            )
+            reason = f"the model's forward failed ({type(err).__name__}; the server log has the details)"
+            return self.fail(dict.fromkeys(s.request_id for s in batch.seqs), reason)
         self.consecutive_failures = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n

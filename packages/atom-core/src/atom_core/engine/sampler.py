@@ -46,8 +46,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         elif not p.greedy:
             try:
                 tokens[row] = _sample_row(logits[row], p, seq.generator)
-            except RuntimeError as err:  # what torch.multinomial says of a distribution it cannot sample
-                tokens[row], errors[row] = None, f"sampling failed: {err}"
+            except RuntimeError:  # torch.multinomial refuses a distribution it cannot sample
+                tokens[row], errors[row] = None, "sampling failed: no token had a valid probability"
     logprobs: list[dict[int, float] | None] = [None] * len(seqs)
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None and tokens[row] is not None]
     if wanted:

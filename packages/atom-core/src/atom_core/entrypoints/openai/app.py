@@ -96,6 +96,9 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
         if tokenizer is None:
             return _error(400, "this model has no tokenizer, so no chat template")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        if (chars := sum(len(m["content"]) for m in messages)) > engine.engine.max_prompt_chars:
+            return _error(400, f"the messages have {chars} characters: more than max_model_len "
+                               f"{engine.engine.max_model_len} tokens can hold")  # fmt: skip
         try:
             ids = await engine.run_tokenizer(chat_prompt_ids, tokenizer, messages)
             params = body.checked_params(room=engine.engine.max_model_len - len(ids))

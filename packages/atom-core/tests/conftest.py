@@ -98,17 +98,51 @@ def hf_greedy_tokens():
     return hf_greedy
 
 
+TINY_LLAMA = dict(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """tiny_llama(**config) -> (transformers model, checkpoint dir): a random Llama, saved once per config."""
+    made = {}
+
+    def make(**overrides):
+        key = repr(sorted(overrides.items()))
+        if key not in made:
+            from transformers import AutoModelForCausalLM, LlamaConfig
+
+            torch.manual_seed(0)
+            model = AutoModelForCausalLM.from_config(LlamaConfig(**{**TINY_LLAMA, **overrides})).eval()
+            path = tmp_path_factory.mktemp("tiny-llama") / "ckpt"
+            model.save_pretrained(path)
+            made[key] = (model, path)
+        return made[key]
+
+    return make
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def a_free_port() -> int:
+    return free_port()
+
+
 class ServerProcess:
     """`atom serve` in a subprocess on a free localhost port; `stop()` sends SIGTERM and returns the exit code."""
 
     def __init__(self, args: list[str], cache_dir, env: dict | None = None, ready: bool = True):
-        import socket
         import subprocess
         import sys
 
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            self.port = s.getsockname()[1]
+        self.port = free_port()
         self.base = f"http://127.0.0.1:{self.port}"
         self.log_path = cache_dir / f"server-{self.port}.log"
         self._log = open(self.log_path, "w")  # noqa: SIM115 (closed by stop)

@@ -5,19 +5,13 @@ import json
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from atom_core.cli import main
 
 
 @pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=64)  # fmt: skip
-    path = tmp_path_factory.mktemp("good") / "ckpt"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+def base(tiny_llama):
+    return tiny_llama(max_position_embeddings=64)[1]
 
 
 def _copy(base, tmp_path):

@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from atom_core.demo import ensure_demo_checkpoint
 from atom_core.engine import LLM, SamplingParams
@@ -16,14 +15,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
-    path = tmp_path_factory.mktemp("engine") / "ckpt"
-    model = AutoModelForCausalLM.from_config(config).eval()
-    model.save_pretrained(path)
-    return model, path
+def checkpoint(tiny_llama):
+    return tiny_llama()
 
 
 def _llm(path, **kw):

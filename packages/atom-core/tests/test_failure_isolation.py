@@ -7,8 +7,6 @@ import time
 
 import httpx
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig
 
 from atom_core import LLMEngine, SamplingParams
 from atom_core.cli import main
@@ -20,13 +18,8 @@ GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
 
 
 @pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128)  # fmt: skip
-    path = tmp_path_factory.mktemp("faults") / "ckpt"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+def checkpoint(tiny_llama):
+    return tiny_llama(max_position_embeddings=128)[1]
 
 
 def _engine(path) -> LLMEngine:
@@ -144,11 +137,11 @@ def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):
     assert r.status_code == 503
 
 
-def test_atom_serve_exits_non_zero_when_its_engine_dies(atom_cache, monkeypatch):
+def test_atom_serve_exits_non_zero_when_its_engine_dies(atom_cache, monkeypatch, a_free_port):
     monkeypatch.setattr(
         ModelRunner, "run", lambda self, inputs: (_ for _ in ()).throw(RuntimeError("broken"))
     )
-    port = _free_port()
+    port = a_free_port
     result = {}
     thread = threading.Thread(
         target=lambda: result.setdefault(
@@ -178,11 +171,3 @@ def test_atom_serve_exits_non_zero_when_its_engine_dies(atom_cache, monkeypatch)
             time.sleep(0.2)
     thread.join(timeout=30)
     assert result.get("rc") == 1
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

@@ -1,10 +1,5 @@
 """`atom serve` on a free localhost port, driven by the official openai client; bad requests get 400."""
 
-import os
-import socket
-import subprocess
-import sys
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -16,36 +11,11 @@ from atom_core.engine import LLM, SamplingParams
 KEY = "test-key"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    cache = tmp_path_factory.mktemp("atom-cache")
-    port = _free_port()
-    env = {**os.environ, "ATOM_CACHE_DIR": str(cache)}
-    log = open(cache / "server.log", "w")  # noqa: SIM115 (closed at teardown)
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "atom_core.cli", "serve", "--port", str(port), "--api-key", KEY,
-         "--max-model-len", "128", "--num-kv-blocks", "96", "--device", "cpu"],
-        env=env, stdout=log, stderr=subprocess.STDOUT,
-    )  # fmt: skip
-    base = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 120
-    while time.time() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.3)
-        assert proc.poll() is None, (cache / "server.log").read_text()
-    yield base, cache
-    proc.terminate()
-    assert proc.wait(timeout=15) is not None  # shuts down cleanly on SIGTERM
-    log.close()
+def server(start_server):
+    process = start_server(["--api-key", KEY, "--max-model-len", "128", "--num-kv-blocks", "96"])
+    yield process.base, process.log_path.parent
+    assert process.stop(timeout=15) == 0  # shuts down cleanly on SIGTERM
 
 
 @pytest.fixture(scope="module")

@@ -22,7 +22,9 @@ LARGE = dict(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidd
 @pytest.mark.parametrize(
     ("cls", "overrides"),
     [(LlamaConfig, {}), (Qwen3Config, dict(head_dim=128)),
-     (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512))],
+     (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)),
+     # windows far shorter than the prompts, on half the layers
+     (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2))],
 )  # fmt: skip
 def test_bf16_teacher_forced_parity(tmp_path, paged_runner, cls, overrides):
     torch.manual_seed(0)

@@ -38,7 +38,9 @@ CASES = {
     "dynamic-rope-original-ignored": (LlamaConfig, dict(max_position_embeddings=24, rope_scaling=dict(
         ROPE, rope_type="dynamic", factor=2.0, original_max_position_embeddings=12))),
     "qwen3": (Qwen3Config, dict(head_dim=16)),
-    "qwen3-tied": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=True, num_key_value_heads=4)),
+    # transformers' Qwen3 MLP has no biases whatever mlp_bias says (Llama's reads it)
+    "qwen3-tied-mlp-bias-ignored": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=True, num_key_value_heads=4,
+                                                      mlp_bias=True)),
     "qwen3-moe": (Qwen3MoeConfig, dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
                                        norm_topk_prob=True, mlp_only_layers=[1])),
     "qwen3-moe-unnormed-step2": (Qwen3MoeConfig, dict(head_dim=16, num_experts=4, num_experts_per_tok=3,

@@ -78,9 +78,13 @@ class LlamaForCausalLM(nn.Module):
         """(q/k/v bias, o_proj bias): Llama's attention_bias covers both."""
         return config.attention_bias, config.attention_bias
 
+    def mlp_bias(self, config: ModelConfig) -> bool:
+        """Llama reads mlp_bias; the Qwen families' MLPs have no biases whatever the config says."""
+        return bool(config.hf.get("mlp_bias", False))
+
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
-        return GatedMLP(config.hidden_size, config.intermediate_size, bias=bool(config.hf.get("mlp_bias", False)),
-                        dtype=config.dtype, parallel=ctx.parallel)  # fmt: skip
+        return GatedMLP(config.hidden_size, config.intermediate_size, bias=self.mlp_bias(config), dtype=config.dtype,
+                        parallel=ctx.parallel)  # fmt: skip
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)

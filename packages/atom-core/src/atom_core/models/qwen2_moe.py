@@ -18,6 +18,9 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
     def attention_biases(self, config: ModelConfig) -> tuple[bool, bool]:
         return bool(config.hf.get("qkv_bias", True)), False
 
+    def mlp_bias(self, config: ModelConfig) -> bool:
+        return False
+
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):
             return super().make_mlp(config, ctx, layer_index, prefix)

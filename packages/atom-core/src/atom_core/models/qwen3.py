@@ -7,3 +7,6 @@ from atom_core.models.llama import LlamaForCausalLM
 class Qwen3ForCausalLM(LlamaForCausalLM):
     qk_norm = True
     attention_windows = staticmethod(qwen3_windows)
+
+    def mlp_bias(self, config) -> bool:
+        return False

@@ -78,7 +78,7 @@ class AsyncEngine:
             self._failed_steps += 1
             with self._lock:
                 reason = f"the engine failed ({type(err).__name__}; the server log has the details)"
-                return self.engine.fail(list(self.engine.requests), reason)
+                return self.engine.fail(dict.fromkeys(self.engine.requests, reason))
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
@@ -90,7 +90,9 @@ class AsyncEngine:
         self.dead = reason
         logger.error("engine dead: %s", reason)
         with self._lock:
-            self._deliver(self.engine.fail(list(self.engine.requests), f"the engine is dead: {reason}"))
+            self._deliver(
+                self.engine.fail(dict.fromkeys(self.engine.requests, f"the engine is dead: {reason}"))
+            )
         if self.on_dead is not None:
             self.on_dead(reason)
 

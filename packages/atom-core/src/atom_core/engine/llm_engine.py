@@ -70,9 +70,8 @@ class LLMEngine:
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Request] = {}
         self._ids = itertools.count()
-        self.consecutive_failures = (
-            0  # forwards that failed in a row (a caller may decide the engine is dead)
-        )
+        # forwards that failed in a row (a caller may decide the engine is dead)
+        self.consecutive_failures = 0
 
     def _check_max_model_len(self, asked: int | None) -> int:
         limit = self.model_config.max_position_embeddings
@@ -171,16 +170,17 @@ class LLMEngine:
         for seq in request.seqs if request else []:
             self._end(seq, "abort")
 
-    def fail(self, request_ids, message: str) -> list[RequestOutput]:
-        """End these requests with an error (their blocks freed); the engine goes on with the others."""
+    def fail(self, reasons: dict[str, str]) -> list[RequestOutput]:
+        """End these requests ({request id: why}) with an error, their blocks freed; the engine goes on
+        with the others."""
         outputs = []
-        for request_id in request_ids:
+        for request_id, reason in reasons.items():
             if (request := self.requests.pop(request_id, None)) is None:
                 continue
             for seq in request.seqs:
                 self._end(seq, "error")
             out = self._output(request, pop=False)
-            out.error = message
+            out.error = reason
             outputs.append(out)
         return outputs
 
@@ -210,7 +210,7 @@ class LLMEngine:
             logger.exception("a forward failed; its %d requests fail", len(batch.seqs))
             self.consecutive_failures += 1
             reason = f"the model's forward failed ({type(err).__name__}; the server log has the details)"
-            return self.fail(dict.fromkeys(s.request_id for s in batch.seqs), reason)
+            return self.fail(dict.fromkeys((s.request_id for s in batch.seqs), reason))
         self.consecutive_failures = 0
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
@@ -225,7 +225,7 @@ class LLMEngine:
             seq.append(token, lp)
             self._check_stop(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = self.fail(failed, next(iter(failed.values()))) if failed else []
+        outputs = self.fail(failed)
         return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
 
     def _check_stop(self, seq: Sequence) -> None:

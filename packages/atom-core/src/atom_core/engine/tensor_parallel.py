@@ -35,10 +35,11 @@ def _device(base: torch.device, rank: int) -> torch.device:
 
 def _init(rank: int, size: int, port: int, device: torch.device, listener: socket.socket | None = None):
     """Join the process group through rank 0's loopback store; gloo's and NCCL's own sockets use the
-    loopback interface too (unless the environment names another)."""
+    loopback interface too (unless the environment names another). The store takes the listener's
+    descriptor over and closes it itself: Python must not close it a second time."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
-    fd = {} if listener is None else {"master_listen_fd": listener.fileno()}
+    fd = {} if listener is None else {"master_listen_fd": listener.detach()}
     store = dist.TCPStore("127.0.0.1", port, size, is_master=listener is not None, **fd)
     dist.init_process_group(
         "nccl" if device.type == "cuda" else "gloo", store=store, rank=rank, world_size=size
@@ -102,7 +103,6 @@ class TensorParallelRunner:
             proc.start()
         device = _device(device, 0)
         self.control = _init(0, size, port, device, listener)
-        self._listener = listener  # the store serves on it until shutdown
         self.runner = ModelRunner(**args, parallel=ParallelConfig(size, 0, dist.group.WORLD), device=device,
                                   control_group=self.control)  # fmt: skip
         self.num_blocks = self.runner.num_blocks
@@ -125,4 +125,3 @@ class TensorParallelRunner:
             if proc.is_alive():
                 proc.kill()
         self.workers = []
-        self._listener.close()

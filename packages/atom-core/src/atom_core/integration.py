@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     )
     from atom_core.build import BuildContext
     from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+    from atom_core.engine_build import build_for_engine
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
     from atom_core.loader import build_model, iter_checkpoint, load_checkpoint
     from atom_core.ops import paged_decode, paged_prefill, silu_and_mul, write_kv
@@ -50,6 +51,7 @@ _LAZY = {
     "bind_forward_context": "atom_core.forward_context",
     "current_forward_context": "atom_core.forward_context",
     "build_model": "atom_core.loader",
+    "build_for_engine": "atom_core.engine_build",
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
     "paged_decode": "atom_core.ops",
@@ -79,6 +81,7 @@ __all__ = [
     "__version__",
     "allocate_kv_caches",
     "bind_forward_context",
+    "build_for_engine",
     "build_model",
     "check_engine_version",
     "current_forward_context",

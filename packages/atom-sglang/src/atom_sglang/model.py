@@ -16,7 +16,7 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from atom_core.integration import BuildContext, ModelConfig, ParallelConfig, build_model
+from atom_core.integration import build_for_engine
 from atom_sglang.attention.layer import SglangAttentionBackend
 from atom_sglang.runtime import sglang_forward
 from atom_sglang.specs import SglangModelSpec, adapter_spec
@@ -38,19 +38,14 @@ class AtomForCausalLM(nn.Module):
             raise NotImplementedError(
                 f"ATOM's {self.spec.architecture} under SGLang loads unquantized checkpoints; got {quant_config!r}"
             )
-        dtype, device = torch.get_default_dtype(), torch.get_default_device()  # set by SGLang's loader
-        model_config = ModelConfig.from_hf_dict(self.spec.prepare_config(config.to_dict()), dtype=dtype)
-        sglang_parallel = get_parallel()
-        tp_size = sglang_parallel.tp_size
-        parallel = ParallelConfig(
-            tp_size=tp_size,
-            tp_rank=sglang_parallel.tp_rank,
-            group=sglang_parallel.tp_group.device_group if tp_size > 1 else None,
-        )
-        ctx = BuildContext(attention_backend=SglangAttentionBackend(self.spec.layer_id), parallel=parallel,
-                           device=device)  # fmt: skip
-        own = f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX
-        self.atom = build_model(model_config, ctx, prefix=f"{own}.")
+        parallel = get_parallel()
+        tp_size = parallel.tp_size
+        self.atom, _ = build_for_engine(
+            self.spec.prepare_config(config.to_dict()), attention_backend=SglangAttentionBackend(self.spec.layer_id),
+            dtype=torch.get_default_dtype(), device=torch.get_default_device(),  # both set by SGLang's loader
+            tp_size=tp_size, tp_rank=parallel.tp_rank, tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
+            prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        )  # fmt: skip
         self.config = config
         self.logits_processor = LogitsProcessor(config)
         self.spec.install(self)

@@ -11,7 +11,7 @@ from torch import nn
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.distributed.parallel_state import get_tp_group
 
-from atom_core.integration import BuildContext, ModelConfig, ParallelConfig, build_model
+from atom_core.integration import build_for_engine
 from atom_vllm.attention.layer import VllmAttentionBackend
 
 logger = logging.getLogger("vllm.atom_vllm")
@@ -25,29 +25,16 @@ class AtomForCausalLM(nn.Module):
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         hf_config = vllm_config.model_config.hf_config
-        config = ModelConfig.from_hf_dict(hf_config.to_dict(), dtype=vllm_config.model_config.dtype)
-        tp_size = get_tensor_model_parallel_world_size()
-        parallel = ParallelConfig(
-            tp_size=tp_size,
-            tp_rank=get_tensor_model_parallel_rank(),
-            group=get_tp_group().device_group if tp_size > 1 else None,
-        )
-        ctx = BuildContext(
-            attention_backend=VllmAttentionBackend(vllm_config.cache_config),
-            parallel=parallel,
-            device=vllm_config.device_config.device,
-        )
-        own = f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX
-        self.atom = build_model(config, ctx, prefix=f"{own}.")
+        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
+        self.atom, config = build_for_engine(
+            hf_config.to_dict(), attention_backend=VllmAttentionBackend(vllm_config.cache_config),
+            dtype=vllm_config.model_config.dtype, device=vllm_config.device_config.device, tp_size=tp_size,
+            tp_rank=tp_rank, tp_group=get_tp_group().device_group if tp_size > 1 else None,
+            prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        )  # fmt: skip
         self.config = hf_config
-        logger.info(
-            "ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)",
-            type(self.atom).__module__,
-            type(self.atom).__name__,
-            config.architecture,
-            parallel.tp_rank,
-            tp_size,
-        )
+        logger.info("ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)", type(self.atom).__module__,
+                    type(self.atom).__name__, config.architecture, tp_rank, tp_size)  # fmt: skip
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.atom.embed_input_ids(input_ids)

@@ -12,8 +12,6 @@ import asyncio
 import json
 from dataclasses import dataclass
 
-from atom_core.entrypoints.openai.responses import error_body
-
 
 @dataclass(frozen=True, slots=True)
 class ServerLimits:
@@ -75,6 +73,8 @@ class BodyLimit:
 
 
 async def _reply(send, status: int, message: str) -> None:
+    from atom_core.entrypoints.openai.responses import error_body  # here: the CLI imports this module cheaply
+
     payload = json.dumps(error_body(status, message)).encode()
     await send({"type": "http.response.start", "status": status,
                 "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})  # fmt: skip

@@ -21,9 +21,18 @@ from atom_core.engine import LLM, SamplingParams
 
 
 def llama3_8b(layers: int) -> LlamaConfig:
-    return LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=layers,
-                       num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-                       rope_theta=500000.0, torch_dtype="bfloat16", architectures=["LlamaForCausalLM"])  # fmt: skip
+    return LlamaConfig(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=layers,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        max_position_embeddings=8192,
+        rope_theta=500000.0,
+        torch_dtype="bfloat16",
+        architectures=["LlamaForCausalLM"],
+    )
 
 
 def hf_tok_s(config: LlamaConfig, batch: int, prompt: int, new: int) -> float:
@@ -89,8 +98,15 @@ def main():
         atom = {}
         for eager in (False, True):  # CUDA graphs for decode (the default), then eager as the ablation
             start = time.perf_counter()
-            llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=prompt + new + 16, max_num_seqs=64,
-                      enforce_eager=eager, tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
+            llm = LLM(
+                d,
+                load_format="dummy",
+                dtype="bfloat16",
+                max_model_len=prompt + new + 16,
+                max_num_seqs=64,
+                enforce_eager=eager,
+                tensor_parallel_size=args.tensor_parallel_size,
+            )
             startup = time.perf_counter() - start
             atom[eager] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
             print(
@@ -104,24 +120,45 @@ def main():
     roofline_b1 *= args.tensor_parallel_size  # each rank reads its shard of the weights (all-reduces ignored)
     for b in (1, 64):
         graphs, eager = atom[False][b], atom[True][b]
-        rows.append(dict(batch=b, prompt=prompt, new_tokens=new, atom_tok_s=graphs, atom_eager_tok_s=eager,
-                         hf_tok_s=hf[b], x_hf=graphs / hf[b] if hf[b] else None, roofline_tok_s=roofline_b1 * b,
-                         pct_roofline=100 * graphs / (roofline_b1 * b)))  # fmt: skip
-    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), layers=args.layers,
-                  tensor_parallel_size=args.tensor_parallel_size, weight_gb=weight_bytes / 1e9,
-                  copy_tb_s=copy_bw / 1e12, cuda_graphs=True, rows=rows)  # fmt: skip
+        rows.append(
+            dict(
+                batch=b,
+                prompt=prompt,
+                new_tokens=new,
+                atom_tok_s=graphs,
+                atom_eager_tok_s=eager,
+                hf_tok_s=hf[b],
+                x_hf=graphs / hf[b] if hf[b] else None,
+                roofline_tok_s=roofline_b1 * b,
+                pct_roofline=100 * graphs / (roofline_b1 * b),
+            )
+        )
+    record = dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        layers=args.layers,
+        tensor_parallel_size=args.tensor_parallel_size,
+        weight_gb=weight_bytes / 1e9,
+        copy_tb_s=copy_bw / 1e12,
+        cuda_graphs=True,
+        rows=rows,
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
-    print(f"\n{record['device']} x TP {args.tensor_parallel_size}  weights {record['weight_gb']:.1f} GB  "
-          f"copy {record['copy_tb_s']:.2f} TB/s per GPU")  # fmt: skip
+    print(
+        f"\n{record['device']} x TP {args.tensor_parallel_size}  weights {record['weight_gb']:.1f} GB  "
+        f"copy {record['copy_tb_s']:.2f} TB/s per GPU"
+    )
     print(
         f"{'B':>4} {'ATOM tok/s':>12} {'eager':>8} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}"
     )
     for r in rows:
         hf_s = f"{r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f}" if r["hf_tok_s"] else f"{'-':>10} {'-':>7}"
-        print(f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {hf_s} "
-              f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%")  # fmt: skip
+        print(
+            f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {hf_s} "
+            f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%"
+        )
 
 
 if __name__ == "__main__":

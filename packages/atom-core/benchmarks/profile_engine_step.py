@@ -38,8 +38,12 @@ def main():
         engine = llm.engine
         for batch in (1, 64):
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
-            ids = [engine.add_request({"prompt_token_ids": torch.randint(0, config.vocab_size, (600,)).tolist()},
-                                      params) for _ in range(batch)]  # fmt: skip
+            ids = [
+                engine.add_request(
+                    {"prompt_token_ids": torch.randint(0, config.vocab_size, (600,)).tolist()}, params
+                )
+                for _ in range(batch)
+            ]
             while any(s.num_uncomputed > 1 for r in engine.requests.values() for s in r.seqs):
                 engine.step()  # prefill
             for _ in range(5):
@@ -95,8 +99,10 @@ def main():
                 events = prof.key_averages()
                 total = sum(e.device_time_total for e in events) / 10 / 1000
                 launches = sum(e.count for e in events) // 10
-                print(f"\nB={batch}: {total:.2f} ms of kernels in {launches} launches per replay; "
-                      "top kernels (ms per step, calls per step):")  # fmt: skip
+                print(
+                    f"\nB={batch}: {total:.2f} ms of kernels in {launches} launches per replay; "
+                    "top kernels (ms per step, calls per step):"
+                )
                 for e in sorted(events, key=lambda e: -e.device_time_total)[:30]:
                     print(f"  {e.device_time_total / 10 / 1000:7.3f} {e.count // 10:5d}  {e.key[:90]}")
         llm.shutdown()
@@ -105,8 +111,10 @@ def main():
         f"{'B':>4} {'replay ms':>10} {'step ms':>8} {'schedule':>9} {'inputs':>7} {'forward':>8} {'sample':>7}"
     )
     for r in rows:
-        print(f"{r['batch']:>4} {r['replay_ms']:>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
-              f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}")  # fmt: skip
+        print(
+            f"{r['batch']:>4} {r['replay_ms']:>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
+            f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}"
+        )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)

@@ -26,8 +26,13 @@ class PagedRunner:
 
         self.model, self.config, self.block_size, self.device = model, config, backend_block_size, device
         kv_heads = model.model.layers[0].self_attn.num_kv_heads
-        self.caches = allocate_kv_caches(config, CacheConfig(block_size=backend_block_size, layout=layout), num_blocks=num_blocks,
-                                         num_kv_heads=kv_heads, device=device)  # fmt: skip
+        self.caches = allocate_kv_caches(
+            config,
+            CacheConfig(block_size=backend_block_size, layout=layout),
+            num_blocks=num_blocks,
+            num_kv_heads=kv_heads,
+            device=device,
+        )
         generator = torch.Generator().manual_seed(seed)
         self.free = torch.randperm(num_blocks, generator=generator).tolist()  # non-contiguous tables
         self.tables: dict[int, list[int]] = {}
@@ -51,8 +56,13 @@ class PagedRunner:
             q_lens.append(len(tokens))
             s_lens.append(end)
             tables.append(table)
-        meta = PagedAttentionMetadata.build(query_lens=q_lens, seq_lens=s_lens, block_tables=tables,
-                                            block_size=self.block_size, device=self.device)  # fmt: skip
+        meta = PagedAttentionMetadata.build(
+            query_lens=q_lens,
+            seq_lens=s_lens,
+            block_tables=tables,
+            block_size=self.block_size,
+            device=self.device,
+        )
         pos = torch.tensor(positions, device=self.device)
         with bind_forward_context(ForwardContext(pos, meta, self.caches)), torch.no_grad():
             logits = self.model.compute_logits(self.model(torch.tensor(ids, device=self.device), pos))
@@ -98,8 +108,15 @@ def hf_greedy_tokens():
     return hf_greedy
 
 
-TINY_LLAMA = dict(vocab_size=151, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+TINY_LLAMA = dict(
+    vocab_size=151,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 
 
 @pytest.fixture(scope="session")
@@ -149,9 +166,22 @@ class ServerProcess:
         # The server picks its own kernels (torch on the CPU): not the Triton interpreter set for these tests.
         inherited = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
         env = {**inherited, "ATOM_CACHE_DIR": str(cache_dir), **(env or {})}
-        self.proc = subprocess.Popen([sys.executable, "-m", "atom_core.cli", "serve", "--port", str(self.port),
-                                      "--device", "cpu", *args], env=env, stdout=self._log,
-                                     stderr=subprocess.STDOUT)  # fmt: skip
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "atom_core.cli",
+                "serve",
+                "--port",
+                str(self.port),
+                "--device",
+                "cpu",
+                *args,
+            ],
+            env=env,
+            stdout=self._log,
+            stderr=subprocess.STDOUT,
+        )
         if ready:
             self.wait_ready()
 

@@ -17,21 +17,46 @@ from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.loader import build_model, load_checkpoint
 
-BASE = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4, num_attention_heads=4,
-            num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+BASE = dict(
+    vocab_size=211,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 WINDOWED = {
     # Qwen3: layers from max_window_layers on slide; the others are full.
-    "qwen3-mixed": (Qwen3Config, dict(head_dim=16, use_sliding_window=True, sliding_window=5, max_window_layers=2)),
+    "qwen3-mixed": (
+        Qwen3Config,
+        dict(head_dim=16, use_sliding_window=True, sliding_window=5, max_window_layers=2),
+    ),
     # Qwen3 with explicit layer_types (alternating), which win over max_window_layers.
-    "qwen3-layer-types": (Qwen3Config, dict(head_dim=16, use_sliding_window=True, sliding_window=7,
-                                            layer_types=["sliding_attention", "full_attention"] * 2)),
+    "qwen3-layer-types": (
+        Qwen3Config,
+        dict(
+            head_dim=16,
+            use_sliding_window=True,
+            sliding_window=7,
+            layer_types=["sliding_attention", "full_attention"] * 2,
+        ),
+    ),
     # Qwen3-MoE: one window on every layer.
     "qwen3-moe-all": (Qwen3MoeConfig, dict(head_dim=16, use_sliding_window=True, sliding_window=6, **MOE)),
     # Qwen2-MoE: every other layer below max_window_layers.
-    "qwen2-moe-alternating": (Qwen2MoeConfig, dict(use_sliding_window=True, sliding_window=4, max_window_layers=3,
-                                                   shared_expert_intermediate_size=40, **MOE)),
-}  # fmt: skip
+    "qwen2-moe-alternating": (
+        Qwen2MoeConfig,
+        dict(
+            use_sliding_window=True,
+            sliding_window=4,
+            max_window_layers=3,
+            shared_expert_intermediate_size=40,
+            **MOE,
+        ),
+    ),
+}
 
 
 def _hf_windows(hf_model) -> list:
@@ -138,18 +163,27 @@ def _config(architecture, **fields):
 @pytest.mark.parametrize(
     ("architecture", "fields", "message"),
     [
-        ("Qwen3ForCausalLM", dict(layer_types=["chunked_attention"] * 4, use_sliding_window=True),
-         "layer_types \\['chunked_attention'\\]"),
+        (
+            "Qwen3ForCausalLM",
+            dict(layer_types=["chunked_attention"] * 4, use_sliding_window=True),
+            "layer_types \\['chunked_attention'\\]",
+        ),
         ("Qwen3ForCausalLM", dict(layer_types=["full_attention"] * 3), "one kind per layer \\(4\\)"),
-        ("Qwen3ForCausalLM", dict(layer_types=["sliding_attention"] * 4, use_sliding_window=False),
-         "asks for sliding_attention but the window is None"),
-        ("Qwen3ForCausalLM", dict(use_sliding_window=True, sliding_window=0, max_window_layers=0),
-         "window is 0"),
+        (
+            "Qwen3ForCausalLM",
+            dict(layer_types=["sliding_attention"] * 4, use_sliding_window=False),
+            "asks for sliding_attention but the window is None",
+        ),
+        (
+            "Qwen3ForCausalLM",
+            dict(use_sliding_window=True, sliding_window=0, max_window_layers=0),
+            "window is 0",
+        ),
         ("Qwen2MoeForCausalLM", dict(use_sliding_window=True, sliding_window=-1, **MOE), "window is -1"),
         # transformers' Llama ignores it in a forward but its cache keeps only the window: no one answer
         ("LlamaForCausalLM", dict(sliding_window=6), "sets sliding_window=6"),
     ],
-)  # fmt: skip
+)
 def test_window_fields_atom_cannot_compute_are_refused_by_name(architecture, fields, message):
     config = _config(architecture, **fields)
     with pytest.raises(ConfigError, match=message):

@@ -10,9 +10,13 @@ from atom_core.config import ModelConfig
 from atom_core.loader import build_model
 
 HF = {
-    "vocab_size": 64, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 3,
-    "num_attention_heads": 4, "num_key_value_heads": 2,
-}  # fmt: skip
+    "vocab_size": 64,
+    "hidden_size": 32,
+    "intermediate_size": 48,
+    "num_hidden_layers": 3,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
 
 
 class RecordingBackend:

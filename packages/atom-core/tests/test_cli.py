@@ -71,8 +71,23 @@ def test_bad_sampling_flags_exit_2_with_the_reason(atom_cache, capsys):
 
 
 def test_bench_reports_throughput_and_latency(atom_cache, capsys):
-    assert main(["bench", "--num-prompts", "5", "--input-len", "9", "--output-len", "4", "--json",
-                 "--num-kv-blocks", "64"]) == 0  # fmt: skip
+    assert (
+        main(
+            [
+                "bench",
+                "--num-prompts",
+                "5",
+                "--input-len",
+                "9",
+                "--output-len",
+                "4",
+                "--json",
+                "--num-kv-blocks",
+                "64",
+            ]
+        )
+        == 0
+    )
     captured = capsys.readouterr()
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert result["num_prompts"] == 5 and result["output_tokens"] == 20

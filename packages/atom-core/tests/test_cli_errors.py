@@ -52,33 +52,67 @@ def _nan(tensors):
 
 
 def _custom_tokenizer_code(path):
-    (path / "tokenizer_config.json").write_text(json.dumps(
-        {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}))  # fmt: skip
+    (path / "tokenizer_config.json").write_text(
+        json.dumps(
+            {"tokenizer_class": "EvilTokenizer", "auto_map": {"AutoTokenizer": ["evil.EvilTokenizer", None]}}
+        )
+    )
     (path / "evil.py").write_text(f"open({str(path / 'RAN')!r}, 'w').write('ran')\n")
 
 
 CASES = {
     "no config.json": (_no_config, [], "not a checkpoint dir"),
     "config.json is not JSON": (_bad_json, [], "config.json is not valid JSON"),
-    "zero attention heads": (lambda p: _edit_config(p, num_attention_heads=0), [],
-                             "num_attention_heads must be a positive integer"),
-    "unknown architecture": (lambda p: _edit_config(p, architectures=["FooForCausalLM"]), [],
-                             "architecture 'FooForCausalLM' is not supported"),
-    "another activation": (lambda p: _edit_config(p, hidden_act="gelu"), [], "hidden_act 'gelu' is not supported"),
-    "a missing tensor": (lambda p: _edit_tensors(p, lambda t: t.pop("model.norm.weight")), [],
-                         "missing tensors for: model.norm.weight"),
-    "a tensor of the wrong shape": (lambda p: _edit_tensors(p, lambda t: t.update({"model.norm.weight": torch.ones(7)})),
-                                    [], "model.norm.weight"),
+    "zero attention heads": (
+        lambda p: _edit_config(p, num_attention_heads=0),
+        [],
+        "num_attention_heads must be a positive integer",
+    ),
+    "unknown architecture": (
+        lambda p: _edit_config(p, architectures=["FooForCausalLM"]),
+        [],
+        "architecture 'FooForCausalLM' is not supported",
+    ),
+    "another activation": (
+        lambda p: _edit_config(p, hidden_act="gelu"),
+        [],
+        "hidden_act 'gelu' is not supported",
+    ),
+    "a missing tensor": (
+        lambda p: _edit_tensors(p, lambda t: t.pop("model.norm.weight")),
+        [],
+        "missing tensors for: model.norm.weight",
+    ),
+    "a tensor of the wrong shape": (
+        lambda p: _edit_tensors(p, lambda t: t.update({"model.norm.weight": torch.ones(7)})),
+        [],
+        "model.norm.weight",
+    ),
     "a corrupt safetensors file": (_corrupt, [], "model.safetensors is not a readable safetensors file"),
     "an index pointing outside": (_outside_index, [], "points outside the checkpoint dir: ../../etc/passwd"),
-    "NaN weights": (lambda p: _edit_tensors(p, _nan), [], "model.layers.0.mlp.down_proj.weight holds NaN or Inf"),
+    "NaN weights": (
+        lambda p: _edit_tensors(p, _nan),
+        [],
+        "model.layers.0.mlp.down_proj.weight holds NaN or Inf",
+    ),
     "checkpoint code in the tokenizer": (_custom_tokenizer_code, [], "its tokenizer could not be loaded"),
-    "max-model-len above the model's": (None, ["--max-model-len", "65"], "above the model's max_position_embeddings 64"),
-    "max-model-len over the KV cache": (None, ["--max-model-len", "64", "--num-kv-blocks", "2"],
-                                        "does not fit the KV cache"),
+    "max-model-len above the model's": (
+        None,
+        ["--max-model-len", "65"],
+        "above the model's max_position_embeddings 64",
+    ),
+    "max-model-len over the KV cache": (
+        None,
+        ["--max-model-len", "64", "--num-kv-blocks", "2"],
+        "does not fit the KV cache",
+    ),
     "an empty API key": (None, ["--api-key", " "], "the API key from --api-key is empty"),
-    "a missing API key file": (None, ["--api-key-file", "/nonexistent/key"], "--api-key-file /nonexistent/key"),
-}  # fmt: skip
+    "a missing API key file": (
+        None,
+        ["--api-key-file", "/nonexistent/key"],
+        "--api-key-file /nonexistent/key",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(CASES))

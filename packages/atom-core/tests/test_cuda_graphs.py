@@ -14,8 +14,16 @@ MAX_TOKENS = [24, 9, 30, 17, 12]  # the batch shrinks as requests finish: severa
 
 def _checkpoint(tmp_path, cls, **kw):
     torch.manual_seed(0)
-    config = cls(vocab_size=512, hidden_size=256, intermediate_size=512, num_hidden_layers=3,
-                 num_attention_heads=8, num_key_value_heads=2, max_position_embeddings=512, **kw)  # fmt: skip
+    config = cls(
+        vocab_size=512,
+        hidden_size=256,
+        intermediate_size=512,
+        num_hidden_layers=3,
+        num_attention_heads=8,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+        **kw,
+    )
     AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "ckpt")
     return tmp_path / "ckpt"
 

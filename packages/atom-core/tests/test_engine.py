@@ -70,8 +70,9 @@ def test_stop_token_ids_and_max_tokens(checkpoint):
     prompt = {"prompt_token_ids": [3, 1, 4, 1, 5, 9, 2, 6]}
     full = llm.generate(prompt, GREEDY)[0].outputs[0].token_ids
     stop_at = full[5]
-    out = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True,
-                                              stop_token_ids=[stop_at]))[0].outputs[0]  # fmt: skip
+    out = llm.generate(
+        prompt, SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, stop_token_ids=[stop_at])
+    )[0].outputs[0]
     assert out.token_ids == full[: full.index(stop_at) + 1] and out.finish_reason == "stop"
     short = llm.generate(prompt, SamplingParams(temperature=0, max_tokens=3, ignore_eos=True))[0].outputs[0]
     assert short.token_ids == full[:3] and short.finish_reason == "length"
@@ -81,8 +82,9 @@ def test_seeds_reproduce_and_top_k_1_is_greedy(checkpoint):
     _, path = checkpoint
     llm = _llm(path)
     prompt = {"prompt_token_ids": [10, 20, 30, 40]}
-    sampled = SamplingParams(temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234, max_tokens=12,
-                             ignore_eos=True)  # fmt: skip
+    sampled = SamplingParams(
+        temperature=1.0, top_p=0.9, top_k=50, min_p=0.01, seed=1234, max_tokens=12, ignore_eos=True
+    )
     a = llm.generate([prompt, prompt], [sampled, sampled])
     assert a[0].outputs[0].token_ids == a[1].outputs[0].token_ids  # same seed, batched together
     b = llm.generate(prompt, SamplingParams(temperature=1.0, seed=99, max_tokens=12, ignore_eos=True))
@@ -97,8 +99,10 @@ def test_n_samples_and_logprobs(checkpoint):
     hf, path = checkpoint
     llm = _llm(path)
     prompt = [8, 16, 32, 64]
-    out = llm.generate({"prompt_token_ids": prompt},
-                       SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True))[0]  # fmt: skip
+    out = llm.generate(
+        {"prompt_token_ids": prompt},
+        SamplingParams(n=3, temperature=1.0, seed=7, max_tokens=5, ignore_eos=True),
+    )[0]
     assert [o.index for o in out.outputs] == [0, 1, 2] and len({tuple(o.token_ids) for o in out.outputs}) > 1
     greedy = llm.generate(
         {"prompt_token_ids": prompt}, SamplingParams(temperature=0, max_tokens=1, logprobs=3)
@@ -121,16 +125,23 @@ def test_stop_strings_with_a_tokenizer(atom_cache):
     text = full.outputs[0].text
     assert len(text) > 4
     stop = text[2:4]
-    cut = llm.generate("The quick brown fox", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True,
-                                                             stop=[stop]))[0].outputs[0]  # fmt: skip
+    cut = llm.generate(
+        "The quick brown fox", SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, stop=[stop])
+    )[0].outputs[0]
     assert cut.finish_reason == "stop" and cut.text == text[: text.find(stop)]
 
 
 @pytest.mark.parametrize(
     ("kwargs", "message"),
-    [(dict(temperature=-1), "temperature"), (dict(top_p=0), "top_p"), (dict(top_k=0), "top_k"),
-     (dict(max_tokens=0), "max_tokens"), (dict(n=0), "n must"), (dict(min_p=2), "min_p")],
-)  # fmt: skip
+    [
+        (dict(temperature=-1), "temperature"),
+        (dict(top_p=0), "top_p"),
+        (dict(top_k=0), "top_k"),
+        (dict(max_tokens=0), "max_tokens"),
+        (dict(n=0), "n must"),
+        (dict(min_p=2), "min_p"),
+    ],
+)
 def test_bad_sampling_params_are_named(kwargs, message):
     with pytest.raises(ValueError, match=message):
         SamplingParams(**kwargs)

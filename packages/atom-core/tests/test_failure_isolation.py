@@ -70,8 +70,11 @@ def test_non_finite_logits_fail_only_their_request(checkpoint):
     engine = _engine(checkpoint)
     _poison(engine, "b")
     for rid, p in PROMPTS.items():
-        engine.add_request({"prompt_token_ids": p}, SamplingParams(temperature=0.7, seed=1, max_tokens=6)
-                           if rid == "b" else GREEDY, rid)  # fmt: skip
+        engine.add_request(
+            {"prompt_token_ids": p},
+            SamplingParams(temperature=0.7, seed=1, max_tokens=6) if rid == "b" else GREEDY,
+            rid,
+        )
     done = _drain(engine)
     assert "non-finite logits" in done["b"].error and done["b"].outputs[0].finish_reason == "error"
     assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {

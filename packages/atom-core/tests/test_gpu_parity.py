@@ -15,17 +15,27 @@ from atom_core.loader import build_model, load_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + Triton parity runs on a GPU")
 
-LARGE = dict(vocab_size=4096, hidden_size=1024, intermediate_size=2816, num_hidden_layers=4, num_attention_heads=16,
-             num_key_value_heads=4, max_position_embeddings=4096)  # fmt: skip
+LARGE = dict(
+    vocab_size=4096,
+    hidden_size=1024,
+    intermediate_size=2816,
+    num_hidden_layers=4,
+    num_attention_heads=16,
+    num_key_value_heads=4,
+    max_position_embeddings=4096,
+)
 
 
 @pytest.mark.parametrize(
     ("cls", "overrides"),
-    [(LlamaConfig, {}), (Qwen3Config, dict(head_dim=128)),
-     (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)),
-     # windows far shorter than the prompts, on half the layers
-     (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2))],
-)  # fmt: skip
+    [
+        (LlamaConfig, {}),
+        (Qwen3Config, dict(head_dim=128)),
+        (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)),
+        # windows far shorter than the prompts, on half the layers
+        (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2)),
+    ],
+)
 def test_bf16_teacher_forced_parity(tmp_path, paged_runner, cls, overrides):
     torch.manual_seed(0)
     hf = AutoModelForCausalLM.from_config(cls(**{**LARGE, **overrides}), dtype=torch.bfloat16).cuda().eval()

@@ -13,8 +13,15 @@ from atom_core.loader import build_model, load_checkpoint
 
 def _saved(tmp_path, cls, name, seed, **kw):
     torch.manual_seed(seed)
-    cfg = cls(vocab_size=80, hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
-              num_key_value_heads=2, **kw)  # fmt: skip
+    cfg = cls(
+        vocab_size=80,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        **kw,
+    )
     path = tmp_path / name
     AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
     return path
@@ -37,15 +44,19 @@ def test_target_and_draft_interleaved_equal_each_alone(tmp_path, paged_runner):
         return paged_runner(model, config, seed=len(name), layout=backend.layout)
 
     alone = {}
-    for name, path, backend in (("target", target_path, PagedAttentionBackend(kernel_backend="torch")),
-                                ("draft", draft_path, PagedAttentionBackend(layout="shuffle", kernel_backend="torch"))):  # fmt: skip
+    for name, path, backend in (
+        ("target", target_path, PagedAttentionBackend(kernel_backend="torch")),
+        ("draft", draft_path, PagedAttentionBackend(layout="shuffle", kernel_backend="torch")),
+    ):
         runner = run(name, path, backend)
         alone[name] = runner.greedy([prompts[name]], steps=8)[1][0]
 
     target = run("target", target_path, PagedAttentionBackend(kernel_backend="torch"))
     draft = run("draft", draft_path, PagedAttentionBackend(layout="shuffle", kernel_backend="torch"))
-    out = {"target": [int(target.step({0: prompts["target"]})[0][-1].argmax())],
-           "draft": [int(draft.step({0: prompts["draft"]})[0][-1].argmax())]}  # fmt: skip
+    out = {
+        "target": [int(target.step({0: prompts["target"]})[0][-1].argmax())],
+        "draft": [int(draft.step({0: prompts["draft"]})[0][-1].argmax())],
+    }
     for _ in range(7):  # alternate single steps: each model binds its own ForwardContext per forward
         out["draft"].append(int(draft.step({0: [out["draft"][-1]]})[0][-1].argmax()))
         out["target"].append(int(target.step({0: [out["target"][-1]]})[0][-1].argmax()))

@@ -18,8 +18,14 @@ from atom_core.registry import UnsupportedArchitecture, supported_architectures
 @pytest.fixture
 def checkpoint(tmp_path):
     torch.manual_seed(0)
-    config = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_hidden_layers=2,
-                         num_attention_heads=4, num_key_value_heads=2)  # fmt: skip
+    config = LlamaConfig(
+        vocab_size=64,
+        hidden_size=32,
+        intermediate_size=48,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+    )
     path = tmp_path / "ckpt"
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     return path

@@ -14,44 +14,131 @@ from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.loader import build_model, load_checkpoint
 
-BASE = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=3, num_attention_heads=8,
-            num_key_value_heads=2, max_position_embeddings=256)  # fmt: skip
+BASE = dict(
+    vocab_size=211,
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=3,
+    num_attention_heads=8,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+)
 ROPE = dict(rope_theta=10000.0)
 CASES = {
     "llama-gqa4": (LlamaConfig, {}),
-    "llama-mha-tied-bias": (LlamaConfig, dict(num_key_value_heads=8, tie_word_embeddings=True, attention_bias=True)),
+    "llama-mha-tied-bias": (
+        LlamaConfig,
+        dict(num_key_value_heads=8, tie_word_embeddings=True, attention_bias=True),
+    ),
     "llama-gqa8-headdim": (LlamaConfig, dict(num_key_value_heads=1, head_dim=16)),
-    "llama3-rope": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="llama3", factor=8.0, low_freq_factor=1.0,
-                                                         high_freq_factor=4.0, original_max_position_embeddings=32))),
-    "yarn-rope": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=4.0,
-                                                      original_max_position_embeddings=32))),
-    "yarn-mscale-untruncated": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=4.0, mscale=0.8,
-                                                                    mscale_all_dim=0.5, truncate=False,
-                                                                    original_max_position_embeddings=32))),
-    "yarn-attention-factor-betas": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=3.0,
-                                                                        attention_factor=1.3, beta_fast=16,
-                                                                        beta_slow=2, original_max_position_embeddings=64))),
+    "llama3-rope": (
+        LlamaConfig,
+        dict(
+            rope_scaling=dict(
+                ROPE,
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
+            )
+        ),
+    ),
+    "yarn-rope": (
+        LlamaConfig,
+        dict(rope_scaling=dict(ROPE, rope_type="yarn", factor=4.0, original_max_position_embeddings=32)),
+    ),
+    "yarn-mscale-untruncated": (
+        LlamaConfig,
+        dict(
+            rope_scaling=dict(
+                ROPE,
+                rope_type="yarn",
+                factor=4.0,
+                mscale=0.8,
+                mscale_all_dim=0.5,
+                truncate=False,
+                original_max_position_embeddings=32,
+            )
+        ),
+    ),
+    "yarn-attention-factor-betas": (
+        LlamaConfig,
+        dict(
+            rope_scaling=dict(
+                ROPE,
+                rope_type="yarn",
+                factor=3.0,
+                attention_factor=1.3,
+                beta_fast=16,
+                beta_slow=2,
+                original_max_position_embeddings=64,
+            )
+        ),
+    ),
     "linear-rope": (LlamaConfig, dict(rope_scaling=dict(ROPE, rope_type="linear", factor=2.0))),
-    "dynamic-rope-past-max": (LlamaConfig, dict(max_position_embeddings=24, rope_scaling=dict(ROPE, rope_type="dynamic",
-                                                                                               factor=2.0))),
+    "dynamic-rope-past-max": (
+        LlamaConfig,
+        dict(max_position_embeddings=24, rope_scaling=dict(ROPE, rope_type="dynamic", factor=2.0)),
+    ),
     # transformers grows a dynamic base past max_position_embeddings, whatever original_max_position_embeddings says
-    "dynamic-rope-original-ignored": (LlamaConfig, dict(max_position_embeddings=24, rope_scaling=dict(
-        ROPE, rope_type="dynamic", factor=2.0, original_max_position_embeddings=12))),
+    "dynamic-rope-original-ignored": (
+        LlamaConfig,
+        dict(
+            max_position_embeddings=24,
+            rope_scaling=dict(ROPE, rope_type="dynamic", factor=2.0, original_max_position_embeddings=12),
+        ),
+    ),
     "qwen3": (Qwen3Config, dict(head_dim=16)),
     # transformers' Qwen3 MLP has no biases whatever mlp_bias says (Llama's reads it)
-    "qwen3-tied-mlp-bias-ignored": (Qwen3Config, dict(head_dim=16, tie_word_embeddings=True, num_key_value_heads=4,
-                                                      mlp_bias=True)),
-    "qwen3-moe": (Qwen3MoeConfig, dict(head_dim=16, num_experts=6, num_experts_per_tok=2, moe_intermediate_size=32,
-                                       norm_topk_prob=True, mlp_only_layers=[1])),
-    "qwen3-moe-unnormed-step2": (Qwen3MoeConfig, dict(head_dim=16, num_experts=4, num_experts_per_tok=3,
-                                                      moe_intermediate_size=24, norm_topk_prob=False,
-                                                      decoder_sparse_step=2)),
-    "qwen2-moe-shared-expert": (Qwen2MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=24,
-                                                     shared_expert_intermediate_size=40, norm_topk_prob=False)),
-    "qwen2-moe-shared-normed-dense1": (Qwen2MoeConfig, dict(num_experts=6, num_experts_per_tok=3,
-                                                            moe_intermediate_size=16, shared_expert_intermediate_size=32,
-                                                            norm_topk_prob=True, mlp_only_layers=[1])),
-}  # fmt: skip
+    "qwen3-tied-mlp-bias-ignored": (
+        Qwen3Config,
+        dict(head_dim=16, tie_word_embeddings=True, num_key_value_heads=4, mlp_bias=True),
+    ),
+    "qwen3-moe": (
+        Qwen3MoeConfig,
+        dict(
+            head_dim=16,
+            num_experts=6,
+            num_experts_per_tok=2,
+            moe_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
+    "qwen3-moe-unnormed-step2": (
+        Qwen3MoeConfig,
+        dict(
+            head_dim=16,
+            num_experts=4,
+            num_experts_per_tok=3,
+            moe_intermediate_size=24,
+            norm_topk_prob=False,
+            decoder_sparse_step=2,
+        ),
+    ),
+    "qwen2-moe-shared-expert": (
+        Qwen2MoeConfig,
+        dict(
+            num_experts=4,
+            num_experts_per_tok=2,
+            moe_intermediate_size=24,
+            shared_expert_intermediate_size=40,
+            norm_topk_prob=False,
+        ),
+    ),
+    "qwen2-moe-shared-normed-dense1": (
+        Qwen2MoeConfig,
+        dict(
+            num_experts=6,
+            num_experts_per_tok=3,
+            moe_intermediate_size=16,
+            shared_expert_intermediate_size=32,
+            norm_topk_prob=True,
+            mlp_only_layers=[1],
+        ),
+    ),
+}
 
 
 def save_hf_model(tmp_path, config_cls, overrides, shard=False, seed=0):

@@ -9,8 +9,17 @@ def test_every_name_of_the_adapter_surface_resolves():
     for name in api.__all__:
         assert getattr(api, name) is not None, name
     assert api.__version__ == atom_core.__version__
-    assert {"build_model", "load_checkpoint", "BuildContext", "AttentionBackend", "ForwardContext",
-            "bind_forward_context", "supported_architectures", "paged_prefill", "paged_decode"} <= set(api.__all__)  # fmt: skip
+    assert {
+        "build_model",
+        "load_checkpoint",
+        "BuildContext",
+        "AttentionBackend",
+        "ForwardContext",
+        "bind_forward_context",
+        "supported_architectures",
+        "paged_prefill",
+        "paged_decode",
+    } <= set(api.__all__)
 
 
 def test_the_offline_engine_is_importable_as_vllm_users_write_it():

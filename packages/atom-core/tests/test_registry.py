@@ -19,13 +19,21 @@ def test_every_registered_class_imports_and_declares_its_packed_modules():
 
 
 def _tiny_config(arch):
-    return ModelConfig.from_hf_dict(dict(architectures=[arch], vocab_size=10, hidden_size=8, num_hidden_layers=2,
-                                         num_attention_heads=2))  # fmt: skip
+    return ModelConfig.from_hf_dict(
+        dict(architectures=[arch], vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2)
+    )
 
 
 def test_generation_config_is_read(tmp_path):
-    config = Qwen3Config(vocab_size=32, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                         num_attention_heads=2, num_key_value_heads=1, head_dim=8)  # fmt: skip
+    config = Qwen3Config(
+        vocab_size=32,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=8,
+    )
     model = AutoModelForCausalLM.from_config(config)
     model.generation_config.temperature = 0.7
     model.generation_config.do_sample = True

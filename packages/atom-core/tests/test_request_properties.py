@@ -14,17 +14,30 @@ from atom_core.engine.sampler import sample
 from atom_core.engine.sequence import Sequence
 from atom_core.entrypoints.openai.protocol import CompletionRequest
 
-NUMBERS = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-(10**6), 10**6),
-                    st.sampled_from([0, 1e-300, 1e-6, 1e300, -0.0, 2, 2.0000001]))  # fmt: skip
+NUMBERS = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.integers(-(10**6), 10**6),
+    st.sampled_from([0, 1e-300, 1e-6, 1e300, -0.0, 2, 2.0000001]),
+)
 INTEGERS = st.one_of(st.integers(-(2**70), 2**70), st.integers(-3, 25))
 OPTIONAL = {
-    "temperature": NUMBERS, "top_p": NUMBERS, "top_k": INTEGERS, "min_p": NUMBERS, "presence_penalty": NUMBERS,
-    "frequency_penalty": NUMBERS, "repetition_penalty": NUMBERS, "seed": st.one_of(st.none(), INTEGERS),
-    "n": st.integers(-1, 20), "max_tokens": st.one_of(st.none(), st.integers(-2, 10), st.just(10**9)),
+    "temperature": NUMBERS,
+    "top_p": NUMBERS,
+    "top_k": INTEGERS,
+    "min_p": NUMBERS,
+    "presence_penalty": NUMBERS,
+    "frequency_penalty": NUMBERS,
+    "repetition_penalty": NUMBERS,
+    "seed": st.one_of(st.none(), INTEGERS),
+    "n": st.integers(-1, 20),
+    "max_tokens": st.one_of(st.none(), st.integers(-2, 10), st.just(10**9)),
     "stop": st.one_of(st.none(), st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3)),
-    "stop_token_ids": st.one_of(st.none(), st.lists(INTEGERS, max_size=3)), "logprobs": st.one_of(st.none(), INTEGERS),
-    "echo": st.booleans(), "ignore_eos": st.booleans(), "max_tokens_as_text": st.just("5"),
-}  # fmt: skip
+    "stop_token_ids": st.one_of(st.none(), st.lists(INTEGERS, max_size=3)),
+    "logprobs": st.one_of(st.none(), INTEGERS),
+    "echo": st.booleans(),
+    "ignore_eos": st.booleans(),
+    "max_tokens_as_text": st.just("5"),
+}
 BODIES = st.fixed_dictionaries(
     {"prompt": st.one_of(st.text(max_size=40), st.lists(st.integers(-5, 1200), max_size=24))},
     optional=OPTIONAL,
@@ -73,9 +86,17 @@ def test_no_accepted_request_fails_inside_the_engine(engine, body):
 def test_sampling_never_raises_for_accepted_parameters(
     temperature, top_p, top_k, min_p, penalties, scale, seed
 ):
-    params = SamplingParams(temperature=temperature, top_p=top_p, top_k=top_k, min_p=min_p, seed=seed,
-                            presence_penalty=penalties[0], frequency_penalty=penalties[1],
-                            repetition_penalty=penalties[2], logprobs=2)  # fmt: skip
+    params = SamplingParams(
+        temperature=temperature,
+        top_p=top_p,
+        top_k=top_k,
+        min_p=min_p,
+        seed=seed,
+        presence_penalty=penalties[0],
+        frequency_penalty=penalties[1],
+        repetition_penalty=penalties[2],
+        logprobs=2,
+    )
     gen = torch.Generator().manual_seed(seed % 2**63)
     logits = (torch.randn(2, 33, generator=gen, dtype=torch.float64) * scale).float()
     seqs = [Sequence("r", i, [1, 2, 3], params) for i in range(2)]

@@ -55,18 +55,28 @@ def test_chat_with_the_template_streaming_and_not(client, offline):
     messages = [{"role": "user", "content": "Tell me about paged attention"}]
     whole = client.chat.completions.create(model="atom-demo", messages=messages, max_tokens=10, temperature=0)
     tok = offline.engine.tokenizer
-    ids = tok(tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
-              add_special_tokens=False).input_ids  # fmt: skip
+    ids = tok(
+        tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True),
+        add_special_tokens=False,
+    ).input_ids
     expected = offline.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=10))[0]
     assert whole.choices[0].message.content == expected.outputs[0].text
-    stream = client.chat.completions.create(model="atom-demo", messages=messages, max_tokens=10, temperature=0,
-                                            stream=True)  # fmt: skip
+    stream = client.chat.completions.create(
+        model="atom-demo", messages=messages, max_tokens=10, temperature=0, stream=True
+    )
     assert "".join(c.choices[0].delta.content or "" for c in stream) == whole.choices[0].message.content
 
 
 def test_n_choices(client):
-    out = client.completions.create(model="atom-demo", prompt="The quick brown fox", max_tokens=6, n=2,
-                                    temperature=1.0, seed=3, extra_body={"ignore_eos": True})  # fmt: skip
+    out = client.completions.create(
+        model="atom-demo",
+        prompt="The quick brown fox",
+        max_tokens=6,
+        n=2,
+        temperature=1.0,
+        seed=3,
+        extra_body={"ignore_eos": True},
+    )
     assert sorted(c.index for c in out.choices) == [0, 1]
     assert all(c.finish_reason == "length" for c in out.choices)
 
@@ -97,12 +107,25 @@ def test_wrong_api_key_is_401(server):
 
 def test_good_requests_finish_while_bad_ones_fail(server, client):
     def good(i):
-        return client.completions.create(model="atom-demo", prompt=f"request {i}", max_tokens=8, temperature=0,
-                                         extra_body={"ignore_eos": True}).choices[0].finish_reason  # fmt: skip
+        return (
+            client.completions.create(
+                model="atom-demo",
+                prompt=f"request {i}",
+                max_tokens=8,
+                temperature=0,
+                extra_body={"ignore_eos": True},
+            )
+            .choices[0]
+            .finish_reason
+        )
 
     def bad(_):
-        return httpx.post(f"{server[0]}/v1/completions", json={"prompt": "x", "top_p": 7},
-                          headers={"Authorization": f"Bearer {KEY}"}, timeout=30).status_code  # fmt: skip
+        return httpx.post(
+            f"{server[0]}/v1/completions",
+            json={"prompt": "x", "top_p": 7},
+            headers={"Authorization": f"Bearer {KEY}"},
+            timeout=30,
+        ).status_code
 
     with ThreadPoolExecutor(8) as pool:
         goods = [pool.submit(good, i) for i in range(6)]

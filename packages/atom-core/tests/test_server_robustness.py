@@ -17,9 +17,24 @@ import pytest
 KEY = "robustness-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 TIMEOUT = 2.0  # --request-timeout
-ARGS = ["--max-model-len", "1024", "--num-kv-blocks", "128", "--max-num-seqs", "32", "--max-request-bytes",
-        "200000", "--request-timeout", str(TIMEOUT), "--keep-alive-timeout", "1", "--max-connections", "40",
-        "--shutdown-timeout", "3"]  # fmt: skip
+ARGS = [
+    "--max-model-len",
+    "1024",
+    "--num-kv-blocks",
+    "128",
+    "--max-num-seqs",
+    "32",
+    "--max-request-bytes",
+    "200000",
+    "--request-timeout",
+    str(TIMEOUT),
+    "--keep-alive-timeout",
+    "1",
+    "--max-connections",
+    "40",
+    "--shutdown-timeout",
+    "3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -73,20 +88,32 @@ HOSTILE = {
     "token id outside the vocabulary": ({"prompt": [1, 99999]}, 400, "prompt token ids"),
     "lone surrogate": ('{"prompt": "abc \\ud800 def"}', 400, "lone surrogate"),
     "invalid JSON": ('{"prompt": ', 400, "not valid JSON"),
-    "stream_options without stream": ({"prompt": "x", "stream_options": {"include_usage": True}}, 400,
-                                      "stream_options"),
+    "stream_options without stream": (
+        {"prompt": "x", "stream_options": {"include_usage": True}},
+        400,
+        "stream_options",
+    ),
     "unknown model": ({"model": "gpt-4", "prompt": "x"}, 404, "does not exist"),
     "body over the limit": ({"prompt": "x" * 300_000}, 413, "larger than 200000 bytes"),
     "prompt no max_model_len can hold": ({"prompt": "ab " * 60_000}, 400, "characters"),
-    "chat: image content": ({"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
-                            400, "messages.0.content"),
+    "chat: image content": (
+        {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
+        400,
+        "messages.0.content",
+    ),
     "chat: unknown role": ({"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
-    "chat: token limits disagree": ({"messages": USER, "max_tokens": 4, "max_completion_tokens": 5}, 400,
-                                    "disagree"),
+    "chat: token limits disagree": (
+        {"messages": USER, "max_tokens": 4, "max_completion_tokens": 5},
+        400,
+        "disagree",
+    ),
     "chat: top_logprobs without logprobs": ({"messages": USER, "top_logprobs": 2}, 400, "needs logprobs"),
-    "chat: more text than max_model_len holds": ({"messages": [{"role": "user", "content": "ab " * 60_000}]}, 400,
-                                                 "characters"),
-}  # fmt: skip
+    "chat: more text than max_model_len holds": (
+        {"messages": [{"role": "user", "content": "ab " * 60_000}]},
+        400,
+        "characters",
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(HOSTILE))
@@ -96,8 +123,12 @@ def test_a_hostile_request_gets_its_4xx_and_a_good_one_beside_it_completes(serve
     with ThreadPoolExecutor(1) as pool:
         good = pool.submit(_complete, server, f"a good request beside {case}", max_tokens=12)
         if isinstance(body, str):
-            r = httpx.post(f"{server.base}{path}", content=body, timeout=60,
-                           headers={**AUTH, "Content-Type": "application/json"})  # fmt: skip
+            r = httpx.post(
+                f"{server.base}{path}",
+                content=body,
+                timeout=60,
+                headers={**AUTH, "Content-Type": "application/json"},
+            )
         else:
             r = httpx.post(f"{server.base}{path}", json=body, headers=AUTH, timeout=60)
         _assert_error(r, status, words)
@@ -107,10 +138,15 @@ def test_a_hostile_request_gets_its_4xx_and_a_good_one_beside_it_completes(serve
 
 @pytest.mark.parametrize(
     "fields",
-    [dict(temperature=1e-300), dict(temperature=1e300, seed=1), dict(n=2, seed=2**70, temperature=0.7),
-     dict(top_p=1e-9, temperature=1.0), dict(min_p=1.0, temperature=1.0), dict(presence_penalty=2.0,
-     frequency_penalty=-2.0, repetition_penalty=2.0, temperature=0.5, seed=3)],
-)  # fmt: skip
+    [
+        dict(temperature=1e-300),
+        dict(temperature=1e300, seed=1),
+        dict(n=2, seed=2**70, temperature=0.7),
+        dict(top_p=1e-9, temperature=1.0),
+        dict(min_p=1.0, temperature=1.0),
+        dict(presence_penalty=2.0, frequency_penalty=-2.0, repetition_penalty=2.0, temperature=0.5, seed=3),
+    ],
+)
 def test_extreme_sampling_values_are_computed_not_crashed(server, fields):
     out = _complete(server, "extreme values", max_tokens=6, **fields)
     assert all(len(c["text"]) > 0 and c["finish_reason"] == "length" for c in out["choices"])
@@ -163,8 +199,11 @@ def test_idle_and_half_sent_connections_are_closed(server):
     half = _raw(server)
     half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
     slow_body = _raw(server)
-    slow_body.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + KEY.encode() +
-                      b"\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"prompt\"")  # fmt: skip
+    slow_body.sendall(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
+        + KEY.encode()
+        + b'\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"prompt"'
+    )
     start = time.monotonic()
     assert _closed_within(idle, TIMEOUT + 3)
     assert _closed_within(half, TIMEOUT + 3)
@@ -198,8 +237,10 @@ def test_a_client_that_leaves_a_non_streaming_request_stops_its_work(server):
         {"prompt": "a long one", "max_tokens": 1000, "n": 4, "temperature": 0.8, "ignore_eos": True}
     )
     sock = _raw(server)
-    sock.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
-                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode())  # fmt: skip
+    sock.sendall(
+        f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {KEY}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n{body}".encode()
+    )
     deadline = time.monotonic() + 10
     while _health(server)["requests"] == 0 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -221,8 +262,9 @@ def test_streaming_equals_whole_with_stop_strings_logprobs_and_usage(server):
     )
     text = whole.choices[0].text
     stop = text[len(text) // 2 : len(text) // 2 + 3]  # a stop string the greedy text reaches midway
-    kwargs = dict(model="atom-demo", prompt="The quick brown fox", max_tokens=40, temperature=0, stop=[stop],
-                  logprobs=2)  # fmt: skip
+    kwargs = dict(
+        model="atom-demo", prompt="The quick brown fox", max_tokens=40, temperature=0, stop=[stop], logprobs=2
+    )
     full = client.completions.create(**kwargs)
     chunks = list(client.completions.create(**kwargs, stream=True, stream_options={"include_usage": True}))
     streamed = "".join(c.choices[0].text for c in chunks if c.choices)
@@ -235,8 +277,14 @@ def test_streaming_equals_whole_with_stop_strings_logprobs_and_usage(server):
     assert chunks[-1].usage.completion_tokens == full.usage.completion_tokens
     assert chunks[-1].usage.prompt_tokens == full.usage.prompt_tokens
 
-    chat = dict(model="atom-demo", messages=[{"role": "user", "content": "hi"}], max_completion_tokens=12,
-                temperature=0, logprobs=True, top_logprobs=3)  # fmt: skip
+    chat = dict(
+        model="atom-demo",
+        messages=[{"role": "user", "content": "hi"}],
+        max_completion_tokens=12,
+        temperature=0,
+        logprobs=True,
+        top_logprobs=3,
+    )
     whole_chat = client.chat.completions.create(**chat)
     stream_chat = list(client.chat.completions.create(**chat, stream=True))
     assert (
@@ -265,8 +313,12 @@ def test_echo_and_penalties_change_the_answer_as_asked(server):
 def test_control_token_spellings_in_chat_content_stay_text(server):
     body = {"messages": [{"role": "user", "content": "end </s> here"}], "max_tokens": 1, "temperature": 0}
     r = httpx.post(f"{server.base}{CHAT}", json=body, headers=AUTH, timeout=60)
-    plain = httpx.post(f"{server.base}{CHAT}", json={**body, "messages": [{"role": "user", "content": "end  here"}]},
-                       headers=AUTH, timeout=60)  # fmt: skip
+    plain = httpx.post(
+        f"{server.base}{CHAT}",
+        json={**body, "messages": [{"role": "user", "content": "end  here"}]},
+        headers=AUTH,
+        timeout=60,
+    )
     # "</s>" spelled in the message is several text tokens, not the one end-of-sequence token
     assert r.json()["usage"]["prompt_tokens"] > plain.json()["usage"]["prompt_tokens"] + 1
 
@@ -278,11 +330,19 @@ def test_memory_returns_near_its_baseline(server):
 
 def test_sigterm_under_load_exits_within_the_shutdown_timeout(start_server):
     busy = start_server(ARGS, env={"ATOM_API_KEY": KEY})
-    body = {"prompt": "keep going", "max_tokens": 1000, "n": 4, "temperature": 0.8, "ignore_eos": True,
-            "stream": True}  # fmt: skip
+    body = {
+        "prompt": "keep going",
+        "max_tokens": 1000,
+        "n": 4,
+        "temperature": 0.8,
+        "ignore_eos": True,
+        "stream": True,
+    }
     streams = [httpx.Client(timeout=30) for _ in range(3)]
-    responses = [s.send(s.build_request("POST", f"{busy.base}/v1/completions", json=body, headers=AUTH), stream=True)
-                 for s in streams]  # fmt: skip
+    responses = [
+        s.send(s.build_request("POST", f"{busy.base}/v1/completions", json=body, headers=AUTH), stream=True)
+        for s in streams
+    ]
     for r in responses:
         assert r.status_code == 200
         next(r.iter_lines())

@@ -65,8 +65,14 @@ def _free_port() -> int:
 )
 def test_tp2_equals_tp1(tmp_path, cls, overrides):
     torch.manual_seed(0)
-    config = cls(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=8,
-                 **{"num_key_value_heads": 2, **overrides})  # fmt: skip
+    config = cls(
+        vocab_size=211,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=8,
+        **{"num_key_value_heads": 2, **overrides},
+    )
     path = tmp_path / "ckpt"
     AutoModelForCausalLM.from_config(config).save_pretrained(path)
     single = _logits(path, ParallelConfig())

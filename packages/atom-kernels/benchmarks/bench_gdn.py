@@ -58,11 +58,20 @@ def main():
     idx = torch.randperm(batch + 8, device=DEV)[:batch].to(torch.int32)
     cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
     out = torch.empty_like(v)
-    ms = triton.testing.do_bench_cudagraph(partial(gated_delta_rule_recurrent, q, k, v, g, beta, cu, state, idx, out=out),
-                                           rep=100, return_mode="median")  # fmt: skip
+    ms = triton.testing.do_bench_cudagraph(
+        partial(gated_delta_rule_recurrent, q, k, v, g, beta, cu, state, idx, out=out),
+        rep=100,
+        return_mode="median",
+    )
     nbytes = 2 * batch * H * D * D * 4 + 4 * batch * H * D * 2
-    rows.append(dict(case=f"decode B={batch} HV={H} D={D} fp32 state", ms=ms, tb_s=nbytes / ms / 1e9,
-                     pct_copy=100 * nbytes / ms / 1e-3 / copy_bw))  # fmt: skip
+    rows.append(
+        dict(
+            case=f"decode B={batch} HV={H} D={D} fp32 state",
+            ms=ms,
+            tb_s=nbytes / ms / 1e9,
+            pct_copy=100 * nbytes / ms / 1e-3 / copy_bw,
+        )
+    )
     chunk_fla = fla_chunk()
     for tokens in (8192, 32768):
         q, k, v, g, beta = inputs(tokens)
@@ -70,26 +79,56 @@ def main():
         idx = torch.zeros(1, device=DEV, dtype=torch.int32)
         cu = torch.tensor([0, tokens], device=DEV, dtype=torch.int32)
         out = torch.empty_like(v)
-        run = partial(gated_delta_rule_chunked, q, k, v, g, beta, cu, state, idx,
-                      has_initial_state=torch.zeros(1, dtype=torch.bool, device=DEV), out=out)  # fmt: skip
+        run = partial(
+            gated_delta_rule_chunked,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            cu,
+            state,
+            idx,
+            has_initial_state=torch.zeros(1, dtype=torch.bool, device=DEV),
+            out=out,
+        )
         run()
         row = dict(
             case=f"chunked prefill T={tokens} H={H} D={D}",
             ms=triton.testing.do_bench(run, return_mode="median"),
         )
         if chunk_fla is not None:
-            fla = partial(chunk_fla, q[None], k[None], v[None], g[None], beta[None], use_qk_l2norm_in_kernel=True,
-                          output_final_state=True)  # fmt: skip
+            fla = partial(
+                chunk_fla,
+                q[None],
+                k[None],
+                v[None],
+                g[None],
+                beta[None],
+                use_qk_l2norm_in_kernel=True,
+                output_final_state=True,
+            )
             want, final = fla()
             err = ((out.float() - want[0].float()).abs().max() / want.float().abs().max()).item()
-            state_err = ((state[0].float() - final[0].transpose(-1, -2).float()).abs().max()
-                         / final.float().abs().max()).item()  # fmt: skip
-            row.update(fla_ms=triton.testing.do_bench(fla, return_mode="median"), max_rel_err=err,
-                       state_rel_err=state_err)  # fmt: skip
+            state_err = (
+                (state[0].float() - final[0].transpose(-1, -2).float()).abs().max()
+                / final.float().abs().max()
+            ).item()
+            row.update(
+                fla_ms=triton.testing.do_bench(fla, return_mode="median"),
+                max_rel_err=err,
+                state_rel_err=state_err,
+            )
             row["x_fla"] = row["fla_ms"] / row["ms"]
         rows.append(row)
-    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), torch=torch.__version__,
-                  triton=triton.__version__, copy_tb_s=copy_bw / 1e12, rows=rows)  # fmt: skip
+    record = dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        copy_tb_s=copy_bw / 1e12,
+        rows=rows,
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)

@@ -67,8 +67,10 @@ def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float) -
         found.sort(key=lambda f: f[0])
         for ms, t in found[:4]:
             pct = n * k * 2 / (ms * 1e-3) / copy_bw * 100
-            print(f"  sweep {name:8} M={rows:2} BN={t.block_n:3} BK={t.block_k:4} warps={t.warps} "
-                  f"stages={t.stages}: {ms * 1000:7.1f} us {pct:5.1f}%")  # fmt: skip
+            print(
+                f"  sweep {name:8} M={rows:2} BN={t.block_n:3} BK={t.block_k:4} warps={t.warps} "
+                f"stages={t.stages}: {ms * 1000:7.1f} us {pct:5.1f}%"
+            )
 
 
 def host_us_per_call(calls: int = 2000) -> dict[str, float]:
@@ -77,8 +79,11 @@ def host_us_per_call(calls: int = 2000) -> dict[str, float]:
     w = torch.randn(512, 512, device="cuda", dtype=torch.bfloat16)
     x2 = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
     out = {}
-    for name, fn in (("F.linear", lambda: F.linear(x, w)), ("linear", lambda: linear(x, w)),
-                     ("silu_and_mul", lambda: silu_and_mul(x2))):  # fmt: skip
+    for name, fn in (
+        ("F.linear", lambda: F.linear(x, w)),
+        ("linear", lambda: linear(x, w)),
+        ("silu_and_mul", lambda: silu_and_mul(x2)),
+    ):
         fn()
         torch.cuda.synchronize()
         start = time.perf_counter()
@@ -120,10 +125,21 @@ def main():
                 .max()
                 .item()
             )
-            rows_out.append(dict(name=name, n=n, k=k, gated=gated, rows=rows, cublas_us=base * 1e3, atom_us=ours * 1e3,
-                                 atom_pct_copy=nbytes / (ours * 1e-3) / copy_bw * 100,
-                                 cublas_pct_copy=nbytes / (base * 1e-3) / copy_bw * 100, speedup=base / ours,
-                                 max_abs_diff=err))  # fmt: skip
+            rows_out.append(
+                dict(
+                    name=name,
+                    n=n,
+                    k=k,
+                    gated=gated,
+                    rows=rows,
+                    cublas_us=base * 1e3,
+                    atom_us=ours * 1e3,
+                    atom_pct_copy=nbytes / (ours * 1e-3) / copy_bw * 100,
+                    cublas_pct_copy=nbytes / (base * 1e-3) / copy_bw * 100,
+                    speedup=base / ours,
+                    max_abs_diff=err,
+                )
+            )
         del weights
         torch.cuda.empty_cache()
     host = host_us_per_call()
@@ -132,8 +148,10 @@ def main():
         f"{'layer':8} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>10} {'% copy':>7} {'ATOM us':>8} {'% copy':>7} {'x':>5}"
     )
     for r in rows_out:
-        print(f"{r['name'] + ('*' if r['gated'] else ''):8} {r['n']:6} {r['k']:6} {r['rows']:3} {r['cublas_us']:10.1f} "
-              f"{r['cublas_pct_copy']:7.1f} {r['atom_us']:8.1f} {r['atom_pct_copy']:7.1f} {r['speedup']:5.2f}")  # fmt: skip
+        print(
+            f"{r['name'] + ('*' if r['gated'] else ''):8} {r['n']:6} {r['k']:6} {r['rows']:3} {r['cublas_us']:10.1f} "
+            f"{r['cublas_pct_copy']:7.1f} {r['atom_us']:8.1f} {r['atom_pct_copy']:7.1f} {r['speedup']:5.2f}"
+        )
     print("* gated input: cuBLAS column includes silu_and_mul")
     print(
         "host time per eager call (tiny weight, GPU idle): "
@@ -141,9 +159,19 @@ def main():
     )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                           torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
-                           host_us_per_call=host, rows=rows_out), f, indent=1)  # fmt: skip
+            json.dump(
+                dict(
+                    device=torch.cuda.get_device_name(),
+                    date=datetime.date.today().isoformat(),
+                    torch=torch.__version__,
+                    triton=triton.__version__,
+                    copy_tb_s=copy_bw / 1e12,
+                    host_us_per_call=host,
+                    rows=rows_out,
+                ),
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

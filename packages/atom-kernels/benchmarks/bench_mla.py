@@ -38,9 +38,21 @@ CASES = [  # name, heads, batch, cached length, query tokens per sequence, page 
     ("verify 4 tokens Hq=16", 16, 64, 4096, 4, 64, False),
     ("extend 4k new tokens Hq=16", 16, 1, 4096, 4096, 64, False),
 ]
-SWEEP = [MlaTiles(bh, bn, w, s) for bh, bn, w, s in ((16, 64, 4, 2), (16, 32, 4, 2), (16, 64, 4, 3), (16, 128, 8, 2),
-                                                     (32, 32, 4, 2), (32, 64, 8, 2), (64, 32, 8, 2), (64, 16, 4, 2),
-                                                     (64, 64, 8, 1), (32, 32, 8, 3))]  # fmt: skip
+SWEEP = [
+    MlaTiles(bh, bn, w, s)
+    for bh, bn, w, s in (
+        (16, 64, 4, 2),
+        (16, 32, 4, 2),
+        (16, 64, 4, 3),
+        (16, 128, 8, 2),
+        (32, 32, 4, 2),
+        (32, 64, 8, 2),
+        (64, 32, 8, 2),
+        (64, 16, 4, 2),
+        (64, 64, 8, 1),
+        (32, 32, 8, 3),
+    )
+]
 
 
 def bench_graph(fn) -> float:
@@ -90,8 +102,18 @@ def main():
         torch.manual_seed(0)
         q, cache, cu, seq_lens, tables, scale = make(heads, batch, length, q_len, page, fp8)
         out = torch.empty(q.shape[0], heads, RANK, device=DEV, dtype=torch.bfloat16)
-        run = partial(mla_attention, q, cache, cu, seq_lens, tables, softmax_scale=SCALE, max_query_len=q_len,
-                      scale=scale, out=out)  # fmt: skip
+        run = partial(
+            mla_attention,
+            q,
+            cache,
+            cu,
+            seq_lens,
+            tables,
+            softmax_scale=SCALE,
+            max_query_len=q_len,
+            scale=scale,
+            out=out,
+        )
         base = sdpa_baseline(q, cache, tables, scale, batch, q_len)
         want = base().reshape(out.shape)
         run()
@@ -115,12 +137,29 @@ def main():
         causal_rows = batch * (q_len * length - q_len * (q_len - 1) / 2)  # rows scored, summed over queries
         flops = heads * causal_rows * (2 * (RANK + ROPE) + 2 * RANK)
         nbytes = batch * length * (RANK + ROPE) * cache.element_size() + 2 * q.numel() * 2
-        rows.append(dict(case=name, ms=ms, tflops=flops / ms / 1e9, pct_mm=100 * flops / ms / 1e-3 / mm_rate,
-                         tb_s=nbytes / ms / 1e9, pct_copy=100 * nbytes / ms / 1e-3 / copy_bw, sdpa_ms=base_ms,
-                         x_sdpa=base_ms / ms, max_rel_err=err))  # fmt: skip
-    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(), torch=torch.__version__,
-                  triton=triton.__version__, copy_tb_s=copy_bw / 1e12, bf16_mm_tflops=mm_rate / 1e12, rows=rows,
-                  sweeps=sweeps)  # fmt: skip
+        rows.append(
+            dict(
+                case=name,
+                ms=ms,
+                tflops=flops / ms / 1e9,
+                pct_mm=100 * flops / ms / 1e-3 / mm_rate,
+                tb_s=nbytes / ms / 1e9,
+                pct_copy=100 * nbytes / ms / 1e-3 / copy_bw,
+                sdpa_ms=base_ms,
+                x_sdpa=base_ms / ms,
+                max_rel_err=err,
+            )
+        )
+    record = dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        copy_tb_s=copy_bw / 1e12,
+        bf16_mm_tflops=mm_rate / 1e12,
+        rows=rows,
+        sweeps=sweeps,
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
@@ -129,8 +168,10 @@ def main():
         f"{'case':28} {'ms':>8} {'TFLOP/s':>8} {'% mm':>6} {'TB/s':>6} {'% copy':>7} {'SDPA ms':>8} {'x SDPA':>7}"
     )
     for r in rows:
-        print(f"{r['case']:28} {r['ms']:8.3f} {r['tflops']:8.1f} {r['pct_mm']:5.1f}% {r['tb_s']:6.2f} "
-              f"{r['pct_copy']:6.1f}% {r['sdpa_ms']:8.3f} {r['x_sdpa']:7.2f}")  # fmt: skip
+        print(
+            f"{r['case']:28} {r['ms']:8.3f} {r['tflops']:8.1f} {r['pct_mm']:5.1f}% {r['tb_s']:6.2f} "
+            f"{r['pct_copy']:6.1f}% {r['sdpa_ms']:8.3f} {r['x_sdpa']:7.2f}"
+        )
 
 
 if __name__ == "__main__":

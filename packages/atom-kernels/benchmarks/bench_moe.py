@@ -36,11 +36,22 @@ CASES = [  # name, experts, k, hidden, intermediate, tokens
     ("Qwen3-30B-A3B", 128, 8, 2048, 768, 4096),
     ("DeepSeek-V3", 256, 8, 7168, 2048, 64),
 ]
-SWEEP = [TileConfig(bm, bn, bk, num_warps=w, num_stages=s)
-         for bm, bn, bk, w, s in ((16, 64, 128, 4, 4), (16, 128, 64, 4, 4), (16, 32, 256, 4, 3),
-                                  (32, 64, 128, 4, 4), (64, 64, 64, 4, 4), (64, 128, 64, 4, 3),
-                                  (128, 128, 64, 8, 3), (128, 128, 64, 8, 4), (128, 64, 64, 4, 3), (64, 128, 64, 8, 4),
-                                  (128, 128, 32, 8, 4))]  # fmt: skip
+SWEEP = [
+    TileConfig(bm, bn, bk, num_warps=w, num_stages=s)
+    for bm, bn, bk, w, s in (
+        (16, 64, 128, 4, 4),
+        (16, 128, 64, 4, 4),
+        (16, 32, 256, 4, 3),
+        (32, 64, 128, 4, 4),
+        (64, 64, 64, 4, 4),
+        (64, 128, 64, 4, 3),
+        (128, 128, 64, 8, 3),
+        (128, 128, 64, 8, 4),
+        (128, 64, 64, 4, 3),
+        (64, 128, 64, 8, 4),
+        (128, 128, 32, 8, 4),
+    )
+]
 
 
 def bench(fn) -> float:
@@ -110,8 +121,15 @@ def main():
                     print(f"  sweep {shape} down {dcfg}: {type(exc).__name__}")
             timed.sort(key=lambda t: t[0])
             chosen = tile_config(tokens * k, experts, x.element_size())
-            sweeps.append(dict(case=shape, chosen=str(chosen), best=str(timed[0][1]), best_ms=timed[0][0],
-                               all=[(str(c), ms) for ms, c in timed]))  # fmt: skip
+            sweeps.append(
+                dict(
+                    case=shape,
+                    chosen=str(chosen),
+                    best=str(timed[0][1]),
+                    best_ms=timed[0][0],
+                    all=[(str(c), ms) for ms, c in timed],
+                )
+            )
             print(f"sweep {shape}: best {timed[0][1]} {timed[0][0]:.3f} ms; default {chosen}")
         ms = bench_graph(partial(fused_experts, x, w13, w2, weights, ids, out=out))
         eager_ms = bench(partial(fused_experts, x, w13, w2, weights, ids, out=out))
@@ -120,34 +138,75 @@ def main():
         nbytes = hit * 3 * hidden * inter * 2 + tokens * hidden * 2 * 2
         flops = 2 * tokens * k * 3 * hidden * inter
         roof_ms = max(nbytes / copy_bw, flops / mm_rate) * 1e3
-        rows.append(dict(op="fused_experts", shape=shape, experts_hit=hit, ms=ms, tb_s=nbytes / ms / 1e9,
-                         tflops=flops / ms / 1e9, eager_ms=eager_ms, pct_roofline=100 * roof_ms / ms, base="torch loop",
-                         base_ms=loop_ms, x_base=loop_ms / ms, max_rel_err=err))  # fmt: skip
+        rows.append(
+            dict(
+                op="fused_experts",
+                shape=shape,
+                experts_hit=hit,
+                ms=ms,
+                tb_s=nbytes / ms / 1e9,
+                tflops=flops / ms / 1e9,
+                eager_ms=eager_ms,
+                pct_roofline=100 * roof_ms / ms,
+                base="torch loop",
+                base_ms=loop_ms,
+                x_base=loop_ms / ms,
+                max_rel_err=err,
+            )
+        )
     for tokens in (64, 4096):
         logits = torch.randn(tokens, 128, **BF16)
         ms = bench_graph(partial(topk_softmax, logits, 8, True))
         base = bench(partial(topk_softmax_ref, logits, 8, True))
-        rows.append(dict(op="topk_softmax", shape=f"E=128 k=8 T={tokens}", ms=ms, base="torch", base_ms=base,
-                         x_base=base / ms))  # fmt: skip
+        rows.append(
+            dict(
+                op="topk_softmax",
+                shape=f"E=128 k=8 T={tokens}",
+                ms=ms,
+                base="torch",
+                base_ms=base,
+                x_base=base / ms,
+            )
+        )
         logits = torch.randn(tokens, 256, **BF16)
         bias = torch.randn(256, device=DEV) * 0.1
         kw = dict(num_groups=8, topk_groups=4, bias=bias, scaling=2.5)
         ms = bench_graph(partial(grouped_topk, logits, 8, **kw))
         base = bench(partial(grouped_topk_ref, logits, 8, **kw))
-        rows.append(dict(op="grouped_topk", shape=f"E=256 k=8 g=8/4 T={tokens}", ms=ms, base="torch",
-                         base_ms=base, x_base=base / ms))  # fmt: skip
-    record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                  torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
-                  bf16_mm_tflops=mm_rate / 1e12, rows=rows, sweeps=sweeps)  # fmt: skip
+        rows.append(
+            dict(
+                op="grouped_topk",
+                shape=f"E=256 k=8 g=8/4 T={tokens}",
+                ms=ms,
+                base="torch",
+                base_ms=base,
+                x_base=base / ms,
+            )
+        )
+    record = dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        copy_tb_s=copy_bw / 1e12,
+        bf16_mm_tflops=mm_rate / 1e12,
+        rows=rows,
+        sweeps=sweeps,
+    )
     if args.out:
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s")
-    print(f"{'op':14} {'shape':26} {'hit':>4} {'ms':>8} {'TB/s':>6} {'TFLOP/s':>8} {'% roof':>7} {'eager':>7} "
-          f"{'base ms':>8} {'x base':>7}")  # fmt: skip
+    print(
+        f"{'op':14} {'shape':26} {'hit':>4} {'ms':>8} {'TB/s':>6} {'TFLOP/s':>8} {'% roof':>7} {'eager':>7} "
+        f"{'base ms':>8} {'x base':>7}"
+    )
     for r in rows:
-        extra = (f"{r['experts_hit']:4d} {r['ms']:8.3f} {r['tb_s']:6.2f} {r['tflops']:8.1f} {r['pct_roofline']:6.1f}% {r['eager_ms']:7.3f}"
-                 if r["op"] == "fused_experts" else f"{'':4} {r['ms']:8.3f} {'':6} {'':8} {'':7} {'':7}")  # fmt: skip
+        extra = (
+            f"{r['experts_hit']:4d} {r['ms']:8.3f} {r['tb_s']:6.2f} {r['tflops']:8.1f} {r['pct_roofline']:6.1f}% {r['eager_ms']:7.3f}"
+            if r["op"] == "fused_experts"
+            else f"{'':4} {r['ms']:8.3f} {'':6} {'':8} {'':7} {'':7}"
+        )
         print(f"{r['op']:14} {r['shape']:26} {extra} {r['base_ms']:8.3f} {r['x_base']:7.2f}")
 
 

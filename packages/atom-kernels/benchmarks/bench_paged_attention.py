@@ -88,9 +88,14 @@ def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
         [] if quick else [(1, 32768, 16), (4, 32768, 16), (8, 32768, 16)]
     )
     for batch, seq_len, block_size in shapes:
-        for layout, fp8, generic in [(KVLayout.FLASH, None, False), (KVLayout.SHUFFLE, None, False),
-                                     (KVLayout.FLASH, "tensor", False), (KVLayout.FLASH, "token", False),
-                                     (KVLayout.FLASH, "tensor", True), (KVLayout.SHUFFLE, "tensor", False)]:  # fmt: skip
+        for layout, fp8, generic in [
+            (KVLayout.FLASH, None, False),
+            (KVLayout.SHUFFLE, None, False),
+            (KVLayout.FLASH, "tensor", False),
+            (KVLayout.FLASH, "token", False),
+            (KVLayout.FLASH, "tensor", True),
+            (KVLayout.SHUFFLE, "tensor", False),
+        ]:
             if quick and (layout is KVLayout.SHUFFLE or generic) and batch != 64:
                 continue
             kv_bytes = batch * seq_len * HKV * D * 2 * (1 if fp8 else 2) + (
@@ -110,20 +115,41 @@ def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
                     if generic
                     else paged_decode
                 )
-                ours.append(partial(decode, q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout,
-                                    k_scale=ks, v_scale=vs, max_seq_len=seq_len, out=out))  # fmt: skip
+                ours.append(
+                    partial(
+                        decode,
+                        q,
+                        kc,
+                        vc,
+                        seq_lens=seq_lens,
+                        block_tables=tables,
+                        layout=layout,
+                        k_scale=ks,
+                        v_scale=vs,
+                        max_seq_len=seq_len,
+                        out=out,
+                    )
+                )
                 sdpa.append(partial(F.scaled_dot_product_attention, q[:, :, None], k, v, enable_gqa=True))
             ms = graph_ms(ours)
             ref_ms = graph_ms(sdpa)
             del ours, sdpa
-            rows.append(dict(
-                op="decode", shape=f"B={batch} L={seq_len} page={block_size}",
-                layout=f"{layout} (generic tile kernel)" if generic else str(layout),
-                kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
-                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
-                baseline="SDPA contiguous bf16", baseline_ms=ref_ms,
-                baseline_value=sdpa_bytes / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    op="decode",
+                    shape=f"B={batch} L={seq_len} page={block_size}",
+                    layout=f"{layout} (generic tile kernel)" if generic else str(layout),
+                    kv=f"fp8/{fp8}" if fp8 else "bf16",
+                    ms=ms,
+                    metric="TB/s",
+                    value=kv_bytes / (ms * 1e-3) / 1e12,
+                    roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
+                    baseline="SDPA contiguous bf16",
+                    baseline_ms=ref_ms,
+                    baseline_value=sdpa_bytes / (ref_ms * 1e-3) / 1e12,
+                    speedup_vs_baseline=ref_ms / ms,
+                )
+            )
     return rows
 
 
@@ -135,11 +161,25 @@ def generic_tile_decode(
     batch = seq_lens.numel()
     splits = decode_splits(batch, kc.shape[2], max_seq_len, q.device)
     return run_paged_attention(
-        q, kc, vc, cu_seqlens_q=torch.arange(batch + 1, device=q.device, dtype=torch.int32), seq_lens=seq_lens,
-        block_tables=block_tables, max_query_len=1, layout=layout, softmax_scale=None, sliding_window=None,
-        softcap=None, sinks=None, k_scale=k_scale, v_scale=v_scale, out=out, backend="triton",
-        num_splits=splits, config=config,
-    )  # fmt: skip
+        q,
+        kc,
+        vc,
+        cu_seqlens_q=torch.arange(batch + 1, device=q.device, dtype=torch.int32),
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        max_query_len=1,
+        layout=layout,
+        softmax_scale=None,
+        sliding_window=None,
+        softcap=None,
+        sinks=None,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+        backend="triton",
+        num_splits=splits,
+        config=config,
+    )
 
 
 def split_rows(copy_bw: float) -> list[dict]:
@@ -152,8 +192,10 @@ def split_rows(copy_bw: float) -> list[dict]:
         q = torch.randn(batch, HQ, D, device=DEV, dtype=torch.bfloat16)
         seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
         out = torch.empty_like(q)
-        caches = [paged_cache(batch, seq_len, block_size, KVLayout.FLASH, torch.bfloat16)[:3]
-                  for _ in range(rotation(kv_bytes))]  # fmt: skip
+        caches = [
+            paged_cache(batch, seq_len, block_size, KVLayout.FLASH, torch.bfloat16)[:3]
+            for _ in range(rotation(kv_bytes))
+        ]
         part = DecodePartition.allocate(
             max_batch=batch, num_q_heads=HQ, num_kv_heads=HKV, head_dim=D, device=DEV
         )
@@ -161,20 +203,40 @@ def split_rows(copy_bw: float) -> list[dict]:
         grid = partial(paged_decode, q, max_seq_len=seq_len, **common)
         auto_ms = graph_ms([partial(grid, kc, vc, block_tables=t) for kc, vc, t in caches])
         variants = [
-            (f"grid, {n} splits", graph_ms([partial(grid, kc, vc, block_tables=t, num_splits=n) for kc, vc, t in caches]))
+            (
+                f"grid, {n} splits",
+                graph_ms([partial(grid, kc, vc, block_tables=t, num_splits=n) for kc, vc, t in caches]),
+            )
             for n in (16, 32, 64, 128, 256)
-        ]  # fmt: skip
-        variants.append(("persistent (plan + decode)", graph_ms([
-            partial(paged_decode_persistent, q, kc, vc, block_tables=t, partition=part, **common)
-            for kc, vc, t in caches])))  # fmt: skip
+        ]
+        variants.append(
+            (
+                "persistent (plan + decode)",
+                graph_ms(
+                    [
+                        partial(paged_decode_persistent, q, kc, vc, block_tables=t, partition=part, **common)
+                        for kc, vc, t in caches
+                    ]
+                ),
+            )
+        )
         for label, ms in [("grid, auto splits", auto_ms), *variants]:
-            rows.append(dict(
-                op="decode splits", shape=f"B={batch} L={seq_len} page={block_size}", layout="flash", kv=label,
-                ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
-                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3), baseline="grid, auto splits",
-                baseline_ms=auto_ms, baseline_value=kv_bytes / (auto_ms * 1e-3) / 1e12,
-                speedup_vs_baseline=auto_ms / ms,
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    op="decode splits",
+                    shape=f"B={batch} L={seq_len} page={block_size}",
+                    layout="flash",
+                    kv=label,
+                    ms=ms,
+                    metric="TB/s",
+                    value=kv_bytes / (ms * 1e-3) / 1e12,
+                    roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
+                    baseline="grid, auto splits",
+                    baseline_ms=auto_ms,
+                    baseline_value=kv_bytes / (auto_ms * 1e-3) / 1e12,
+                    speedup_vs_baseline=auto_ms / ms,
+                )
+            )
     return rows
 
 
@@ -217,13 +279,22 @@ def persistent_rows(copy_bw: float) -> list[dict]:
             ),
         ]
         for label, ms in [("split-KV grid, auto splits", grid_ms), *variants]:
-            rows.append(dict(
-                op="decode skewed" if "32k" in name else "decode", shape=f"{name} page=16", layout="flash",
-                kv=label, ms=ms, metric="TB/s", value=kv_bytes / (ms * 1e-3) / 1e12,
-                roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3), baseline="split-KV grid, auto splits",
-                baseline_ms=grid_ms, baseline_value=kv_bytes / (grid_ms * 1e-3) / 1e12,
-                speedup_vs_baseline=grid_ms / ms,
-            ))  # fmt: skip
+            rows.append(
+                dict(
+                    op="decode skewed" if "32k" in name else "decode",
+                    shape=f"{name} page=16",
+                    layout="flash",
+                    kv=label,
+                    ms=ms,
+                    metric="TB/s",
+                    value=kv_bytes / (ms * 1e-3) / 1e12,
+                    roofline_pct=100 * (kv_bytes / copy_bw) / (ms * 1e-3),
+                    baseline="split-KV grid, auto splits",
+                    baseline_ms=grid_ms,
+                    baseline_value=kv_bytes / (grid_ms * 1e-3) / 1e12,
+                    speedup_vs_baseline=grid_ms / ms,
+                )
+            )
     return rows
 
 
@@ -235,19 +306,40 @@ def prefill_rows(mm_rate: float, quick: bool) -> list[dict]:
         cu = torch.arange(0, batch + 1, device=DEV, dtype=torch.int32) * seq_len
         seq_lens = torch.full((batch,), seq_len, device=DEV, dtype=torch.int32)
         out = torch.empty_like(q)
-        ms = bench(partial(paged_prefill, q, kc, vc, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
-                           max_query_len=seq_len, out=out))  # fmt: skip
+        ms = bench(
+            partial(
+                paged_prefill,
+                q,
+                kc,
+                vc,
+                cu_seqlens_q=cu,
+                seq_lens=seq_lens,
+                block_tables=tables,
+                max_query_len=seq_len,
+                out=out,
+            )
+        )
         qs = q.view(batch, seq_len, HQ, D).transpose(1, 2).contiguous()
         k_rep = k.repeat_interleave(HQ // HKV, dim=1)  # flash SDPA on plain MHA: its fastest path
         v_rep = v.repeat_interleave(HQ // HKV, dim=1)
         ref_ms = bench(partial(F.scaled_dot_product_attention, qs, k_rep, v_rep, is_causal=True))
         flops = 4 * batch * HQ * D * seq_len * seq_len / 2  # causal: half of QK^T and PV
-        rows.append(dict(
-            op="prefill causal", shape=f"B={batch} L={seq_len} page={block_size}", layout="flash", kv="bf16",
-            ms=ms, metric="TFLOP/s", value=flops / (ms * 1e-3) / 1e12,
-            roofline_pct=100 * (flops / mm_rate) / (ms * 1e-3), baseline="SDPA contiguous (flash)",
-            baseline_ms=ref_ms, baseline_value=flops / (ref_ms * 1e-3) / 1e12, speedup_vs_baseline=ref_ms / ms,
-        ))  # fmt: skip
+        rows.append(
+            dict(
+                op="prefill causal",
+                shape=f"B={batch} L={seq_len} page={block_size}",
+                layout="flash",
+                kv="bf16",
+                ms=ms,
+                metric="TFLOP/s",
+                value=flops / (ms * 1e-3) / 1e12,
+                roofline_pct=100 * (flops / mm_rate) / (ms * 1e-3),
+                baseline="SDPA contiguous (flash)",
+                baseline_ms=ref_ms,
+                baseline_value=flops / (ref_ms * 1e-3) / 1e12,
+                speedup_vs_baseline=ref_ms / ms,
+            )
+        )
     return rows
 
 
@@ -287,10 +379,27 @@ def generic_shuffle_write(k, v, kc, vc, slots, ks, vs, block_h=None, warps=None)
     block_h, warps = block_h or default_h, warps or default_warps
     kind = 0 if ks is None else 1 if ks.numel() == 1 else 2
     write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(HKV, block_h))](
-        k, v, kc, vc, slots, *((ks, vs) if kind else (k, v)), tokens, k.stride(0), k.stride(1), v.stride(0),
-        v.stride(1), HKV, kc.shape[3], HEAD_DIM=D, X=x, SCALE_KIND=kind,
-        FP8_MAX=fp8_max(kc.dtype) if kind else 1.0, BLOCK_H=block_h, BLOCK_D=D, num_warps=warps,
-    )  # fmt: skip
+        k,
+        v,
+        kc,
+        vc,
+        slots,
+        *((ks, vs) if kind else (k, v)),
+        tokens,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        HKV,
+        kc.shape[3],
+        HEAD_DIM=D,
+        X=x,
+        SCALE_KIND=kind,
+        FP8_MAX=fp8_max(kc.dtype) if kind else 1.0,
+        BLOCK_H=block_h,
+        BLOCK_D=D,
+        num_warps=warps,
+    )
 
 
 def write_rows(copy_bw: float, quick: bool) -> list[dict]:
@@ -318,15 +427,22 @@ def write_rows(copy_bw: float, quick: bool) -> list[dict]:
                     src = torch.cat([k, v]).view(-1)
                     dst = torch.empty_like(src)
                     ref_ms = graph_ms([partial(dst.copy_, src)])
-                    rows.append(dict(
-                        op="kv write", shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}",
-                        layout=f"{layout} (generic Triton kernel)" if generic else str(layout),
-                        kv=f"fp8/{fp8}" if fp8 else "bf16", ms=ms, metric="TB/s",
-                        value=moved / (ms * 1e-3) / 1e12, roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3),
-                        baseline="copy of K,V (bf16)", baseline_ms=ref_ms,
-                        baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
-                        speedup_vs_baseline=ref_ms / ms,
-                    ))  # fmt: skip
+                    rows.append(
+                        dict(
+                            op="kv write",
+                            shape=f"T={tokens} Hkv={HKV} D={D} slots {pattern}",
+                            layout=f"{layout} (generic Triton kernel)" if generic else str(layout),
+                            kv=f"fp8/{fp8}" if fp8 else "bf16",
+                            ms=ms,
+                            metric="TB/s",
+                            value=moved / (ms * 1e-3) / 1e12,
+                            roofline_pct=100 * (moved / copy_bw) / (ms * 1e-3),
+                            baseline="copy of K,V (bf16)",
+                            baseline_ms=ref_ms,
+                            baseline_value=2 * src.numel() * 2 / (ref_ms * 1e-3) / 1e12,
+                            speedup_vs_baseline=ref_ms / ms,
+                        )
+                    )
             if quick:
                 break
     return rows
@@ -340,9 +456,11 @@ def print_table(rows: list[dict], copy_bw: float, mm_rate: float) -> None:
     print(head)
     print("-" * len(head))
     for r in rows:
-        print(f"{r['op']:<15}{r['shape']:<26}{r['layout']:<30}{r['kv']:<14}{r['ms']:>8.3f}"
-              f"{r['value']:>8.2f} {r['metric']:<6}{r['roofline_pct']:>6.0f}%{r['baseline_value']:>8.2f} "
-              f"{r['metric']:<6}{r['speedup_vs_baseline']:>7.2f}")  # fmt: skip
+        print(
+            f"{r['op']:<15}{r['shape']:<26}{r['layout']:<30}{r['kv']:<14}{r['ms']:>8.3f}"
+            f"{r['value']:>8.2f} {r['metric']:<6}{r['roofline_pct']:>6.0f}%{r['baseline_value']:>8.2f} "
+            f"{r['metric']:<6}{r['speedup_vs_baseline']:>7.2f}"
+        )
 
 
 def main() -> None:
@@ -364,9 +482,15 @@ def main() -> None:
     for r in rows:
         assert all(math.isfinite(x) for x in (r["ms"], r["value"], r["baseline_ms"]))
     if args.out:
-        record = dict(device=torch.cuda.get_device_name(), date=datetime.date.today().isoformat(),
-                      torch=torch.__version__, triton=triton.__version__, copy_tb_s=copy_bw / 1e12,
-                      bf16_matmul_tflops=mm_rate / 1e12, rows=rows)  # fmt: skip
+        record = dict(
+            device=torch.cuda.get_device_name(),
+            date=datetime.date.today().isoformat(),
+            torch=torch.__version__,
+            triton=triton.__version__,
+            copy_tb_s=copy_bw / 1e12,
+            bf16_matmul_tflops=mm_rate / 1e12,
+            rows=rows,
+        )
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
     print_table(rows, copy_bw, mm_rate)

@@ -25,18 +25,56 @@ from triton.compiler import ASTSource
 from atom_kernels.attention.decode_e4m3 import compile_offline as compile_e4m3
 from atom_kernels.attention.kernels import paged_attention_kernel
 
-INTS = dict(stride_qt=4096, stride_qh=128, stride_ot=4096, stride_oh=128, stride_bt=512, num_q_heads=32,
-            num_kv_heads=8, block_size=16, stride_cb=0, stride_cn=0, stride_ch=0, window=0)  # fmt: skip
+INTS = dict(
+    stride_qt=4096,
+    stride_qh=128,
+    stride_ot=4096,
+    stride_oh=128,
+    stride_bt=512,
+    num_q_heads=32,
+    num_kv_heads=8,
+    block_size=16,
+    stride_cb=0,
+    stride_cn=0,
+    stride_ch=0,
+    window=0,
+)
 
 
 def compile_decode(layout: int, kv: str, scale_kind: int, v_words: bool, stages: int):
     fp8 = kv.startswith("fp8")
-    const = dict(GROUP=4, TOKENS=4, NUM_SPLITS=1, LAYOUT=layout, X=16 if fp8 else 8, V_WORDS=v_words,
-                 SCALE_KIND=scale_kind, HAS_SOFTCAP=False, HAS_WINDOW=False, HAS_SINKS=False,
-                 DOT_PRECISION="tf32", FP16_COMPUTE=fp8, HEAD_DIM=128, BLOCK_M=16, BLOCK_N=64, BLOCK_D=128)  # fmt: skip
-    ptrs = dict(q_ptr="*bf16", k_cache_ptr=f"*{kv}", v_cache_ptr=f"*{kv}", out_ptr="*bf16", part_o_ptr="*fp32",
-                part_lse_ptr="*fp32", k_scale_ptr="*fp32", v_scale_ptr="*fp32", sinks_ptr="*fp32",
-                block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")  # fmt: skip
+    const = dict(
+        GROUP=4,
+        TOKENS=4,
+        NUM_SPLITS=1,
+        LAYOUT=layout,
+        X=16 if fp8 else 8,
+        V_WORDS=v_words,
+        SCALE_KIND=scale_kind,
+        HAS_SOFTCAP=False,
+        HAS_WINDOW=False,
+        HAS_SINKS=False,
+        DOT_PRECISION="tf32",
+        FP16_COMPUTE=fp8,
+        HEAD_DIM=128,
+        BLOCK_M=16,
+        BLOCK_N=64,
+        BLOCK_D=128,
+    )
+    ptrs = dict(
+        q_ptr="*bf16",
+        k_cache_ptr=f"*{kv}",
+        v_cache_ptr=f"*{kv}",
+        out_ptr="*bf16",
+        part_o_ptr="*fp32",
+        part_lse_ptr="*fp32",
+        k_scale_ptr="*fp32",
+        v_scale_ptr="*fp32",
+        sinks_ptr="*fp32",
+        block_tables_ptr="*i32",
+        seq_lens_ptr="*i32",
+        cu_q_ptr="*i32",
+    )
     names = paged_attention_kernel.arg_names
     signature, attrs = {}, {}
     for i, name in enumerate(names):
@@ -66,10 +104,13 @@ def sass_lines(kernel) -> list[str]:
 
 
 def main() -> None:
-    variants = [("flash bf16", 0, "bf16", 0, False, 3), ("shuffle bf16", 1, "bf16", 0, False, 3),
-                ("flash fp8, V converted after the MMA read", 0, "fp8e4nv", 1, False, 5),
-                ("flash fp8, V as words (generic kernel)", 0, "fp8e4nv", 1, True, 5),
-                ("shuffle fp8", 1, "fp8e4nv", 1, False, 5)]  # fmt: skip
+    variants = [
+        ("flash bf16", 0, "bf16", 0, False, 3),
+        ("shuffle bf16", 1, "bf16", 0, False, 3),
+        ("flash fp8, V converted after the MMA read", 0, "fp8e4nv", 1, False, 5),
+        ("flash fp8, V as words (generic kernel)", 0, "fp8e4nv", 1, True, 5),
+        ("shuffle fp8", 1, "fp8e4nv", 1, False, 5),
+    ]
     kernels = [(label, partial(compile_decode, *args)) for label, *args in variants] + [
         ("flash fp8, Gluon e4m3 kernel (64 pos., 1 warp)", partial(compile_e4m3, BLOCK_N=64)),
         ("flash fp8, Gluon e4m3 kernel (default tiles)", compile_e4m3),

@@ -24,8 +24,17 @@ def main():
     q = torch.randn(64, HQ, D, device=DEV, dtype=torch.bfloat16)
     seq_lens = torch.full((64,), 8192, device=DEV, dtype=torch.int32)
     for _ in range(5):
-        paged_decode(q, kc, vc, seq_lens=seq_lens, block_tables=tables, layout=layout, k_scale=ks, v_scale=vs,
-                     max_seq_len=8192)  # fmt: skip
+        paged_decode(
+            q,
+            kc,
+            vc,
+            seq_lens=seq_lens,
+            block_tables=tables,
+            layout=layout,
+            k_scale=ks,
+            v_scale=vs,
+            max_seq_len=8192,
+        )
     torch.cuda.synchronize()
 
 

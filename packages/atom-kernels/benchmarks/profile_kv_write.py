@@ -21,8 +21,9 @@ def main():
     tokens, block_size = 16384, 16
     num_blocks = tokens // block_size * 2
     slots = write_slots(pattern, tokens, num_blocks, block_size)
-    k, v, kc, vc, ks, vs = write_case(layout, kv.removeprefix("fp8-") if kv != "bf16" else None, tokens,
-                                      num_blocks, block_size)  # fmt: skip
+    k, v, kc, vc, ks, vs = write_case(
+        layout, kv.removeprefix("fp8-") if kv != "bf16" else None, tokens, num_blocks, block_size
+    )
     for _ in range(5):
         write_kv(k, v, kc, vc, slots, layout=layout, k_scale=ks, v_scale=vs)
     torch.cuda.synchronize()

@@ -71,8 +71,20 @@ def main():
         def run(tiles, q=q, k=k, v=v, beta=beta, g=g, cu=cu, idx=idx, fresh=fresh):
             state = torch.zeros(1, H, D, D, device=DEV)
             out = torch.empty_like(v)
-            fn = partial(gated_delta_rule_chunked, q, k, v, g, beta, cu, state, idx, has_initial_state=fresh,
-                         out=out, tiles=tiles)  # fmt: skip
+            fn = partial(
+                gated_delta_rule_chunked,
+                q,
+                k,
+                v,
+                g,
+                beta,
+                cu,
+                state,
+                idx,
+                has_initial_state=fresh,
+                out=out,
+                tiles=tiles,
+            )
             fn()
             return fn, out, state
 
@@ -86,8 +98,16 @@ def main():
                 f"{name:44} {ms:8.3f} {rel(out, want):8.1e} {rel(state[0], want_state[0]):9.1e}", flush=True
             )
         if chunk_fla is not None:
-            fla = partial(chunk_fla, q[None], k[None], v[None], g[None], beta[None], use_qk_l2norm_in_kernel=True,
-                          output_final_state=True)  # fmt: skip
+            fla = partial(
+                chunk_fla,
+                q[None],
+                k[None],
+                v[None],
+                g[None],
+                beta[None],
+                use_qk_l2norm_in_kernel=True,
+                output_final_state=True,
+            )
             out, final = fla()
             ms = triton.testing.do_bench(fla, return_mode="median")
             err = rel(final[0].transpose(-1, -2), want_state[0])

@@ -65,11 +65,27 @@ def sweep_flash(copy_bw, tokens, num_blocks, block_size, slots):
         for warps in (1, 2, 4, 8):
             launch = partial(
                 _write_flash_kernel[(tokens, 1)],
-                k, v, kc, vc, slots, *scales, k.stride(0), k.stride(1), v.stride(0), v.stride(1), HKV, D,
-                block_size, *cache_strides(KVLayout.FLASH, kc), LAYOUT=0,
+                k,
+                v,
+                kc,
+                vc,
+                slots,
+                *scales,
+                k.stride(0),
+                k.stride(1),
+                v.stride(0),
+                v.stride(1),
+                HKV,
+                D,
+                block_size,
+                *cache_strides(KVLayout.FLASH, kc),
+                LAYOUT=0,
                 SCALE_KIND={"bf16": 0, "tensor": 1, "token": 2}[kind],
-                FP8_MAX=fp8_max(kc.dtype) if fp8 else 1.0, BLOCK_H=HKV, BLOCK_D=D, num_warps=warps,
-            )  # fmt: skip
+                FP8_MAX=fp8_max(kc.dtype) if fp8 else 1.0,
+                BLOCK_H=HKV,
+                BLOCK_D=D,
+                num_warps=warps,
+            )
             results.append((graph_ms([launch]), warps))
         print(f"\nflash KV write {kind}, T={tokens} pages")
         for ms, warps in sorted(results):
@@ -88,10 +104,27 @@ def sweep_e4m3_shuffle(copy_bw, tokens, num_blocks, block_size, slots):
             caps = {} if maxnreg is None else {"maxnreg": maxnreg}
             launch = partial(
                 e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), HKV)],
-                k, v, kc, vc, slots, ks, vs, tokens, k.stride(0), k.stride(1), v.stride(0), v.stride(1), HKV,
-                block_size, HEAD_DIM=D, SCALE_KIND={"tensor": 1, "token": 2}[kind], FP8_MAX=fp8_max(kc.dtype),
-                PAGE=block_size, num_warps=1, **caps,
-            )  # fmt: skip
+                k,
+                v,
+                kc,
+                vc,
+                slots,
+                ks,
+                vs,
+                tokens,
+                k.stride(0),
+                k.stride(1),
+                v.stride(0),
+                v.stride(1),
+                HKV,
+                block_size,
+                HEAD_DIM=D,
+                SCALE_KIND={"tensor": 1, "token": 2}[kind],
+                FP8_MAX=fp8_max(kc.dtype),
+                PAGE=block_size,
+                num_warps=1,
+                **caps,
+            )
             results.append((graph_ms([launch]), maxnreg))
         print(f"\ne4m3 shuffle KV write (Gluon) {kind}, T={tokens} pages")
         for ms, maxnreg in sorted(results, key=lambda r: r[0]):

@@ -25,8 +25,14 @@ def main():
         lens = torch.tensor(seq_lens, device=DEV, dtype=torch.int32)
         for per_sm in (1, 2, 4, 8, 16):
             programs = triton.cdiv(per_sm * sms, HKV)
-            part = DecodePartition.allocate(max_batch=len(seq_lens), num_q_heads=HQ, num_kv_heads=HKV, head_dim=D,
-                                            device=DEV, num_programs=programs)  # fmt: skip
+            part = DecodePartition.allocate(
+                max_batch=len(seq_lens),
+                num_q_heads=HQ,
+                num_kv_heads=HKV,
+                head_dim=D,
+                device=DEV,
+                num_programs=programs,
+            )
             ms = bench(
                 partial(
                     paged_decode_persistent, q, kc, vc, seq_lens=lens, block_tables=tables, partition=part

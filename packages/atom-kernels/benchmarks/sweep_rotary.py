@@ -28,12 +28,42 @@ SHAPES = [  # name, q heads, kv heads, head dim, rotary dim, mrope section (None
 def _launch(grid, pos, q, k, inv_freq, section, interleaved, common):
     tokens, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
     if section:
-        _mrope_kernel[grid](pos, q, k, inv_freq, tokens, pos.stride(0), q.stride(0), q.stride(1), k.stride(0),
-                            k.stride(1), hq, hkv, 1.0, SECTION_T=section[0], SECTION_H=section[1],
-                            SECTION_W=section[2], INTERLEAVED=interleaved, **common)  # fmt: skip
+        _mrope_kernel[grid](
+            pos,
+            q,
+            k,
+            inv_freq,
+            tokens,
+            pos.stride(0),
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            hq,
+            hkv,
+            1.0,
+            SECTION_T=section[0],
+            SECTION_H=section[1],
+            SECTION_W=section[2],
+            INTERLEAVED=interleaved,
+            **common,
+        )
     else:
-        _rotary_kernel[grid](pos, q, k, inv_freq, tokens, q.stride(0), q.stride(1), k.stride(0), k.stride(1), hq,
-                             hkv, 1.0, **common)  # fmt: skip
+        _rotary_kernel[grid](
+            pos,
+            q,
+            k,
+            inv_freq,
+            tokens,
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            hq,
+            hkv,
+            1.0,
+            **common,
+        )
 
 
 def main():
@@ -48,8 +78,15 @@ def main():
         for block_t in (1, 2, 4, 8, 16):
             for warps in (1, 2, 4, 8):
                 grid = (triton.cdiv(T, block_t),)
-                common = dict(NEOX=True, HALF=half, BLOCK_QH=bqh, BLOCK_KH=bkh, BLOCK_HALF=bhalf, BLOCK_T=block_t,
-                              num_warps=warps)  # fmt: skip
+                common = dict(
+                    NEOX=True,
+                    HALF=half,
+                    BLOCK_QH=bqh,
+                    BLOCK_KH=bkh,
+                    BLOCK_HALF=bhalf,
+                    BLOCK_T=block_t,
+                    num_warps=warps,
+                )
                 run = partial(_launch, grid, pos, q, k, inv_freq, section, interleaved, common)
                 ms = triton.testing.do_bench(run, warmup=25, rep=100, return_mode="median")
                 mark = "  <- default" if (block_t, warps) == (default_t, default_w) else ""

@@ -24,10 +24,27 @@ def time_config(case, config, splits, graph=False):
     """Median ms of run_paged_attention at `config`; graph=True times CUDA-graph replays (decode: a ~0.3 ms
     call's eager timing includes the host's launch cost)."""
     q, kc, vc, tables, ks, vs, cu, seq_lens, max_q, layout = case
-    fn = partial(run_paged_attention, q, kc, vc, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
-                 max_query_len=max_q, layout=layout, softmax_scale=None, sliding_window=None, softcap=None,
-                 sinks=None, k_scale=ks, v_scale=vs, out=torch.empty_like(q), backend="triton",
-                 num_splits=splits, config=config)  # fmt: skip
+    fn = partial(
+        run_paged_attention,
+        q,
+        kc,
+        vc,
+        cu_seqlens_q=cu,
+        seq_lens=seq_lens,
+        block_tables=tables,
+        max_query_len=max_q,
+        layout=layout,
+        softmax_scale=None,
+        sliding_window=None,
+        softcap=None,
+        sinks=None,
+        k_scale=ks,
+        v_scale=vs,
+        out=torch.empty_like(q),
+        backend="triton",
+        num_splits=splits,
+        config=config,
+    )
     try:
         return (
             graph_ms([fn]) if graph else triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
@@ -41,12 +58,38 @@ def time_config(case, config, splits, graph=False):
 def time_tma_config(case, config, splits):
     """The TMA prefill kernel (prefill_tma.py) at `config`; splits must be 1."""
     q, kc, vc, tables, _, _, cu, seq_lens, max_q, layout = case
-    c = check_inputs(q, kc, vc, seq_lens=seq_lens, cu_seqlens_q=cu, block_tables=tables, layout=layout,
-                     softmax_scale=None, sliding_window=None, sinks=None, k_scale=None, v_scale=None, out=None)  # fmt: skip
+    c = check_inputs(
+        q,
+        kc,
+        vc,
+        seq_lens=seq_lens,
+        cu_seqlens_q=cu,
+        block_tables=tables,
+        layout=layout,
+        softmax_scale=None,
+        sliding_window=None,
+        sinks=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+    )
     if splits != 1 or not tma_prefill_fits(q, kc, vc, c, config.block_n):
         return float("inf")
-    fn = partial(run_tma_prefill, q, kc, vc, c, cu_seqlens_q=cu, seq_lens=seq_lens, block_tables=tables,
-                 max_query_len=max_q, sliding_window=None, softcap=None, sinks=None, config=config)  # fmt: skip
+    fn = partial(
+        run_tma_prefill,
+        q,
+        kc,
+        vc,
+        c,
+        cu_seqlens_q=cu,
+        seq_lens=seq_lens,
+        block_tables=tables,
+        max_query_len=max_q,
+        sliding_window=None,
+        softcap=None,
+        sinks=None,
+        config=config,
+    )
     try:
         return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
     except Exception as err:  # out of shared memory or registers, or a shape the compiler refuses
@@ -110,12 +153,17 @@ def main():
         TileConfig(16, n, 1, s, e4m3_gluon=True) for n, s in itertools.product((16, 32, 64), (2, 3, 4))
     ]
     for batch, seq_len, layout, fp8, gluon in [
-        (64, 8192, KVLayout.FLASH, None, False), (64, 8192, KVLayout.FLASH, "tensor", False),
-        (64, 8192, KVLayout.SHUFFLE, None, False), (64, 8192, KVLayout.SHUFFLE, "tensor", False),
-        (4, 32768, KVLayout.FLASH, None, False), (1, 32768, KVLayout.SHUFFLE, None, False),
-        (64, 8192, KVLayout.FLASH, "tensor", True), (64, 8192, KVLayout.FLASH, "token", True),
-        (4, 32768, KVLayout.FLASH, "tensor", True), (1, 32768, KVLayout.FLASH, "tensor", True),
-    ]:  # fmt: skip
+        (64, 8192, KVLayout.FLASH, None, False),
+        (64, 8192, KVLayout.FLASH, "tensor", False),
+        (64, 8192, KVLayout.SHUFFLE, None, False),
+        (64, 8192, KVLayout.SHUFFLE, "tensor", False),
+        (4, 32768, KVLayout.FLASH, None, False),
+        (1, 32768, KVLayout.SHUFFLE, None, False),
+        (64, 8192, KVLayout.FLASH, "tensor", True),
+        (64, 8192, KVLayout.FLASH, "token", True),
+        (4, 32768, KVLayout.FLASH, "tensor", True),
+        (1, 32768, KVLayout.FLASH, "tensor", True),
+    ]:
         name = f"decode B={batch} L={seq_len} page=16 {layout} {fp8 or 'bf16'}{' gluon' if gluon else ''}"
         if not selected(name):
             continue
@@ -126,21 +174,45 @@ def main():
             splits = (2, 4, 8) if batch == 64 else (16, 32, 64, 128) if batch > 1 else (64, 128, 256)
         configs = e4m3_configs if gluon else decode_configs if layout is KVLayout.FLASH else shuffle_configs
         sweep(name, case, configs, splits, kv_bytes, "TB/s", timer=partial(time_config, graph=True))
-    prefill_configs = [TileConfig(m, n, w, s) for m, n, w, s in
-                       itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))]  # fmt: skip
+    prefill_configs = [
+        TileConfig(m, n, w, s)
+        for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))
+    ]
     flops = 4 * 8 * HQ * D * 4096 * 4096 / 2
     if selected("prefill causal B=8 L=4096 page=64"):
-        sweep("prefill causal B=8 L=4096 page=64", prefill_case(8, 4096, 64), prefill_configs, (1,), flops,
-              "TFLOP/s")  # fmt: skip
-    tma_configs = [TileConfig(m, n, w, s) for m, n, w, s in
-                   itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3, 4, 5))]  # fmt: skip
+        sweep(
+            "prefill causal B=8 L=4096 page=64",
+            prefill_case(8, 4096, 64),
+            prefill_configs,
+            (1,),
+            flops,
+            "TFLOP/s",
+        )
+    tma_configs = [
+        TileConfig(m, n, w, s)
+        for m, n, w, s in itertools.product((64, 128, 256), (32, 64), (4, 8), (2, 3, 4, 5))
+    ]
     if selected("prefill TMA causal B=8 L=4096 page=64"):
-        sweep("prefill TMA causal B=8 L=4096 page=64", prefill_case(8, 4096, 64), tma_configs, (1,), flops,
-              "TFLOP/s", timer=time_tma_config)  # fmt: skip
+        sweep(
+            "prefill TMA causal B=8 L=4096 page=64",
+            prefill_case(8, 4096, 64),
+            tma_configs,
+            (1,),
+            flops,
+            "TFLOP/s",
+            timer=time_tma_config,
+        )
     small_tiles = [TileConfig(m, 16, w, s) for m, w, s in itertools.product((64, 128), (4, 8), (3, 4, 5))]
     if selected("prefill TMA causal B=8 L=4096 page=16"):
-        sweep("prefill TMA causal B=8 L=4096 page=16", prefill_case(8, 4096, 16), small_tiles, (1,), flops,
-              "TFLOP/s", timer=time_tma_config)  # fmt: skip
+        sweep(
+            "prefill TMA causal B=8 L=4096 page=16",
+            prefill_case(8, 4096, 16),
+            small_tiles,
+            (1,),
+            flops,
+            "TFLOP/s",
+            timer=time_tma_config,
+        )
 
 
 if __name__ == "__main__":

@@ -147,8 +147,9 @@ def test_fp8_write_read_round_trip_within_quantization_error(layout, per_token):
     v_scale = k_scale.clone() if per_token else torch.tensor([0.03], device=DEVICE)
     backend = "triton" if GPU else "torch"  # the interpreter's fp8 conversion is wrong
     write_kv(k, v, kc, vc, slots, layout=layout, k_scale=k_scale, v_scale=v_scale, backend=backend)
-    got_k, got_v = read_kv_ref(kc, vc, torch.arange(num_blocks, device=DEVICE), num_blocks * block_size,
-                               layout, k_scale, v_scale)  # fmt: skip
+    got_k, got_v = read_kv_ref(
+        kc, vc, torch.arange(num_blocks, device=DEVICE), num_blocks * block_size, layout, k_scale, v_scale
+    )
     keep = slots >= 0
     blk, off = slots[keep] // block_size, slots[keep] % block_size
     for got, want, scale in ((got_k[slots[keep]], k[keep], k_scale), (got_v[slots[keep]], v[keep], v_scale)):
@@ -219,5 +220,11 @@ def test_bad_inputs_are_named():
     numel = torch.Size(k_shape).numel()
     misaligned = torch.zeros(numel + 1, dtype=torch.float16)[1:].view(k_shape)  # contiguous, 2 bytes off
     with pytest.raises(ValueError, match="16-byte aligned"):
-        write_kv(k, k, misaligned, torch.zeros(v_shape, dtype=torch.float16), torch.zeros(3, dtype=torch.long),
-                 layout="shuffle")  # fmt: skip
+        write_kv(
+            k,
+            k,
+            misaligned,
+            torch.zeros(v_shape, dtype=torch.float16),
+            torch.zeros(3, dtype=torch.long),
+            layout="shuffle",
+        )

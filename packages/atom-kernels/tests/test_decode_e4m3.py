@@ -25,19 +25,49 @@ TOL = 2e-2  # bf16 q and output
 
 
 def _case(paged_case, *, seq_lens, query_len=1, heads=(32, 8), head_dim=128, block_size=16, scales="tensor"):
-    return paged_case(seq_lens=seq_lens, query_lens=[query_len] * len(seq_lens), num_q_heads=heads[0],
-                      num_kv_heads=heads[1], head_dim=head_dim, block_size=block_size, layout=KVLayout.FLASH,
-                      dtype=torch.bfloat16, cache_dtype=torch.float8_e4m3fn, fp8_scales=scales, device=DEVICE)  # fmt: skip
+    return paged_case(
+        seq_lens=seq_lens,
+        query_lens=[query_len] * len(seq_lens),
+        num_q_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=head_dim,
+        block_size=block_size,
+        layout=KVLayout.FLASH,
+        dtype=torch.bfloat16,
+        cache_dtype=torch.float8_e4m3fn,
+        fp8_scales=scales,
+        device=DEVICE,
+    )
 
 
 def _decode_and_check(case, query_len=1, num_splits=None, **kw):
     assert e4m3_decode_supported(case.q, case.k_cache, case.v_cache)  # the Gluon kernel, not the fallback
-    out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       query_len=query_len, k_scale=case.k_scale, v_scale=case.v_scale, num_splits=num_splits,
-                       out=torch.full_like(case.q, float("nan")), backend="triton", **kw)  # fmt: skip
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        query_len=query_len,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        num_splits=num_splits,
+        out=torch.full_like(case.q, float("nan")),
+        backend="triton",
+        **kw,
+    )
     assert not torch.isnan(out).any(), "an output element was not written, or a poisoned KV entry was read"
-    want = paged_attention_ref(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
-                               case.block_tables, k_scale=case.k_scale, v_scale=case.v_scale, **kw)  # fmt: skip
+    want = paged_attention_ref(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seq_lens,
+        case.block_tables,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        **kw,
+    )
     torch.testing.assert_close(out.float(), want.float(), rtol=TOL, atol=TOL)
 
 
@@ -50,17 +80,28 @@ def _decode_and_check(case, query_len=1, num_splits=None, **kw):
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_ragged_batch(paged_case, scales, block_size, heads, head_dim, num_splits):
     # lengths off every tile and page boundary, one shorter than a tile, one of a single token
-    case = _case(paged_case, seq_lens=[1, 17, 64, 130, 333, 1000], heads=heads, head_dim=head_dim,
-                 block_size=block_size, scales=scales)  # fmt: skip
+    case = _case(
+        paged_case,
+        seq_lens=[1, 17, 64, 130, 333, 1000],
+        heads=heads,
+        head_dim=head_dim,
+        block_size=block_size,
+        scales=scales,
+    )
     _decode_and_check(case, num_splits=num_splits)
 
 
 @on_gpu
 @pytest.mark.parametrize(
     "features",
-    [{}, {"sliding_window": 12}, {"softcap": 5.0}, {"sinks": True},
-     {"sliding_window": 40, "softcap": 3.0, "sinks": True}],
-)  # fmt: skip
+    [
+        {},
+        {"sliding_window": 12},
+        {"softcap": 5.0},
+        {"sinks": True},
+        {"sliding_window": 40, "softcap": 3.0, "sinks": True},
+    ],
+)
 @pytest.mark.parametrize("heads", [(8, 2), (16, 2)])  # 4 tokens x 4 heads in one tile; 8 heads: two tiles
 @pytest.mark.parametrize("num_splits", [1, 3])
 def test_speculative_verify_window_softcap_sinks(paged_case, features, heads, num_splits):

@@ -23,8 +23,10 @@ def _routing(tokens, experts, k, *, skew=False):
     return weights, ids
 
 
-@pytest.mark.parametrize(("tokens", "experts", "k", "block_m"), [(1, 4, 2, 16), (37, 8, 3, 16), (20, 64, 8, 4),
-                                                                  (50, 3, 1, 8), (9, 16, 4, 32)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("tokens", "experts", "k", "block_m"),
+    [(1, 4, 2, 16), (37, 8, 3, 16), (20, 64, 8, 4), (50, 3, 1, 8), (9, 16, 4, 32)],
+)
 def test_order_by_expert_groups_every_pair_once(tokens, experts, k, block_m):
     _, ids = _routing(tokens, experts, k, skew=tokens > 30)
     order = order_by_expert(ids, experts, block_m)
@@ -85,30 +87,46 @@ def test_torch_backends_capture_safe_form_equals_the_reference(experts, top_k, t
     x = torch.randn(tokens, 32, device=DEVICE)
     w13, w2 = torch.randn(experts, 96, 32, device=DEVICE) / 6, torch.randn(experts, 32, 48, device=DEVICE) / 7
     weights, ids = _routing(tokens, experts, top_k)
-    torch.testing.assert_close(_experts_static(x, w13, w2, weights, ids),
-                               fused_experts_ref(x, w13, w2, weights, ids), rtol=1e-5, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        _experts_static(x, w13, w2, weights, ids),
+        fused_experts_ref(x, w13, w2, weights, ids),
+        rtol=1e-5,
+        atol=1e-5,
+    )
 
 
 def test_torch_backend_and_empty_batch():
     x = torch.randn(6, 32, device=DEVICE)
     w13, w2 = torch.randn(4, 32, 32, device=DEVICE) / 6, torch.randn(4, 32, 16, device=DEVICE) / 4
     weights, ids = _routing(6, 4, 2)
-    torch.testing.assert_close(fused_experts(x, w13, w2, weights, ids, backend="torch"),
-                               fused_experts(x, w13, w2, weights, ids, backend="triton"), rtol=2e-4, atol=2e-4)  # fmt: skip
+    torch.testing.assert_close(
+        fused_experts(x, w13, w2, weights, ids, backend="torch"),
+        fused_experts(x, w13, w2, weights, ids, backend="triton"),
+        rtol=2e-4,
+        atol=2e-4,
+    )
     empty = fused_experts(x[:0], w13, w2, weights[:0], ids[:0], backend="triton")
     assert empty.shape == (0, 32)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (dict(w13=torch.zeros(4, 31, 32)), r"must be \[E, 2I, H\]"),
-    (dict(w2=torch.zeros(4, 32, 8)), r"must be \[E, H, I\]"),
-    (dict(ids=torch.zeros(5, 2, dtype=torch.int32)), r"must both be \[T=6, k\]"),
-    (dict(w2=torch.zeros(4, 32, 16, dtype=torch.float16)), r"must be torch.float32 like x"),
-    (dict(x=torch.zeros(6, 32)[None]), r"expects x \[T, H\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(w13=torch.zeros(4, 31, 32)), r"must be \[E, 2I, H\]"),
+        (dict(w2=torch.zeros(4, 32, 8)), r"must be \[E, H, I\]"),
+        (dict(ids=torch.zeros(5, 2, dtype=torch.int32)), r"must both be \[T=6, k\]"),
+        (dict(w2=torch.zeros(4, 32, 16, dtype=torch.float16)), r"must be torch.float32 like x"),
+        (dict(x=torch.zeros(6, 32)[None]), r"expects x \[T, H\]"),
+    ],
+)
 def test_bad_input_is_named(change, message):
-    args = dict(x=torch.randn(6, 32), w13=torch.randn(4, 32, 32), w2=torch.randn(4, 32, 16),
-                weights=torch.rand(6, 2), ids=torch.randint(0, 4, (6, 2), dtype=torch.int32))  # fmt: skip
+    args = dict(
+        x=torch.randn(6, 32),
+        w13=torch.randn(4, 32, 32),
+        w2=torch.randn(4, 32, 16),
+        weights=torch.rand(6, 2),
+        ids=torch.randint(0, 4, (6, 2), dtype=torch.int32),
+    )
     args.update(change)
     args = {name: t.to(DEVICE) for name, t in args.items()}
     with pytest.raises(ValueError, match=message):

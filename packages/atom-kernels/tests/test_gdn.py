@@ -71,9 +71,16 @@ def test_reference_equals_transformers(use_chunks):
     for s, slot in enumerate((2, 0)):
         a, e = int(cu[s]), int(cu[s + 1])
         q_s, k_s = (x[a:e].repeat_interleave(hv // hk, dim=1)[None] for x in (q, k))
-        want, final = fn(q_s, k_s, v[a:e][None], g=g[a:e][None], beta=beta[a:e][None],
-                         initial_state=initial[slot].transpose(-1, -2)[None], output_final_state=True,
-                         use_qk_l2norm_in_kernel=True)  # fmt: skip
+        want, final = fn(
+            q_s,
+            k_s,
+            v[a:e][None],
+            g=g[a:e][None],
+            beta=beta[a:e][None],
+            initial_state=initial[slot].transpose(-1, -2)[None],
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+        )
         torch.testing.assert_close(out[a:e], want[0], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(state[slot], final[0].transpose(-1, -2), rtol=1e-4, atol=1e-4)
 
@@ -131,15 +138,27 @@ def test_chunked_tiles_match_reference(change):
     torch.testing.assert_close(state, ref_state, rtol=5e-2, atol=5e-2)
 
 
-@pytest.mark.parametrize(("change", "message"), [(dict(state_block_v=DV * 2), "must divide Dv"),
-                                                  (dict(state_stages=1), "state_stages must be >= 2")])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [(dict(state_block_v=DV * 2), "must divide Dv"), (dict(state_stages=1), "state_stages must be >= 2")],
+)
 def test_chunked_tiles_are_checked(change, message):
     q, k, v, g, beta = _gdn_inputs([5], 1, 1, torch.float32)
     state = torch.zeros(1, 1, DV, DK, device=DEVICE)
     tiles = dataclasses.replace(gdn_tiles(torch.float32, DV), **change)
     with pytest.raises(ValueError, match=message):
-        gated_delta_rule_chunked(q, k, v, g, beta, _cu([5]), state, torch.zeros(1, device=DEVICE, dtype=torch.int32),
-                                 backend="triton", tiles=tiles)  # fmt: skip
+        gated_delta_rule_chunked(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            _cu([5]),
+            state,
+            torch.zeros(1, device=DEVICE, dtype=torch.int32),
+            backend="triton",
+            tiles=tiles,
+        )
 
 
 @pytest.mark.parametrize("state_dtype", [torch.float32] + ([torch.bfloat16] if GPU else []))
@@ -191,35 +210,56 @@ def test_conv_kernel_matches_reference(lengths, dtype):
     weight, bias = torch.randn(dim, width, device=DEVICE).to(dtype), torch.randn(dim, device=DEVICE).to(dtype)
     slots = len(lengths) + 3
     state = torch.randn(slots, dim, width - 1, device=DEVICE).to(dtype)
-    indices = torch.tensor([5, 0, -1, 2][: len(lengths)] if len(lengths) > 2 else [4, 1], dtype=torch.int32,
-                           device=DEVICE)  # fmt: skip
+    indices = torch.tensor(
+        [5, 0, -1, 2][: len(lengths)] if len(lengths) > 2 else [4, 1], dtype=torch.int32, device=DEVICE
+    )
     has_init = torch.tensor([True, False, True, True][: len(lengths)], device=DEVICE)
     ref_state = state.clone()
     want = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices, has_initial_state=has_init)
-    got = causal_conv1d(x, weight, bias, cu, state, indices, has_initial_state=has_init, max_seqlen=max(lengths),
-                        backend="triton")  # fmt: skip
+    got = causal_conv1d(
+        x,
+        weight,
+        bias,
+        cu,
+        state,
+        indices,
+        has_initial_state=has_init,
+        max_seqlen=max(lengths),
+        backend="triton",
+    )
     tol = 1e-5 if dtype == torch.float32 else 2e-2
     torch.testing.assert_close(got, want, rtol=tol, atol=tol)
     torch.testing.assert_close(state, ref_state, rtol=tol, atol=tol)
     # without max_seqlen the grid covers T positions per sequence: same result, idle programs exit
     state2 = ref_state.clone()
-    again = causal_conv1d(x, weight, bias, cu, state2, indices, has_initial_state=torch.ones_like(has_init),
-                          backend="triton")  # fmt: skip
+    again = causal_conv1d(
+        x, weight, bias, cu, state2, indices, has_initial_state=torch.ones_like(has_init), backend="triton"
+    )
     want2 = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices)
     torch.testing.assert_close(again, want2, rtol=tol, atol=tol)
     torch.testing.assert_close(state2, ref_state, rtol=tol, atol=tol)
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (dict(v=torch.zeros(5, 3, DV)), r"multiple of key heads"),
-    (dict(g=torch.zeros(5, 3)), r"g and beta must be \[T, HV\]"),
-    (dict(state=torch.zeros(2, 4, DK, DV + 16)), r"state must be \[slots, 4"),
-    (dict(cu=torch.tensor([0, 5], dtype=torch.int32)), r"disagree"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(v=torch.zeros(5, 3, DV)), r"multiple of key heads"),
+        (dict(g=torch.zeros(5, 3)), r"g and beta must be \[T, HV\]"),
+        (dict(state=torch.zeros(2, 4, DK, DV + 16)), r"state must be \[slots, 4"),
+        (dict(cu=torch.tensor([0, 5], dtype=torch.int32)), r"disagree"),
+    ],
+)
 def test_bad_input_is_named(change, message):
-    args = dict(q=torch.zeros(5, 2, DK), k=torch.zeros(5, 2, DK), v=torch.zeros(5, 4, DV), g=torch.zeros(5, 4),
-                beta=torch.zeros(5, 4), cu=torch.tensor([0, 2, 5], dtype=torch.int32), state=torch.zeros(2, 4, DV, DK),
-                idx=torch.tensor([0, 1], dtype=torch.int32))  # fmt: skip
+    args = dict(
+        q=torch.zeros(5, 2, DK),
+        k=torch.zeros(5, 2, DK),
+        v=torch.zeros(5, 4, DV),
+        g=torch.zeros(5, 4),
+        beta=torch.zeros(5, 4),
+        cu=torch.tensor([0, 2, 5], dtype=torch.int32),
+        state=torch.zeros(2, 4, DV, DK),
+        idx=torch.tensor([0, 1], dtype=torch.int32),
+    )
     args.update(change)
     a = {n: t.to(DEVICE) for n, t in args.items()}
     for kernel in (gated_delta_rule_chunked, gated_delta_rule_recurrent):

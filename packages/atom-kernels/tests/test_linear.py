@@ -80,8 +80,14 @@ def test_gated_run_is_one_row_only():
 
     x, w, _ = _operands(2, 16, 32, torch.float16, gated=True)
     with pytest.raises(ValueError, match="one row only"):
-        run_skinny(x, w, None, torch.empty(2, 16, dtype=torch.float16, device=DEVICE), gated_input=True,
-                   tiles=skinny_tiles(2, 32))  # fmt: skip
+        run_skinny(
+            x,
+            w,
+            None,
+            torch.empty(2, 16, dtype=torch.float16, device=DEVICE),
+            gated_input=True,
+            tiles=skinny_tiles(2, 32),
+        )
 
 
 def test_one_row_fp32_uses_torch_and_is_exact():

@@ -38,16 +38,31 @@ def _case(seq_lens, query_lens, heads, block_size, dtype, cache_dtype=None):
     cu = torch.zeros(len(seq_lens) + 1, dtype=torch.int32)
     cu[1:] = torch.tensor(query_lens).cumsum(0)
     q = (torch.randn(int(cu[-1]), heads, RANK + ROPE, device=DEVICE) * 0.5).to(dtype)
-    return dict(q=q, cache=cache, cu_seqlens_q=cu.to(DEVICE), seq_lens=torch.tensor(seq_lens, dtype=torch.int32,
-                device=DEVICE), block_tables=tables.to(DEVICE), scale=scale, max_query_len=max(query_lens))  # fmt: skip
+    return dict(
+        q=q,
+        cache=cache,
+        cu_seqlens_q=cu.to(DEVICE),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=DEVICE),
+        block_tables=tables.to(DEVICE),
+        scale=scale,
+        max_query_len=max(query_lens),
+    )
 
 
 def _run(case, softmax_scale, **kwargs):
     args = {k: v for k, v in case.items() if k != "max_query_len"}
     q = args.pop("q")
     out = torch.full((q.shape[0], q.shape[1], RANK), float("nan"), dtype=q.dtype, device=DEVICE)
-    got = mla_attention(q, **args, softmax_scale=softmax_scale, max_query_len=case["max_query_len"], kv_lora_rank=RANK,
-                        out=out, backend="triton", **kwargs)  # fmt: skip
+    got = mla_attention(
+        q,
+        **args,
+        softmax_scale=softmax_scale,
+        max_query_len=case["max_query_len"],
+        kv_lora_rank=RANK,
+        out=out,
+        backend="triton",
+        **kwargs,
+    )
     assert got.data_ptr() == out.data_ptr()
     want = mla_attention_ref(q, **args, softmax_scale=softmax_scale, kv_lora_rank=RANK)
     return got, want
@@ -120,17 +135,24 @@ def test_write_round_trip_skips_padding_and_saturates_fp8(cache_dtype):
         torch.testing.assert_close(back[11].float(), torch.cat([kv_c[3], k_pe[3]]))
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (dict(q=torch.zeros(3, 16, RANK)), r"q must be \[T, Hq"),
-    (dict(cache=torch.zeros(4, 16, RANK)), r"cache must be a contiguous"),
-    (dict(cache=torch.zeros(4, 16, RANK + ROPE, dtype=torch.float16)), r"must be q's"),
-    (dict(cache=torch.zeros(4, 16, RANK + ROPE).to(FP8)), r"needs scale"),
-    (dict(seq_lens=torch.ones(2, dtype=torch.int32)), r"disagree"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(q=torch.zeros(3, 16, RANK)), r"q must be \[T, Hq"),
+        (dict(cache=torch.zeros(4, 16, RANK)), r"cache must be a contiguous"),
+        (dict(cache=torch.zeros(4, 16, RANK + ROPE, dtype=torch.float16)), r"must be q's"),
+        (dict(cache=torch.zeros(4, 16, RANK + ROPE).to(FP8)), r"needs scale"),
+        (dict(seq_lens=torch.ones(2, dtype=torch.int32)), r"disagree"),
+    ],
+)
 def test_bad_input_is_named(change, message):
-    args = dict(q=torch.zeros(3, 16, RANK + ROPE), cache=torch.zeros(4, 16, RANK + ROPE),
-                cu_seqlens_q=torch.tensor([0, 1, 2, 3], dtype=torch.int32), seq_lens=torch.ones(3, dtype=torch.int32),
-                block_tables=torch.zeros(3, 1, dtype=torch.int32))  # fmt: skip
+    args = dict(
+        q=torch.zeros(3, 16, RANK + ROPE),
+        cache=torch.zeros(4, 16, RANK + ROPE),
+        cu_seqlens_q=torch.tensor([0, 1, 2, 3], dtype=torch.int32),
+        seq_lens=torch.ones(3, dtype=torch.int32),
+        block_tables=torch.zeros(3, 1, dtype=torch.int32),
+    )
     args.update(change)
     args = {k: v.to(DEVICE) for k, v in args.items()}
     with pytest.raises(ValueError, match=message):

@@ -65,14 +65,22 @@ GROUPED = [  # (experts, groups, kept groups, k)
 
 
 @pytest.mark.parametrize(("experts", "groups", "kept", "k"), GROUPED)
-@pytest.mark.parametrize(("scoring", "with_bias", "renormalize", "scaling"),
-                         [("sigmoid", True, True, 2.5), ("softmax", False, False, 1.0), ("sigmoid", False, True, 1.0)])  # fmt: skip
+@pytest.mark.parametrize(
+    ("scoring", "with_bias", "renormalize", "scaling"),
+    [("sigmoid", True, True, 2.5), ("softmax", False, False, 1.0), ("sigmoid", False, True, 1.0)],
+)
 def test_grouped_topk_matches_reference(experts, groups, kept, k, scoring, with_bias, renormalize, scaling):
     tokens = 11
     logits = torch.randn(tokens, experts, device=DEVICE) * 2
     bias = torch.randn(experts, device=DEVICE) * 0.5 if with_bias else None
-    kwargs = dict(num_groups=groups, topk_groups=kept, bias=bias, scoring=scoring, renormalize=renormalize,
-                  scaling=scaling)  # fmt: skip
+    kwargs = dict(
+        num_groups=groups,
+        topk_groups=kept,
+        bias=bias,
+        scoring=scoring,
+        renormalize=renormalize,
+        scaling=scaling,
+    )
     weights, ids = grouped_topk(logits, k, **kwargs, **_poisoned_outputs(tokens, k), backend="triton")
     ref_w, ref_ids = grouped_topk_ref(logits, k, **kwargs)
     assert torch.equal(ids, ref_ids)
@@ -85,15 +93,29 @@ def test_grouped_topk_matches_transformers_deepseek_v3_router():
     from transformers import DeepseekV3Config
     from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3TopkRouter
 
-    config = DeepseekV3Config(hidden_size=48, n_routed_experts=64, num_experts_per_tok=6, n_group=8,
-                              topk_group=3, norm_topk_prob=True, routed_scaling_factor=2.5)  # fmt: skip
+    config = DeepseekV3Config(
+        hidden_size=48,
+        n_routed_experts=64,
+        num_experts_per_tok=6,
+        n_group=8,
+        topk_group=3,
+        norm_topk_prob=True,
+        routed_scaling_factor=2.5,
+    )
     router = DeepseekV3TopkRouter(config).to(DEVICE)
     torch.nn.init.normal_(router.weight, std=0.3)
     router.e_score_correction_bias.normal_(std=0.2)
     x = torch.randn(13, 48, device=DEVICE)
     logits, hf_weights, hf_ids = router(x)
-    weights, ids = grouped_topk(logits, 6, num_groups=8, topk_groups=3, bias=router.e_score_correction_bias,
-                                scaling=2.5, backend="triton")  # fmt: skip
+    weights, ids = grouped_topk(
+        logits,
+        6,
+        num_groups=8,
+        topk_groups=3,
+        bias=router.e_score_correction_bias,
+        scaling=2.5,
+        backend="triton",
+    )
     # transformers leaves the k ids unsorted: compare as id-sorted rows.
     hf_order, order = hf_ids.sort(dim=1), ids.long().sort(dim=1)
     assert torch.equal(order.values, hf_order.values)
@@ -114,16 +136,22 @@ def test_empty_batch_and_torch_backend():
         torch.testing.assert_close(w_t, w_k)
 
 
-@pytest.mark.parametrize(("call", "message"), [
-    (lambda x: topk_softmax(x, 17, True), r"top_k=17"),
-    (lambda x: topk_softmax(x[0], 2, True), r"\[T, E\]"),
-    (lambda x: grouped_topk(x, 2, num_groups=3, topk_groups=1), r"cannot be split into 3 groups"),
-    (lambda x: grouped_topk(x, 9, num_groups=4, topk_groups=2), r"top_k=9 exceeds the 8"),
-    (lambda x: grouped_topk(x, 2, num_groups=4, topk_groups=2, bias=torch.zeros(3)), r"bias must be \[16\]"),
-    (lambda x: grouped_topk(x, 2, num_groups=4, topk_groups=2, scoring="relu"), r"scoring must be"),
-    (lambda x: grouped_topk(x, 2, num_groups=16, topk_groups=2, bias=torch.zeros(16)), r"2\+ experts"),
-    (lambda x: topk_softmax(x, 2, True, ids=torch.empty(4, 2, dtype=torch.int64)), r"ids must be"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("call", "message"),
+    [
+        (lambda x: topk_softmax(x, 17, True), r"top_k=17"),
+        (lambda x: topk_softmax(x[0], 2, True), r"\[T, E\]"),
+        (lambda x: grouped_topk(x, 2, num_groups=3, topk_groups=1), r"cannot be split into 3 groups"),
+        (lambda x: grouped_topk(x, 9, num_groups=4, topk_groups=2), r"top_k=9 exceeds the 8"),
+        (
+            lambda x: grouped_topk(x, 2, num_groups=4, topk_groups=2, bias=torch.zeros(3)),
+            r"bias must be \[16\]",
+        ),
+        (lambda x: grouped_topk(x, 2, num_groups=4, topk_groups=2, scoring="relu"), r"scoring must be"),
+        (lambda x: grouped_topk(x, 2, num_groups=16, topk_groups=2, bias=torch.zeros(16)), r"2\+ experts"),
+        (lambda x: topk_softmax(x, 2, True, ids=torch.empty(4, 2, dtype=torch.int64)), r"ids must be"),
+    ],
+)
 def test_bad_input_is_named(call, message):
     with pytest.raises(ValueError, match=message):
         call(torch.randn(4, 16, device=DEVICE))

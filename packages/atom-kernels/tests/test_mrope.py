@@ -31,13 +31,37 @@ def _positions(tokens):
 
 
 HF_CASES = [  # module, rotary class, config class, config kwargs, section, interleaved, rotary_dim
-    ("qwen2_vl", "Qwen2VLRotaryEmbedding", "Qwen2VLTextConfig",
-     dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1), (16, 24, 24), False, 128),
-    ("qwen3_5", "Qwen3_5TextRotaryEmbedding", "Qwen3_5TextConfig",
-     dict(hidden_size=256, head_dim=256, num_attention_heads=2, num_key_value_heads=1,
-          rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
-                               mrope_section=[11, 11, 10], mrope_interleaved=True)), (11, 11, 10), True, 64),
-]  # fmt: skip
+    (
+        "qwen2_vl",
+        "Qwen2VLRotaryEmbedding",
+        "Qwen2VLTextConfig",
+        dict(hidden_size=256, num_attention_heads=2, num_key_value_heads=1),
+        (16, 24, 24),
+        False,
+        128,
+    ),
+    (
+        "qwen3_5",
+        "Qwen3_5TextRotaryEmbedding",
+        "Qwen3_5TextConfig",
+        dict(
+            hidden_size=256,
+            head_dim=256,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            rope_parameters=dict(
+                rope_type="default",
+                rope_theta=1e7,
+                partial_rotary_factor=0.25,
+                mrope_section=[11, 11, 10],
+                mrope_interleaved=True,
+            ),
+        ),
+        (11, 11, 10),
+        True,
+        64,
+    ),
+]
 
 
 @pytest.mark.parametrize(
@@ -55,22 +79,34 @@ def test_matches_transformers(module, rotary_cls, config_cls, kwargs, section, i
     positions = _positions(tokens)
     cos, sin = rotary(q, positions[:, None, :])  # position ids [3, batch 1, T]
     want_q, want_k = hf.apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], cos, sin)
-    got_q, got_k = apply_mrope(positions, q.clone(), k.clone(), rotary.inv_freq, rotary_dim=rot,
-                               section=section, interleaved=interleaved, backend="triton")  # fmt: skip
+    got_q, got_k = apply_mrope(
+        positions,
+        q.clone(),
+        k.clone(),
+        rotary.inv_freq,
+        rotary_dim=rot,
+        section=section,
+        interleaved=interleaved,
+        backend="triton",
+    )
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), rtol=2e-5, atol=2e-5)
-    ref_q, _ = apply_mrope_ref(positions, q, k, rotary.inv_freq, rotary_dim=rot, section=section,
-                               interleaved=interleaved)  # fmt: skip
+    ref_q, _ = apply_mrope_ref(
+        positions, q, k, rotary.inv_freq, rotary_dim=rot, section=section, interleaved=interleaved
+    )
     torch.testing.assert_close(ref_q, want_q[0].transpose(0, 1), rtol=2e-5, atol=2e-5)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize(("hq", "hkv", "d", "rot", "section", "interleaved", "neox"), [
-    (4, 2, 128, 128, (16, 24, 24), False, True),
-    (16, 2, 256, 64, (11, 11, 10), True, True),
-    (3, 1, 64, 64, (8, 12, 12), False, False),
-    (5, 5, 32, 24, (4, 4, 4), True, True),  # half 12: not a power of two
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("hq", "hkv", "d", "rot", "section", "interleaved", "neox"),
+    [
+        (4, 2, 128, 128, (16, 24, 24), False, True),
+        (16, 2, 256, 64, (11, 11, 10), True, True),
+        (3, 1, 64, 64, (8, 12, 12), False, False),
+        (5, 5, 32, 24, (4, 4, 4), True, True),  # half 12: not a power of two
+    ],
+)
 def test_kernel_matches_reference_in_place_on_strided_views(
     hq, hkv, d, rot, section, interleaved, neox, dtype
 ):
@@ -92,8 +128,16 @@ def test_equal_rows_are_plain_rope_and_1d_positions_dispatch_to_it():
     inv_freq = 1.0 / (1e4 ** (torch.arange(0, 64, 2, device=DEVICE).float() / 64))
     rope_q, rope_k = apply_rotary(pos, q.clone(), k.clone(), inv_freq, rotary_dim=64, backend="triton")
     for positions in (pos.expand(3, -1).contiguous(), pos):
-        got_q, got_k = apply_mrope(positions, q.clone(), k.clone(), inv_freq, rotary_dim=64, section=(8, 12, 12),
-                                   interleaved=True, backend="triton")  # fmt: skip
+        got_q, got_k = apply_mrope(
+            positions,
+            q.clone(),
+            k.clone(),
+            inv_freq,
+            rotary_dim=64,
+            section=(8, 12, 12),
+            interleaved=True,
+            backend="triton",
+        )
         torch.testing.assert_close(got_q, rope_q)
         torch.testing.assert_close(got_k, rope_k)
 
@@ -110,23 +154,41 @@ def test_axes_follow_each_layout():
 
 def test_empty_batch():
     q, k = _qkv(0, 2, 1, 32, torch.float32)
-    apply_mrope(torch.zeros(3, 0, dtype=torch.long, device=DEVICE), q, k, torch.ones(16, device=DEVICE),
-                rotary_dim=32, section=(4, 6, 6), interleaved=False, backend="triton")  # fmt: skip
+    apply_mrope(
+        torch.zeros(3, 0, dtype=torch.long, device=DEVICE),
+        q,
+        k,
+        torch.ones(16, device=DEVICE),
+        rotary_dim=32,
+        section=(4, 6, 6),
+        interleaved=False,
+        backend="triton",
+    )
 
 
-@pytest.mark.parametrize(("change", "message"), [
-    (dict(section=(4, 4, 4)), r"must be 3 sizes summing to rotary_dim / 2 = 16"),
-    (dict(section=(8, 8)), r"must be 3 sizes"),
-    (dict(positions=torch.zeros(2, 5, dtype=torch.long)), r"positions must be \[3, T=5\]"),
-    (dict(rotary_dim=30, section=(4, 6, 5)), r"rotary_dim 30 must be even, <= 32, with inv_freq"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (dict(section=(4, 4, 4)), r"must be 3 sizes summing to rotary_dim / 2 = 16"),
+        (dict(section=(8, 8)), r"must be 3 sizes"),
+        (dict(positions=torch.zeros(2, 5, dtype=torch.long)), r"positions must be \[3, T=5\]"),
+        (dict(rotary_dim=30, section=(4, 6, 5)), r"rotary_dim 30 must be even, <= 32, with inv_freq"),
+    ],
+)
 def test_bad_input_is_named(change, message):
     q, k = _qkv(5, 2, 1, 32, torch.float32)
     args = dict(positions=torch.zeros(3, 5, dtype=torch.long), rotary_dim=32, section=(4, 6, 6))
     args.update(change)
     with pytest.raises(ValueError, match=message):
-        apply_mrope(args["positions"].to(DEVICE), q, k, torch.ones(16, device=DEVICE), rotary_dim=args["rotary_dim"],
-                    section=args["section"], interleaved=False)  # fmt: skip
+        apply_mrope(
+            args["positions"].to(DEVICE),
+            q,
+            k,
+            torch.ones(16, device=DEVICE),
+            rotary_dim=args["rotary_dim"],
+            section=args["section"],
+            interleaved=False,
+        )
 
 
 def test_multi_token_tiles_match_one_token_tiles():
@@ -141,8 +203,30 @@ def test_multi_token_tiles_match_one_token_tiles():
     want_q, want_k = apply_mrope_ref(
         positions, q, k, inv_freq, rotary_dim=rot, section=section, interleaved=True
     )
-    _mrope_kernel[(3,)](positions, q, k, inv_freq, tokens, positions.stride(0), q.stride(0), q.stride(1), k.stride(0),
-                        k.stride(1), hq, hkv, 1.0, SECTION_T=4, SECTION_H=6, SECTION_W=6, INTERLEAVED=True, NEOX=True,
-                        HALF=16, BLOCK_QH=4, BLOCK_KH=2, BLOCK_HALF=16, BLOCK_T=4)  # fmt: skip
+    _mrope_kernel[(3,)](
+        positions,
+        q,
+        k,
+        inv_freq,
+        tokens,
+        positions.stride(0),
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        hq,
+        hkv,
+        1.0,
+        SECTION_T=4,
+        SECTION_H=6,
+        SECTION_W=6,
+        INTERLEAVED=True,
+        NEOX=True,
+        HALF=16,
+        BLOCK_QH=4,
+        BLOCK_KH=2,
+        BLOCK_HALF=16,
+        BLOCK_T=4,
+    )
     torch.testing.assert_close(q, want_q, rtol=2e-5, atol=2e-5)
     torch.testing.assert_close(k, want_k, rtol=2e-5, atol=2e-5)

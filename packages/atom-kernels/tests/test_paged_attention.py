@@ -17,8 +17,17 @@ LAYOUTS = list(KVLayout)
 
 def _check(out, case, **kw):
     assert not torch.isnan(out).any(), "an output element was not written, or a poisoned KV entry was read"
-    expected = paged_attention_ref(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
-                                   case.block_tables, k_scale=case.k_scale, v_scale=case.v_scale, **kw)  # fmt: skip
+    expected = paged_attention_ref(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        case.cu_seqlens_q,
+        case.seq_lens,
+        case.block_tables,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        **kw,
+    )
     tol = TOL[case.q.dtype]
     torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
 
@@ -39,10 +48,27 @@ def _combos(pages_heads):
 def test_prefill_ragged_with_prefix(paged_case, dtype, layout, block_size, heads):
     # a plain prompt, a prefix-cached extend, a one-token extend, a long plain prompt
     seq_lens, query_lens = [37, 50, 19, 70], [37, 21, 1, 70]
-    case = paged_case(seq_lens=seq_lens, query_lens=query_lens, num_q_heads=heads[0], num_kv_heads=heads[1],
-                      head_dim=HEAD_DIM, block_size=block_size, layout=layout, dtype=dtype, device=DEVICE)  # fmt: skip
-    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=case.max_query_len, layout=layout,
-                        out=_poisoned_like(case.q), backend="triton", **case.args())  # fmt: skip
+    case = paged_case(
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        num_q_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=HEAD_DIM,
+        block_size=block_size,
+        layout=layout,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    out = paged_prefill(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        max_query_len=case.max_query_len,
+        layout=layout,
+        out=_poisoned_like(case.q),
+        backend="triton",
+        **case.args(),
+    )
     _check(out, case, layout=layout)
 
 
@@ -58,12 +84,30 @@ def test_prefill_ragged_with_prefix(paged_case, dtype, layout, block_size, heads
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_prefill_window_softcap_sinks(paged_case, features, layout):
     features = dict(features)
-    case = paged_case(seq_lens=[45, 33], query_lens=[45, 12], num_q_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
-                      block_size=16, layout=layout, dtype=torch.float32, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[45, 33],
+        query_lens=[45, 12],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        layout=layout,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
     if features.pop("sinks", False):
         features["sinks"] = torch.randn(4, device=DEVICE) * 2
-    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=case.max_query_len, layout=layout,
-                        out=_poisoned_like(case.q), backend="triton", **features, **case.args())  # fmt: skip
+    out = paged_prefill(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        max_query_len=case.max_query_len,
+        layout=layout,
+        out=_poisoned_like(case.q),
+        backend="triton",
+        **features,
+        **case.args(),
+    )
     _check(out, case, layout=layout, **features)
 
 
@@ -74,23 +118,62 @@ def test_prefill_window_softcap_sinks(paged_case, features, layout):
 @pytest.mark.parametrize("num_splits", [1, 4])
 def test_decode_ragged(paged_case, dtype, layout, block_size, heads, num_splits):
     seq_lens = [1, 17, 64, 130, 33]
-    case = paged_case(seq_lens=seq_lens, query_lens=[1] * 5, num_q_heads=heads[0], num_kv_heads=heads[1],
-                      head_dim=HEAD_DIM, block_size=block_size, layout=layout, dtype=dtype, device=DEVICE)  # fmt: skip
-    out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       layout=layout, k_scale=case.k_scale, v_scale=case.v_scale, num_splits=num_splits,
-                       out=_poisoned_like(case.q), backend="triton")  # fmt: skip
+    case = paged_case(
+        seq_lens=seq_lens,
+        query_lens=[1] * 5,
+        num_q_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=HEAD_DIM,
+        block_size=block_size,
+        layout=layout,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        layout=layout,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        num_splits=num_splits,
+        out=_poisoned_like(case.q),
+        backend="triton",
+    )
     _check(out, case, layout=layout)
 
 
 @pytest.mark.parametrize("num_splits", [1, 3])
 @pytest.mark.parametrize("layout", LAYOUTS)
 def test_decode_speculative_verify_window_sinks(paged_case, num_splits, layout):
-    case = paged_case(seq_lens=[20, 67, 9], query_lens=[3, 3, 3], num_q_heads=8, num_kv_heads=2,
-                      head_dim=HEAD_DIM, block_size=16, layout=layout, dtype=torch.float32, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[20, 67, 9],
+        query_lens=[3, 3, 3],
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        layout=layout,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
     sinks = torch.randn(8, device=DEVICE)
-    out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       query_len=3, layout=layout, sliding_window=12, sinks=sinks, num_splits=num_splits,
-                       out=_poisoned_like(case.q), backend="triton")  # fmt: skip
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        query_len=3,
+        layout=layout,
+        sliding_window=12,
+        sinks=sinks,
+        num_splits=num_splits,
+        out=_poisoned_like(case.q),
+        backend="triton",
+    )
     _check(out, case, layout=layout, sliding_window=12, sinks=sinks)
 
 
@@ -99,34 +182,90 @@ def test_decode_speculative_verify_window_sinks(paged_case, num_splits, layout):
 def test_fp8_cache(paged_case, layout, scales):
     dtype = torch.bfloat16 if GPU else torch.float32
     fp8 = default_fp8_dtype(torch.device(DEVICE))
-    case = paged_case(seq_lens=[40, 77, 16], query_lens=[1, 1, 1], num_q_heads=8, num_kv_heads=2, head_dim=HEAD_DIM,
-                      block_size=16, layout=layout, dtype=dtype, cache_dtype=fp8, fp8_scales=scales, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[40, 77, 16],
+        query_lens=[1, 1, 1],
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        layout=layout,
+        dtype=dtype,
+        cache_dtype=fp8,
+        fp8_scales=scales,
+        device=DEVICE,
+    )
     backend = "triton" if GPU else "torch"  # the interpreter's fp8 conversion is wrong
-    out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       layout=layout, k_scale=case.k_scale, v_scale=case.v_scale, num_splits=2,
-                       out=_poisoned_like(case.q), backend=backend)  # fmt: skip
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        layout=layout,
+        k_scale=case.k_scale,
+        v_scale=case.v_scale,
+        num_splits=2,
+        out=_poisoned_like(case.q),
+        backend=backend,
+    )
     _check(out, case, layout=layout)  # the reference dequantizes the same fp8 cache
 
 
 def test_auto_splits_on_long_sequences(paged_case):
-    case = paged_case(seq_lens=[300, 5], query_lens=[1, 1], num_q_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
-                      block_size=16, layout=KVLayout.FLASH, dtype=torch.float32, device=DEVICE)  # fmt: skip
-    out = paged_decode(case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, block_tables=case.block_tables,
-                       out=_poisoned_like(case.q), backend="triton")  # fmt: skip
+    case = paged_case(
+        seq_lens=[300, 5],
+        query_lens=[1, 1],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=16,
+        layout=KVLayout.FLASH,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        out=_poisoned_like(case.q),
+        backend="triton",
+    )
     _check(out, case)
 
 
 def test_torch_backend_matches_reference(paged_case):
-    case = paged_case(seq_lens=[10, 30], query_lens=[10, 4], num_q_heads=4, num_kv_heads=2, head_dim=16,
-                      block_size=16, layout=KVLayout.SHUFFLE, dtype=torch.float32, device=DEVICE)  # fmt: skip
-    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=10, layout="shuffle", backend="torch",
-                        **case.args())  # fmt: skip
+    case = paged_case(
+        seq_lens=[10, 30],
+        query_lens=[10, 4],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=16,
+        layout=KVLayout.SHUFFLE,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
+    out = paged_prefill(
+        case.q, case.k_cache, case.v_cache, max_query_len=10, layout="shuffle", backend="torch", **case.args()
+    )
     _check(out, case, layout="shuffle")
 
 
 def test_bad_inputs_are_named(paged_case):
-    case = paged_case(seq_lens=[10], query_lens=[10], num_q_heads=4, num_kv_heads=2, head_dim=16, block_size=16,
-                      layout=KVLayout.FLASH, dtype=torch.float32, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[10],
+        query_lens=[10],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=16,
+        layout=KVLayout.FLASH,
+        dtype=torch.float32,
+        device=DEVICE,
+    )
     with pytest.raises(ValueError, match="Hq a multiple of Hkv=2"):
         paged_prefill(case.q[:, :3], case.k_cache, case.v_cache, max_query_len=10, **case.args())
     with pytest.raises(ValueError, match="sinks must be"):
@@ -134,5 +273,11 @@ def test_bad_inputs_are_named(paged_case):
             case.q, case.k_cache, case.v_cache, max_query_len=10, sinks=torch.zeros(3), **case.args()
         )
     with pytest.raises(ValueError, match="expected B \\* query_len = 2"):
-        paged_decode(case.q[:1], case.k_cache, case.v_cache, seq_lens=case.seq_lens,
-                     block_tables=case.block_tables, query_len=2)  # fmt: skip
+        paged_decode(
+            case.q[:1],
+            case.k_cache,
+            case.v_cache,
+            seq_lens=case.seq_lens,
+            block_tables=case.block_tables,
+            query_len=2,
+        )

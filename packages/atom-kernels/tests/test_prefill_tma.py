@@ -20,25 +20,46 @@ PAGES = [64, 128] if GPU else [16, 32]
 
 def _checked(case, **kw):
     return check_inputs(
-        case.q, case.k_cache, case.v_cache, seq_lens=case.seq_lens, cu_seqlens_q=case.cu_seqlens_q,
-        block_tables=case.block_tables, layout="flash", softmax_scale=None, sliding_window=kw.get("sliding_window"),
-        sinks=kw.get("sinks"), k_scale=None, v_scale=None, out=torch.full_like(case.q, float("nan")),
-    )  # fmt: skip
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        cu_seqlens_q=case.cu_seqlens_q,
+        block_tables=case.block_tables,
+        layout="flash",
+        softmax_scale=None,
+        sliding_window=kw.get("sliding_window"),
+        sinks=kw.get("sinks"),
+        k_scale=None,
+        v_scale=None,
+        out=torch.full_like(case.q, float("nan")),
+    )
 
 
 def _run(case, **kw):
     c = _checked(case, **kw)
     assert tma_layout_fits(case.k_cache, case.v_cache, c, CONFIG.block_n)
-    return run_tma_prefill(case.q, case.k_cache, case.v_cache, c, cu_seqlens_q=case.cu_seqlens_q,
-                           seq_lens=case.seq_lens, block_tables=case.block_tables, max_query_len=case.max_query_len,
-                           sliding_window=kw.get("sliding_window"), softcap=kw.get("softcap"), sinks=kw.get("sinks"),
-                           config=CONFIG)  # fmt: skip
+    return run_tma_prefill(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        c,
+        cu_seqlens_q=case.cu_seqlens_q,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        max_query_len=case.max_query_len,
+        sliding_window=kw.get("sliding_window"),
+        softcap=kw.get("softcap"),
+        sinks=kw.get("sinks"),
+        config=CONFIG,
+    )
 
 
 def _check(out, case, **kw):
     assert not torch.isnan(out).any(), "an output element was not written, or a poisoned KV entry was read"
-    want = paged_attention_ref(case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens,
-                               case.block_tables, **kw)  # fmt: skip
+    want = paged_attention_ref(
+        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens, case.block_tables, **kw
+    )
     tol = TOL[case.q.dtype]
     torch.testing.assert_close(out.float(), want.float(), rtol=tol, atol=tol)
 
@@ -50,21 +71,44 @@ def test_ragged_prefix_cached_and_partial_pages(paged_case, dtype, block_size, h
     # a plain prompt, a prefix-cached extend, a one-token extend, a prompt ending mid-page (NaN beyond it)
     p = block_size
     seq_lens, query_lens = [p + 5, 3 * p - 7, 2 * p, 2 * p + 1], [p + 5, p + 3, 1, 2 * p + 1]
-    case = paged_case(seq_lens=seq_lens, query_lens=query_lens, num_q_heads=heads[0], num_kv_heads=heads[1],
-                      head_dim=HEAD_DIM, block_size=block_size, layout=KVLayout.FLASH, dtype=dtype, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=seq_lens,
+        query_lens=query_lens,
+        num_q_heads=heads[0],
+        num_kv_heads=heads[1],
+        head_dim=HEAD_DIM,
+        block_size=block_size,
+        layout=KVLayout.FLASH,
+        dtype=dtype,
+        device=DEVICE,
+    )
     _check(_run(case), case)
 
 
 @pytest.mark.parametrize(
     "features",
-    [{"sliding_window": 9}, {"sliding_window": 40}, {"softcap": 5.0}, {"sinks": True},
-     {"sliding_window": 20, "softcap": 3.0, "sinks": True}],
-)  # fmt: skip
+    [
+        {"sliding_window": 9},
+        {"sliding_window": 40},
+        {"softcap": 5.0},
+        {"sinks": True},
+        {"sliding_window": 20, "softcap": 3.0, "sinks": True},
+    ],
+)
 def test_window_softcap_sinks(paged_case, features):
     features = dict(features)
     p = PAGES[0]
-    case = paged_case(seq_lens=[3 * p - 3, 2 * p + 9], query_lens=[3 * p - 3, p - 2], num_q_heads=8, num_kv_heads=2,
-                      head_dim=HEAD_DIM, block_size=p, layout=KVLayout.FLASH, dtype=torch.float16, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[3 * p - 3, 2 * p + 9],
+        query_lens=[3 * p - 3, p - 2],
+        num_q_heads=8,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=p,
+        layout=KVLayout.FLASH,
+        dtype=torch.float16,
+        device=DEVICE,
+    )
     if features.pop("sinks", False):
         features["sinks"] = torch.randn(8, device=DEVICE) * 2
     _check(_run(case, **features), case, **features)
@@ -73,8 +117,17 @@ def test_window_softcap_sinks(paged_case, features):
 def test_packed_k_and_v_views(paged_case):
     """vLLM's cache: K and V of a token-head side by side, V a view one head_dim past K."""
     p, heads_kv = PAGES[0], 2
-    case = paged_case(seq_lens=[2 * p + 3, p], query_lens=[2 * p + 3, 5], num_q_heads=4, num_kv_heads=heads_kv,
-                      head_dim=HEAD_DIM, block_size=p, layout=KVLayout.FLASH, dtype=torch.float16, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[2 * p + 3, p],
+        query_lens=[2 * p + 3, 5],
+        num_q_heads=4,
+        num_kv_heads=heads_kv,
+        head_dim=HEAD_DIM,
+        block_size=p,
+        layout=KVLayout.FLASH,
+        dtype=torch.float16,
+        device=DEVICE,
+    )
     n = case.k_cache.shape[0]
     buf = torch.full((n, p, heads_kv, 2 * HEAD_DIM), float("nan"), dtype=torch.float16, device=DEVICE)
     buf[..., :HEAD_DIM], buf[..., HEAD_DIM:] = case.k_cache, case.v_cache
@@ -85,19 +138,48 @@ def test_packed_k_and_v_views(paged_case):
 
 def test_layouts_the_kernel_cannot_address_are_refused(paged_case):
     p = PAGES[0]
-    case = paged_case(seq_lens=[p], query_lens=[p], num_q_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
-                      block_size=p, layout=KVLayout.FLASH, dtype=torch.float16, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[p],
+        query_lens=[p],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=p,
+        layout=KVLayout.FLASH,
+        dtype=torch.float16,
+        device=DEVICE,
+    )
     c = _checked(case)
     assert tma_layout_fits(case.k_cache, case.v_cache, c, CONFIG.block_n)
     assert not tma_layout_fits(case.k_cache, case.v_cache, c, 3 * p)  # a tile would span pages
     heads_first = case.k_cache.transpose(1, 2).contiguous().transpose(1, 2)  # pages not runs of token rows
     assert not tma_layout_fits(heads_first, heads_first, c, CONFIG.block_n)
-    shuffle = paged_case(seq_lens=[p], query_lens=[p], num_q_heads=4, num_kv_heads=2, head_dim=HEAD_DIM,
-                         block_size=p, layout=KVLayout.SHUFFLE, dtype=torch.float16, device=DEVICE)  # fmt: skip
-    c_shuffle = check_inputs(shuffle.q, shuffle.k_cache, shuffle.v_cache, seq_lens=shuffle.seq_lens,
-                             cu_seqlens_q=shuffle.cu_seqlens_q, block_tables=shuffle.block_tables, layout="shuffle",
-                             softmax_scale=None, sliding_window=None, sinks=None, k_scale=None, v_scale=None,
-                             out=None)  # fmt: skip
+    shuffle = paged_case(
+        seq_lens=[p],
+        query_lens=[p],
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=HEAD_DIM,
+        block_size=p,
+        layout=KVLayout.SHUFFLE,
+        dtype=torch.float16,
+        device=DEVICE,
+    )
+    c_shuffle = check_inputs(
+        shuffle.q,
+        shuffle.k_cache,
+        shuffle.v_cache,
+        seq_lens=shuffle.seq_lens,
+        cu_seqlens_q=shuffle.cu_seqlens_q,
+        block_tables=shuffle.block_tables,
+        layout="shuffle",
+        softmax_scale=None,
+        sliding_window=None,
+        sinks=None,
+        k_scale=None,
+        v_scale=None,
+        out=None,
+    )
     assert not tma_layout_fits(shuffle.k_cache, shuffle.v_cache, c_shuffle, CONFIG.block_n)
     if not GPU:
         assert not tma_prefill_fits(case.q, case.k_cache, case.v_cache, c, CONFIG.block_n)  # not on a CPU
@@ -106,9 +188,24 @@ def test_layouts_the_kernel_cannot_address_are_refused(paged_case):
 @pytest.mark.skipif(not GPU or torch.cuda.get_device_capability()[0] < 9, reason="TMA needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paged_prefill_takes_the_tma_kernel_on_hopper(paged_case, dtype):
-    case = paged_case(seq_lens=[300, 200, 64], query_lens=[300, 77, 64], num_q_heads=32, num_kv_heads=8,
-                      head_dim=128, block_size=64, layout=KVLayout.FLASH, dtype=dtype, device=DEVICE)  # fmt: skip
+    case = paged_case(
+        seq_lens=[300, 200, 64],
+        query_lens=[300, 77, 64],
+        num_q_heads=32,
+        num_kv_heads=8,
+        head_dim=128,
+        block_size=64,
+        layout=KVLayout.FLASH,
+        dtype=dtype,
+        device=DEVICE,
+    )
     assert tma_prefill_fits(case.q, case.k_cache, case.v_cache, _checked(case), TMA_CONFIG.block_n)
-    out = paged_prefill(case.q, case.k_cache, case.v_cache, max_query_len=case.max_query_len,
-                        out=torch.full_like(case.q, float("nan")), **case.args())  # fmt: skip
+    out = paged_prefill(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        max_query_len=case.max_query_len,
+        out=torch.full_like(case.q, float("nan")),
+        **case.args(),
+    )
     _check(out, case)

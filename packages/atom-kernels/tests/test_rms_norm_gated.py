@@ -34,24 +34,32 @@ def test_reference_equals_transformers_qwen3_5_gated_norm():
     want = module(x, gate)
     got = rms_norm_gated(x.reshape(-1, 64), gate.reshape(-1, 64), module.weight, 1e-6, backend="triton")
     torch.testing.assert_close(got.view_as(want), want, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(rms_norm_gated_ref(x.reshape(-1, 64), gate.reshape(-1, 64), module.weight, 1e-6),
-                               want.reshape(-1, 64))  # fmt: skip
+    torch.testing.assert_close(
+        rms_norm_gated_ref(x.reshape(-1, 64), gate.reshape(-1, 64), module.weight, 1e-6), want.reshape(-1, 64)
+    )
 
 
 def test_strided_rows_and_torch_backend_agree():
     base = torch.randn(9, 2, 128, device=DEVICE)
     x, gate = base[:, 0], base[:, 1]  # row stride 256
     weight = torch.rand(128, device=DEVICE)
-    torch.testing.assert_close(rms_norm_gated(x, gate, weight, 1e-5, backend="triton"),
-                               rms_norm_gated(x, gate, weight, 1e-5, backend="torch"), rtol=1e-5, atol=1e-5)  # fmt: skip
+    torch.testing.assert_close(
+        rms_norm_gated(x, gate, weight, 1e-5, backend="triton"),
+        rms_norm_gated(x, gate, weight, 1e-5, backend="torch"),
+        rtol=1e-5,
+        atol=1e-5,
+    )
     assert rms_norm_gated(x[:0], gate[:0], weight, 1e-5, backend="triton").shape == (0, 128)
 
 
-@pytest.mark.parametrize(("shapes", "message"), [
-    (((4, 8), (4, 9), (8,)), r"x and gate \[N, D\]"),
-    (((4, 8), (4, 8), (7,)), r"weight \[D\]"),
-    (((2, 4, 8), (2, 4, 8), (8,)), r"x and gate \[N, D\]"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("shapes", "message"),
+    [
+        (((4, 8), (4, 9), (8,)), r"x and gate \[N, D\]"),
+        (((4, 8), (4, 8), (7,)), r"weight \[D\]"),
+        (((2, 4, 8), (2, 4, 8), (8,)), r"x and gate \[N, D\]"),
+    ],
+)
 def test_bad_shapes_are_named(shapes, message):
     x, gate, weight = (torch.randn(*s, device=DEVICE) for s in shapes)
     with pytest.raises(ValueError, match=message):

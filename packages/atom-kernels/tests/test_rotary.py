@@ -29,8 +29,9 @@ def test_reference_equals_transformers_rotate_half():
     freqs = positions.float()[:, None] * inv_freq[None, :]
     emb = torch.cat([freqs, freqs], dim=-1)
     # transformers' layout: [batch, heads, tokens, D] with cos/sin [batch, tokens, D]
-    want_q, want_k = apply_rotary_pos_emb(q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None],
-                                          emb.sin()[None])  # fmt: skip
+    want_q, want_k = apply_rotary_pos_emb(
+        q.transpose(0, 1)[None], k.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
+    )
     got_q, got_k = apply_rotary_ref(positions, q, k, inv_freq, rotary_dim=64)
     torch.testing.assert_close(got_q, want_q[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(got_k, want_k[0].transpose(0, 1), rtol=1e-5, atol=1e-5)
@@ -49,8 +50,9 @@ def test_triton_in_place_equals_reference(dtype, neox, heads, head_dim, rotary_d
     want_q, want_k = apply_rotary_ref(
         positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=0.9, neox=neox
     )
-    got_q, got_k = apply_rotary(positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=0.9, neox=neox,
-                                backend="triton")  # fmt: skip
+    got_q, got_k = apply_rotary(
+        positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=0.9, neox=neox, backend="triton"
+    )
     assert got_q.data_ptr() == q.data_ptr() and got_k.data_ptr() == k.data_ptr()  # in place
     torch.testing.assert_close(q, want_q, rtol=TOL[dtype], atol=TOL[dtype])
     torch.testing.assert_close(k, want_k, rtol=TOL[dtype], atol=TOL[dtype])

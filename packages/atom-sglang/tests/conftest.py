@@ -35,9 +35,13 @@ def checkpoint_for(tmp_path_factory):
 
             family = architecture.removesuffix("ForCausalLM")
             config = getattr(transformers, f"{family}Config")(
-                vocab_size=300, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                max_position_embeddings=256, **{**ARCHITECTURES[architecture], **overrides},
-            )  # fmt: skip
+                vocab_size=300,
+                hidden_size=64,
+                intermediate_size=96,
+                num_hidden_layers=2,
+                max_position_embeddings=256,
+                **{**ARCHITECTURES[architecture], **overrides},
+            )
             torch.manual_seed(0)
             path = tmp_path_factory.mktemp(family)
             transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)

@@ -40,27 +40,59 @@ class Request:
 class SglangHarness:
     """One model on one backend with its own pools: a target, or a draft beside it."""
 
-    def __init__(self, checkpoint: Path, *, page_size: int, backend: str = "atom", max_reqs: int = 4,
-                 max_context_len: int = 128, seed: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        checkpoint: Path,
+        *,
+        page_size: int,
+        backend: str = "atom",
+        max_reqs: int = 4,
+        max_context_len: int = 128,
+        seed: int = 0,
+    ):
         from atom_sglang.models.atom import EntryClass
 
         init_single_process_dist()
         self.hf_config = AutoConfig.from_pretrained(checkpoint)
         c = self.hf_config
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        case = DenseAttentionCase(name="atom-model", backend=backend, forward_mode=ForwardMode.EXTEND,
-                                  num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
-                                  page_size=page_size, prefix_lens=(0,) * max_reqs, extend_lens=(1,) * max_reqs)  # fmt: skip
-        tiny = TinyModelConfig(num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads,
-                               head_dim=head_dim, hidden_size=c.hidden_size, context_len=max_context_len)  # fmt: skip
-        self.runner = MockModelRunner(case=case, model_config=tiny, dtype=torch.float32, device="cpu",
-                                      max_context_len=max_context_len, head_dim=head_dim)  # fmt: skip
+        case = DenseAttentionCase(
+            name="atom-model",
+            backend=backend,
+            forward_mode=ForwardMode.EXTEND,
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            page_size=page_size,
+            prefix_lens=(0,) * max_reqs,
+            extend_lens=(1,) * max_reqs,
+        )
+        tiny = TinyModelConfig(
+            num_heads=c.num_attention_heads,
+            num_kv_heads=c.num_key_value_heads,
+            head_dim=head_dim,
+            hidden_size=c.hidden_size,
+            context_len=max_context_len,
+        )
+        self.runner = MockModelRunner(
+            case=case,
+            model_config=tiny,
+            dtype=torch.float32,
+            device="cpu",
+            max_context_len=max_context_len,
+            head_dim=head_dim,
+        )
         self.num_pages = max_reqs * max_context_len // page_size + 1
         self.runner.token_to_kv_pool = MHATokenToKVPool(
-            size=(self.num_pages - 1) * page_size, page_size=page_size, dtype=torch.float32,
-            head_num=c.num_key_value_heads, head_dim=head_dim, layer_num=c.num_hidden_layers, device="cpu",
-            enable_memory_saver=False, enable_alt_stream=False,
-        )  # fmt: skip
+            size=(self.num_pages - 1) * page_size,
+            page_size=page_size,
+            dtype=torch.float32,
+            head_num=c.num_key_value_heads,
+            head_dim=head_dim,
+            layer_num=c.num_hidden_layers,
+            device="cpu",
+            enable_memory_saver=False,
+            enable_alt_stream=False,
+        )
         self.backend = ATTENTION_BACKENDS[backend](self.runner)
         [cls] = [entry for entry in EntryClass if entry.__name__ == c.architectures[0]]
         with torch.device("cpu"):
@@ -112,18 +144,24 @@ class SglangHarness:
         slots = [self._slot(r, p) for r, p in zip(reqs, positions, strict=True)]
         for req, token in steps:
             req.tokens.append(token)
-        batch = self._batch(ForwardMode.DECODE, reqs, [t for _, t in steps], positions, slots,
-                            [p + 1 for p in positions])  # fmt: skip
+        batch = self._batch(
+            ForwardMode.DECODE, reqs, [t for _, t in steps], positions, slots, [p + 1 for p in positions]
+        )
         return self.run(batch)
 
     def _batch(self, mode, reqs, ids, positions, slots, seq_lens) -> ForwardBatch:
         batch = ForwardBatch(
-            forward_mode=mode, batch_size=len(reqs), input_ids=torch.tensor(ids, dtype=torch.int64),
+            forward_mode=mode,
+            batch_size=len(reqs),
+            input_ids=torch.tensor(ids, dtype=torch.int64),
             req_pool_indices=torch.tensor([r.index for r in reqs], dtype=torch.int32),
-            seq_lens=torch.tensor(seq_lens, dtype=torch.int32), seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
-            out_cache_loc=torch.tensor(slots, dtype=torch.int64), seq_lens_sum=sum(seq_lens),
-            positions=torch.tensor(positions, dtype=torch.int64), capture_hidden_mode=CaptureHiddenMode.NULL,
-        )  # fmt: skip
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            seq_lens_cpu=torch.tensor(seq_lens, dtype=torch.int32),
+            out_cache_loc=torch.tensor(slots, dtype=torch.int64),
+            seq_lens_sum=sum(seq_lens),
+            positions=torch.tensor(positions, dtype=torch.int64),
+            capture_hidden_mode=CaptureHiddenMode.NULL,
+        )
         self.runner.kv_index_translator.bind_own_plan(batch)
         return batch
 

@@ -29,8 +29,9 @@ def atom_registered():
 
 def _fixture(case, layout="shuffled_pages"):
     with torch.no_grad():  # the kit fills the cache through parameters that require grad
-        return kit.build_dense_attention_fixture(unittest.TestCase(), case, device="cpu", dtype=torch.float32,
-                                                 loc_layout=layout)  # fmt: skip
+        return kit.build_dense_attention_fixture(
+            unittest.TestCase(), case, device="cpu", dtype=torch.float32, loc_layout=layout
+        )
 
 
 def _run(fx, batch=None, hidden=None):
@@ -60,12 +61,13 @@ def _padded_decode(fx, pad: int):
     fb, fill = fx.forward_batch, fx.backend.get_cuda_graph_seq_len_fill_value()
     cat = torch.cat
     batch = dataclasses.replace(
-        fb, batch_size=fb.batch_size + pad,
+        fb,
+        batch_size=fb.batch_size + pad,
         req_pool_indices=cat([fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype)]),
         seq_lens=cat([fb.seq_lens, torch.full((pad,), fill, dtype=fb.seq_lens.dtype)]),
         out_cache_loc=cat([fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype)]),
         positions=cat([fb.positions, torch.zeros(pad, dtype=fb.positions.dtype)]),
-    )  # fmt: skip
+    )
     hidden = cat([fx.input_hidden, torch.randn(pad, fx.input_hidden.shape[1])])
     return batch, hidden
 
@@ -96,12 +98,25 @@ def _as_chain_verify(fx, topk: int = 1):
     n = fx.case.extend_lens[0]
     spec = SimpleNamespace(topk=topk, num_tokens_per_req=n, draft_token_num=n, custom_mask=None)
     prefix = torch.tensor(fx.case.prefix_lens, dtype=torch.int32)
-    return dataclasses.replace(fx.forward_batch, forward_mode=ForwardMode.TARGET_VERIFY, seq_lens=prefix,
-                               seq_lens_cpu=prefix, spec_info=spec)  # fmt: skip
+    return dataclasses.replace(
+        fx.forward_batch,
+        forward_mode=ForwardMode.TARGET_VERIFY,
+        seq_lens=prefix,
+        seq_lens_cpu=prefix,
+        spec_info=spec,
+    )
 
 
-VERIFY = kit.DenseAttentionCase(name="verify", backend="atom", forward_mode=ForwardMode.EXTEND, num_heads=4,
-                                num_kv_heads=2, page_size=16, prefix_lens=(5, 15, 30), extend_lens=(3, 3, 3))  # fmt: skip
+VERIFY = kit.DenseAttentionCase(
+    name="verify",
+    backend="atom",
+    forward_mode=ForwardMode.EXTEND,
+    num_heads=4,
+    num_kv_heads=2,
+    page_size=16,
+    prefix_lens=(5, 15, 30),
+    extend_lens=(3, 3, 3),
+)
 
 
 def test_chain_target_verify_equals_attending_the_drafts_causally():
@@ -157,17 +172,36 @@ def test_an_fp8_pool_is_read_and_written_in_fp8(name):
     fx = _fixture(case)
     old = fx.runner.token_to_kv_pool
     fx.runner.token_to_kv_pool = MHATokenToKVPool(
-        size=old.size, page_size=old.page_size, dtype=torch.float8_e4m3fn, head_num=old.head_num,
-        head_dim=old.head_dim, layer_num=1, device="cpu", enable_memory_saver=False, enable_alt_stream=False,
-    )  # fmt: skip
+        size=old.size,
+        page_size=old.page_size,
+        dtype=torch.float8_e4m3fn,
+        head_num=old.head_num,
+        head_dim=old.head_dim,
+        layer_num=1,
+        device="cpu",
+        enable_memory_saver=False,
+        enable_alt_stream=False,
+    )
     fx.backend = type(fx.backend)(fx.runner)
     assert fx.backend.kv_cache_dtype == torch.float8_e4m3fn
-    loc_fn = kit.make_loc_fn("shuffled_pages", batch_size=case.batch_size, seq_lens=case.seq_lens,
-                             prefix_lens=case.prefix_lens, page_size=case.page_size,
-                             max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, seed=2026 + len(case.name) + case.num_kv_heads)  # fmt: skip
+    loc_fn = kit.make_loc_fn(
+        "shuffled_pages",
+        batch_size=case.batch_size,
+        seq_lens=case.seq_lens,
+        prefix_lens=case.prefix_lens,
+        page_size=case.page_size,
+        max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN,
+        seed=2026 + len(case.name) + case.num_kv_heads,
+    )
     with torch.no_grad():
-        kit._populate_prefix_kv(fx.actual_module, case, fx.runner, fx.prefix_hidden,
-                                max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN, loc_fn=loc_fn)  # fmt: skip
+        kit._populate_prefix_kv(
+            fx.actual_module,
+            case,
+            fx.runner,
+            fx.prefix_hidden,
+            max_context_len=kit.DEFAULT_MAX_CONTEXT_LEN,
+            loc_fn=loc_fn,
+        )
     fx.backend.init_forward_metadata(fx.forward_batch)
     expected = kit.expected_dense_fixture_output(fx)
     out = _run(fx)

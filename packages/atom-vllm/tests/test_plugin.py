@@ -82,8 +82,13 @@ def _resolve(extra: str = "", **env: str) -> dict:
     import json
     import os
 
-    proc = subprocess.run([sys.executable, "-c", RESOLVE.format(extra=extra)], capture_output=True, text=True,
-                          timeout=300, env={**os.environ, **env})  # fmt: skip
+    proc = subprocess.run(
+        [sys.executable, "-c", RESOLVE.format(extra=extra)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **env},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     [line] = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT")]
     return json.loads(line.removeprefix("RESULT"))

@@ -68,8 +68,12 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
     serve.add_argument("--port", type=int, default=8000)
-    serve.add_argument("--api-key", default=None, help="require 'Authorization: Bearer <key>' on /v1 routes "
-                       "(visible to other local users: prefer --api-key-file or ATOM_API_KEY)")  # fmt: skip
+    serve.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer <key>' on /v1 routes "
+        "(visible to other local users: prefer --api-key-file or ATOM_API_KEY)",
+    )
     serve.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     serve.add_argument("--served-model-name", default=None)
     serve.add_argument("--max-model-len", type=int, default=None)
@@ -77,12 +81,20 @@ def _build_parser() -> argparse.ArgumentParser:
     serve.add_argument("--num-kv-blocks", type=int, default=None)
     limits = ServerLimits()
     serve.add_argument("--max-request-bytes", type=int, default=limits.max_body_bytes, help="413 above this")
-    serve.add_argument("--request-timeout", type=float, default=limits.request_timeout,
-                       help="seconds a client has to send a request's head, then its body")  # fmt: skip
+    serve.add_argument(
+        "--request-timeout",
+        type=float,
+        default=limits.request_timeout,
+        help="seconds a client has to send a request's head, then its body",
+    )
     serve.add_argument("--keep-alive-timeout", type=float, default=limits.keep_alive_timeout)
     serve.add_argument("--max-connections", type=int, default=limits.max_connections)
-    serve.add_argument("--shutdown-timeout", type=float, default=limits.shutdown_timeout,
-                       help="seconds in-flight requests get after SIGTERM")  # fmt: skip
+    serve.add_argument(
+        "--shutdown-timeout",
+        type=float,
+        default=limits.shutdown_timeout,
+        help="seconds in-flight requests get after SIGTERM",
+    )
     bench = _with_engine_args(
         sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
     )
@@ -105,13 +117,21 @@ def _bench(args: argparse.Namespace) -> int:
         _log("--num-prompts, --input-len and --output-len must be at least 1")
         return 2
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
-    engine = LLMEngine(model_dir, dtype=args.dtype, load_format=args.load_format, max_num_seqs=args.max_num_seqs,
-                       num_kv_blocks=args.num_kv_blocks, device=args.device,
-                       max_model_len=args.input_len + args.output_len + 8, enforce_eager=args.enforce_eager,
-                       tensor_parallel_size=args.tensor_parallel_size)  # fmt: skip
+    engine = LLMEngine(
+        model_dir,
+        dtype=args.dtype,
+        load_format=args.load_format,
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+        device=args.device,
+        max_model_len=args.input_len + args.output_len + 8,
+        enforce_eager=args.enforce_eager,
+        tensor_parallel_size=args.tensor_parallel_size,
+    )
     try:
-        result = run_bench(engine, num_prompts=args.num_prompts, input_len=args.input_len,
-                           output_len=args.output_len)  # fmt: skip
+        result = run_bench(
+            engine, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len
+        )
     finally:
         engine.shutdown()
     print(json.dumps(result.as_dict()) if args.json else result.table())
@@ -147,15 +167,26 @@ def _serve(args: argparse.Namespace) -> int:
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     api_key = _api_key(args)
-    limits = ServerLimits(max_body_bytes=args.max_request_bytes, request_timeout=args.request_timeout,
-                          keep_alive_timeout=args.keep_alive_timeout, max_connections=args.max_connections,
-                          shutdown_timeout=args.shutdown_timeout)  # fmt: skip
+    limits = ServerLimits(
+        max_body_bytes=args.max_request_bytes,
+        request_timeout=args.request_timeout,
+        keep_alive_timeout=args.keep_alive_timeout,
+        max_connections=args.max_connections,
+        shutdown_timeout=args.shutdown_timeout,
+    )
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     if args.model is None:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
-    engine = LLMEngine(model_dir, max_model_len=args.max_model_len, max_num_seqs=args.max_num_seqs,
-                       num_kv_blocks=args.num_kv_blocks, load_format=args.load_format, device=args.device,
-                       tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
+    engine = LLMEngine(
+        model_dir,
+        max_model_len=args.max_model_len,
+        max_num_seqs=args.max_num_seqs,
+        num_kv_blocks=args.num_kv_blocks,
+        load_format=args.load_format,
+        device=args.device,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager,
+    )
     server: list[Server] = []
     async_engine = AsyncEngine(engine, on_dead=lambda reason: setattr(server[0], "should_exit", True))
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
@@ -177,8 +208,14 @@ def _generate(args: argparse.Namespace) -> int:
     from atom_core.engine import LLM, SamplingParams
 
     try:
-        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, top_k=args.top_k, seed=args.seed,
-                                max_tokens=args.max_tokens, ignore_eos=args.ignore_eos)  # fmt: skip
+        params = SamplingParams(
+            temperature=args.temperature,
+            top_p=args.top_p,
+            top_k=args.top_k,
+            seed=args.seed,
+            max_tokens=args.max_tokens,
+            ignore_eos=args.ignore_eos,
+        )
     except ValueError as err:
         _log(str(err))
         return 2
@@ -188,8 +225,13 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     if args.model is None:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
-    llm = LLM(model_dir, device=args.device, load_format=args.load_format,
-              tensor_parallel_size=args.tensor_parallel_size, enforce_eager=args.enforce_eager)  # fmt: skip
+    llm = LLM(
+        model_dir,
+        device=args.device,
+        load_format=args.load_format,
+        tensor_parallel_size=args.tensor_parallel_size,
+        enforce_eager=args.enforce_eager,
+    )
     prompts: list = [*args.prompts, *(args.prompt or [])] + [
         {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
     ]
@@ -205,9 +247,17 @@ def _generate(args: argparse.Namespace) -> int:
     for out in outputs:
         completion = out.outputs[0]
         if args.json:
-            print(json.dumps({"prompt": out.prompt, "prompt_token_ids": out.prompt_token_ids,
-                              "token_ids": completion.token_ids, "text": completion.text,
-                              "finish_reason": completion.finish_reason}))  # fmt: skip
+            print(
+                json.dumps(
+                    {
+                        "prompt": out.prompt,
+                        "prompt_token_ids": out.prompt_token_ids,
+                        "token_ids": completion.token_ids,
+                        "text": completion.text,
+                        "finish_reason": completion.finish_reason,
+                    }
+                )
+            )
         else:
             shown = out.prompt if out.prompt is not None else out.prompt_token_ids
             print(f"{shown!r} -> {completion.text!r}")

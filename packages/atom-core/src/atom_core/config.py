@@ -104,8 +104,16 @@ class ModelConfig:
     SUPPORTED_ACTIVATIONS = ("silu",)
 
     def __post_init__(self):
-        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                     "num_attention_heads", "num_key_value_heads", "head_dim", "max_position_embeddings"):  # fmt: skip
+        for name in (
+            "vocab_size",
+            "hidden_size",
+            "intermediate_size",
+            "num_hidden_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "max_position_embeddings",
+        ):
             _positive(name, getattr(self, name))
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
@@ -138,8 +146,14 @@ class ModelConfig:
         return cls.from_hf_dict(hf, path=path, dtype=dtype, generation=generation)
 
     @classmethod
-    def from_hf_dict(cls, hf: dict[str, Any], *, path: Path | None = None, dtype: str | torch.dtype = "auto",
-                     generation: dict[str, Any] | None = None):  # fmt: skip
+    def from_hf_dict(
+        cls,
+        hf: dict[str, Any],
+        *,
+        path: Path | None = None,
+        dtype: str | torch.dtype = "auto",
+        generation: dict[str, Any] | None = None,
+    ):
         archs = hf.get("architectures") or []
         if not archs:
             raise ConfigError('config.json names no architecture ("architectures" is missing)')

@@ -41,19 +41,27 @@ class AtomForCausalLM(nn.Module):
         parallel = get_parallel()
         tp_size = parallel.tp_size
         self.atom, _ = build_for_engine(
-            self.spec.prepare_config(config.to_dict()), attention_backend=SglangAttentionBackend(self.spec.layer_id),
-            dtype=torch.get_default_dtype(), device=torch.get_default_device(),  # both set by SGLang's loader
-            tp_size=tp_size, tp_rank=parallel.tp_rank, tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
+            self.spec.prepare_config(config.to_dict()),
+            attention_backend=SglangAttentionBackend(self.spec.layer_id),
+            dtype=torch.get_default_dtype(),
+            device=torch.get_default_device(),  # both set by SGLang's loader
+            tp_size=tp_size,
+            tp_rank=parallel.tp_rank,
+            tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
             prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        )  # fmt: skip
+        )
         self.config = config
         self.logits_processor = LogitsProcessor(config)
         self.spec.install(self)
         logger.info(
             "ATOM model %s.%s runs %s as %s (tp %d/%d)",
-            type(self.atom).__module__, type(self.atom).__name__, self.spec.architecture, self.spec.role,
-            parallel.tp_rank, tp_size,
-        )  # fmt: skip
+            type(self.atom).__module__,
+            type(self.atom).__name__,
+            self.spec.architecture,
+            self.spec.role,
+            parallel.tp_rank,
+            tp_size,
+        )
 
     def get_input_embeddings(self) -> nn.Module:
         return self.atom.model.embed_tokens
@@ -78,8 +86,9 @@ class AtomForCausalLM(nn.Module):
                 "ATOM models under SGLang generate; no embeddings or pipeline parallelism"
             )
         if forward_batch.forward_mode.is_idle():  # no tokens on this rank: nothing to run
-            hidden = torch.empty(0, self.atom.config.hidden_size, dtype=self.atom.lm_head.weight.dtype,
-                                 device=input_ids.device)  # fmt: skip
+            hidden = torch.empty(
+                0, self.atom.config.hidden_size, dtype=self.atom.lm_head.weight.dtype, device=input_ids.device
+            )
         else:
             with sglang_forward(forward_batch, positions):
                 hidden = self.atom(input_ids, positions, inputs_embeds=input_embeds)

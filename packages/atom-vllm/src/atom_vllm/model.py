@@ -27,14 +27,24 @@ class AtomForCausalLM(nn.Module):
         hf_config = vllm_config.model_config.hf_config
         tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         self.atom, config = build_for_engine(
-            hf_config.to_dict(), attention_backend=VllmAttentionBackend(vllm_config.cache_config),
-            dtype=vllm_config.model_config.dtype, device=vllm_config.device_config.device, tp_size=tp_size,
-            tp_rank=tp_rank, tp_group=get_tp_group().device_group if tp_size > 1 else None,
+            hf_config.to_dict(),
+            attention_backend=VllmAttentionBackend(vllm_config.cache_config),
+            dtype=vllm_config.model_config.dtype,
+            device=vllm_config.device_config.device,
+            tp_size=tp_size,
+            tp_rank=tp_rank,
+            tp_group=get_tp_group().device_group if tp_size > 1 else None,
             prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        )  # fmt: skip
+        )
         self.config = hf_config
-        logger.info("ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)", type(self.atom).__module__,
-                    type(self.atom).__name__, config.architecture, tp_rank, tp_size)  # fmt: skip
+        logger.info(
+            "ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)",
+            type(self.atom).__module__,
+            type(self.atom).__name__,
+            config.architecture,
+            tp_rank,
+            tp_size,
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.atom.embed_input_ids(input_ids)

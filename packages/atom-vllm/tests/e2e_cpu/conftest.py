@@ -47,9 +47,15 @@ def save_checkpoint(architecture: str, path: Path, config_kwargs: dict) -> Check
     tokenizer = train_tokenizer()
     family = architecture.removesuffix("ForCausalLM")
     config = getattr(transformers, f"{family}Config")(
-        vocab_size=len(tokenizer), hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        max_position_embeddings=256, bos_token_id=0, eos_token_id=1, **config_kwargs,
-    )  # fmt: skip
+        vocab_size=len(tokenizer),
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        max_position_embeddings=256,
+        bos_token_id=0,
+        eos_token_id=1,
+        **config_kwargs,
+    )
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(config).eval()
     model.save_pretrained(path)

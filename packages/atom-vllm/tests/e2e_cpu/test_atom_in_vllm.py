@@ -50,9 +50,18 @@ def _run_vllm(path, prompts, *, rounds=1, block_size=16):
     from vllm.inputs import TokensPrompt
 
     # A 24-token step budget: the 40-token prompt prefills in chunks (24, then 16 beside the 5-token one).
-    llm = LLM(model=str(path), dtype="float32", max_model_len=128, enforce_eager=True, max_num_seqs=4,
-              block_size=block_size, max_num_batched_tokens=24, enable_prefix_caching=True,
-              gpu_memory_utilization=0.1, disable_log_stats=False)  # fmt: skip
+    llm = LLM(
+        model=str(path),
+        dtype="float32",
+        max_model_len=128,
+        enforce_eager=True,
+        max_num_seqs=4,
+        block_size=block_size,
+        max_num_batched_tokens=24,
+        enable_prefix_caching=True,
+        gpu_memory_utilization=0.1,
+        disable_log_stats=False,
+    )
     params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, detokenize=False)
     runs = []
     for _ in range(rounds):  # a second round finds the prompts' pages in the prefix cache
@@ -92,11 +101,17 @@ def test_atom_runs_the_architecture_and_equals_transformers(
 # Windows shorter than the prompts: Qwen3 mixes full and windowed layers (vLLM's per-layer windows);
 # Qwen3-MoE windows every layer (vLLM also sets its model-wide window then).
 WINDOWED = {
-    "qwen3-mixed": ("Qwen3ForCausalLM", dict(ARCHITECTURES["Qwen3ForCausalLM"], use_sliding_window=True,
-                                              sliding_window=7, max_window_layers=1)),
-    "qwen3-moe-all": ("Qwen3MoeForCausalLM", dict(ARCHITECTURES["Qwen3MoeForCausalLM"], use_sliding_window=True,
-                                                  sliding_window=9)),
-}  # fmt: skip
+    "qwen3-mixed": (
+        "Qwen3ForCausalLM",
+        dict(
+            ARCHITECTURES["Qwen3ForCausalLM"], use_sliding_window=True, sliding_window=7, max_window_layers=1
+        ),
+    ),
+    "qwen3-moe-all": (
+        "Qwen3MoeForCausalLM",
+        dict(ARCHITECTURES["Qwen3MoeForCausalLM"], use_sliding_window=True, sliding_window=9),
+    ),
+}
 
 
 @pytest.mark.parametrize("case", list(WINDOWED))

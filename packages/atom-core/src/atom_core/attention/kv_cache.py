@@ -28,8 +28,9 @@ def allocate_kv_caches(
     """Zeroed caches for every layer. num_kv_heads: heads on this rank (after tensor-parallel split)."""
     device = torch.device(device)
     dtype = kv_cache_dtype(model, cache, device)
-    k_shape, v_shape = kv_cache_shapes(KVLayout(cache.layout), num_blocks, cache.block_size, num_kv_heads,
-                                       model.head_dim, dtype)  # fmt: skip
+    k_shape, v_shape = kv_cache_shapes(
+        KVLayout(cache.layout), num_blocks, cache.block_size, num_kv_heads, model.head_dim, dtype
+    )
     caches = []
     for _ in range(model.num_hidden_layers):
         layer = LayerKVCache(

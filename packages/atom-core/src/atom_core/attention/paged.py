@@ -37,10 +37,19 @@ class PagedAttentionLayer:
         ctx = current_forward_context()
         cache: LayerKVCache = ctx.kv_caches[self.spec.layer_index]
         return paged_attention(
-            q, k, v, cache.k, cache.v, ctx.attn_metadata, layout=self.layout, softmax_scale=self.spec.scale,
-            sliding_window=self.spec.sliding_window, k_scale=cache.k_scale, v_scale=cache.v_scale,
+            q,
+            k,
+            v,
+            cache.k,
+            cache.v,
+            ctx.attn_metadata,
+            layout=self.layout,
+            softmax_scale=self.spec.scale,
+            sliding_window=self.spec.sliding_window,
+            k_scale=cache.k_scale,
+            v_scale=cache.v_scale,
             kernel_backend=self.kernel_backend,
-        )  # fmt: skip
+        )
 
 
 def paged_attention(
@@ -67,11 +76,30 @@ def paged_attention(
     scales = dict(k_scale=k_scale, v_scale=v_scale)
     write_kv(k, v, k_cache, v_cache, meta.slot_mapping, layout=layout, backend=kernel_backend, **scales)
     common = dict(
-        seq_lens=meta.seq_lens, block_tables=meta.block_tables, layout=layout, softmax_scale=softmax_scale,
-        sliding_window=sliding_window, backend=kernel_backend, out=out,
-    )  # fmt: skip
+        seq_lens=meta.seq_lens,
+        block_tables=meta.block_tables,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        backend=kernel_backend,
+        out=out,
+    )
     if meta.is_decode:
-        return paged_decode(q, k_cache, v_cache, max_seq_len=meta.max_seq_len, cu_seqlens_q=meta.cu_seqlens_q,
-                            **common, **scales)  # fmt: skip
-    return paged_prefill(q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, max_query_len=meta.max_query_len,
-                         **common, **scales)  # fmt: skip
+        return paged_decode(
+            q,
+            k_cache,
+            v_cache,
+            max_seq_len=meta.max_seq_len,
+            cu_seqlens_q=meta.cu_seqlens_q,
+            **common,
+            **scales,
+        )
+    return paged_prefill(
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q=meta.cu_seqlens_q,
+        max_query_len=meta.max_query_len,
+        **common,
+        **scales,
+    )

@@ -23,8 +23,17 @@ DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
 
 
 class DecodeGraphs:
-    def __init__(self, model: nn.Module, kv_caches: Sequence, *, max_batch: int, max_model_len: int,
-                 block_size: int, device: torch.device, sizes: Sequence[int] = DEFAULT_SIZES):  # fmt: skip
+    def __init__(
+        self,
+        model: nn.Module,
+        kv_caches: Sequence,
+        *,
+        max_batch: int,
+        max_model_len: int,
+        block_size: int,
+        device: torch.device,
+        sizes: Sequence[int] = DEFAULT_SIZES,
+    ):
         self.sizes = sorted({s for s in sizes if s < max_batch} | {max_batch})
         self.block_size = block_size
         self.max_pages = -(-max_model_len // block_size)
@@ -51,10 +60,13 @@ class DecodeGraphs:
         pool = None
         for size in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
             meta = PagedAttentionMetadata(
-                cu_seqlens_q=self.cu[: size + 1], seq_lens=self.seq_lens[:size],
-                block_tables=self.block_tables[:size], slot_mapping=self.slots[:size], max_query_len=1,
+                cu_seqlens_q=self.cu[: size + 1],
+                seq_lens=self.seq_lens[:size],
+                block_tables=self.block_tables[:size],
+                slot_mapping=self.slots[:size],
+                max_query_len=1,
                 max_seq_len=max_model_len,
-            )  # fmt: skip
+            )
             ctx = ForwardContext(self.positions[:size], meta, kv_caches)
 
             def forward(size=size, ctx=ctx):
@@ -84,8 +96,9 @@ class DecodeGraphs:
         i = bisect.bisect_left(self.sizes, batch)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, ids: list[int], positions: list[int], seq_lens: list[int],
-            block_tables: list[list[int]]) -> torch.Tensor:  # fmt: skip
+    def run(
+        self, ids: list[int], positions: list[int], seq_lens: list[int], block_tables: list[list[int]]
+    ) -> torch.Tensor:
         """One decode step of len(ids) sequences -> logits [len(ids), V] (a view of the graph's output)."""
         batch = len(ids)
         size = self.size_for(batch)

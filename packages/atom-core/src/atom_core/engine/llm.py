@@ -19,8 +19,11 @@ class LLM:
     def shutdown(self) -> None:
         self.engine.shutdown()
 
-    def generate(self, prompts: Prompt | Seq[Prompt],
-                 sampling_params: SamplingParams | Seq[SamplingParams] | None = None) -> list[RequestOutput]:  # fmt: skip
+    def generate(
+        self,
+        prompts: Prompt | Seq[Prompt],
+        sampling_params: SamplingParams | Seq[SamplingParams] | None = None,
+    ) -> list[RequestOutput]:
         """Generate for every prompt (text, {"prompt_token_ids": [...]}, or a list of either); outputs in order."""
         single = isinstance(prompts, str | dict) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)

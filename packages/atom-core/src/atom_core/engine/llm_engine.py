@@ -34,12 +34,25 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(self, model: str | Path | None = None, *, dtype: str = "auto", max_model_len: int | None = None,
-                 load_format: str = "safetensors", tensor_parallel_size: int = 1, block_size: int = 16,
-                 num_kv_blocks: int | None = None, kv_cache_dtype: str = "auto", kv_layout: str = "flash",
-                 max_num_seqs: int = 256, max_num_batched_tokens: int = 8192, device: str | None = None,
-                 kernel_backend: str | None = None, gpu_memory_utilization: float = 0.9,
-                 enforce_eager: bool = False):  # fmt: skip
+    def __init__(
+        self,
+        model: str | Path | None = None,
+        *,
+        dtype: str = "auto",
+        max_model_len: int | None = None,
+        load_format: str = "safetensors",
+        tensor_parallel_size: int = 1,
+        block_size: int = 16,
+        num_kv_blocks: int | None = None,
+        kv_cache_dtype: str = "auto",
+        kv_layout: str = "flash",
+        max_num_seqs: int = 256,
+        max_num_batched_tokens: int = 8192,
+        device: str | None = None,
+        kernel_backend: str | None = None,
+        gpu_memory_utilization: float = 0.9,
+        enforce_eager: bool = False,
+    ):
         """enforce_eager: no CUDA graphs (by default decode steps of up to max_num_seqs replay captured graphs
         on GPUs; the CPU is always eager)."""
         if tensor_parallel_size < 1:
@@ -54,15 +67,22 @@ class LLMEngine:
         cache = CacheConfig(
             block_size=block_size, layout=kv_layout, kv_dtype=kv_cache_dtype, num_blocks=num_kv_blocks
         )
-        runner_args = dict(load_format=load_format, kernel_backend=kernel_backend,
-                           memory_fraction=gpu_memory_utilization, cuda_graphs=not enforce_eager,
-                           max_num_seqs=max_num_seqs, max_model_len=self.max_model_len)  # fmt: skip
+        runner_args = dict(
+            load_format=load_format,
+            kernel_backend=kernel_backend,
+            memory_fraction=gpu_memory_utilization,
+            cuda_graphs=not enforce_eager,
+            max_num_seqs=max_num_seqs,
+            max_model_len=self.max_model_len,
+        )
         if tensor_parallel_size > 1:
-            self.runner = TensorParallelRunner(tensor_parallel_size, self.model_config, cache, device=self.device,
-                                               **runner_args)  # fmt: skip
+            self.runner = TensorParallelRunner(
+                tensor_parallel_size, self.model_config, cache, device=self.device, **runner_args
+            )
         else:
-            self.runner = ModelRunner(self.model_config, cache, parallel=ParallelConfig(), device=self.device,
-                                      **runner_args)  # fmt: skip
+            self.runner = ModelRunner(
+                self.model_config, cache, parallel=ParallelConfig(), device=self.device, **runner_args
+            )
         self.max_model_len = self._fit_max_model_len(max_model_len, self.runner.num_blocks * block_size)
         self.blocks = BlockManager(self.runner.num_blocks, block_size)
         self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.blocks)
@@ -90,8 +110,10 @@ class LLMEngine:
             return self.max_model_len
         blocks = f"{self.runner.num_blocks} KV blocks hold {capacity} tokens"
         if asked is not None:
-            raise ConfigError(f"max_model_len {asked} does not fit the KV cache: {blocks} (give more blocks or "
-                              "memory, or a smaller max_model_len)")  # fmt: skip
+            raise ConfigError(
+                f"max_model_len {asked} does not fit the KV cache: {blocks} (give more blocks or "
+                "memory, or a smaller max_model_len)"
+            )
         logger.warning("max_model_len lowered from %d to %d: %s", self.max_model_len, capacity, blocks)
         return capacity
 
@@ -260,10 +282,15 @@ class LLMEngine:
         if finished and pop:
             self.requests.pop(request.request_id, None)
         outputs = [
-            CompletionOutput(s.index, _settled_text(s), list(s.output_token_ids), s.finish_reason,
-                             list(s.output_logprobs) if s.params.logprobs is not None else None)
+            CompletionOutput(
+                s.index,
+                _settled_text(s),
+                list(s.output_token_ids),
+                s.finish_reason,
+                list(s.output_logprobs) if s.params.logprobs is not None else None,
+            )
             for s in request.seqs
-        ]  # fmt: skip
+        ]
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)
 
 

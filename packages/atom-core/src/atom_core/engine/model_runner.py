@@ -32,10 +32,21 @@ class StepInputs:
 
 
 class ModelRunner:
-    def __init__(self, model_config: ModelConfig, cache: CacheConfig, *, parallel: ParallelConfig,
-                 device: torch.device, load_format: str, kernel_backend: str | None,
-                 memory_fraction: float = 0.9, control_group=None, cuda_graphs: bool = False,
-                 max_num_seqs: int = 256, max_model_len: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        cache: CacheConfig,
+        *,
+        parallel: ParallelConfig,
+        device: torch.device,
+        load_format: str,
+        kernel_backend: str | None,
+        memory_fraction: float = 0.9,
+        control_group=None,
+        cuda_graphs: bool = False,
+        max_num_seqs: int = 256,
+        max_model_len: int | None = None,
+    ):
         self.config, self.cache, self.device = model_config, cache, device
         backend = PagedAttentionBackend(layout=cache.layout, kernel_backend=kernel_backend)
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
@@ -46,8 +57,9 @@ class ModelRunner:
             agreed = torch.tensor([self.num_blocks])
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
             self.num_blocks = int(agreed)
-        self.kv_caches = allocate_kv_caches(model_config, cache, num_blocks=self.num_blocks,
-                                            num_kv_heads=self.num_kv_heads, device=device)  # fmt: skip
+        self.kv_caches = allocate_kv_caches(
+            model_config, cache, num_blocks=self.num_blocks, num_kv_heads=self.num_kv_heads, device=device
+        )
         self.graphs = None
         # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
         # Dynamic RoPE rescales by the batch's longest position, read on the host each step.
@@ -57,9 +69,14 @@ class ModelRunner:
             from atom_core.engine.cuda_graphs import DecodeGraphs
 
             with torch.inference_mode():
-                self.graphs = DecodeGraphs(self.model, self.kv_caches, max_batch=max_num_seqs, device=device,
-                                           max_model_len=max_model_len or model_config.max_position_embeddings,
-                                           block_size=cache.block_size)  # fmt: skip
+                self.graphs = DecodeGraphs(
+                    self.model,
+                    self.kv_caches,
+                    max_batch=max_num_seqs,
+                    device=device,
+                    max_model_len=max_model_len or model_config.max_position_embeddings,
+                    block_size=cache.block_size,
+                )
 
     def shutdown(self) -> None:
         """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed)."""
@@ -102,9 +119,13 @@ class ModelRunner:
         batch = len(inputs.query_lens)
         if self.graphs is not None and len(inputs.ids) == batch and self.graphs.size_for(batch) is not None:
             return self.graphs.run(inputs.ids, inputs.positions, inputs.seq_lens, inputs.block_tables)
-        meta = PagedAttentionMetadata.build(query_lens=inputs.query_lens, seq_lens=inputs.seq_lens,
-                                            block_tables=inputs.block_tables, block_size=self.cache.block_size,
-                                            device=self.device)  # fmt: skip
+        meta = PagedAttentionMetadata.build(
+            query_lens=inputs.query_lens,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            block_size=self.cache.block_size,
+            device=self.device,
+        )
         pos = torch.tensor(inputs.positions, device=self.device)
         with bind_forward_context(ForwardContext(pos, meta, self.kv_caches)):
             hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)

@@ -47,15 +47,20 @@ def _init(rank: int, size: int, port: int, device: torch.device, listener: socke
     return dist.new_group(backend="gloo")
 
 
-def _worker(rank: int, size: int, port: int, device: torch.device, runner_args: dict[str, Any],
-            channel: StepChannel) -> None:  # fmt: skip
+def _worker(
+    rank: int, size: int, port: int, device: torch.device, runner_args: dict[str, Any], channel: StepChannel
+) -> None:
     device = _device(device, rank)
     if device.type == "cuda":
         torch.cuda.set_device(device)
     control = _init(rank, size, port, device)
     try:
-        runner = ModelRunner(**runner_args, parallel=ParallelConfig(size, rank, dist.group.WORLD), device=device,
-                             control_group=control)  # fmt: skip
+        runner = ModelRunner(
+            **runner_args,
+            parallel=ParallelConfig(size, rank, dist.group.WORLD),
+            device=device,
+            control_group=control,
+        )
         while True:
             message = channel.receive(rank - 1, group=control)
             if message is None:
@@ -84,8 +89,9 @@ def _leave_together(device: torch.device, control) -> None:
 class TensorParallelRunner:
     """A ModelRunner on rank 0 that keeps size - 1 worker ranks in step with it."""
 
-    def __init__(self, size: int, model_config: ModelConfig, cache: CacheConfig, *, device: torch.device,
-                 **runner_args):  # fmt: skip
+    def __init__(
+        self, size: int, model_config: ModelConfig, cache: CacheConfig, *, device: torch.device, **runner_args
+    ):
         if device.type == "cuda" and size > torch.cuda.device_count():
             # One rank per GPU: a rank without a GPU would die and leave the others waiting forever.
             raise ValueError(
@@ -97,14 +103,20 @@ class TensorParallelRunner:
         args = dict(runner_args, model_config=model_config, cache=cache)
         context = mp.get_context("spawn")
         self.channel = StepChannel(size - 1, context)
-        self.workers = [context.Process(target=_worker, args=(r, size, port, device, args, self.channel), daemon=True)
-                        for r in range(1, size)]  # fmt: skip
+        self.workers = [
+            context.Process(target=_worker, args=(r, size, port, device, args, self.channel), daemon=True)
+            for r in range(1, size)
+        ]
         for proc in self.workers:
             proc.start()
         device = _device(device, 0)
         self.control = _init(0, size, port, device, listener)
-        self.runner = ModelRunner(**args, parallel=ParallelConfig(size, 0, dist.group.WORLD), device=device,
-                                  control_group=self.control)  # fmt: skip
+        self.runner = ModelRunner(
+            **args,
+            parallel=ParallelConfig(size, 0, dist.group.WORLD),
+            device=device,
+            control_group=self.control,
+        )
         self.num_blocks = self.runner.num_blocks
 
     def run(self, inputs: StepInputs) -> torch.Tensor:

@@ -51,13 +51,23 @@ def _pct(values: list[float], q: float) -> float:
     )
 
 
-def run_bench(engine: LLMEngine, *, num_prompts: int, input_len: int, output_len: int, seed: int = 0,
-              progress=sys.stderr) -> BenchResult:  # fmt: skip
+def run_bench(
+    engine: LLMEngine,
+    *,
+    num_prompts: int,
+    input_len: int,
+    output_len: int,
+    seed: int = 0,
+    progress=sys.stderr,
+) -> BenchResult:
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
-    engine.add_request({"prompt_token_ids": torch.randint(0, vocab, (input_len,), generator=gen).tolist()},
-                       SamplingParams(temperature=0, max_tokens=2, ignore_eos=True), request_id="warmup")  # fmt: skip
+    engine.add_request(
+        {"prompt_token_ids": torch.randint(0, vocab, (input_len,), generator=gen).tolist()},
+        SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
+        request_id="warmup",
+    )
     while engine.has_unfinished_requests():
         engine.step()
     start = time.perf_counter()
@@ -83,6 +93,17 @@ def run_bench(engine: LLMEngine, *, num_prompts: int, input_len: int, output_len
     ttft = [v * 1e3 for v in first_token.values()]
     latency = [v * 1e3 for v in done.values()]
     out_tokens = num_prompts * output_len
-    return BenchResult(num_prompts, input_len, output_len, elapsed, out_tokens, out_tokens / elapsed,
-                       num_prompts * (input_len + output_len) / elapsed, _pct(ttft, 50), _pct(ttft, 90),
-                       _pct(latency, 50), _pct(latency, 90), engine.scheduler.num_preemptions - preempted_before)  # fmt: skip
+    return BenchResult(
+        num_prompts,
+        input_len,
+        output_len,
+        elapsed,
+        out_tokens,
+        out_tokens / elapsed,
+        num_prompts * (input_len + output_len) / elapsed,
+        _pct(ttft, 50),
+        _pct(ttft, 90),
+        _pct(latency, 50),
+        _pct(latency, 90),
+        engine.scheduler.num_preemptions - preempted_before,
+    )

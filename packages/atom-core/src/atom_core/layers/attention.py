@@ -14,27 +14,51 @@ from atom_core.layers.rotary import RotaryEmbedding
 
 
 class SelfAttention(nn.Module):
-    def __init__(self, config: ModelConfig, ctx: BuildContext, *, layer_index: int, prefix: str,
-                 qk_norm: bool = False, qkv_bias: bool = False, o_bias: bool = False,
-                 sliding_window: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        ctx: BuildContext,
+        *,
+        layer_index: int,
+        prefix: str,
+        qk_norm: bool = False,
+        qkv_bias: bool = False,
+        o_bias: bool = False,
+        sliding_window: int | None = None,
+    ):
         super().__init__()
         d, dtype, parallel = config.head_dim, config.dtype, ctx.parallel
-        self.qkv_proj = QKVParallelLinear(config.hidden_size, d, config.num_attention_heads, config.num_key_value_heads,
-                                          bias=qkv_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+        self.qkv_proj = QKVParallelLinear(
+            config.hidden_size,
+            d,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            bias=qkv_bias,
+            dtype=dtype,
+            parallel=parallel,
+        )
         self.num_heads, self.num_kv_heads, self.head_dim = (
             self.qkv_proj.num_heads,
             self.qkv_proj.num_kv_heads,
             d,
         )
-        self.o_proj = RowParallelLinear(config.num_attention_heads * d, config.hidden_size,
-                                        bias=o_bias, dtype=dtype, parallel=parallel)  # fmt: skip
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * d, config.hidden_size, bias=o_bias, dtype=dtype, parallel=parallel
+        )
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
         self.attn = ctx.attention_backend.make_layer(
-            AttentionLayerSpec(layer_index=layer_index, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads,
-                               head_dim=d, scale=d**-0.5, prefix=f"{prefix}.attn", sliding_window=sliding_window)
-        )  # fmt: skip
+            AttentionLayerSpec(
+                layer_index=layer_index,
+                num_heads=self.num_heads,
+                num_kv_heads=self.num_kv_heads,
+                head_dim=d,
+                scale=d**-0.5,
+                prefix=f"{prefix}.attn",
+                sliding_window=sliding_window,
+            )
+        )
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]

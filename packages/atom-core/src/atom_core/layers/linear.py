@@ -56,8 +56,13 @@ class ColumnParallelLinear(LinearBase):
     """Output features split over ranks; the output stays split (the next row-parallel layer consumes it)."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
-        super().__init__(in_features, _split(out_features, parallel, "output size"), bias=bias, dtype=dtype,
-                         parallel=parallel)  # fmt: skip
+        super().__init__(
+            in_features,
+            _split(out_features, parallel, "output size"),
+            bias=bias,
+            dtype=dtype,
+            parallel=parallel,
+        )
 
     def weight_loader(self, param, loaded, shard_id=None):
         rows = param.shape[0]
@@ -89,8 +94,17 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul; heads split over ranks (KV heads replicated when fewer than ranks)."""
 
-    def __init__(self, hidden: int, head_dim: int, num_heads: int, num_kv_heads: int, *, bias: bool, dtype,
-                 parallel: ParallelConfig):  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        head_dim: int,
+        num_heads: int,
+        num_kv_heads: int,
+        *,
+        bias: bool,
+        dtype,
+        parallel: ParallelConfig,
+    ):
         tp = parallel.tp_size
         self.head_dim = head_dim
         self.num_heads = _split(num_heads, parallel, "num_attention_heads")
@@ -105,8 +119,14 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.num_kv_heads = 1
             self.kv_head_start = parallel.tp_rank // (tp // num_kv_heads)
         self.total_kv_heads = num_kv_heads
-        LinearBase.__init__(self, hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, bias=bias,
-                            dtype=dtype, parallel=parallel)  # fmt: skip
+        LinearBase.__init__(
+            self,
+            hidden,
+            (self.num_heads + 2 * self.num_kv_heads) * head_dim,
+            bias=bias,
+            dtype=dtype,
+            parallel=parallel,
+        )
         for param in self.parameters():
             param.expected_shards = frozenset({"q", "k", "v"})
 
@@ -131,8 +151,13 @@ class RowParallelLinear(LinearBase):
     """Input features split over ranks; partial outputs are summed over ranks (then the bias is added once)."""
 
     def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
-        super().__init__(_split(in_features, parallel, "input size"), out_features, bias=bias, dtype=dtype,
-                         parallel=parallel)  # fmt: skip
+        super().__init__(
+            _split(in_features, parallel, "input size"),
+            out_features,
+            bias=bias,
+            dtype=dtype,
+            parallel=parallel,
+        )
 
     def weight_loader(self, param, loaded, shard_id=None):
         if param.dim() == 1:  # bias: not split

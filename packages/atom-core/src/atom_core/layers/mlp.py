@@ -16,8 +16,9 @@ from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinea
 class GatedMLP(nn.Module):
     def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype, parallel: ParallelConfig):
         super().__init__()
-        self.gate_up_proj = MergedColumnParallelLinear(hidden, [intermediate, intermediate], bias=bias, dtype=dtype,
-                                                       parallel=parallel)  # fmt: skip
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden, [intermediate, intermediate], bias=bias, dtype=dtype, parallel=parallel
+        )
         self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, dtype=dtype, parallel=parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:

@@ -18,8 +18,18 @@ from atom_core.ops import fused_experts, topk_softmax
 
 
 class SparseMoE(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, num_experts: int, top_k: int, *, norm_topk_prob: bool,
-                 dtype, parallel: ParallelConfig, shared_intermediate: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        num_experts: int,
+        top_k: int,
+        *,
+        norm_topk_prob: bool,
+        dtype,
+        parallel: ParallelConfig,
+        shared_intermediate: int = 0,
+    ):
         super().__init__()
         self.parallel, self.top_k, self.norm_topk_prob, self.num_experts = (
             parallel,

@@ -18,14 +18,31 @@ from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str, mlp: nn.Module,
-                 *, qk_norm: bool, biases: tuple[bool, bool], sliding_window: int | None = None):  # fmt: skip
+    def __init__(
+        self,
+        config: ModelConfig,
+        ctx: BuildContext,
+        layer_index: int,
+        prefix: str,
+        mlp: nn.Module,
+        *,
+        qk_norm: bool,
+        biases: tuple[bool, bool],
+        sliding_window: int | None = None,
+    ):
         super().__init__()
         eps, dtype = config.rms_norm_eps, config.dtype
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = SelfAttention(config, ctx, layer_index=layer_index, prefix=f"{prefix}.self_attn",
-                                       qk_norm=qk_norm, qkv_bias=biases[0], o_bias=biases[1],
-                                       sliding_window=sliding_window)  # fmt: skip
+        self.self_attn = SelfAttention(
+            config,
+            ctx,
+            layer_index=layer_index,
+            prefix=f"{prefix}.self_attn",
+            qk_norm=qk_norm,
+            qkv_bias=biases[0],
+            o_bias=biases[1],
+            sliding_window=sliding_window,
+        )
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = mlp
 
@@ -53,8 +70,9 @@ class LlamaForCausalLM(nn.Module):
         p = f"{prefix}model"
         dtype, parallel = config.dtype, ctx.parallel
         self.model = nn.Module()
-        self.model.embed_tokens = VocabParallelEmbedding(config.vocab_size, config.hidden_size, dtype=dtype,
-                                                         parallel=parallel)  # fmt: skip
+        self.model.embed_tokens = VocabParallelEmbedding(
+            config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel
+        )
         windows = self.attention_windows(config)
         self.model.layers = nn.ModuleList(
             DecoderLayer(
@@ -83,8 +101,13 @@ class LlamaForCausalLM(nn.Module):
         return bool(config.hf.get("mlp_bias", False))
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
-        return GatedMLP(config.hidden_size, config.intermediate_size, bias=self.mlp_bias(config), dtype=config.dtype,
-                        parallel=ctx.parallel)  # fmt: skip
+        return GatedMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            bias=self.mlp_bias(config),
+            dtype=config.dtype,
+            parallel=ctx.parallel,
+        )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model.embed_tokens(input_ids)
@@ -105,6 +128,9 @@ class LlamaForCausalLM(nn.Module):
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         tied = self.config.tie_word_embeddings
         return load_by_rules(
-            self, weights, self.packed_rules, name_rules=self.name_rules,
+            self,
+            weights,
+            self.packed_rules,
+            name_rules=self.name_rules,
             skip=lambda name: "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"),
-        )  # fmt: skip
+        )

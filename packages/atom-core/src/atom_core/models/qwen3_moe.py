@@ -42,9 +42,16 @@ def is_sparse_layer(config: ModelConfig, layer_index: int) -> bool:
 def sparse_moe(config: ModelConfig, ctx: BuildContext) -> SparseMoE:
     """The MoE block config.json describes (Qwen2-MoE's shared expert included when it has one)."""
     hf = config.hf
-    return SparseMoE(config.hidden_size, hf["moe_intermediate_size"], num_experts(config), hf["num_experts_per_tok"],
-                     norm_topk_prob=bool(hf.get("norm_topk_prob", False)), dtype=config.dtype, parallel=ctx.parallel,
-                     shared_intermediate=hf.get("shared_expert_intermediate_size", 0))  # fmt: skip
+    return SparseMoE(
+        config.hidden_size,
+        hf["moe_intermediate_size"],
+        num_experts(config),
+        hf["num_experts_per_tok"],
+        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        dtype=config.dtype,
+        parallel=ctx.parallel,
+        shared_intermediate=hf.get("shared_expert_intermediate_size", 0),
+    )
 
 
 class Qwen3MoeForCausalLM(Qwen3ForCausalLM):

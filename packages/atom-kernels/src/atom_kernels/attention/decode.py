@@ -82,12 +82,31 @@ def paged_decode(
     gluon = on_gpu(q) and KVLayout(layout) is KVLayout.FLASH and e4m3_decode_supported(q, k_cache, v_cache)
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
-        num_splits = decode_splits(batch, k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
-                                   longest, q.device, programs_per_sm=7 if gluon else 2)  # fmt: skip
+        num_splits = decode_splits(
+            batch,
+            k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
+            longest,
+            q.device,
+            programs_per_sm=7 if gluon else 2,
+        )
     config = decode_tiles(k_cache.dtype, KVLayout(layout), gluon) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     return run_paged_attention(
-        q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
-        max_query_len=query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, backend=backend,
-        num_splits=num_splits, config=config,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        max_query_len=query_len,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+        backend=backend,
+        num_splits=num_splits,
+        config=config,
+    )

@@ -126,8 +126,12 @@ def _e4m3x4_to_f16(x):
     pairs, whose fp16 pairs are the MMA's 32-bit operand registers as they stand."""
     return gl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }",
-        "=r,=r,r", [x.to(gl.int8, bitcast=True)], dtype=gl.float16, is_pure=True, pack=4,
-    )  # fmt: skip
+        "=r,=r,r",
+        [x.to(gl.int8, bitcast=True)],
+        dtype=gl.float16,
+        is_pure=True,
+        pack=4,
+    )
 
 
 @gluon.jit
@@ -154,11 +158,31 @@ def _v_operand(v_tile, BLOCK_N: gl.constexpr, HEAD_DIM: gl.constexpr, B_OP: gl.c
 
 @gluon.jit
 def _issue_tile(
-    k_smem, v_smem, ks_smem, vs_smem, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-    t, n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-    SCALE_KIND: gl.constexpr, PAGE: gl.constexpr, STAGES: gl.constexpr, BLOCK_N: gl.constexpr,
-    HEAD_DIM: gl.constexpr, COPY: gl.constexpr,
-):  # fmt: skip
+    k_smem,
+    v_smem,
+    ks_smem,
+    vs_smem,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    table_ptr,
+    t,
+    n_start,
+    n_end,
+    kvh,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    SCALE_KIND: gl.constexpr,
+    PAGE: gl.constexpr,
+    STAGES: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    COPY: gl.constexpr,
+):
     """Start copying KV tile t (positions n_start + t * BLOCK_N ...) into ring slot t % STAGES, with its
     per-token scales (SCALE_KIND 2): read right after the QK product, a load there would stall it.
 
@@ -187,14 +211,44 @@ def _issue_tile(
 
 @gluon.jit
 def e4m3_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-    GROUP: gl.constexpr, TOKENS: gl.constexpr, NUM_SPLITS: gl.constexpr, SCALE_KIND: gl.constexpr,
-    HAS_SOFTCAP: gl.constexpr, HAS_WINDOW: gl.constexpr, HAS_SINKS: gl.constexpr,
-    HEAD_DIM: gl.constexpr, BLOCK_N: gl.constexpr, STAGES: gl.constexpr, PAGE: gl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sinks_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    sm_scale,
+    softcap,
+    window,
+    num_q_heads,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    GROUP: gl.constexpr,
+    TOKENS: gl.constexpr,
+    NUM_SPLITS: gl.constexpr,
+    SCALE_KIND: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr,
+    HAS_WINDOW: gl.constexpr,
+    HAS_SINKS: gl.constexpr,
+    HEAD_DIM: gl.constexpr,
+    BLOCK_N: gl.constexpr,
+    STAGES: gl.constexpr,
+    PAGE: gl.constexpr,
+):
     """Grid (tiles x NUM_SPLITS, batch, kv heads), the generic tile kernel's, with its partial-output format."""
     MMA: gl.constexpr = mma_layout()
     A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
@@ -259,9 +313,32 @@ def e4m3_decode_kernel(
         ks_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], PLAIN)
         vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], PLAIN)
     for t in gl.static_range(STAGES - 1):
-        _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                    table_ptr, t, n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-                    SCALE_KIND, PAGE, STAGES, BLOCK_N, HEAD_DIM, COPY)  # fmt: skip
+        _issue_tile(
+            k_smem,
+            v_smem,
+            ks_smem,
+            vs_smem,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            table_ptr,
+            t,
+            n_start,
+            n_end,
+            kvh,
+            num_kv_heads,
+            block_size,
+            stride_cb,
+            stride_cn,
+            stride_ch,
+            SCALE_KIND,
+            PAGE,
+            STAGES,
+            BLOCK_N,
+            HEAD_DIM,
+            COPY,
+        )
 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
     l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
@@ -269,9 +346,32 @@ def e4m3_decode_kernel(
     for i in range(num_tiles):
         async_copy.wait_group(STAGES - 2)  # tile i has landed (this thread's copies) ...
         _cta_barrier()  # ... and every thread's; and nobody still reads the slot refilled next
-        _issue_tile(k_smem, v_smem, ks_smem, vs_smem, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr,
-                    table_ptr, i + STAGES - 1, n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn,
-                    stride_ch, SCALE_KIND, PAGE, STAGES, BLOCK_N, HEAD_DIM, COPY)  # fmt: skip
+        _issue_tile(
+            k_smem,
+            v_smem,
+            ks_smem,
+            vs_smem,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            table_ptr,
+            i + STAGES - 1,
+            n_start,
+            n_end,
+            kvh,
+            num_kv_heads,
+            block_size,
+            stride_cb,
+            stride_cn,
+            stride_ch,
+            SCALE_KIND,
+            PAGE,
+            STAGES,
+            BLOCK_N,
+            HEAD_DIM,
+            COPY,
+        )
         slot = i % STAGES
         k = _k_operand(k_smem.index(slot).load(k_read_layout(BLOCK_N, HEAD_DIM)), BLOCK_N, HEAD_DIM, B_OP)
         s = mma_v2(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)) * qk_scale
@@ -354,10 +454,31 @@ def compile_offline(arch: int = 90, **constants):
     from triton.backends.compiler import GPUTarget
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    POINTEE = dict(q_ptr="bf16", out_ptr="bf16", k_cache_ptr="fp8e4nv", v_cache_ptr="fp8e4nv",
-                   block_tables_ptr="i32", seq_lens_ptr="i32", cu_q_ptr="i32")  # fmt: skip
-    const = dict(GROUP=4, TOKENS=4, NUM_SPLITS=1, SCALE_KIND=1, HAS_SOFTCAP=False, HAS_WINDOW=False,
-                 HAS_SINKS=False, HEAD_DIM=128, BLOCK_N=32, STAGES=3, PAGE=16) | constants  # fmt: skip
+    POINTEE = dict(
+        q_ptr="bf16",
+        out_ptr="bf16",
+        k_cache_ptr="fp8e4nv",
+        v_cache_ptr="fp8e4nv",
+        block_tables_ptr="i32",
+        seq_lens_ptr="i32",
+        cu_q_ptr="i32",
+    )
+    const = (
+        dict(
+            GROUP=4,
+            TOKENS=4,
+            NUM_SPLITS=1,
+            SCALE_KIND=1,
+            HAS_SOFTCAP=False,
+            HAS_WINDOW=False,
+            HAS_SINKS=False,
+            HEAD_DIM=128,
+            BLOCK_N=32,
+            STAGES=3,
+            PAGE=16,
+        )
+        | constants
+    )
     names = e4m3_decode_kernel.arg_names
     signature, attrs = {}, {}
     for i, name in enumerate(names):

@@ -38,8 +38,12 @@ def _load_e4m3_rows_as_f16(base_ptr, row_off, mask, BLOCK_N: tl.constexpr, BLOCK
     v0, v1, v2, v3 = tl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; .reg .b32 a, b; mov.b32 {lo, hi}, $4; cvt.rn.f16x2.e4m3x2 a, lo;"
         " cvt.rn.f16x2.e4m3x2 b, hi; mov.b32 {$0, $1}, a; mov.b32 {$2, $3}, b; }",
-        "=h,=h,=h,=h,r", [w], dtype=(tl.float16, tl.float16, tl.float16, tl.float16), is_pure=True, pack=1,
-    )  # fmt: skip
+        "=h,=h,=h,=h,r",
+        [w],
+        dtype=(tl.float16, tl.float16, tl.float16, tl.float16),
+        is_pure=True,
+        pack=1,
+    )
     return tl.reshape(tl.join(tl.join(v0, v2), tl.join(v1, v3)), (BLOCK_N, BLOCK_D))
 
 
@@ -80,13 +84,39 @@ def _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS: tl.constexpr):
 
 @triton.jit
 def _attend(
-    acc, l_i, m_i, q, q_pos,
-    k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-    n_start, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap, window,
-    MASKED: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    k_cache_ptr,
+    v_cache_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    table_ptr,
+    n_start,
+    n_end,
+    kvh,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    sm_scale,
+    softcap,
+    window,
+    MASKED: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    X: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     d = tl.arange(0, BLOCK_D)[None, :].to(tl.int64)
     d_ok = d < HEAD_DIM
     d4 = tl.arange(0, BLOCK_D // 4)[None, :]
@@ -106,8 +136,20 @@ def _attend(
             # shared-memory tile that ldmatrix reads as MMA operands directly.
             slab = tl.arange(0, BLOCK_D // X)[:, None, None]
             e = tl.arange(0, X)[None, None, :]
-            k_row = kv_offsets(blk, off, kvh, 0, num_kv_heads, HEAD_DIM, block_size, stride_cb, stride_cn,
-                               stride_ch, LAYOUT, X)[0]  # fmt: skip
+            k_row = kv_offsets(
+                blk,
+                off,
+                kvh,
+                0,
+                num_kv_heads,
+                HEAD_DIM,
+                block_size,
+                stride_cb,
+                stride_cn,
+                stride_ch,
+                LAYOUT,
+                X,
+            )[0]
             k3_mask = slab * X + e < HEAD_DIM
             if MASKED:
                 k3_mask = k3_mask & pos_ok[None, :, None]
@@ -117,8 +159,20 @@ def _attend(
             k = tl.reshape(tl.permute(k3, (1, 0, 2)), (BLOCK_N, BLOCK_D)).to(q.dtype)
             s = tl.dot(q, tl.trans(k), input_precision=DOT_PRECISION)
         else:
-            k_off, v_off = kv_offsets(blk[:, None], off[:, None], kvh, d, num_kv_heads, HEAD_DIM, block_size,
-                                      stride_cb, stride_cn, stride_ch, LAYOUT, X)  # fmt: skip
+            k_off, v_off = kv_offsets(
+                blk[:, None],
+                off[:, None],
+                kvh,
+                d,
+                num_kv_heads,
+                HEAD_DIM,
+                block_size,
+                stride_cb,
+                stride_cn,
+                stride_ch,
+                LAYOUT,
+                X,
+            )
             if MASKED:
                 k = tl.load(k_cache_ptr + k_off, mask=pos_ok[:, None] & d_ok, other=0.0).to(q.dtype)
             else:
@@ -148,16 +202,40 @@ def _attend(
             else:
                 run_blk = tl.load(table_ptr + run // block_size).to(tl.int64)
             # The run's first element: offsets are multiples of X there, as written so the compiler sees it.
-            v_run = kv_offsets(run_blk, run % block_size // X * X, kvh, 0, num_kv_heads, HEAD_DIM, block_size,
-                               stride_cb, stride_cn, stride_ch, LAYOUT, X)[1]  # fmt: skip
+            v_run = kv_offsets(
+                run_blk,
+                run % block_size // X * X,
+                kvh,
+                0,
+                num_kv_heads,
+                HEAD_DIM,
+                block_size,
+                stride_cb,
+                stride_cn,
+                stride_ch,
+                LAYOUT,
+                X,
+            )[1]
             vd = tl.arange(0, BLOCK_D)[None, :, None]
             v3 = tl.load(v_cache_ptr + v_run[:, None, None] + vd * X + e, mask=vd < HEAD_DIM, other=0.0)
             v = tl.reshape(tl.permute(v3, (0, 2, 1)), (BLOCK_N, BLOCK_D)).to(q.dtype)
             if MASKED:
                 v = tl.where(pos_ok[:, None], v, 0.0)
         elif V_WORDS:
-            v_row = kv_offsets(blk[:, None], off[:, None], kvh, 0, num_kv_heads, HEAD_DIM, block_size,
-                               stride_cb, stride_cn, stride_ch, LAYOUT, X)[1]  # fmt: skip
+            v_row = kv_offsets(
+                blk[:, None],
+                off[:, None],
+                kvh,
+                0,
+                num_kv_heads,
+                HEAD_DIM,
+                block_size,
+                stride_cb,
+                stride_cn,
+                stride_ch,
+                LAYOUT,
+                X,
+            )[1]
             v_mask = pos_ok[:, None] & (d4 < HEAD_DIM // 4) if MASKED else d4 < HEAD_DIM // 4
             v = _load_e4m3_rows_as_f16(v_cache_ptr, v_row, v_mask, BLOCK_N, BLOCK_D)
         elif MASKED:
@@ -173,16 +251,49 @@ def _attend(
 
 @triton.jit
 def paged_attention_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    sm_scale, softcap, window, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-    GROUP: tl.constexpr, TOKENS: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    FP16_COMPUTE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sinks_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    sm_scale,
+    softcap,
+    window,
+    num_q_heads,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    GROUP: tl.constexpr,
+    TOKENS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    X: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    FP16_COMPUTE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
-):  # fmt: skip
+):
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -228,15 +339,73 @@ def paged_attention_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-        n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        table_ptr,
+        n_start,
+        full_end,
+        kvh,
+        num_kv_heads,
+        block_size,
+        stride_cb,
+        stride_cn,
+        stride_ch,
+        sm_scale,
+        softcap,
+        window,
+        False,
+        LAYOUT,
+        X,
+        V_WORDS,
+        SCALE_KIND,
+        HAS_SOFTCAP,
+        HAS_WINDOW,
+        DOT_PRECISION,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+    )
     acc, l_i, m_i = _attend(
-        acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-        full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale, softcap,
-        window, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_cache_ptr,
+        v_cache_ptr,
+        k_scale_ptr,
+        v_scale_ptr,
+        table_ptr,
+        full_end,
+        n_end,
+        kvh,
+        num_kv_heads,
+        block_size,
+        stride_cb,
+        stride_cn,
+        stride_ch,
+        sm_scale,
+        softcap,
+        window,
+        True,
+        LAYOUT,
+        X,
+        V_WORDS,
+        SCALE_KIND,
+        HAS_SOFTCAP,
+        HAS_WINDOW,
+        DOT_PRECISION,
+        HEAD_DIM,
+        BLOCK_N,
+        BLOCK_D,
+    )
     if SCALE_KIND == 1:
         acc = acc * tl.load(v_scale_ptr)
 
@@ -254,10 +423,19 @@ def paged_attention_kernel(
 
 @triton.jit
 def combine_splits_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, sinks_ptr, stride_ot, stride_oh, num_q_heads,
-    NUM_SPLITS: tl.constexpr, HAS_SINKS: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    sinks_ptr,
+    stride_ot,
+    stride_oh,
+    num_q_heads,
+    NUM_SPLITS: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """out[t, h] = sum_s exp(lse_s) o_s / (sum_s exp(lse_s) + exp(sink_h)), over the splits of (t, h)."""
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
@@ -281,14 +459,48 @@ def combine_splits_kernel(
 
 @triton.jit
 def persistent_decode_kernel(
-    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    k_scale_ptr, v_scale_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_ptr, per_ptr, base_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt,
-    sm_scale, softcap, batch, num_q_heads, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch,
-    GROUP: tl.constexpr, LAYOUT: tl.constexpr, X: tl.constexpr, V_WORDS: tl.constexpr, SCALE_KIND: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr, FP16_COMPUTE: tl.constexpr,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    sinks_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_ptr,
+    per_ptr,
+    base_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    sm_scale,
+    softcap,
+    batch,
+    num_q_heads,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    GROUP: tl.constexpr,
+    LAYOUT: tl.constexpr,
+    X: tl.constexpr,
+    V_WORDS: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    FP16_COMPUTE: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (p, kv head) decodes its share of the partition (see partition.py): one token per sequence."""
     p = tl.program_id(0)
     kvh = tl.program_id(1)
@@ -336,15 +548,73 @@ def persistent_decode_kernel(
         l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
         m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
         acc, l_i, m_i = _attend(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-            n_start, full_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, False, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-        )  # fmt: skip
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            table_ptr,
+            n_start,
+            full_end,
+            kvh,
+            num_kv_heads,
+            block_size,
+            stride_cb,
+            stride_cn,
+            stride_ch,
+            sm_scale,
+            softcap,
+            0,
+            False,
+            LAYOUT,
+            X,
+            V_WORDS,
+            SCALE_KIND,
+            HAS_SOFTCAP,
+            False,
+            DOT_PRECISION,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_D,
+        )
         acc, l_i, m_i = _attend(
-            acc, l_i, m_i, q, q_pos, k_cache_ptr, v_cache_ptr, k_scale_ptr, v_scale_ptr, table_ptr,
-            full_end, n_end, kvh, num_kv_heads, block_size, stride_cb, stride_cn, stride_ch, sm_scale,
-            softcap, 0, True, LAYOUT, X, V_WORDS, SCALE_KIND, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-        )  # fmt: skip
+            acc,
+            l_i,
+            m_i,
+            q,
+            q_pos,
+            k_cache_ptr,
+            v_cache_ptr,
+            k_scale_ptr,
+            v_scale_ptr,
+            table_ptr,
+            full_end,
+            n_end,
+            kvh,
+            num_kv_heads,
+            block_size,
+            stride_cb,
+            stride_cn,
+            stride_ch,
+            sm_scale,
+            softcap,
+            0,
+            True,
+            LAYOUT,
+            X,
+            V_WORDS,
+            SCALE_KIND,
+            HAS_SOFTCAP,
+            False,
+            DOT_PRECISION,
+            HEAD_DIM,
+            BLOCK_N,
+            BLOCK_D,
+        )
         if SCALE_KIND == 1:
             acc = acc * tl.load(v_scale_ptr)
         whole = (seg_lo == seq_first) & (seg_hi == seq_last)
@@ -371,9 +641,21 @@ def persistent_decode_kernel(
 
 @triton.jit
 def combine_partials_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, sinks_ptr, cu_ptr, per_ptr, base_ptr, stride_ot, stride_oh, num_q_heads,
-    HAS_SINKS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    sinks_ptr,
+    cu_ptr,
+    per_ptr,
+    base_ptr,
+    stride_ot,
+    stride_oh,
+    num_q_heads,
+    HAS_SINKS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_S: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Merge the partials of each split sequence (program (b, q head)); whole sequences are already out."""
     b = tl.program_id(0)
     h = tl.program_id(1)
@@ -395,8 +677,11 @@ def combine_partials_kernel(
         m_new = tl.maximum(m, tl.max(lse, 0))
         alpha = tl.exp2(m - m_new)
         w = tl.exp2(lse - m_new)
-        o = tl.load(part_o_ptr + part[:, None] * HEAD_DIM + d[None, :], mask=ok[:, None] & (d[None, :] < HEAD_DIM),
-                    other=0.0)  # fmt: skip
+        o = tl.load(
+            part_o_ptr + part[:, None] * HEAD_DIM + d[None, :],
+            mask=ok[:, None] & (d[None, :] < HEAD_DIM),
+            other=0.0,
+        )
         acc = acc * alpha + tl.sum(w[:, None] * o, 0)
         denom = denom * alpha + tl.sum(w, 0)
         m = m_new

@@ -39,9 +39,21 @@ class Checked:
 
 
 def check_inputs(
-    q, k_cache, v_cache, *, seq_lens, cu_seqlens_q, block_tables, layout, softmax_scale, sliding_window,
-    sinks, k_scale, v_scale, out,
-) -> Checked:  # fmt: skip
+    q,
+    k_cache,
+    v_cache,
+    *,
+    seq_lens,
+    cu_seqlens_q,
+    block_tables,
+    layout,
+    softmax_scale,
+    sliding_window,
+    sinks,
+    k_scale,
+    v_scale,
+    out,
+) -> Checked:
     """Validate a paged-attention call; every problem is a ValueError naming the argument."""
     layout = KVLayout(layout)
     num_blocks, block_size, num_kv_heads, head_dim = cache_geometry(layout, k_cache, v_cache)
@@ -101,19 +113,40 @@ def run_paged_attention(
 ) -> torch.Tensor:
     """checked: check_inputs' result for these same arguments, when the caller has it already."""
     c = checked or check_inputs(
-        q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
-        layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window, sinks=sinks,
-        k_scale=k_scale, v_scale=v_scale, out=out,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        seq_lens=seq_lens,
+        cu_seqlens_q=cu_seqlens_q,
+        block_tables=block_tables,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )
     layout, out, scale, kind = c.layout, c.out, c.softmax_scale, c.scale_kind
     block_size, num_kv_heads, head_dim = c.block_size, c.num_kv_heads, c.head_dim
     tokens, num_q_heads, _ = q.shape
     batch = seq_lens.numel()
     if resolve_backend(backend, q.device) is Backend.TORCH:
         ref = paged_attention_ref(
-            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=layout, softmax_scale=scale,
-            sliding_window=sliding_window, softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q,
+            seq_lens,
+            block_tables,
+            layout=layout,
+            softmax_scale=scale,
+            sliding_window=sliding_window,
+            softcap=softcap,
+            sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
         return out.copy_(ref)
     if tokens == 0 or batch == 0:
         return out
@@ -131,15 +164,38 @@ def run_paged_attention(
         part_lse = torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     grid = (tiles * num_splits, batch, num_kv_heads)
     common = (
-        q, k_cache, v_cache, out, part_o, part_lse,
-        k_scale if kind else q, v_scale if kind else q, sinks if sinks is not None else q,
-        block_tables, seq_lens, cu_seqlens_q,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0),
-        scale, softcap or 0.0, sliding_window or 0, num_q_heads, num_kv_heads, block_size,
+        q,
+        k_cache,
+        v_cache,
+        out,
+        part_o,
+        part_lse,
+        k_scale if kind else q,
+        v_scale if kind else q,
+        sinks if sinks is not None else q,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        scale,
+        softcap or 0.0,
+        sliding_window or 0,
+        num_q_heads,
+        num_kv_heads,
+        block_size,
         *cache_strides(layout, k_cache),
-    )  # fmt: skip
-    features = dict(HAS_SOFTCAP=softcap is not None, HAS_WINDOW=sliding_window is not None,
-                    HAS_SINKS=sinks is not None, HEAD_DIM=head_dim, BLOCK_N=config.block_n)  # fmt: skip
+    )
+    features = dict(
+        HAS_SOFTCAP=softcap is not None,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
+        HEAD_DIM=head_dim,
+        BLOCK_N=config.block_n,
+    )
     if config.e4m3_gluon:
         if (
             block_m != MAX_ROWS
@@ -150,26 +206,49 @@ def run_paged_attention(
                 "e4m3_gluon tiles need e4m3_decode_supported inputs and at most 16 rows per tile"
             )
         e4m3_decode_kernel[grid](
-            *common, GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits, SCALE_KIND=kind,
-            STAGES=config.num_stages, PAGE=block_size if block_size & (block_size - 1) == 0 else 0, **features,
+            *common,
+            GROUP=group,
+            TOKENS=tokens_per_tile,
+            NUM_SPLITS=num_splits,
+            SCALE_KIND=kind,
+            STAGES=config.num_stages,
+            PAGE=block_size if block_size & (block_size - 1) == 0 else 0,
+            **features,
             num_warps=1,
-        )  # fmt: skip
+        )
     else:
         paged_attention_kernel[grid](
-            *common, GROUP=group, TOKENS=tokens_per_tile, NUM_SPLITS=num_splits,
-            LAYOUT=layout_code(layout, k_cache), X=shuffle_width(k_cache.dtype),
-            V_WORDS=fp8_v_as_words(layout, q, v_cache), SCALE_KIND=kind,
+            *common,
+            GROUP=group,
+            TOKENS=tokens_per_tile,
+            NUM_SPLITS=num_splits,
+            LAYOUT=layout_code(layout, k_cache),
+            X=shuffle_width(k_cache.dtype),
+            V_WORDS=fp8_v_as_words(layout, q, v_cache),
+            SCALE_KIND=kind,
             DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
             FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
-            BLOCK_M=block_m, BLOCK_D=triton.next_power_of_2(head_dim), **features,
-            num_warps=config.num_warps, num_stages=config.num_stages,
-        )  # fmt: skip
+            BLOCK_M=block_m,
+            BLOCK_D=triton.next_power_of_2(head_dim),
+            **features,
+            num_warps=config.num_warps,
+            num_stages=config.num_stages,
+        )
     if num_splits > 1:
         combine_splits_kernel[(tokens, num_q_heads)](
-            part_o, part_lse, out, sinks if sinks is not None else q, out.stride(0), out.stride(1), num_q_heads,
-            NUM_SPLITS=num_splits, HAS_SINKS=sinks is not None, HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits), BLOCK_D=triton.next_power_of_2(head_dim),
-        )  # fmt: skip
+            part_o,
+            part_lse,
+            out,
+            sinks if sinks is not None else q,
+            out.stride(0),
+            out.stride(1),
+            num_q_heads,
+            NUM_SPLITS=num_splits,
+            HAS_SINKS=sinks is not None,
+            HEAD_DIM=head_dim,
+            BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=triton.next_power_of_2(head_dim),
+        )
     return out
 
 

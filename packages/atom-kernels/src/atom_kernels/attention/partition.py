@@ -69,8 +69,9 @@ class DecodePartition:
 
 
 @triton.jit
-def _plan_kernel(seq_lens_ptr, cu_ptr, per_ptr, base_ptr, batch, P: tl.constexpr, BLOCK: tl.constexpr,
-                 CHUNK: tl.constexpr):  # fmt: skip
+def _plan_kernel(
+    seq_lens_ptr, cu_ptr, per_ptr, base_ptr, batch, P: tl.constexpr, BLOCK: tl.constexpr, CHUNK: tl.constexpr
+):
     offs = tl.arange(0, CHUNK)
     tl.store(cu_ptr, 0)
     carry = 0
@@ -101,9 +102,15 @@ def plan_decode(seq_lens: torch.Tensor, partition: DecodePartition) -> DecodePar
     if batch > partition.max_batch:
         raise ValueError(f"batch {batch} exceeds the partition's max_batch {partition.max_batch}")
     _plan_kernel[(1,)](
-        seq_lens, partition.cu_blocks, partition.per_program, partition.partial_base, batch,
-        P=partition.num_programs, BLOCK=partition.block, CHUNK=1024 if seq_lens.is_cuda else 64,
-    )  # fmt: skip
+        seq_lens,
+        partition.cu_blocks,
+        partition.per_program,
+        partition.partial_base,
+        batch,
+        P=partition.num_programs,
+        BLOCK=partition.block,
+        CHUNK=1024 if seq_lens.is_cuda else 64,
+    )
     return partition
 
 

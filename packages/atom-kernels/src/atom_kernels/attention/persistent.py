@@ -47,10 +47,20 @@ def paged_decode_persistent(
     batch = seq_lens.numel()
     cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
     c = check_inputs(
-        q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
-        layout=layout, softmax_scale=softmax_scale, sliding_window=None, sinks=sinks, k_scale=k_scale,
-        v_scale=v_scale, out=out,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        seq_lens=seq_lens,
+        cu_seqlens_q=cu_seqlens_q,
+        block_tables=block_tables,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        sliding_window=None,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+    )
     if q.shape[0] != batch:
         raise ValueError(
             f"persistent decode takes one query token per sequence: q has {q.shape[0]}, B={batch}"
@@ -61,9 +71,19 @@ def paged_decode_persistent(
     check_shuffle_tile(c.layout, partition.block, k_cache.dtype)
     if resolve_backend(backend, q.device) is Backend.TORCH:
         ref = paged_attention_ref(
-            q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout=c.layout,
-            softmax_scale=c.softmax_scale, softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            cu_seqlens_q,
+            seq_lens,
+            block_tables,
+            layout=c.layout,
+            softmax_scale=c.softmax_scale,
+            softcap=softcap,
+            sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
+        )
         return c.out.copy_(ref)
     if batch == 0:
         return c.out
@@ -73,24 +93,62 @@ def paged_decode_persistent(
     gpu = q.is_cuda
     sinks_arg = sinks if sinks is not None else q
     persistent_decode_kernel[(partition.num_programs, c.num_kv_heads)](
-        q, k_cache, v_cache, c.out, partition.part_o, partition.part_lse,
-        k_scale if c.scale_kind else q, v_scale if c.scale_kind else q, sinks_arg,
-        block_tables, seq_lens, partition.cu_blocks, partition.per_program, partition.partial_base,
-        q.stride(0), q.stride(1), c.out.stride(0), c.out.stride(1), block_tables.stride(0),
-        c.softmax_scale, softcap or 0.0, batch, num_q_heads, c.num_kv_heads, c.block_size,
+        q,
+        k_cache,
+        v_cache,
+        c.out,
+        partition.part_o,
+        partition.part_lse,
+        k_scale if c.scale_kind else q,
+        v_scale if c.scale_kind else q,
+        sinks_arg,
+        block_tables,
+        seq_lens,
+        partition.cu_blocks,
+        partition.per_program,
+        partition.partial_base,
+        q.stride(0),
+        q.stride(1),
+        c.out.stride(0),
+        c.out.stride(1),
+        block_tables.stride(0),
+        c.softmax_scale,
+        softcap or 0.0,
+        batch,
+        num_q_heads,
+        c.num_kv_heads,
+        c.block_size,
         *cache_strides(c.layout, k_cache),
-        GROUP=group, LAYOUT=layout_code(c.layout, k_cache), X=shuffle_width(k_cache.dtype),
-        V_WORDS=fp8_v_as_words(c.layout, q, v_cache), SCALE_KIND=c.scale_kind,
-        HAS_SOFTCAP=softcap is not None, HAS_SINKS=sinks is not None,
+        GROUP=group,
+        LAYOUT=layout_code(c.layout, k_cache),
+        X=shuffle_width(k_cache.dtype),
+        V_WORDS=fp8_v_as_words(c.layout, q, v_cache),
+        SCALE_KIND=c.scale_kind,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_SINKS=sinks is not None,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
-        HEAD_DIM=c.head_dim, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=partition.block,
+        HEAD_DIM=c.head_dim,
+        BLOCK_M=max(16, triton.next_power_of_2(group)),
+        BLOCK_N=partition.block,
         BLOCK_D=triton.next_power_of_2(c.head_dim),
-        num_warps=2 if gpu else 1, num_stages=3 if gpu else 1,
-    )  # fmt: skip
+        num_warps=2 if gpu else 1,
+        num_stages=3 if gpu else 1,
+    )
     combine_partials_kernel[(batch, num_q_heads)](
-        partition.part_o, partition.part_lse, c.out, sinks_arg, partition.cu_blocks, partition.per_program,
-        partition.partial_base, c.out.stride(0), c.out.stride(1), num_q_heads,
-        HAS_SINKS=sinks is not None, HEAD_DIM=c.head_dim, BLOCK_S=16, BLOCK_D=triton.next_power_of_2(c.head_dim),
-    )  # fmt: skip
+        partition.part_o,
+        partition.part_lse,
+        c.out,
+        sinks_arg,
+        partition.cu_blocks,
+        partition.per_program,
+        partition.partial_base,
+        c.out.stride(0),
+        c.out.stride(1),
+        num_q_heads,
+        HAS_SINKS=sinks is not None,
+        HEAD_DIM=c.head_dim,
+        BLOCK_S=16,
+        BLOCK_D=triton.next_power_of_2(c.head_dim),
+    )
     return c.out

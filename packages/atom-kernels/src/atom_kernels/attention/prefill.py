@@ -53,19 +53,53 @@ def paged_prefill(
     c = None
     if resolve_backend(backend, q.device) is Backend.TRITON:
         c = check_inputs(
-            q, k_cache, v_cache, seq_lens=seq_lens, cu_seqlens_q=cu_seqlens_q, block_tables=block_tables,
-            layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window, sinks=sinks,
-            k_scale=k_scale, v_scale=v_scale, out=out,
-        )  # fmt: skip
+            q,
+            k_cache,
+            v_cache,
+            seq_lens=seq_lens,
+            cu_seqlens_q=cu_seqlens_q,
+            block_tables=block_tables,
+            layout=layout,
+            softmax_scale=softmax_scale,
+            sliding_window=sliding_window,
+            sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
+            out=out,
+        )
         if tma_prefill_fits(q, k_cache, v_cache, c, TMA_CONFIG.block_n):
             return run_tma_prefill(
-                q, k_cache, v_cache, c, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
-                max_query_len=max_query_len, sliding_window=sliding_window, softcap=softcap, sinks=sinks,
+                q,
+                k_cache,
+                v_cache,
+                c,
+                cu_seqlens_q=cu_seqlens_q,
+                seq_lens=seq_lens,
+                block_tables=block_tables,
+                max_query_len=max_query_len,
+                sliding_window=sliding_window,
+                softcap=softcap,
+                sinks=sinks,
                 config=TMA_CONFIG,
-            )  # fmt: skip
+            )
     return run_paged_attention(
-        q, k_cache, v_cache, cu_seqlens_q=cu_seqlens_q, seq_lens=seq_lens, block_tables=block_tables,
-        max_query_len=max_query_len, layout=layout, softmax_scale=softmax_scale, sliding_window=sliding_window,
-        softcap=softcap, sinks=sinks, k_scale=k_scale, v_scale=v_scale, out=out, backend=backend,
-        num_splits=1, config=prefill_config(q.shape[-1], on_gpu(q)), checked=c,
-    )  # fmt: skip
+        q,
+        k_cache,
+        v_cache,
+        cu_seqlens_q=cu_seqlens_q,
+        seq_lens=seq_lens,
+        block_tables=block_tables,
+        max_query_len=max_query_len,
+        layout=layout,
+        softmax_scale=softmax_scale,
+        sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks,
+        k_scale=k_scale,
+        v_scale=v_scale,
+        out=out,
+        backend=backend,
+        num_splits=1,
+        config=prefill_config(q.shape[-1], on_gpu(q)),
+        checked=c,
+    )

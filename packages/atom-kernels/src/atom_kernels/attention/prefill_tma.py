@@ -23,10 +23,27 @@ from atom_kernels.cache.layout import KVLayout
 
 @triton.jit
 def _attend_tma(
-    acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, n_start, n_end, kv_len, col, block_size,
-    sm_scale, softcap, window, MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    acc,
+    l_i,
+    m_i,
+    q,
+    q_pos,
+    k_desc,
+    v_desc,
+    table_ptr,
+    n_start,
+    n_end,
+    kv_len,
+    col,
+    block_size,
+    sm_scale,
+    softcap,
+    window,
+    MASKED: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
     BLOCK_N: tl.constexpr,
-):  # fmt: skip
+):
     for n0 in range(n_start, n_end, BLOCK_N):
         row = tl.load(table_ptr + n0 // block_size) * block_size + n0 % block_size
         k = k_desc.load([row, col])
@@ -51,12 +68,33 @@ def _attend_tma(
 
 @triton.jit
 def paged_prefill_tma_kernel(
-    q_ptr, k_desc, v_desc, out_ptr, sinks_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr,
-    stride_qt, stride_qh, stride_ot, stride_oh, stride_bt, stride_ch,
-    sm_scale, softcap, window, block_size,
-    GROUP: tl.constexpr, TOKENS: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr,
-    HAS_SINKS: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_desc,
+    v_desc,
+    out_ptr,
+    sinks_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    stride_qt,
+    stride_qh,
+    stride_ot,
+    stride_oh,
+    stride_bt,
+    stride_ch,
+    sm_scale,
+    softcap,
+    window,
+    block_size,
+    GROUP: tl.constexpr,
+    TOKENS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
+    HAS_SINKS: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (causal) tiles first
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -88,13 +126,49 @@ def paged_prefill_tma_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tma(
-        acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, kv_start, full_end, kv_len, col, block_size,
-        sm_scale, softcap, window, False, HAS_SOFTCAP, HAS_WINDOW, BLOCK_N,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_desc,
+        v_desc,
+        table_ptr,
+        kv_start,
+        full_end,
+        kv_len,
+        col,
+        block_size,
+        sm_scale,
+        softcap,
+        window,
+        False,
+        HAS_SOFTCAP,
+        HAS_WINDOW,
+        BLOCK_N,
+    )
     acc, l_i, m_i = _attend_tma(
-        acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, full_end, kv_end, kv_len, col, block_size,
-        sm_scale, softcap, window, True, HAS_SOFTCAP, HAS_WINDOW, BLOCK_N,
-    )  # fmt: skip
+        acc,
+        l_i,
+        m_i,
+        q,
+        q_pos,
+        k_desc,
+        v_desc,
+        table_ptr,
+        full_end,
+        kv_end,
+        kv_len,
+        col,
+        block_size,
+        sm_scale,
+        softcap,
+        window,
+        True,
+        HAS_SOFTCAP,
+        HAS_WINDOW,
+        BLOCK_N,
+    )
     o = _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS)
     out_off = t_idx[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
     tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
@@ -134,10 +208,20 @@ def _descriptor(cache: torch.Tensor, c: Checked, block_n: int) -> TensorDescript
 
 
 def run_tma_prefill(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: Checked, *, cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor, block_tables: torch.Tensor, max_query_len: int, sliding_window: int | None,
-    softcap: float | None, sinks: torch.Tensor | None, config: TileConfig,
-) -> torch.Tensor:  # fmt: skip
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    c: Checked,
+    *,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    block_tables: torch.Tensor,
+    max_query_len: int,
+    sliding_window: int | None,
+    softcap: float | None,
+    sinks: torch.Tensor | None,
+    config: TileConfig,
+) -> torch.Tensor:
     """Launch paged_prefill_tma_kernel on a call check_inputs validated and tma_layout_fits accepted."""
     out = c.out
     tokens, num_q_heads, _ = q.shape
@@ -149,12 +233,33 @@ def run_tma_prefill(
     tokens_per_tile = block_m // group
     grid = (triton.cdiv(max_query_len, tokens_per_tile), batch, c.num_kv_heads)
     paged_prefill_tma_kernel[grid](
-        q, _descriptor(k_cache, c, config.block_n), _descriptor(v_cache, c, config.block_n), out,
-        sinks if sinks is not None else q, block_tables, seq_lens, cu_seqlens_q,
-        q.stride(0), q.stride(1), out.stride(0), out.stride(1), block_tables.stride(0), k_cache.stride(2),
-        c.softmax_scale, softcap or 0.0, sliding_window or 0, c.block_size,
-        GROUP=group, TOKENS=tokens_per_tile, HAS_SOFTCAP=softcap is not None,
-        HAS_WINDOW=sliding_window is not None, HAS_SINKS=sinks is not None, HEAD_DIM=c.head_dim,
-        BLOCK_M=block_m, BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages,
-    )  # fmt: skip
+        q,
+        _descriptor(k_cache, c, config.block_n),
+        _descriptor(v_cache, c, config.block_n),
+        out,
+        sinks if sinks is not None else q,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        q.stride(0),
+        q.stride(1),
+        out.stride(0),
+        out.stride(1),
+        block_tables.stride(0),
+        k_cache.stride(2),
+        c.softmax_scale,
+        softcap or 0.0,
+        sliding_window or 0,
+        c.block_size,
+        GROUP=group,
+        TOKENS=tokens_per_tile,
+        HAS_SOFTCAP=softcap is not None,
+        HAS_WINDOW=sliding_window is not None,
+        HAS_SINKS=sinks is not None,
+        HEAD_DIM=c.head_dim,
+        BLOCK_M=block_m,
+        BLOCK_N=config.block_n,
+        num_warps=config.num_warps,
+        num_stages=config.num_stages,
+    )
     return out

@@ -6,9 +6,19 @@ import triton.language as tl
 
 @triton.jit
 def kv_offsets(
-    blk, off, h, d, num_heads, head_dim, block_size, stride_blk, stride_tok, stride_head,
-    LAYOUT: tl.constexpr, X: tl.constexpr,
-):  # fmt: skip
+    blk,
+    off,
+    h,
+    d,
+    num_heads,
+    head_dim,
+    block_size,
+    stride_blk,
+    stride_tok,
+    stride_head,
+    LAYOUT: tl.constexpr,
+    X: tl.constexpr,
+):
     """int64 offsets of K and V elements for tokens at (blk, off), heads h, dims d (broadcasting).
 
     LAYOUT (layout.layout_code):

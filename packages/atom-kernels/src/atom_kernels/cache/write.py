@@ -21,12 +21,29 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _write_flash_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    stride_kt, stride_kh, stride_vt, stride_vh,
-    num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch,
-    LAYOUT: tl.constexpr, SCALE_KIND: tl.constexpr, FP8_MAX: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    num_heads,
+    head_dim,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    LAYOUT: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     """Program (token, head block): a token's heads are one contiguous row of the cache."""
     t = tl.program_id(0).to(tl.int64)
     h = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
@@ -43,12 +60,27 @@ def _write_flash_kernel(
         k = k.to(tl.float32)
         v = v.to(tl.float32)
         scale_off = (blk * num_heads + h) * block_size + off
-        k = quantize_fp8(k, tl.max(tl.abs(k), axis=1, keep_dims=True), k_scale_ptr, scale_off, h < num_heads,
-                         SCALE_KIND, FP8_MAX)  # fmt: skip
-        v = quantize_fp8(v, tl.max(tl.abs(v), axis=1, keep_dims=True), v_scale_ptr, scale_off, h < num_heads,
-                         SCALE_KIND, FP8_MAX)  # fmt: skip
-    k_off, v_off = kv_offsets(blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch,
-                              LAYOUT, 1)  # fmt: skip
+        k = quantize_fp8(
+            k,
+            tl.max(tl.abs(k), axis=1, keep_dims=True),
+            k_scale_ptr,
+            scale_off,
+            h < num_heads,
+            SCALE_KIND,
+            FP8_MAX,
+        )
+        v = quantize_fp8(
+            v,
+            tl.max(tl.abs(v), axis=1, keep_dims=True),
+            v_scale_ptr,
+            scale_off,
+            h < num_heads,
+            SCALE_KIND,
+            FP8_MAX,
+        )
+    k_off, v_off = kv_offsets(
+        blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch, LAYOUT, 1
+    )
     tl.store(k_cache_ptr + k_off, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
     tl.store(v_cache_ptr + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
 
@@ -95,19 +127,52 @@ def write_kv(
     fmax = fp8_max(k_cache.dtype) if kind else 1.0
     if layout is KVLayout.SHUFFLE and e4m3_shuffle_write_supported(k, k_cache):
         e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), num_heads)](
-            k, v, k_cache, v_cache, slot_mapping, *scales, tokens, k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), num_heads, block_size, HEAD_DIM=head_dim, SCALE_KIND=kind, FP8_MAX=fmax,
-            PAGE=block_size if block_size & (block_size - 1) == 0 else 0, num_warps=1, maxnreg=128,
-        )  # fmt: skip
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            *scales,
+            tokens,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            num_heads,
+            block_size,
+            HEAD_DIM=head_dim,
+            SCALE_KIND=kind,
+            FP8_MAX=fmax,
+            PAGE=block_size if block_size & (block_size - 1) == 0 else 0,
+            num_warps=1,
+            maxnreg=128,
+        )
         return
     if layout is KVLayout.SHUFFLE:
         x = shuffle_width(k_cache.dtype)
         block_h, warps = shuffle_write_tiles(num_heads, head_dim, x)
         write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(num_heads, block_h))](
-            k, v, k_cache, v_cache, slot_mapping, *scales, tokens, k.stride(0), k.stride(1), v.stride(0),
-            v.stride(1), num_heads, block_size, HEAD_DIM=head_dim, X=x, SCALE_KIND=kind, FP8_MAX=fmax,
-            BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps,
-        )  # fmt: skip
+            k,
+            v,
+            k_cache,
+            v_cache,
+            slot_mapping,
+            *scales,
+            tokens,
+            k.stride(0),
+            k.stride(1),
+            v.stride(0),
+            v.stride(1),
+            num_heads,
+            block_size,
+            HEAD_DIM=head_dim,
+            X=x,
+            SCALE_KIND=kind,
+            FP8_MAX=fmax,
+            BLOCK_H=block_h,
+            BLOCK_D=block_d,
+            num_warps=warps,
+        )
         return
     # One token per program, all heads. H200, T=16k (sweep_kv_write.py): 4 warps 89-90% of copy bandwidth
     # for bf16 and per-tensor fp8; per-token scales reduce each head's row, in one warp without a shared-
@@ -115,8 +180,24 @@ def write_kv(
     block_h = min(triton.next_power_of_2(num_heads), max(1, 8192 // block_d))
     warps = 1 if kind == 2 else 4 if block_h * block_d <= 4096 else 8
     _write_flash_kernel[(tokens, triton.cdiv(num_heads, block_h))](
-        k, v, k_cache, v_cache, slot_mapping, *scales, k.stride(0), k.stride(1), v.stride(0), v.stride(1),
-        num_heads, head_dim, block_size, *cache_strides(layout, k_cache), LAYOUT=layout_code(layout, k_cache),
-        SCALE_KIND=kind, FP8_MAX=fmax, BLOCK_H=block_h, BLOCK_D=block_d,
+        k,
+        v,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        *scales,
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        num_heads,
+        head_dim,
+        block_size,
+        *cache_strides(layout, k_cache),
+        LAYOUT=layout_code(layout, k_cache),
+        SCALE_KIND=kind,
+        FP8_MAX=fmax,
+        BLOCK_H=block_h,
+        BLOCK_D=block_d,
         num_warps=warps,
-    )  # fmt: skip
+    )

@@ -27,11 +27,27 @@ def _load_rows(src_ptr, t, stride_t, stride_h, h, d, mask):
 
 @triton.jit
 def write_shuffle_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    tokens, stride_kt, stride_kh, stride_vt, stride_vh, num_heads, block_size,
-    HEAD_DIM: tl.constexpr, X: tl.constexpr, SCALE_KIND: tl.constexpr, FP8_MAX: tl.constexpr,
-    BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    tokens,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    num_heads,
+    block_size,
+    HEAD_DIM: tl.constexpr,
+    X: tl.constexpr,
+    SCALE_KIND: tl.constexpr,
+    FP8_MAX: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     t0 = tl.program_id(0).to(tl.int64) * X
     h1 = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, X)
@@ -76,17 +92,30 @@ def write_shuffle_kernel(
     if SCALE_KIND > 0:
         k = k.to(tl.float32)
         absmax = tl.max(tl.max(tl.abs(k), axis=3, keep_dims=True), axis=1, keep_dims=True)
-        k = quantize_fp8(k, absmax, k_scale_ptr, (k_blk * num_heads + kh) * block_size + k_offs,
-                         k_live & (kh < num_heads), SCALE_KIND, FP8_MAX)  # fmt: skip
+        k = quantize_fp8(
+            k,
+            absmax,
+            k_scale_ptr,
+            (k_blk * num_heads + kh) * block_size + k_offs,
+            k_live & (kh < num_heads),
+            SCALE_KIND,
+            FP8_MAX,
+        )
     k_off = ((k_blk * num_heads + kh) * (HEAD_DIM // X) + kc) * (block_size * X) + k_offs * X + ke
     tl.store(k_cache_ptr + k_off, k.to(cache_ty), mask=k_live & k_ok)
 
     if tl.max(tl.where(i == lead, in_order.to(tl.int32), 0)) > 0:  # the candidate's run is complete
         v_run = v
         if SCALE_KIND > 0:
-            v_run = quantize_fp8(v.to(tl.float32), tl.max(tl.abs(v.to(tl.float32)), axis=0, keep_dims=True),
-                                 v_scale_ptr, ((s // block_size) * num_heads + vh) * block_size + s % block_size + vi,
-                                 vh < num_heads, SCALE_KIND, FP8_MAX)  # fmt: skip
+            v_run = quantize_fp8(
+                v.to(tl.float32),
+                tl.max(tl.abs(v.to(tl.float32)), axis=0, keep_dims=True),
+                v_scale_ptr,
+                ((s // block_size) * num_heads + vh) * block_size + s % block_size + vi,
+                vh < num_heads,
+                SCALE_KIND,
+                FP8_MAX,
+            )
         run = ((s // block_size) * num_heads + vh) * (block_size // X) + (s % block_size) // X
         tl.store(v_cache_ptr + run * (HEAD_DIM * X) + vd * X + vi, v_run.to(cache_ty), mask=head_ok)
     loose = live & (in_order == 0)
@@ -97,9 +126,15 @@ def write_shuffle_kernel(
         v_mask = v_loose & head_ok
         v_el = _load_rows(v_ptr, t[None, None, :], stride_vt, stride_vh, vh, vd, v_mask).to(tl.float32)
         if SCALE_KIND > 0:
-            v_el = quantize_fp8(v_el, tl.max(tl.abs(v_el), axis=0, keep_dims=True), v_scale_ptr,
-                             (v_blk * num_heads + vh) * block_size + v_offs, v_loose & (vh < num_heads),
-                             SCALE_KIND, FP8_MAX)  # fmt: skip
+            v_el = quantize_fp8(
+                v_el,
+                tl.max(tl.abs(v_el), axis=0, keep_dims=True),
+                v_scale_ptr,
+                (v_blk * num_heads + vh) * block_size + v_offs,
+                v_loose & (vh < num_heads),
+                SCALE_KIND,
+                FP8_MAX,
+            )
         v_off = (
             ((v_blk * num_heads + vh) * (block_size // X) + v_offs // X) * (HEAD_DIM * X)
             + vd * X

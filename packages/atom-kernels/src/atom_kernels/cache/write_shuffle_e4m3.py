@@ -89,10 +89,25 @@ def _load_v(
 
 @gluon.jit
 def e4m3_shuffle_write_kernel(
-    k_ptr, v_ptr, k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr,
-    tokens, stride_kt, stride_kh, stride_vt, stride_vh, num_heads, block_size,
-    HEAD_DIM: gl.constexpr, SCALE_KIND: gl.constexpr, FP8_MAX: gl.constexpr, PAGE: gl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    k_scale_ptr,
+    v_scale_ptr,
+    tokens,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    num_heads,
+    block_size,
+    HEAD_DIM: gl.constexpr,
+    SCALE_KIND: gl.constexpr,
+    FP8_MAX: gl.constexpr,
+    PAGE: gl.constexpr,
+):
     """Grid (cdiv(tokens, 16), heads), one warp. K [N, Hkv, D/16, B, 16], V [N, Hkv, B/16, D, 16]."""
     K_TILE: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (HEAD_DIM // 16), HEAD_DIM // 16], [1, 1], [1, 0])
     V_LOAD: gl.constexpr = gl.BlockedLayout([HEAD_DIM // 32, 16], [32, 1], [1, 1], [0, 1])
@@ -171,12 +186,18 @@ def e4m3_shuffle_write_kernel(
         gl.store(v_cache_ptr + run_off + gl.expand_dims(d * X, 1) + gl.expand_dims(i, 0), v8)
     if loose_bits != 0:  # tokens of incomplete runs (decode's scattered slots): by bytes, laid out as K
         loose = ((loose_bits >> (kt - t0)) & 1) != 0
-        rows = gl.load(v_ptr + gl.expand_dims(kt * stride_vt + h * stride_vh, 1) + gl.expand_dims(kd, 0),
-                       mask=gl.expand_dims(loose, 1), other=0.0)  # fmt: skip
+        rows = gl.load(
+            v_ptr + gl.expand_dims(kt * stride_vt + h * stride_vh, 1) + gl.expand_dims(kd, 0),
+            mask=gl.expand_dims(loose, 1),
+            other=0.0,
+        )
         v_inv = _inverse_scales(_absmax(rows, 1), v_scale_ptr, k_row, loose, SCALE_KIND, FP8_MAX)
         el_off = (k_blk * num_heads + h) * page_elems + (k_off // X) * (HEAD_DIM * X) + k_off % X
-        gl.store(v_cache_ptr + gl.expand_dims(el_off, 1) + gl.expand_dims(kd * X, 0), _to_e4m3(rows, v_inv, 1, SCALE_KIND),
-                 mask=gl.expand_dims(loose, 1))  # fmt: skip
+        gl.store(
+            v_cache_ptr + gl.expand_dims(el_off, 1) + gl.expand_dims(kd * X, 0),
+            _to_e4m3(rows, v_inv, 1, SCALE_KIND),
+            mask=gl.expand_dims(loose, 1),
+        )
 
 
 def e4m3_shuffle_write_supported(k: torch.Tensor, k_cache: torch.Tensor) -> bool:

@@ -87,11 +87,32 @@ def _unit_lower_inverse(a, N: tl.constexpr, LOG2N: tl.constexpr, PREC: tl.conste
 
 @triton.jit
 def _prepare_kernel(
-    k_ptr, v_ptr, g_ptr, beta_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, w_ptr, u_ptr, kd_ptr,
-    decay_ptr, num_v_heads, group, stride_kt, stride_kh, stride_vt, stride_vh,
-    C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, L2NORM: tl.constexpr, LOG2C: tl.constexpr,
-    PREC_INV: tl.constexpr, LOWP: tl.constexpr,
-):  # fmt: skip
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    cu_ptr,
+    chunk_seq_ptr,
+    chunk_start_ptr,
+    cum_ptr,
+    w_ptr,
+    u_ptr,
+    kd_ptr,
+    decay_ptr,
+    num_v_heads,
+    group,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    C: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    L2NORM: tl.constexpr,
+    LOG2C: tl.constexpr,
+    PREC_INV: tl.constexpr,
+    LOWP: tl.constexpr,
+):
     # The chunk in two halves of H = C/2 rows: T = (I + A)^-1 is lower block-triangular, so it is the two
     # diagonal blocks' inverses (independent, half as long) and T10 = -T11 A10 T00.
     c = tl.program_id(0).to(tl.int64)
@@ -170,10 +191,27 @@ def _prepare_kernel(
 
 @triton.jit
 def _state_kernel(
-    first_chunk_ptr, idx_ptr, init_ptr, w_ptr, u_ptr, kd_ptr, decay_ptr, h_ptr, vnew_ptr, state_ptr, num_v_heads,
-    stride_ss, stride_sh, C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr,
-    HAS_INIT: tl.constexpr, PREC: tl.constexpr, LOWP: tl.constexpr,
-):  # fmt: skip
+    first_chunk_ptr,
+    idx_ptr,
+    init_ptr,
+    w_ptr,
+    u_ptr,
+    kd_ptr,
+    decay_ptr,
+    h_ptr,
+    vnew_ptr,
+    state_ptr,
+    num_v_heads,
+    stride_ss,
+    stride_sh,
+    C: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    PREC: tl.constexpr,
+    LOWP: tl.constexpr,
+):
     # The only sequential part: per chunk two dependent matmuls on the state; every load in the loop
     # depends on the chunk index alone, so the next chunk's can be in flight (num_stages). The state is
     # held transposed, [DK, BLOCK_V], so both matmuls have 64+ rows (Hopper's warpgroup MMA).
@@ -208,11 +246,33 @@ def _state_kernel(
 
 @triton.jit
 def _output_kernel(
-    q_ptr, k_ptr, out_ptr, cu_ptr, chunk_seq_ptr, chunk_start_ptr, cum_ptr, h_ptr, vnew_ptr, idx_ptr,
-    num_v_heads, group, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_ot, stride_oh,
-    C: tl.constexpr, DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr,
-    PREC: tl.constexpr, LOWP: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    out_ptr,
+    cu_ptr,
+    chunk_seq_ptr,
+    chunk_start_ptr,
+    cum_ptr,
+    h_ptr,
+    vnew_ptr,
+    idx_ptr,
+    num_v_heads,
+    group,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_ot,
+    stride_oh,
+    C: tl.constexpr,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    L2NORM: tl.constexpr,
+    PREC: tl.constexpr,
+    LOWP: tl.constexpr,
+):
     c = tl.program_id(0).to(tl.int64)
     seq = tl.load(chunk_seq_ptr + c)
     if seq < 0:
@@ -288,8 +348,20 @@ def gated_delta_rule_chunked(
     decode uses the recurrent kernel.
     tiles: launch shapes and matmul precisions (default `gdn_tiles`).
     """
-    out, done = gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
-                          use_qk_l2norm=use_qk_l2norm, out=out, backend=backend)  # fmt: skip
+    out, done = gdn_entry(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        state,
+        state_indices,
+        has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm,
+        out=out,
+        backend=backend,
+    )
     if done:
         return out
     tokens, seqs = q.shape[0], state_indices.numel()
@@ -320,20 +392,85 @@ def gated_delta_rule_chunked(
     kd = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
     decay = torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device)
     _prepare_kernel[(chunks, num_v_heads)](
-        k, v, g, beta, cu_seqlens, chunk_seq, chunk_start, cum, w, u, kd, decay, num_v_heads, group, k.stride(0),
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        chunk_seq,
+        chunk_start,
+        cum,
+        w,
+        u,
+        kd,
+        decay,
+        num_v_heads,
+        group,
+        k.stride(0),
         k.stride(1),
-        v.stride(0), v.stride(1), C=CHUNK, DK=dk, DV=dv, L2NORM=use_qk_l2norm, LOG2C=CHUNK.bit_length() - 1,
-        PREC_INV=tiles.inverse_precision, LOWP=lowp, num_warps=tiles.prepare_warps,
-    )  # fmt: skip
+        v.stride(0),
+        v.stride(1),
+        C=CHUNK,
+        DK=dk,
+        DV=dv,
+        L2NORM=use_qk_l2norm,
+        LOG2C=CHUNK.bit_length() - 1,
+        PREC_INV=tiles.inverse_precision,
+        LOWP=lowp,
+        num_warps=tiles.prepare_warps,
+    )
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     _state_kernel[(seqs, num_v_heads, dv // tiles.state_block_v)](
-        first_chunk, state_indices, init, w, u, kd, decay, h, v_new, state, num_v_heads, state.stride(0),
-        state.stride(1), C=CHUNK, DK=dk, DV=dv, BLOCK_V=tiles.state_block_v, HAS_INIT=has_initial_state is not None,
-        PREC=prec, LOWP=lowp, num_warps=tiles.state_warps, num_stages=tiles.state_stages,
-    )  # fmt: skip
+        first_chunk,
+        state_indices,
+        init,
+        w,
+        u,
+        kd,
+        decay,
+        h,
+        v_new,
+        state,
+        num_v_heads,
+        state.stride(0),
+        state.stride(1),
+        C=CHUNK,
+        DK=dk,
+        DV=dv,
+        BLOCK_V=tiles.state_block_v,
+        HAS_INIT=has_initial_state is not None,
+        PREC=prec,
+        LOWP=lowp,
+        num_warps=tiles.state_warps,
+        num_stages=tiles.state_stages,
+    )
     _output_kernel[(chunks, num_v_heads, dv // tiles.out_block_v)](
-        q, k, out, cu_seqlens, chunk_seq, chunk_start, cum, h, v_new, state_indices, num_v_heads, group, dk**-0.5,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(0), out.stride(1), C=CHUNK, DK=dk, DV=dv,
-        BLOCK_V=tiles.out_block_v, L2NORM=use_qk_l2norm, PREC=prec, LOWP=lowp, num_warps=tiles.out_warps,
-    )  # fmt: skip
+        q,
+        k,
+        out,
+        cu_seqlens,
+        chunk_seq,
+        chunk_start,
+        cum,
+        h,
+        v_new,
+        state_indices,
+        num_v_heads,
+        group,
+        dk**-0.5,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        out.stride(0),
+        out.stride(1),
+        C=CHUNK,
+        DK=dk,
+        DV=dv,
+        BLOCK_V=tiles.out_block_v,
+        L2NORM=use_qk_l2norm,
+        PREC=prec,
+        LOWP=lowp,
+        num_warps=tiles.out_warps,
+    )
     return out

@@ -17,10 +17,26 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _conv_kernel(
-    x_ptr, w_ptr, bias_ptr, out_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr, dim, stride_x, stride_out,
-    stride_ss, stride_sd, WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_INIT: tl.constexpr,
-    SILU: tl.constexpr, BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    state_ptr,
+    cu_ptr,
+    idx_ptr,
+    init_ptr,
+    dim,
+    stride_x,
+    stride_out,
+    stride_ss,
+    stride_sd,
+    WIDTH: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    SILU: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     seq = tl.program_id(0)
     slot = tl.load(idx_ptr + seq).to(tl.int64)
     if slot < 0:  # a padding sequence: nothing to compute
@@ -41,11 +57,17 @@ def _conv_kernel(
         acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
     for w in tl.static_range(WIDTH):
         src = i - (WIDTH - 1) + w  # input position feeding tap w; < 0 comes from the state
-        from_x = tl.load(x_ptr + (start + src).to(tl.int64)[:, None] * stride_x + d[None, :],
-                         mask=(row_ok & (src >= 0))[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        from_x = tl.load(
+            x_ptr + (start + src).to(tl.int64)[:, None] * stride_x + d[None, :],
+            mask=(row_ok & (src >= 0))[:, None] & d_ok[None, :],
+            other=0.0,
+        )
         hist = (WIDTH - 1) + src
-        from_state = tl.load(state_ptr + slot * stride_ss + d[None, :].to(tl.int64) * stride_sd + hist[:, None],
-                             mask=(row_ok & (src < 0) & use_state)[:, None] & d_ok[None, :], other=0.0)  # fmt: skip
+        from_state = tl.load(
+            state_ptr + slot * stride_ss + d[None, :].to(tl.int64) * stride_sd + hist[:, None],
+            mask=(row_ok & (src < 0) & use_state)[:, None] & d_ok[None, :],
+            other=0.0,
+        )
         tap = tl.load(w_ptr + d * WIDTH + w, mask=d_ok, other=0.0).to(tl.float32)
         acc += (from_x.to(tl.float32) + from_state.to(tl.float32)) * tap[None, :]
     if SILU:
@@ -56,9 +78,20 @@ def _conv_kernel(
 
 @triton.jit
 def _state_kernel(
-    x_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr, dim, stride_x, stride_ss, stride_sd,
-    WIDTH: tl.constexpr, HAS_INIT: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_W: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    state_ptr,
+    cu_ptr,
+    idx_ptr,
+    init_ptr,
+    dim,
+    stride_x,
+    stride_ss,
+    stride_sd,
+    WIDTH: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
     seq = tl.program_id(0)
     slot = tl.load(idx_ptr + seq).to(tl.int64)
     if slot < 0:
@@ -73,8 +106,11 @@ def _state_kernel(
     src = length - (WIDTH - 1) + j
     j_ok = j < WIDTH - 1
     mask = d[:, None] < dim
-    from_x = tl.load(x_ptr + (start + src).to(tl.int64)[None, :] * stride_x + d[:, None],
-                     mask=mask & (j_ok & (src >= 0))[None, :], other=0.0)  # fmt: skip
+    from_x = tl.load(
+        x_ptr + (start + src).to(tl.int64)[None, :] * stride_x + d[:, None],
+        mask=mask & (j_ok & (src >= 0))[None, :],
+        other=0.0,
+    )
     row = state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd
     old = tl.load(
         row + (WIDTH - 1 + src)[None, :], mask=mask & (j_ok & (src < 0))[None, :] & use_state, other=0.0
@@ -116,15 +152,26 @@ def causal_conv1d(
     if conv_state.dim() != 3 or conv_state.shape[1:] != (dim, width - 1) or conv_state.stride(-1) != 1:
         raise ValueError(f"conv_state must be [slots, {dim}, {width - 1}], got {tuple(conv_state.shape)}")
     if cu_seqlens.shape != (state_indices.numel() + 1,):
-        raise ValueError(f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, "
-                         f"{tuple(state_indices.shape)}")  # fmt: skip
+        raise ValueError(
+            f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, {tuple(state_indices.shape)}"
+        )
     if x.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("causal_conv1d needs x's last dimension and weight contiguous")
     if out is None:
         out = torch.zeros_like(x, memory_format=torch.contiguous_format)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        return out.copy_(causal_conv1d_ref(x, weight, bias, cu_seqlens, conv_state, state_indices,
-                                           has_initial_state=has_initial_state, activation=activation))  # fmt: skip
+        return out.copy_(
+            causal_conv1d_ref(
+                x,
+                weight,
+                bias,
+                cu_seqlens,
+                conv_state,
+                state_indices,
+                has_initial_state=has_initial_state,
+                activation=activation,
+            )
+        )
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:
         return out
@@ -133,14 +180,39 @@ def causal_conv1d(
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))
     _conv_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, conv_state, cu_seqlens, state_indices, init, dim,
-        x.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1), WIDTH=width,
-        HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        conv_state,
+        cu_seqlens,
+        state_indices,
+        init,
+        dim,
+        x.stride(0),
+        out.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        WIDTH=width,
+        HAS_BIAS=bias is not None,
+        HAS_INIT=has_initial_state is not None,
+        SILU=activation,
+        BLOCK_T=block_t,
         BLOCK_D=block_d,
-    )  # fmt: skip
+    )
     _state_kernel[(seqs, triton.cdiv(dim, block_d))](
-        x, conv_state, cu_seqlens, state_indices, init, dim, x.stride(0), conv_state.stride(0),
-        conv_state.stride(1), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
+        x,
+        conv_state,
+        cu_seqlens,
+        state_indices,
+        init,
+        dim,
+        x.stride(0),
+        conv_state.stride(0),
+        conv_state.stride(1),
+        WIDTH=width,
+        HAS_INIT=has_initial_state is not None,
+        BLOCK_D=block_d,
         BLOCK_W=triton.next_power_of_2(max(1, width - 1)),
-    )  # fmt: skip
+    )
     return out

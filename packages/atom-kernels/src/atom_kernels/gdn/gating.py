@@ -11,8 +11,9 @@ from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
-def _gating_kernel(a_log_ptr, a_ptr, dt_bias_ptr, b_ptr, g_ptr, beta_ptr, heads, stride_a, stride_b,
-                   BLOCK_H: tl.constexpr):  # fmt: skip
+def _gating_kernel(
+    a_log_ptr, a_ptr, dt_bias_ptr, b_ptr, g_ptr, beta_ptr, heads, stride_a, stride_b, BLOCK_H: tl.constexpr
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     ok = h < heads
@@ -47,6 +48,16 @@ def gdn_gating(
     g = torch.empty(a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     if a.shape[0]:
-        _gating_kernel[(a.shape[0],)](A_log, a, dt_bias, b, g, beta, a.shape[1], a.stride(0), b.stride(0),
-                                      BLOCK_H=triton.next_power_of_2(a.shape[1]))  # fmt: skip
+        _gating_kernel[(a.shape[0],)](
+            A_log,
+            a,
+            dt_bias,
+            b,
+            g,
+            beta,
+            a.shape[1],
+            a.stride(0),
+            b.stride(0),
+            BLOCK_H=triton.next_power_of_2(a.shape[1]),
+        )
     return g, beta

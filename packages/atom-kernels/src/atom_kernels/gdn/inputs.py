@@ -12,20 +12,24 @@ from atom_kernels.settings import Backend, resolve_backend
 def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None:
     tokens, num_k_heads, dk = q.shape if q.dim() == 3 else (0, 0, 0)
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != tokens:
-        raise ValueError(f"q, k [T, HK, Dk] and v [T, HV, Dv] expected, got {tuple(q.shape)}, {tuple(k.shape)}, "
-                         f"{tuple(v.shape)}")  # fmt: skip
+        raise ValueError(
+            f"q, k [T, HK, Dk] and v [T, HV, Dv] expected, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}"
+        )
     num_v_heads, dv = v.shape[1], v.shape[2]
     if num_v_heads % num_k_heads:
         raise ValueError(f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
     if g.shape != (tokens, num_v_heads) or beta.shape != (tokens, num_v_heads):
-        raise ValueError(f"g and beta must be [T, HV] = {(tokens, num_v_heads)}, got {tuple(g.shape)}, "
-                         f"{tuple(beta.shape)}")  # fmt: skip
+        raise ValueError(
+            f"g and beta must be [T, HV] = {(tokens, num_v_heads)}, got {tuple(g.shape)}, {tuple(beta.shape)}"
+        )
     if state.dim() != 4 or state.shape[1:] != (num_v_heads, dv, dk) or not state[0].is_contiguous():
-        raise ValueError(f"state must be [slots, {num_v_heads}, {dv}, {dk}] (per slot contiguous), "
-                         f"got {tuple(state.shape)}")  # fmt: skip
+        raise ValueError(
+            f"state must be [slots, {num_v_heads}, {dv}, {dk}] (per slot contiguous), got {tuple(state.shape)}"
+        )
     if cu_seqlens.shape != (state_indices.numel() + 1,):
-        raise ValueError(f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, "
-                         f"{tuple(state_indices.shape)}")  # fmt: skip
+        raise ValueError(
+            f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, {tuple(state_indices.shape)}"
+        )
     if not (g.is_contiguous() and beta.is_contiguous()) or min(x.stride(-1) for x in (q, k, v)) != 1:
         raise ValueError("g and beta must be contiguous, and q, k, v need a contiguous last dimension")
     pow2 = triton.next_power_of_2
@@ -33,8 +37,9 @@ def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None
         raise ValueError(f"head dims must be powers of two >= 16, got Dk={dk}, Dv={dv}")
 
 
-def gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, *, has_initial_state, use_qk_l2norm, out,
-              backend) -> tuple[torch.Tensor, bool]:  # fmt: skip
+def gdn_entry(
+    q, k, v, g, beta, cu_seqlens, state, state_indices, *, has_initial_state, use_qk_l2norm, out, backend
+) -> tuple[torch.Tensor, bool]:
     """Checks the inputs and allocates out; on the torch backend also computes the result.
     Returns (out, done): done means the reference already wrote out and the state."""
     check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
@@ -42,6 +47,16 @@ def gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, *, has_initial
         out = torch.empty_like(v, memory_format=torch.contiguous_format)
     if resolve_backend(backend, v.device) is not Backend.TORCH:
         return out, False
-    ref = gated_delta_rule_ref(q, k, v, g, beta, cu_seqlens, state, state_indices,
-                               has_initial_state=has_initial_state, use_qk_l2norm=use_qk_l2norm)  # fmt: skip
+    ref = gated_delta_rule_ref(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        state,
+        state_indices,
+        has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm,
+    )
     return out.copy_(ref), True

@@ -21,11 +21,35 @@ def _l2norm(x, L2NORM: tl.constexpr):
 
 @triton.jit
 def _recurrent_kernel(
-    q_ptr, k_ptr, v_ptr, g_ptr, beta_ptr, out_ptr, state_ptr, cu_ptr, idx_ptr, init_ptr,
-    num_v_heads, group, scale, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    stride_ot, stride_oh, stride_ss, stride_sh,
-    DK: tl.constexpr, DV: tl.constexpr, BLOCK_V: tl.constexpr, L2NORM: tl.constexpr, HAS_INIT: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    g_ptr,
+    beta_ptr,
+    out_ptr,
+    state_ptr,
+    cu_ptr,
+    idx_ptr,
+    init_ptr,
+    num_v_heads,
+    group,
+    scale,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_ss,
+    stride_sh,
+    DK: tl.constexpr,
+    DV: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    L2NORM: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+):
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // group
@@ -37,8 +61,10 @@ def _recurrent_kernel(
     start64 = start.to(tl.int64)
     if slot < 0:  # padding: its outputs are zeros, no state is read or written
         for t in range(start, end):
-            tl.store(out_ptr + (start64 + (t - start)) * stride_ot + hv * stride_oh + vs, tl.zeros([BLOCK_V], tl.float32)
-                     .to(out_ptr.dtype.element_ty))  # fmt: skip
+            tl.store(
+                out_ptr + (start64 + (t - start)) * stride_ot + hv * stride_oh + vs,
+                tl.zeros([BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty),
+            )
         return
     s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]  # [BLOCK_V, DK]
     h = tl.load(s_ptrs).to(tl.float32)
@@ -81,8 +107,20 @@ def gated_delta_rule_recurrent(
     padding, output rows zero); has_initial_state: [S] bool (False: start from zeros). Returns o
     [T, HV, Dv] in v's dtype. No host sync: decode steps capture in CUDA graphs.
     """
-    out, done = gdn_entry(q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
-                          use_qk_l2norm=use_qk_l2norm, out=out, backend=backend)  # fmt: skip
+    out, done = gdn_entry(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu_seqlens,
+        state,
+        state_indices,
+        has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm,
+        out=out,
+        backend=backend,
+    )
     if done:
         return out
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
@@ -91,9 +129,34 @@ def gated_delta_rule_recurrent(
     block_v = min(dv, 32)  # [32, Dk] fp32 of state per program: 32 registers a thread at Dk=128
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     _recurrent_kernel[(seqs, num_v_heads, dv // block_v)](
-        q, k, v, g, beta, out, state, cu_seqlens, state_indices, init, num_v_heads, num_v_heads // q.shape[1],
-        dk**-0.5, q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1), out.stride(0),
-        out.stride(1), state.stride(0), state.stride(1), DK=dk, DV=dv, BLOCK_V=block_v, L2NORM=use_qk_l2norm,
-        HAS_INIT=has_initial_state is not None, num_warps=4,
-    )  # fmt: skip
+        q,
+        k,
+        v,
+        g,
+        beta,
+        out,
+        state,
+        cu_seqlens,
+        state_indices,
+        init,
+        num_v_heads,
+        num_v_heads // q.shape[1],
+        dk**-0.5,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        state.stride(0),
+        state.stride(1),
+        DK=dk,
+        DV=dv,
+        BLOCK_V=block_v,
+        L2NORM=use_qk_l2norm,
+        HAS_INIT=has_initial_state is not None,
+        num_warps=4,
+    )
     return out

@@ -88,8 +88,12 @@ def causal_conv1d_ref(
             conv_state[slot].float() if keep else torch.zeros_like(conv_state[slot], dtype=torch.float32)
         )
         seq = torch.cat([history, x[start:end].float().t()], dim=1)  # [D, W-1 + L]
-        y = F.conv1d(seq[None], weight.float()[:, None, :], bias.float() if bias is not None else None,
-                     groups=x.shape[1])[0]  # fmt: skip
+        y = F.conv1d(
+            seq[None],
+            weight.float()[:, None, :],
+            bias.float() if bias is not None else None,
+            groups=x.shape[1],
+        )[0]
         y = F.silu(y) if activation else y
         out[start:end] = y.t().to(x.dtype)
         conv_state[slot] = seq[:, -(width - 1) :].to(conv_state.dtype)

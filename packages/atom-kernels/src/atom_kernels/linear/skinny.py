@@ -41,9 +41,20 @@ def _load_x(x_ptrs, gate_offset, mask, GATED: tl.constexpr, MASKED: tl.constexpr
 
 
 @triton.jit
-def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
-                 BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, EVEN_K: tl.constexpr, GATED: tl.constexpr,
-                 HAS_BIAS: tl.constexpr):  # fmt: skip
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    N,
+    K,
+    stride_w,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    GATED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # The last block re-reads row N-1 instead of masking, so every weight load stays a full 16-byte vector.
     rows = tl.minimum(rn, N - 1)
@@ -63,9 +74,23 @@ def _gemv_kernel(x_ptr, w_ptr, b_ptr, y_ptr, N, K, stride_w,
 
 
 @triton.jit
-def _skinny_kernel(x_ptr, w_ptr, b_ptr, y_ptr, M, N, K, stride_x, stride_w, stride_y,
-                   BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_M: tl.constexpr, EVEN_K: tl.constexpr,
-                   HAS_BIAS: tl.constexpr):  # fmt: skip
+def _skinny_kernel(
+    x_ptr,
+    w_ptr,
+    b_ptr,
+    y_ptr,
+    M,
+    N,
+    K,
+    stride_x,
+    stride_w,
+    stride_y,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1)
     rm = tl.arange(0, BLOCK_M)
@@ -93,8 +118,9 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gat
     width = 2 * k if gated_input else k
     if x.shape[-1] != width:
         what = "[..., 2K] (gate then up)" if gated_input else "[..., K]"
-        raise ValueError(f"linear expects x {what} with K={k} from weight {tuple(weight.shape)}, "
-                         f"got x of shape {tuple(x.shape)}")  # fmt: skip
+        raise ValueError(
+            f"linear expects x {what} with K={k} from weight {tuple(weight.shape)}, got x of shape {tuple(x.shape)}"
+        )
     if x.dtype != weight.dtype:
         raise ValueError(f"linear needs x and weight of one dtype, got {x.dtype} and {weight.dtype}")
     if bias is not None and tuple(bias.shape) != (n,):
@@ -102,8 +128,14 @@ def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gat
     return n
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, *, gated_input: bool = False,
-           backend: Backend | str | None = None) -> torch.Tensor:  # fmt: skip
+def linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    *,
+    gated_input: bool = False,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
     """x @ weight^T + bias, the weight-streaming kernels at <= MAX_SKINNY_ROWS rows.
 
     x: [..., K], or [..., 2K] with gated_input (the input is then silu(x[..., :K]) * x[..., K:]);
@@ -152,8 +184,15 @@ def skinny_tiles(rows: int, k: int) -> SkinnyTiles:
     return SkinnyTiles(64, min(128, max(16, triton.next_power_of_2(k))), 4, 6)
 
 
-def run_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, y: torch.Tensor, *,
-               gated_input: bool, tiles: SkinnyTiles) -> None:  # fmt: skip
+def run_skinny(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    y: torch.Tensor,
+    *,
+    gated_input: bool,
+    tiles: SkinnyTiles,
+) -> None:
     """The kernels without checks (linear() validates): x [M, K] (or [1, 2K] gated) with a contiguous last
     dim, y [M, N] contiguous."""
     if gated_input and x.shape[0] != 1:
@@ -164,12 +203,38 @@ def run_skinny(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
     even_k = k % tiles.block_k == 0
     if rows == 1:
         _gemv_kernel[grid](
-            x, weight, b, y, n, k, weight.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, EVEN_K=even_k,
-            GATED=gated_input, HAS_BIAS=bias is not None, num_warps=tiles.warps, num_stages=tiles.stages,
-        )  # fmt: skip
+            x,
+            weight,
+            b,
+            y,
+            n,
+            k,
+            weight.stride(0),
+            BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k,
+            EVEN_K=even_k,
+            GATED=gated_input,
+            HAS_BIAS=bias is not None,
+            num_warps=tiles.warps,
+            num_stages=tiles.stages,
+        )
     else:
         _skinny_kernel[grid](
-            x, weight, b, y, rows, n, k, x.stride(0), weight.stride(0), y.stride(0), BLOCK_N=tiles.block_n,
-            BLOCK_K=tiles.block_k, BLOCK_M=16, EVEN_K=even_k, HAS_BIAS=bias is not None,
-            num_warps=tiles.warps, num_stages=tiles.stages,
-        )  # fmt: skip
+            x,
+            weight,
+            b,
+            y,
+            rows,
+            n,
+            k,
+            x.stride(0),
+            weight.stride(0),
+            y.stride(0),
+            BLOCK_N=tiles.block_n,
+            BLOCK_K=tiles.block_k,
+            BLOCK_M=16,
+            EVEN_K=even_k,
+            HAS_BIAS=bias is not None,
+            num_warps=tiles.warps,
+            num_stages=tiles.stages,
+        )

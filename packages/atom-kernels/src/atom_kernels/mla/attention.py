@@ -44,11 +44,32 @@ def mla_tiles(num_heads: int, itemsize: int = 2, *, interpret: bool = False) -> 
 
 @triton.jit
 def _mla_split_kernel(
-    q_ptr, cache_ptr, block_tables_ptr, seq_lens_ptr, cu_q_ptr, scale_ptr, out_ptr, part_o_ptr, part_lse_ptr,
-    sm_scale_log2, num_heads, block_size, stride_qt, stride_qh, stride_bt, stride_ot, stride_oh,
-    max_q, num_splits, RANK: tl.constexpr, ROPE: tl.constexpr,
-    HAS_SCALE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr, PRECISION: tl.constexpr,
-):  # fmt: skip
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    scale_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    sm_scale_log2,
+    num_heads,
+    block_size,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    max_q,
+    num_splits,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     pid_tok = tl.program_id(0)
     seq = pid_tok // max_q
     qi = pid_tok % max_q
@@ -107,9 +128,16 @@ def _mla_split_kernel(
 
 @triton.jit
 def _mla_combine_kernel(
-    part_o_ptr, part_lse_ptr, out_ptr, num_heads, stride_ot, stride_oh, num_splits,
-    BLOCK_S: tl.constexpr, RANK: tl.constexpr,
-):  # fmt: skip
+    part_o_ptr,
+    part_lse_ptr,
+    out_ptr,
+    num_heads,
+    stride_ot,
+    stride_oh,
+    num_splits,
+    BLOCK_S: tl.constexpr,
+    RANK: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -185,8 +213,18 @@ def mla_attention(
             f"out must be [{tokens}, {num_heads}, {kv_lora_rank}] {q.dtype}, last dim contiguous"
         )
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        return out.copy_(mla_attention_ref(q, cache, cu_seqlens_q, seq_lens, block_tables, softmax_scale=softmax_scale,
-                                           kv_lora_rank=kv_lora_rank, scale=scale if fp8 else None))  # fmt: skip
+        return out.copy_(
+            mla_attention_ref(
+                q,
+                cache,
+                cu_seqlens_q,
+                seq_lens,
+                block_tables,
+                softmax_scale=softmax_scale,
+                kv_lora_rank=kv_lora_rank,
+                scale=scale if fp8 else None,
+            )
+        )
     pow2 = triton.next_power_of_2
     if pow2(kv_lora_rank) != kv_lora_rank or pow2(rope) != rope or rope < 16:
         raise ValueError(
@@ -204,15 +242,44 @@ def mla_attention(
         part_lse = torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
     _mla_split_kernel[grid](
-        q, cache, block_tables, seq_lens, cu_seqlens_q, scale if fp8 else q, out, part_o, part_lse,
-        softmax_scale * LOG2E, num_heads, cache.shape[1], q.stride(0), q.stride(1), block_tables.stride(0),
-        out.stride(0), out.stride(1), max_query_len, splits, RANK=kv_lora_rank, ROPE=rope, HAS_SCALE=fp8,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32", BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
-    )  # fmt: skip
+        q,
+        cache,
+        block_tables,
+        seq_lens,
+        cu_seqlens_q,
+        scale if fp8 else q,
+        out,
+        part_o,
+        part_lse,
+        softmax_scale * LOG2E,
+        num_heads,
+        cache.shape[1],
+        q.stride(0),
+        q.stride(1),
+        block_tables.stride(0),
+        out.stride(0),
+        out.stride(1),
+        max_query_len,
+        splits,
+        RANK=kv_lora_rank,
+        ROPE=rope,
+        HAS_SCALE=fp8,
+        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+        BLOCK_H=tiles.block_h,
+        BLOCK_N=tiles.block_n,
+        num_warps=tiles.num_warps,
+        num_stages=tiles.num_stages,
+    )
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](
-            part_o, part_lse, out, num_heads, out.stride(0), out.stride(1), splits, BLOCK_S=pow2(splits),
+            part_o,
+            part_lse,
+            out,
+            num_heads,
+            out.stride(0),
+            out.stride(1),
+            splits,
+            BLOCK_S=pow2(splits),
             RANK=kv_lora_rank,
-        )  # fmt: skip
+        )
     return out

@@ -25,9 +25,18 @@ def check_latent_dtype(
 
 @triton.jit
 def _write_latent_kernel(
-    kv_c_ptr, k_pe_ptr, cache_ptr, slot_ptr, scale_ptr, stride_c, stride_pe, fp8_limit,
-    RANK: tl.constexpr, ROPE: tl.constexpr, FP8: tl.constexpr,
-):  # fmt: skip
+    kv_c_ptr,
+    k_pe_ptr,
+    cache_ptr,
+    slot_ptr,
+    scale_ptr,
+    stride_c,
+    stride_pe,
+    fp8_limit,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    FP8: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding token: nothing to write
@@ -80,6 +89,15 @@ def write_latent(
         raise ValueError(f"the Triton latent write needs power-of-two widths, got {rank} and {rope}")
     if kv_c.shape[0]:
         _write_latent_kernel[(kv_c.shape[0],)](
-            kv_c, k_pe, cache, slot_mapping, scale if fp8 else cache, kv_c.stride(0), k_pe.stride(0),
-            fp8_max(cache.dtype) if fp8 else 0.0, RANK=rank, ROPE=rope, FP8=fp8,
-        )  # fmt: skip
+            kv_c,
+            k_pe,
+            cache,
+            slot_mapping,
+            scale if fp8 else cache,
+            kv_c.stride(0),
+            k_pe.stride(0),
+            fp8_max(cache.dtype) if fp8 else 0.0,
+            RANK=rank,
+            ROPE=rope,
+            FP8=fp8,
+        )

@@ -51,9 +51,18 @@ def _count_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, BLOCK: tl.constexpr)
 
 @triton.jit
 def _tiles_kernel(
-    counts_ptr, start_ptr, tile_expert_ptr, num_padded_ptr, sorted_pairs_ptr, experts, num_pairs, capacity,
-    BLOCK_M: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
+    counts_ptr,
+    start_ptr,
+    tile_expert_ptr,
+    num_padded_ptr,
+    sorted_pairs_ptr,
+    experts,
+    num_pairs,
+    capacity,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     e = tl.arange(0, BLOCK_E)
     counts = tl.load(counts_ptr + e, mask=e < experts, other=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -99,9 +108,19 @@ def order_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
         _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block)
     block_e = triton.next_power_of_2(num_experts)
     _tiles_kernel[(1,)](
-        counts, start, tile_expert, num_padded, sorted_pairs, num_experts, pairs, capacity,
-        BLOCK_M=block_m, BLOCK_E=block_e, BLOCK_T=max(16, min(128, 8192 // block_e)), num_warps=4,
-    )  # fmt: skip
+        counts,
+        start,
+        tile_expert,
+        num_padded,
+        sorted_pairs,
+        num_experts,
+        pairs,
+        capacity,
+        BLOCK_M=block_m,
+        BLOCK_E=block_e,
+        BLOCK_T=max(16, min(128, 8192 // block_e)),
+        num_warps=4,
+    )
     if pairs:
         _scatter_kernel[grid](ids, rank, start, sorted_pairs, pairs, BLOCK=block)
     return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)

@@ -64,12 +64,31 @@ def down_tile_config(gate_up_config: TileConfig) -> TileConfig:
 
 @triton.jit
 def _expert_gemm_kernel(
-    a_ptr, w_ptr, out_ptr, sorted_pairs_ptr, tile_expert_ptr, num_padded_ptr, pair_weight_ptr,
-    N, K, num_pairs, top_k, stride_am, stride_we, stride_wn, stride_om,
-    GATED: tl.constexpr, A_BY_TOKEN: tl.constexpr, WEIGHTED: tl.constexpr, EVEN_K: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_M: tl.constexpr,
+    a_ptr,
+    w_ptr,
+    out_ptr,
+    sorted_pairs_ptr,
+    tile_expert_ptr,
+    num_padded_ptr,
+    pair_weight_ptr,
+    N,
+    K,
+    num_pairs,
+    top_k,
+    stride_am,
+    stride_we,
+    stride_wn,
+    stride_om,
+    GATED: tl.constexpr,
+    A_BY_TOKEN: tl.constexpr,
+    WEIGHTED: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
-):  # fmt: skip
+):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_m = tl.num_programs(0) // tiles_n
@@ -123,14 +142,33 @@ def _launch(a, w, out, order: ExpertOrder, pair_weights, n, k, top_k, cfg: TileC
     tiles_m = order.sorted_pairs.numel() // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
     _expert_gemm_kernel[grid](
-        a, w, out, order.sorted_pairs, order.tile_expert, order.num_padded,
+        a,
+        w,
+        out,
+        order.sorted_pairs,
+        order.tile_expert,
+        order.num_padded,
         pair_weights if pair_weights is not None else a,
-        n, k, order.num_pairs, top_k, a.stride(0), w.stride(0), w.stride(1), out.stride(0),
-        GATED=gated, A_BY_TOKEN=gated, WEIGHTED=pair_weights is not None, EVEN_K=k % cfg.block_k == 0,
-        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, GROUP_M=cfg.group_m,
+        n,
+        k,
+        order.num_pairs,
+        top_k,
+        a.stride(0),
+        w.stride(0),
+        w.stride(1),
+        out.stride(0),
+        GATED=gated,
+        A_BY_TOKEN=gated,
+        WEIGHTED=pair_weights is not None,
+        EVEN_K=k % cfg.block_k == 0,
+        BLOCK_M=cfg.block_m,
+        BLOCK_N=cfg.block_n,
+        BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not TF32
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-    )  # fmt: skip
+        num_warps=cfg.num_warps,
+        num_stages=cfg.num_stages,
+    )
 
 
 def gate_up(

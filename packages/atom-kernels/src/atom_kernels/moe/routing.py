@@ -16,9 +16,16 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _topk_softmax_kernel(
-    logits_ptr, weights_ptr, ids_ptr, experts, stride_l,
-    TOP_K: tl.constexpr, RENORMALIZE: tl.constexpr, BLOCK_E: tl.constexpr, BLOCK_K: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    weights_ptr,
+    ids_ptr,
+    experts,
+    stride_l,
+    TOP_K: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + row * stride_l + offs, mask=offs < experts, other=float("-inf")).to(tl.float32)
@@ -41,10 +48,21 @@ def _topk_softmax_kernel(
 
 @triton.jit
 def _grouped_topk_kernel(
-    logits_ptr, bias_ptr, weights_ptr, ids_ptr, stride_l, scaling,
-    GROUPS: tl.constexpr, GROUP_SIZE: tl.constexpr, TOPK_GROUPS: tl.constexpr, TOP_K: tl.constexpr,
-    BLOCK_K: tl.constexpr, HAS_BIAS: tl.constexpr, SIGMOID: tl.constexpr, RENORMALIZE: tl.constexpr,
-):  # fmt: skip
+    logits_ptr,
+    bias_ptr,
+    weights_ptr,
+    ids_ptr,
+    stride_l,
+    scaling,
+    GROUPS: tl.constexpr,
+    GROUP_SIZE: tl.constexpr,
+    TOPK_GROUPS: tl.constexpr,
+    TOP_K: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    SIGMOID: tl.constexpr,
+    RENORMALIZE: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, GROUPS)
     offs = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]  # [G, S]: expert ids
@@ -127,10 +145,16 @@ def topk_softmax(
         return weights.copy_(ref_w), ids.copy_(ref_ids)
     if logits.shape[0]:
         _topk_softmax_kernel[(logits.shape[0],)](
-            logits, weights, ids, logits.shape[1], logits.stride(0),
-            TOP_K=top_k, RENORMALIZE=renormalize, BLOCK_E=triton.next_power_of_2(logits.shape[1]),
+            logits,
+            weights,
+            ids,
+            logits.shape[1],
+            logits.stride(0),
+            TOP_K=top_k,
+            RENORMALIZE=renormalize,
+            BLOCK_E=triton.next_power_of_2(logits.shape[1]),
             BLOCK_K=triton.next_power_of_2(top_k),
-        )  # fmt: skip
+        )
     return weights, ids
 
 
@@ -170,9 +194,15 @@ def grouped_topk(
     weights, ids = _outputs(logits.shape[0], top_k, logits.device, weights, ids)
     if resolve_backend(backend, logits.device) is Backend.TORCH:
         ref_w, ref_ids = grouped_topk_ref(
-            logits, top_k, num_groups=num_groups, topk_groups=topk_groups, bias=bias, scoring=scoring,
-            renormalize=renormalize, scaling=scaling,
-        )  # fmt: skip
+            logits,
+            top_k,
+            num_groups=num_groups,
+            topk_groups=topk_groups,
+            bias=bias,
+            scoring=scoring,
+            renormalize=renormalize,
+            scaling=scaling,
+        )
         return weights.copy_(ref_w), ids.copy_(ref_ids)
     pow2 = triton.next_power_of_2
     if pow2(num_groups) != num_groups or pow2(group_size) != group_size:
@@ -182,9 +212,19 @@ def grouped_topk(
         )
     if logits.shape[0]:
         _grouped_topk_kernel[(logits.shape[0],)](
-            logits, bias if bias is not None else logits, weights, ids, logits.stride(0), scaling,
-            GROUPS=num_groups, GROUP_SIZE=group_size, TOPK_GROUPS=topk_groups, TOP_K=top_k,
-            BLOCK_K=pow2(top_k), HAS_BIAS=bias is not None, SIGMOID=scoring == "sigmoid",
+            logits,
+            bias if bias is not None else logits,
+            weights,
+            ids,
+            logits.stride(0),
+            scaling,
+            GROUPS=num_groups,
+            GROUP_SIZE=group_size,
+            TOPK_GROUPS=topk_groups,
+            TOP_K=top_k,
+            BLOCK_K=pow2(top_k),
+            HAS_BIAS=bias is not None,
+            SIGMOID=scoring == "sigmoid",
             RENORMALIZE=renormalize,
-        )  # fmt: skip
+        )
     return weights, ids

@@ -12,9 +12,19 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _rms_norm_gated_kernel(
-    x_ptr, gate_ptr, w_ptr, out_ptr, rows, dim, eps, stride_x, stride_g, stride_out,
-    BLOCK_R: tl.constexpr, BLOCK_D: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    gate_ptr,
+    w_ptr,
+    out_ptr,
+    rows,
+    dim,
+    eps,
+    stride_x,
+    stride_g,
+    stride_out,
+    BLOCK_R: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):
     # Rows are short (a head, 64-256 wide): BLOCK_R of them per program keep enough bytes in flight.
     r = (tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)).to(tl.int64)[:, None]
     d = tl.arange(0, BLOCK_D)[None, :]
@@ -61,7 +71,18 @@ def rms_norm_gated(
         block_d = triton.next_power_of_2(dim)
         block_r = max(1, min(64, 4096 // block_d))
         _rms_norm_gated_kernel[(triton.cdiv(rows, block_r),)](
-            x, gate, weight, out, rows, dim, eps, x.stride(0), gate.stride(0), out.stride(0),
-            BLOCK_R=block_r, BLOCK_D=block_d, num_warps=4,
-        )  # fmt: skip
+            x,
+            gate,
+            weight,
+            out,
+            rows,
+            dim,
+            eps,
+            x.stride(0),
+            gate.stride(0),
+            out.stride(0),
+            BLOCK_R=block_r,
+            BLOCK_D=block_d,
+            num_warps=4,
+        )
     return out

@@ -12,10 +12,21 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _rms_norm_kernel(
-    x_ptr, res_ptr, w_ptr, out_ptr, res_out_ptr, hidden, eps, weight_offset,
-    stride_x, stride_res, stride_out, stride_res_out,
-    HAS_RESIDUAL: tl.constexpr, BLOCK: tl.constexpr,
-):  # fmt: skip
+    x_ptr,
+    res_ptr,
+    w_ptr,
+    out_ptr,
+    res_out_ptr,
+    hidden,
+    eps,
+    weight_offset,
+    stride_x,
+    stride_res,
+    stride_out,
+    stride_res_out,
+    HAS_RESIDUAL: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
@@ -71,9 +82,20 @@ def rms_norm(
     new_residual = torch.empty_like(out) if residual is not None else out
     if tokens:
         _rms_norm_kernel[(tokens,)](
-            x, residual if residual is not None else x, weight, out, new_residual, hidden, eps, weight_offset,
-            x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0), new_residual.stride(0),
-            HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+            x,
+            residual if residual is not None else x,
+            weight,
+            out,
+            new_residual,
+            hidden,
+            eps,
+            weight_offset,
+            x.stride(0),
+            residual.stride(0) if residual is not None else 0,
+            out.stride(0),
+            new_residual.stride(0),
+            HAS_RESIDUAL=residual is not None,
+            BLOCK=triton.next_power_of_2(hidden),
             num_warps=min(16, max(1, triton.next_power_of_2(hidden) // 256)),
-        )  # fmt: skip
+        )
     return out if residual is None else (out, new_residual)

@@ -14,11 +14,30 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _mrope_kernel(
-    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, num_tokens, stride_pos, stride_qt, stride_qh, stride_kt, stride_kh,
-    num_q_heads, num_k_heads, scaling, SECTION_T: tl.constexpr, SECTION_H: tl.constexpr,
-    SECTION_W: tl.constexpr, INTERLEAVED: tl.constexpr, NEOX: tl.constexpr, HALF: tl.constexpr,
-    BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    inv_freq_ptr,
+    num_tokens,
+    stride_pos,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    num_q_heads,
+    num_k_heads,
+    scaling,
+    SECTION_T: tl.constexpr,
+    SECTION_H: tl.constexpr,
+    SECTION_W: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < num_tokens
     i = tl.arange(0, BLOCK_HALF)[None, :]
@@ -34,8 +53,25 @@ def _mrope_kernel(
         use_w = i >= SECTION_T + SECTION_H
     pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
     angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
-               num_k_heads, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)  # fmt: skip
+    _rotate_qk(
+        q_ptr,
+        k_ptr,
+        t,
+        t_ok,
+        angle,
+        scaling,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        num_q_heads,
+        num_k_heads,
+        NEOX,
+        HALF,
+        BLOCK_QH,
+        BLOCK_KH,
+        BLOCK_HALF,
+    )
 
 
 def apply_mrope(
@@ -59,8 +95,9 @@ def apply_mrope(
     as `apply_rotary`.
     """
     if positions.dim() == 1:
-        return apply_rotary(positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox,
-                            backend=backend)  # fmt: skip
+        return apply_rotary(
+            positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox, backend=backend
+        )
     section = tuple(int(s) for s in section)
     if len(section) != 3 or sum(section) != rotary_dim // 2 or min(section) < 0:
         raise ValueError(
@@ -79,16 +116,45 @@ def apply_mrope(
     if q.stride(-1) != 1 or k.stride(-1) != 1:
         raise ValueError("q and k need a contiguous last dimension")
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        rq, rk = apply_mrope_ref(positions, q, k, inv_freq, rotary_dim=rotary_dim, section=section,
-                                 interleaved=interleaved, scaling=scaling, neox=neox)  # fmt: skip
+        rq, rk = apply_mrope_ref(
+            positions,
+            q,
+            k,
+            inv_freq,
+            rotary_dim=rotary_dim,
+            section=section,
+            interleaved=interleaved,
+            scaling=scaling,
+            neox=neox,
+        )
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         half = rotary_dim // 2
         block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
         _mrope_kernel[(triton.cdiv(q.shape[0], block_t),)](
-            positions, q, k, inv_freq, q.shape[0], positions.stride(0), q.stride(0), q.stride(1), k.stride(0),
-            k.stride(1), q.shape[1], k.shape[1], scaling, SECTION_T=section[0], SECTION_H=section[1],
-            SECTION_W=section[2], INTERLEAVED=interleaved, NEOX=neox, HALF=half, BLOCK_QH=block_qh,
-            BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_T=block_t, num_warps=warps,
-        )  # fmt: skip
+            positions,
+            q,
+            k,
+            inv_freq,
+            q.shape[0],
+            positions.stride(0),
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q.shape[1],
+            k.shape[1],
+            scaling,
+            SECTION_T=section[0],
+            SECTION_H=section[1],
+            SECTION_W=section[2],
+            INTERLEAVED=interleaved,
+            NEOX=neox,
+            HALF=half,
+            BLOCK_QH=block_qh,
+            BLOCK_KH=block_kh,
+            BLOCK_HALF=block_half,
+            BLOCK_T=block_t,
+            num_warps=warps,
+        )
     return q, k

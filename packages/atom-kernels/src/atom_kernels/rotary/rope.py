@@ -24,8 +24,20 @@ def rotary_tiles(num_q_heads: int, num_k_heads: int, half: int) -> tuple[int, in
 
 
 @triton.jit
-def _rotate(x_ptr, t, t_ok, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.constexpr, HALF: tl.constexpr,
-            BLOCK_H: tl.constexpr, BLOCK_HALF: tl.constexpr):  # fmt: skip
+def _rotate(
+    x_ptr,
+    t,
+    t_ok,
+    stride_t,
+    stride_h,
+    num_heads,
+    cos,
+    sin,
+    NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """x [tokens t (a [BLOCK_T, 1, 1] tile), heads, D] in place; cos/sin [BLOCK_T, 1, BLOCK_HALF] fp32."""
     h = tl.arange(0, BLOCK_H)[None, :, None]
     i = tl.arange(0, BLOCK_HALF)[None, None, :]
@@ -48,9 +60,25 @@ def _rotate(x_ptr, t, t_ok, stride_t, stride_h, num_heads, cos, sin, NEOX: tl.co
 
 
 @triton.jit
-def _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
-               num_k_heads, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr, BLOCK_KH: tl.constexpr,
-               BLOCK_HALF: tl.constexpr):  # fmt: skip
+def _rotate_qk(
+    q_ptr,
+    k_ptr,
+    t,
+    t_ok,
+    angle,
+    scaling,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    num_q_heads,
+    num_k_heads,
+    NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+):
     """q and k of tokens t [BLOCK_T] turned by angle [BLOCK_T, BLOCK_HALF] (fp32); RoPE and MRoPE differ only
     in how they compute the angle."""
     cos = (tl.cos(angle) * scaling)[:, None, :]
@@ -62,18 +90,50 @@ def _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stri
 
 @triton.jit
 def _rotary_kernel(
-    pos_ptr, q_ptr, k_ptr, inv_freq_ptr, num_tokens, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
-    num_k_heads, scaling, NEOX: tl.constexpr, HALF: tl.constexpr, BLOCK_QH: tl.constexpr,
-    BLOCK_KH: tl.constexpr, BLOCK_HALF: tl.constexpr, BLOCK_T: tl.constexpr,
-):  # fmt: skip
+    pos_ptr,
+    q_ptr,
+    k_ptr,
+    inv_freq_ptr,
+    num_tokens,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    num_q_heads,
+    num_k_heads,
+    scaling,
+    NEOX: tl.constexpr,
+    HALF: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+    BLOCK_HALF: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < num_tokens
     i = tl.arange(0, BLOCK_HALF)
     inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
     pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
     angle = pos[:, None] * inv_freq[None, :]
-    _rotate_qk(q_ptr, k_ptr, t, t_ok, angle, scaling, stride_qt, stride_qh, stride_kt, stride_kh, num_q_heads,
-               num_k_heads, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)  # fmt: skip
+    _rotate_qk(
+        q_ptr,
+        k_ptr,
+        t,
+        t_ok,
+        angle,
+        scaling,
+        stride_qt,
+        stride_qh,
+        stride_kt,
+        stride_kh,
+        num_q_heads,
+        num_k_heads,
+        NEOX,
+        HALF,
+        BLOCK_QH,
+        BLOCK_KH,
+        BLOCK_HALF,
+    )
 
 
 def apply_rotary(
@@ -112,8 +172,24 @@ def apply_rotary(
         half = rotary_dim // 2
         block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
         _rotary_kernel[(triton.cdiv(q.shape[0], block_t),)](
-            positions, q, k, inv_freq, q.shape[0], q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-            q.shape[1], k.shape[1], scaling, NEOX=neox, HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh,
-            BLOCK_HALF=block_half, BLOCK_T=block_t, num_warps=warps,
-        )  # fmt: skip
+            positions,
+            q,
+            k,
+            inv_freq,
+            q.shape[0],
+            q.stride(0),
+            q.stride(1),
+            k.stride(0),
+            k.stride(1),
+            q.shape[1],
+            k.shape[1],
+            scaling,
+            NEOX=neox,
+            HALF=half,
+            BLOCK_QH=block_qh,
+            BLOCK_KH=block_kh,
+            BLOCK_HALF=block_half,
+            BLOCK_T=block_t,
+            num_warps=warps,
+        )
     return q, k

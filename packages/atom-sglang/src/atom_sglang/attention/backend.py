@@ -47,14 +47,16 @@ class AtomAttnBackend(AttentionBackend):
 
     def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
         max_context_len = self.req_to_token_pool.req_to_token.shape[1]
-        self.graph_state = DecodeGraphState(max_bs, max_num_tokens, max_context_len, self.geometry.page_size,
-                                            self.device)  # fmt: skip
+        self.graph_state = DecodeGraphState(
+            max_bs, max_num_tokens, max_context_len, self.geometry.page_size, self.device
+        )
 
     def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
         mode = forward_batch.forward_mode
         if not (mode.is_decode_or_idle() or mode.is_target_verify()):
-            raise UnsupportedForwardMode(f"the atom attention backend captures DECODE and TARGET_VERIFY graphs, "
-                                         f"not {mode.name}")  # fmt: skip
+            raise UnsupportedForwardMode(
+                f"the atom attention backend captures DECODE and TARGET_VERIFY graphs, not {mode.name}"
+            )
         if self.graph_state is None:
             raise RuntimeError("init_cuda_graph_state must run before graph metadata is prepared")
         self.forward_metadata = self.graph_state.update(forward_batch, self.req_to_token_pool.req_to_token)
@@ -79,21 +81,41 @@ class AtomAttnBackend(AttentionBackend):
         scales = self._kv_scales(layer)
         layout, backend = self.geometry.layout, self.kernel_backend
         if save_kv_cache and k is not None:
-            write_kv(k.reshape(-1, hkv, d), v.reshape(-1, hkv, d), k_cache, v_cache, meta.paged.slot_mapping,
-                     layout=layout, backend=backend, **scales)  # fmt: skip
+            write_kv(
+                k.reshape(-1, hkv, d),
+                v.reshape(-1, hkv, d),
+                k_cache,
+                v_cache,
+                meta.paged.slot_mapping,
+                layout=layout,
+                backend=backend,
+                **scales,
+            )
         window = layer.sliding_window_size
         common = dict(
-            seq_lens=meta.paged.seq_lens, block_tables=meta.paged.block_tables, layout=layout,
-            softmax_scale=layer.scaling, sliding_window=window + 1 if window is not None and window >= 0 else None,
+            seq_lens=meta.paged.seq_lens,
+            block_tables=meta.paged.block_tables,
+            layout=layout,
+            softmax_scale=layer.scaling,
+            sliding_window=window + 1 if window is not None and window >= 0 else None,
             softcap=layer.logit_cap if layer.logit_cap and layer.logit_cap > 0 else None,
-            sinks=_float(kwargs.get("sinks")), backend=backend, **scales,
-        )  # fmt: skip
+            sinks=_float(kwargs.get("sinks")),
+            backend=backend,
+            **scales,
+        )
         if meta.query_len is not None:
-            out = paged_decode(q, k_cache, v_cache, query_len=meta.query_len, max_seq_len=meta.paged.max_seq_len,
-                               **common)  # fmt: skip
+            out = paged_decode(
+                q, k_cache, v_cache, query_len=meta.query_len, max_seq_len=meta.paged.max_seq_len, **common
+            )
         else:
-            out = paged_prefill(q, k_cache, v_cache, cu_seqlens_q=meta.paged.cu_seqlens_q,
-                                max_query_len=meta.paged.max_query_len, **common)  # fmt: skip
+            out = paged_prefill(
+                q,
+                k_cache,
+                v_cache,
+                cu_seqlens_q=meta.paged.cu_seqlens_q,
+                max_query_len=meta.paged.max_query_len,
+                **common,
+            )
         return out.reshape(-1, hq * d)
 
     def _kv_scales(self, layer) -> dict:
@@ -125,8 +147,12 @@ def _refuse_unsupported(layer, kwargs: dict) -> None:
         problems.append(f"v_head_dim {layer.v_head_dim} != qk_head_dim {layer.qk_head_dim}")
     if layer.logit_cap and layer.logit_cap > 0 and layer.logit_capping_method != "tanh":
         problems.append(f"logit capping method {layer.logit_capping_method!r}")
-    problems += [f"argument {name!r}" for name, value in kwargs.items() if value is not None and
-                 value is not False and name not in HANDLED_KWARGS]  # fmt: skip
+    problems += [
+        f"argument {name!r}"
+        for name, value in kwargs.items()
+        if value is not None and value is not False and name not in HANDLED_KWARGS
+    ]
     if problems:
-        raise NotImplementedError(f"the atom attention backend does not support {', '.join(problems)} "
-                                  f"(layer {layer.layer_id})")  # fmt: skip
+        raise NotImplementedError(
+            f"the atom attention backend does not support {', '.join(problems)} (layer {layer.layer_id})"
+        )

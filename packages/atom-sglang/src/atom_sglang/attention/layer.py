@@ -37,6 +37,11 @@ class SglangAttentionBackend:
         # atom-core's window W sees keys with q - k < W; SGLang's sliding_window_size s sees q - k <= s.
         window = spec.sliding_window - 1 if spec.sliding_window else -1
         return SglangAttentionLayer(
-            spec.num_heads, spec.head_dim, spec.scale, num_kv_heads=spec.num_kv_heads,
-            layer_id=self.layer_ids(spec.layer_index), sliding_window_size=window, prefix=spec.prefix,
-        )  # fmt: skip
+            spec.num_heads,
+            spec.head_dim,
+            spec.scale,
+            num_kv_heads=spec.num_kv_heads,
+            layer_id=self.layer_ids(spec.layer_index),
+            sliding_window_size=window,
+            prefix=spec.prefix,
+        )

@@ -24,8 +24,12 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         kv_sharing_target_layer_name: str | None = None,
         **unsupported,
     ) -> None:
-        options = dict(unsupported, alibi_slopes=alibi_slopes, logits_soft_cap=logits_soft_cap,
-                       kv_sharing_target_layer_name=kv_sharing_target_layer_name)  # fmt: skip
+        options = dict(
+            unsupported,
+            alibi_slopes=alibi_slopes,
+            logits_soft_cap=logits_soft_cap,
+            kv_sharing_target_layer_name=kv_sharing_target_layer_name,
+        )
         refused = sorted(name for name, value in options.items() if _is_set(value))
         if refused or attn_type != AttentionType.DECODER:
             raise NotImplementedError(
@@ -60,9 +64,16 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         pages = kv_cache.transpose(1, 2)  # [blocks, page, Hkv, 2*D]: atom's flash layout, K|V packed
         k_cache, v_cache = pages[..., : self.head_size], pages[..., self.head_size :]
         paged_attention(
-            query[:n], key[:n], value[:n], k_cache, v_cache, attn_metadata.paged, softmax_scale=self.scale,
-            sliding_window=self.sliding_window, out=output[:n],
-        )  # fmt: skip
+            query[:n],
+            key[:n],
+            value[:n],
+            k_cache,
+            v_cache,
+            attn_metadata.paged,
+            softmax_scale=self.scale,
+            sliding_window=self.sliding_window,
+            out=output[:n],
+        )
         return output
 
 

@@ -31,10 +31,15 @@ class VllmAttentionBackend:
     def make_layer(self, spec: AttentionLayerSpec) -> VllmAttentionLayer:
         # spec.prefix is the layer's module path in the wrapper, which vLLM uses as the layer's name.
         return VllmAttentionLayer(
-            spec.num_heads, spec.head_dim, spec.scale, num_kv_heads=spec.num_kv_heads,
-            cache_config=self._cache_config(spec.sliding_window), per_layer_sliding_window=spec.sliding_window,
-            prefix=spec.prefix, attn_backend=self.backend_cls,
-        )  # fmt: skip
+            spec.num_heads,
+            spec.head_dim,
+            spec.scale,
+            num_kv_heads=spec.num_kv_heads,
+            cache_config=self._cache_config(spec.sliding_window),
+            per_layer_sliding_window=spec.sliding_window,
+            prefix=spec.prefix,
+            attn_backend=self.backend_cls,
+        )
 
     def _cache_config(self, window: int | None):
         """vLLM gives a layer without a window of its own the model-wide `cache_config.sliding_window`

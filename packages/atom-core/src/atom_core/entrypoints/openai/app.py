@@ -41,8 +41,9 @@ def authorized(header: str | None, api_key: str) -> bool:
     return scheme.lower() == "bearer" and hmac.compare_digest(token.strip().encode(), api_key.encode())
 
 
-def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
-               limits: ServerLimits | None = None) -> BodyLimit:  # fmt: skip
+def create_app(
+    engine: AsyncEngine, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None
+) -> BodyLimit:
     """The ASGI app serving `engine` as `model_name` (FastAPI inside the body-limit middleware)."""
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: give a real key, or none to serve without one")
@@ -52,13 +53,21 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
     @app.middleware("http")
     async def auth_and_log(request: Request, call_next):
         start = time.perf_counter()
-        if api_key and request.url.path.startswith("/v1") and not authorized(request.headers.get("authorization"),
-                                                                             api_key):  # fmt: skip
+        if (
+            api_key
+            and request.url.path.startswith("/v1")
+            and not authorized(request.headers.get("authorization"), api_key)
+        ):
             response = _error(401, "invalid or missing API key", "authentication_error")
         else:
             response = await call_next(request)
-        logger.info("%s %s -> %d in %.1f ms", request.method, request.url.path, response.status_code,
-                    (time.perf_counter() - start) * 1e3)  # fmt: skip
+        logger.info(
+            "%s %s -> %d in %.1f ms",
+            request.method,
+            request.url.path,
+            response.status_code,
+            (time.perf_counter() - start) * 1e3,
+        )
         return response
 
     @app.get("/health")
@@ -84,9 +93,16 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
         if body.echo:
             echo = body.prompt if isinstance(body.prompt, str) else await _decode(engine, body.prompt)
         top = params.logprobs or 0
-        return await _serve(engine, request, body, prompt, params,
-                            lambda rid, t: Formatter(engine.engine.tokenizer, model_name, rid, t, chat=False,
-                                                     echo=echo, top_logprobs=top))  # fmt: skip
+        return await _serve(
+            engine,
+            request,
+            body,
+            prompt,
+            params,
+            lambda rid, t: Formatter(
+                engine.engine.tokenizer, model_name, rid, t, chat=False, echo=echo, top_logprobs=top
+            ),
+        )
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request):
@@ -97,17 +113,25 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
             return _error(400, "this model has no tokenizer, so no chat template")
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         if (chars := sum(len(m["content"]) for m in messages)) > engine.engine.max_prompt_chars:
-            return _error(400, f"the messages have {chars} characters: more than max_model_len "
-                               f"{engine.engine.max_model_len} tokens can hold")  # fmt: skip
+            return _error(
+                400,
+                f"the messages have {chars} characters: more than max_model_len "
+                f"{engine.engine.max_model_len} tokens can hold",
+            )
         try:
             ids = await engine.run_tokenizer(chat_prompt_ids, tokenizer, messages)
             params = body.checked_params(room=engine.engine.max_model_len - len(ids))
         except ValueError as err:
             return _error(400, str(err))
         top = params.logprobs or 0
-        return await _serve(engine, request, body, {"prompt_token_ids": ids}, params,
-                            lambda rid, t: Formatter(tokenizer, model_name, rid, t, chat=True,
-                                                     top_logprobs=top))  # fmt: skip
+        return await _serve(
+            engine,
+            request,
+            body,
+            {"prompt_token_ids": ids},
+            params,
+            lambda rid, t: Formatter(tokenizer, model_name, rid, t, chat=True, top_logprobs=top),
+        )
 
     return BodyLimit(app, limits or ServerLimits())
 
@@ -115,8 +139,9 @@ def create_app(engine: AsyncEngine, model_name: str, api_key: str | None = None,
 def _check_model(asked: str | None, served: str) -> JSONResponse | None:
     if asked is None or asked == served:
         return None
-    return _error(404, f"the model {asked!r} does not exist (this server serves {served!r})",
-                  code="model_not_found")  # fmt: skip
+    return _error(
+        404, f"the model {asked!r} does not exist (this server serves {served!r})", code="model_not_found"
+    )
 
 
 async def _decode(engine: AsyncEngine, ids: list[int]) -> str:
@@ -138,8 +163,10 @@ async def _serve(engine: AsyncEngine, request: Request, body, prompt, params, fo
     except (RequestFailed, EngineDead) as err:
         return _failed(err)
     if body.stream:
-        return StreamingResponse(stream_events(first, stream, fmt, include_usage=body.include_usage),
-                                 media_type="text/event-stream")  # fmt: skip
+        return StreamingResponse(
+            stream_events(first, stream, fmt, include_usage=body.include_usage),
+            media_type="text/event-stream",
+        )
     collect = asyncio.ensure_future(_last(first, stream))
     gone = asyncio.ensure_future(_client_gone(request))
     await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)

@@ -77,7 +77,14 @@ class Server(uvicorn.Server):
 
 
 def make_server(app, host: str, port: int, limits: ServerLimits) -> Server:
-    return Server(uvicorn.Config(
-        app, host=host, port=port, log_level="warning", http=guarded_protocol(limits),
-        timeout_keep_alive=limits.keep_alive_timeout, timeout_graceful_shutdown=limits.shutdown_timeout,
-    ))  # fmt: skip
+    return Server(
+        uvicorn.Config(
+            app,
+            host=host,
+            port=port,
+            log_level="warning",
+            http=guarded_protocol(limits),
+            timeout_keep_alive=limits.keep_alive_timeout,
+            timeout_graceful_shutdown=limits.shutdown_timeout,
+        )
+    )

@@ -22,8 +22,13 @@ class ServerLimits:
     shutdown_timeout: float = 10.0  # SIGTERM: in-flight requests get this long, then are cancelled
 
     def __post_init__(self):
-        for name in ("max_body_bytes", "request_timeout", "keep_alive_timeout", "max_connections",
-                     "shutdown_timeout"):  # fmt: skip
+        for name in (
+            "max_body_bytes",
+            "request_timeout",
+            "keep_alive_timeout",
+            "max_connections",
+            "shutdown_timeout",
+        ):
             if not getattr(self, name) > 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)!r}")
 
@@ -76,6 +81,11 @@ async def _reply(send, status: int, message: str) -> None:
     from atom_core.entrypoints.openai.responses import error_body  # here: the CLI imports this module cheaply
 
     payload = json.dumps(error_body(status, message)).encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"connection", b"close")]})  # fmt: skip
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"connection", b"close")],
+        }
+    )
     await send({"type": "http.response.body", "body": payload})

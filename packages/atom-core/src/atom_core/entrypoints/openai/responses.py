@@ -22,8 +22,17 @@ def usage(out: RequestOutput) -> dict:
 class Formatter:
     """Builds one request's bodies; `chat` picks the chat shapes, `echo` prefixes completions with the prompt."""
 
-    def __init__(self, tokenizer, model: str, request_id: str, created: int, *, chat: bool, echo: str = "",
-                 top_logprobs: int = 0):  # fmt: skip
+    def __init__(
+        self,
+        tokenizer,
+        model: str,
+        request_id: str,
+        created: int,
+        *,
+        chat: bool,
+        echo: str = "",
+        top_logprobs: int = 0,
+    ):
         self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
         self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
 
@@ -42,9 +51,12 @@ class Formatter:
         for token in tokens:
             offsets.append(at)
             at += len(token)
-        return {"tokens": tokens, "token_logprobs": [lp[t] for t, lp in zip(ids, lps, strict=True)],
-                "top_logprobs": [{self._token(k): v for k, v in lp.items()} for lp in lps],
-                "text_offset": offsets}  # fmt: skip
+        return {
+            "tokens": tokens,
+            "token_logprobs": [lp[t] for t, lp in zip(ids, lps, strict=True)],
+            "top_logprobs": [{self._token(k): v for k, v in lp.items()} for lp in lps],
+            "text_offset": offsets,
+        }
 
     def _chat_entry(self, t: int, lp: dict[int, float]) -> dict:
         def one(k: int, v: float) -> dict:
@@ -64,12 +76,23 @@ class Formatter:
             else:
                 choice["text"] = self.echo + c.text
             choices.append(choice)
-        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices, "usage": usage(out)}  # fmt: skip
+        return {
+            "id": self.id,
+            "object": "chat.completion" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+            "usage": usage(out),
+        }
 
     def chunk(self, choices: list[dict], usage_stats: dict | None = None) -> str:
-        body = {"id": self.id, "object": "chat.completion.chunk" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": choices}  # fmt: skip
+        body = {
+            "id": self.id,
+            "object": "chat.completion.chunk" if self.chat else "text_completion",
+            "created": self.created,
+            "model": self.model,
+            "choices": choices,
+        }
         if usage_stats is not None:
             body["usage"] = usage_stats
         return f"data: {json.dumps(body)}\n\n"

@@ -13,8 +13,9 @@ from atom_core.engine.outputs import RequestOutput
 from atom_core.entrypoints.openai.responses import Formatter, error_body, usage
 
 
-async def stream_events(first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *,
-                        include_usage: bool) -> AsyncIterator[str]:  # fmt: skip
+async def stream_events(
+    first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
+) -> AsyncIterator[str]:
     sent_text: dict[int, int] = {}  # choice -> characters sent
     sent_tokens: dict[int, int] = {}  # choice -> tokens whose logprobs were sent
     done: set[int] = set()

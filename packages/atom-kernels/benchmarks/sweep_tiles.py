@@ -15,14 +15,14 @@ import triton
 from bench_paged_attention import DEV, HQ, D, paged_cache
 from graph_timing import graph_ms
 
-from atom_kernels.attention.launch import TileConfig, check_inputs, run_paged_attention
+from atom_kernels.attention.launch import AttentionKernel, TileConfig, check_inputs, run_paged_attention
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache import KVLayout
 
 
-def time_config(case, config, splits, graph=False):
-    """Median ms of run_paged_attention at `config`; graph=True times CUDA-graph replays (decode: a ~0.3 ms
-    call's eager timing includes the host's launch cost)."""
+def time_config(case, config, splits, graph=False, kernel=AttentionKernel.TILE):
+    """Median ms of run_paged_attention's `kernel` at `config`; graph=True times CUDA-graph replays
+    (decode: a ~0.3 ms call's eager timing includes the host's launch cost)."""
     q, kc, vc, tables, ks, vs, cu, seq_lens, max_q, layout = case
     fn = partial(
         run_paged_attention,
@@ -44,6 +44,7 @@ def time_config(case, config, splits, graph=False):
         backend="triton",
         num_splits=splits,
         config=config,
+        kernel=kernel,
     )
     try:
         return (
@@ -150,7 +151,7 @@ def main():
         TileConfig(16, n, w, s) for n, w, s in itertools.product((32, 64), (1, 2, 4), (2, 3, 4))
     ]
     e4m3_configs = [  # decode_e4m3.py: one warp
-        TileConfig(16, n, 1, s, e4m3_gluon=True) for n, s in itertools.product((16, 32, 64), (2, 3, 4))
+        TileConfig(16, n, 1, s) for n, s in itertools.product((16, 32, 64), (2, 3, 4))
     ]
     for batch, seq_len, layout, fp8, gluon in [
         (64, 8192, KVLayout.FLASH, None, False),
@@ -173,7 +174,9 @@ def main():
         if gluon:  # one-warp programs: more of them
             splits = (2, 4, 8) if batch == 64 else (16, 32, 64, 128) if batch > 1 else (64, 128, 256)
         configs = e4m3_configs if gluon else decode_configs if layout is KVLayout.FLASH else shuffle_configs
-        sweep(name, case, configs, splits, kv_bytes, "TB/s", timer=partial(time_config, graph=True))
+        kernel = AttentionKernel.E4M3_GLUON if gluon else AttentionKernel.TILE
+        timer = partial(time_config, graph=True, kernel=kernel)
+        sweep(name, case, configs, splits, kv_bytes, "TB/s", timer=timer)
     prefill_configs = [
         TileConfig(m, n, w, s)
         for m, n, w, s in itertools.product((64, 128), (32, 64, 128), (4, 8), (2, 3, 4))

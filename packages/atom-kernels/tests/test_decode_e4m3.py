@@ -15,7 +15,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from atom_kernels.attention import decode_e4m3, paged_attention_ref, paged_decode
+from atom_kernels.attention.decode import decode_kernel, decode_tiles
 from atom_kernels.attention.decode_e4m3 import compile_offline, e4m3_decode_supported
+from atom_kernels.attention.launch import AttentionKernel, run_paged_attention
 from atom_kernels.cache import KVLayout
 
 GPU = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
@@ -130,6 +132,33 @@ def test_unsupported_inputs_take_the_generic_kernel(paged_case):
     assert not e4m3_decode_supported(q, kc[:, :, :1], vc[:, :, :1])  # 32 q-heads per KV head: two row tiles
     wide = _case(paged_case, seq_lens=[5], head_dim=256)
     assert not e4m3_decode_supported(wide.q, wide.k_cache, wide.v_cache)  # its swizzle is for 64 and 128 dims
+    want = AttentionKernel.E4M3_GLUON if GPU else AttentionKernel.TILE
+    assert decode_kernel(q, kc, vc, KVLayout.FLASH) is want
+    assert decode_kernel(q, kc, vc, "flash") is want
+    assert decode_kernel(wide.q, wide.k_cache, wide.v_cache, KVLayout.FLASH) is AttentionKernel.TILE
+
+
+def test_e4m3_kernel_refuses_inputs_it_does_not_take(paged_case):
+    """The kernel is run_paged_attention's argument; a call it cannot serve is an error, not a fallback."""
+    case = _case(paged_case, seq_lens=[5], head_dim=256)  # D=256: the generic kernel's only
+    with pytest.raises(ValueError, match="e4m3_gluon kernel needs"):
+        run_paged_attention(
+            case.q,
+            case.k_cache,
+            case.v_cache,
+            max_query_len=1,
+            layout=KVLayout.FLASH,
+            softmax_scale=None,
+            sliding_window=None,
+            softcap=None,
+            sinks=None,
+            out=None,
+            backend="triton",
+            num_splits=1,
+            config=decode_tiles(case.k_cache.dtype, KVLayout.FLASH, AttentionKernel.E4M3_GLUON),
+            kernel="e4m3_gluon",
+            **case.args(),
+        )
 
 
 def _shared_bytes_read(ptx: str) -> int:

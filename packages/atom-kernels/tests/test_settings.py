@@ -21,11 +21,21 @@ def test_explicit_argument_wins():
     assert resolve_backend("torch", torch.device("cpu")) is Backend.TORCH
 
 
-def test_aiter_without_rocm_says_so():
-    if torch.version.hip is not None:
-        pytest.skip("this machine has ROCm: aiter may legitimately be available")
-    with pytest.raises(RuntimeError, match="aiter is not importable"):
-        resolve_backend("aiter", torch.device("cpu"))
+def test_aiter_is_refused_by_name_since_no_op_implements_it(monkeypatch):
+    import atom_kernels.settings as s
+
+    for installed in (False, True):  # installed or not: asking for it never runs something else
+        monkeypatch.setattr(s, "aiter_available", lambda installed=installed: installed)
+        with pytest.raises(RuntimeError, match="no atom-kernels op has an aiter implementation"):
+            resolve_backend("aiter", torch.device("cpu"))
+
+
+def test_auto_on_a_gpu_is_triton_even_with_aiter_installed(monkeypatch):
+    import atom_kernels.settings as s
+
+    monkeypatch.setattr(s, "aiter_available", lambda: True)
+    monkeypatch.setattr(s, "SETTINGS", Settings(default_backend=None, triton_interpret=False))
+    assert resolve_backend(None, torch.device("cuda")) is Backend.TRITON
 
 
 def test_auto_on_cpu_follows_the_interpreter_setting(monkeypatch):

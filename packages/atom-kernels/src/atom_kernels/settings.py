@@ -44,13 +44,16 @@ def resolve_backend(requested: Backend | str | None, device: torch.device) -> Ba
     """Explicit argument, else the settings default, else auto by device."""
     choice = Backend(requested) if requested is not None else SETTINGS.default_backend
     if choice is None:
+        # Triton on every GPU, aiter installed or not: no op has an aiter path yet, so choosing it would
+        # route ROCm to the torch reference (and switch the engine's CUDA graphs off).
         if device.type == "cuda":
-            return Backend.AITER if aiter_available() else Backend.TRITON
+            return Backend.TRITON
         return Backend.TRITON if SETTINGS.triton_interpret else Backend.TORCH
-    if choice is Backend.AITER and not aiter_available():
+    if choice is Backend.AITER:
         raise RuntimeError(
-            "backend 'aiter' was asked for but aiter is not importable (it needs ROCm and the aiter "
-            "package); pass backend='triton' or set ATOM_KERNELS_BACKEND=auto to fall back"
+            "backend 'aiter' was asked for, but no atom-kernels op has an aiter implementation yet "
+            f"(aiter {'is' if aiter_available() else 'is not'} importable here); pass backend='triton' "
+            "(it runs on ROCm) or set ATOM_KERNELS_BACKEND=auto"
         )
     if choice is Backend.TRITON and device.type == "cpu" and not SETTINGS.triton_interpret:
         raise RuntimeError(

@@ -40,7 +40,6 @@ def silu_and_mul(
         raise ValueError(f"out must be [{tokens}, {inter}] {x.dtype} with a contiguous last dim")
     if resolve_backend(backend, x.device) is Backend.TORCH:
         return out.copy_(silu_and_mul_ref(x))
-    # Triton, also for Backend.AITER: aiter has no faster kernel for this op, and Triton runs on ROCm.
     if tokens == 0:
         return out
     block = min(1024, triton.next_power_of_2(inter))

@@ -6,18 +6,32 @@ import torch
 import triton
 
 from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
-from atom_kernels.attention.launch import TileConfig, on_gpu, run_paged_attention
+from atom_kernels.attention.launch import AttentionKernel, TileConfig, on_gpu, run_paged_attention
 from atom_kernels.cache.fp8 import is_fp8
 from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend
+
+# Split-KV programs per SM, per kernel (decode_splits): the generic kernel's programs have several warps; the
+# e4m3 kernel's have one, so more of them share an SM (7 gives the split counts benchmarks/sweep_tiles.py
+# found best, at B=64 L=8k and B=4 L=32k).
+PROGRAMS_PER_SM = {AttentionKernel.TILE: 2, AttentionKernel.E4M3_GLUON: 7}
+
+
+def decode_kernel(
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, layout: KVLayout | str
+) -> AttentionKernel:
+    """The kernel paged_decode runs: the Gluon e4m3 kernel (decode_e4m3.py) where it applies (an e4m3
+    flash cache on NVIDIA sm_89+, e4m3_decode_supported), else the generic tile kernel."""
+    if on_gpu(q) and KVLayout(layout) is KVLayout.FLASH and e4m3_decode_supported(q, k_cache, v_cache):
+        return AttentionKernel.E4M3_GLUON
+    return AttentionKernel.TILE
 
 
 def decode_splits(
     batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device, programs_per_sm: int = 2
 ) -> int:
     """KV splits per sequence so that batch x heads x splits fills the GPU (a power of two, <= 64) with
-    programs_per_sm programs per SM (2 for the generic kernel; 7 for the one-warp e4m3 kernel, H200 sweep:
-    B=64 L=8k best at 2 splits, B=4 L=32k at 32).
+    programs_per_sm programs per SM (PROGRAMS_PER_SM holds each kernel's).
 
     Each split keeps at least 128 positions (two 64-wide tiles): a single sequence of a few hundred tokens
     still spreads over several programs per head instead of one that walks it alone.
@@ -30,14 +44,15 @@ def decode_splits(
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
 
 
-def decode_tiles(cache_dtype: torch.dtype, layout: KVLayout, e4m3_gluon: bool = False) -> TileConfig:
-    """GPU decode tiles (H200 sweeps, sweep_tiles.py, B=64 L=8k page 16). Flash: fp8 rows are half as long,
-    so five stages keep as many bytes in flight as three do for 16-bit caches. Shuffle: one warp per
-    program and two stages (bf16 32-position tiles 4.0 TB/s; 2 warps 3.75, 4 warps slower still).
-    e4m3_gluon: the flash e4m3 kernel of decode_e4m3.py, where the caller has checked it applies (B=64 L=8k:
-    16-position tiles, three stages, 4.2 TB/s of fp8 KV; 32 positions 4.1)."""
-    if e4m3_gluon:
-        return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=3, e4m3_gluon=True)
+def decode_tiles(
+    cache_dtype: torch.dtype, layout: KVLayout, kernel: AttentionKernel = AttentionKernel.TILE
+) -> TileConfig:
+    """GPU decode tiles for `kernel` (from benchmarks/sweep_tiles.py at B=64 L=8k page 16). Flash: fp8 rows
+    are half as long, so five stages keep as many bytes in flight as three do for 16-bit caches. Shuffle:
+    one warp per program and two stages; more warps per program were slower. The e4m3 kernel (one warp by
+    construction): 16-position tiles, three stages, the sweep's best."""
+    if AttentionKernel(kernel) is AttentionKernel.E4M3_GLUON:
+        return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=3)
     if layout is KVLayout.SHUFFLE:
         return TileConfig(block_m=16, block_n=64 if is_fp8(cache_dtype) else 32, num_warps=1, num_stages=2)
     return TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=5 if is_fp8(cache_dtype) else 3)
@@ -79,7 +94,7 @@ def paged_decode(
         raise ValueError(f"q has {q.shape[0]} tokens, expected B * query_len = {batch * query_len}")
     if cu_seqlens_q is None:
         cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
-    gluon = on_gpu(q) and KVLayout(layout) is KVLayout.FLASH and e4m3_decode_supported(q, k_cache, v_cache)
+    kernel = decode_kernel(q, k_cache, v_cache, layout)
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
         num_splits = decode_splits(
@@ -87,9 +102,9 @@ def paged_decode(
             k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
             longest,
             q.device,
-            programs_per_sm=7 if gluon else 2,
+            programs_per_sm=PROGRAMS_PER_SM[kernel],
         )
-    config = decode_tiles(k_cache.dtype, KVLayout(layout), gluon) if on_gpu(q) else TileConfig(16, 16, 1, 1)
+    config = decode_tiles(k_cache.dtype, KVLayout(layout), kernel) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     return run_paged_attention(
         q,
         k_cache,
@@ -109,4 +124,5 @@ def paged_decode(
         backend=backend,
         num_splits=num_splits,
         config=config,
+        kernel=kernel,
     )

@@ -14,7 +14,7 @@ The loaded tile is renumbered with reshape/permute, which for these layouts move
 (convert_layout(..., assert_trivial=True) checks it at compile time), q is loaded in the same numbering,
 and the output is stored through the inverse permutation.
 
-One warp per program (split-KV makes about seven per SM: decode.decode_splits), a ring of STAGES K/V
+One warp per program (split-KV makes about seven per SM: decode.PROGRAMS_PER_SM), a ring of STAGES K/V
 tiles filled by cp.async, GQA-packed rows (query tokens x q-heads of one KV head, at most 16).
 """
 

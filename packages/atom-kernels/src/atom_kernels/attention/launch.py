@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass
 
 import torch
@@ -15,13 +16,21 @@ from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, l
 from atom_kernels.settings import Backend, resolve_backend
 
 
+class AttentionKernel(enum.StrEnum):
+    """Which kernel run_paged_attention launches (paged_decode picks one in decode.decode_kernel)."""
+
+    TILE = "tile"  # kernels.paged_attention_kernel: every layout, cache dtype and feature
+    E4M3_GLUON = "e4m3_gluon"  # decode_e4m3.e4m3_decode_kernel: e4m3 flash caches, one warp per program
+
+
 @dataclass(frozen=True, slots=True)
 class TileConfig:
+    """Tuning of one kernel's launch; which kernel runs is run_paged_attention's `kernel` argument."""
+
     block_m: int  # rows: query tokens x q-heads of one KV head
     block_n: int  # KV positions per step
     num_warps: int
     num_stages: int
-    e4m3_gluon: bool = False  # decode_e4m3.e4m3_decode_kernel (one warp) instead of the generic tile kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,8 +119,14 @@ def run_paged_attention(
     num_splits: int,
     config: TileConfig,
     checked: Checked | None = None,
+    kernel: AttentionKernel | str = AttentionKernel.TILE,
 ) -> torch.Tensor:
-    """checked: check_inputs' result for these same arguments, when the caller has it already."""
+    """checked: check_inputs' result for these same arguments, when the caller has it already.
+
+    kernel: the kernel to launch, tuned by `config`. AttentionKernel.E4M3_GLUON needs inputs that
+    decode_e4m3.e4m3_decode_supported accepts, a flash layout, at most 16 rows per tile and one warp.
+    """
+    kernel = AttentionKernel(kernel)
     c = checked or check_inputs(
         q,
         k_cache,
@@ -196,14 +211,16 @@ def run_paged_attention(
         HEAD_DIM=head_dim,
         BLOCK_N=config.block_n,
     )
-    if config.e4m3_gluon:
+    if kernel is AttentionKernel.E4M3_GLUON:
         if (
             block_m != MAX_ROWS
+            or config.num_warps != 1
             or layout is not KVLayout.FLASH
             or not e4m3_decode_supported(q, k_cache, v_cache)
         ):
             raise ValueError(
-                "e4m3_gluon tiles need e4m3_decode_supported inputs and at most 16 rows per tile"
+                "the e4m3_gluon kernel needs e4m3_decode_supported inputs, at most 16 rows per tile and "
+                "one warp"
             )
         e4m3_decode_kernel[grid](
             *common,

@@ -44,8 +44,8 @@ class DecodePartition:
     ) -> DecodePartition:
         """Buffers for batches of up to max_batch sequences.
 
-        Default programs: four per SM over the KV heads, the best of 1-16 on the H200 for skewed, uniform
-        and long batches (benchmarks/sweep_persistent.py). On the CPU it counts as one SM.
+        Default programs: four per SM over the KV heads, the best of 1-16 per SM for skewed, uniform and
+        long batches in benchmarks/sweep_persistent.py. On the CPU it counts as one SM.
         """
         device = torch.device(device)
         if num_programs is None:

@@ -15,10 +15,10 @@ def prefill_config(head_dim: int, gpu: bool) -> TileConfig:
         return TileConfig(block_m=16, block_n=16, num_warps=1, num_stages=1)
     if head_dim > 128:
         return TileConfig(block_m=64, block_n=32, num_warps=4, num_stages=2)
-    return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)  # H200 sweep (sweep_tiles.py)
+    return TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=2)  # benchmarks/sweep_tiles.py
 
 
-TMA_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)  # H200 sweep (sweep_tiles.py)
+TMA_CONFIG = TileConfig(block_m=128, block_n=64, num_warps=4, num_stages=3)  # benchmarks/sweep_tiles.py
 
 
 def paged_prefill(

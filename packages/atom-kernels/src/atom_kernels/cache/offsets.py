@@ -25,8 +25,9 @@ def kv_offsets(
     0 flash, contiguous: ((blk*B + off)*H + h)*D + d                            (K and V)
     1 shuffle: K ((blk*H + h)*(D//X) + d//X)*B*X + off*X + d%X,  V ((blk*H + h)*(B//X) + off//X)*D*X + d*X + off%X
     2 flash, strided views: blk*stride_blk + off*stride_tok + h*stride_head + d  (K and V share strides, as
-      vLLM's packed K|V pages do). A variant of its own: runtime strides cost the contiguous case up to 15%
-      on the issue-bound fp8 decode path, where head_dim is a compile-time constant.
+      vLLM's packed K|V pages do). A variant of its own: the fp8 decode path is issue-bound, and runtime
+      strides (a 64-bit multiply per element) slowed it for contiguous caches, whose head_dim stride is a
+      compile-time constant.
     """
     if LAYOUT == 1:
         k_off = ((blk * num_heads + h) * (head_dim // X) + d // X) * (block_size * X) + off * X + d % X

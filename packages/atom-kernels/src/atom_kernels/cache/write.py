@@ -174,9 +174,8 @@ def write_kv(
             num_warps=warps,
         )
         return
-    # One token per program, all heads. H200, T=16k (sweep_kv_write.py): 4 warps 89-90% of copy bandwidth
-    # for bf16 and per-tensor fp8; per-token scales reduce each head's row, in one warp without a shared-
-    # memory round trip: 85% against 78% with 4 warps.
+    # One token per program, all heads; warps from benchmarks/sweep_kv_write.py. Per-token scales reduce
+    # each head's row, which one warp does without a shared-memory round trip: faster than 4 warps there.
     block_h = min(triton.next_power_of_2(num_heads), max(1, 8192 // block_d))
     warps = 1 if kind == 2 else 4 if block_h * block_d <= 4096 else 8
     _write_flash_kernel[(tokens, triton.cdiv(num_heads, block_h))](

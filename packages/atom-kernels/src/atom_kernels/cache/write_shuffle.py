@@ -144,9 +144,9 @@ def write_shuffle_kernel(
 
 
 def shuffle_write_tiles(num_heads: int, head_dim: int, x: int) -> tuple[int, int]:
-    """(heads per program, warps). H200 sweeps (sweep_kv_write.py, T=16k page 16): 16-bit caches write one
-    head per program with one warp (82% of copy bandwidth; 2 warps 77-79%, 4 warps 58-69%); fp8 caches
-    (x = 16 tokens per program) tiles of <= 8k elements with two warps (58%; one warp 53%)."""
+    """(heads per program, warps), from benchmarks/sweep_kv_write.py (T=16k, page 16): 16-bit caches write
+    one head per program with one warp (more warps were slower); fp8 caches (x = 16 tokens per program)
+    tiles of <= 8k elements with two warps (one warp was slower)."""
     if x <= 8:
         return 1, 1
     return min(triton.next_power_of_2(num_heads), max(1, 8192 // (triton.next_power_of_2(head_dim) * x))), 2

@@ -4,7 +4,7 @@ Why a kernel of its own: an e4m3 V run is one dim of x = 16 consecutive slots (1
 program loads (tokens x dims, dims contiguous) must be stored transposed. Triton's generic lowering of
 write_shuffle.py passes the bf16 V tile through shared memory for that (16 KB through a 4 KB scratch, four
 rounds with barriers), and decides which runs are complete from 16 x 16 slot loads that wait on the slot
-load. H200: 58% / 44% of copy bandwidth (per-tensor / per-token scales).
+load: those two, not DRAM, bound it.
 
 Here, per program (16 consecutive tokens, one KV head, one warp):
 - K: a thread holds 16 dims (one 16-byte cache row) of 4 tokens, loaded and stored as they lie.

@@ -1,7 +1,7 @@
 """y = x @ W^T for decode's few rows: a kernel that streams the weight once at near-copy bandwidth.
 
-At one to a few rows a linear layer is a pure weight read, and cuBLAS reaches 64-90% of the H200's copy
-bandwidth on Llama-3-8B's projections (benchmarks/results/linear_h200.json). Two kernels stream W in row blocks:
+At one to a few rows a linear layer is a pure weight read, which cuBLAS streams below copy bandwidth on
+Llama-3-8B's projections (the package README has the figures). Two kernels stream W in row blocks:
 - one row: a GEMV that multiplies [BLOCK_N, BLOCK_K] tiles by x and reduces over K once at the end;
 - 2..MAX_SKINNY_ROWS rows: the tensor-core product W_tile @ x^T (rows padded to 16), so the weight
   tile feeds every row from one load.
@@ -161,8 +161,8 @@ def linear(
         h = silu_and_mul(x2, backend=chosen) if gated_input else x2
         return F.linear(h, weight, bias).view(*lead, n)
     if gated_input and rows > 1:
-        # Computing silu * up inside the MMA kernel's load stalls its pipeline (3x slower measured):
-        # past one row the activation runs as its own kernel.
+        # Computing silu * up inside the MMA kernel's load stalls its pipeline (far slower than a separate
+        # kernel): past one row the activation runs as its own kernel.
         x2, gated_input = silu_and_mul(x2, backend=chosen), False
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
     run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=skinny_tiles(rows, weight.shape[1]))
@@ -178,8 +178,8 @@ class SkinnyTiles:
 
 
 def skinny_tiles(rows: int, k: int) -> SkinnyTiles:
-    """Tiles from benchmarks/bench_linear.py --sweep on the H200 (Llama-3-8B's projections)."""
-    if rows == 1:  # longer K steps pay off on long rows (down: 29.2 vs 31.6 us at K=14336)
+    """Tiles from benchmarks/bench_linear.py --sweep (Llama-3-8B's projections)."""
+    if rows == 1:  # longer K steps pay off on long rows (fewer reduction steps per weight row)
         return SkinnyTiles(8, min(1024 if k >= 8192 else 512, triton.next_power_of_2(k)), 4, 1)
     return SkinnyTiles(64, min(128, max(16, triton.next_power_of_2(k))), 4, 6)
 

@@ -35,8 +35,8 @@ def mla_tiles(num_heads: int, itemsize: int = 2, *, interpret: bool = False) -> 
     fp32 (exact products, no tensor-core path) takes the smallest tiles to fit shared memory."""
     if interpret or itemsize >= 4:
         return MlaTiles(16, 16, 4 if not interpret else 1, 1)
-    # H200 sweep (benchmarks/bench_mla.py --sweep, results/sweep_mla_h200.log), B=64 L=4k bf16:
-    # Hq=16 0.202 -> 0.129 ms with 128-row tiles; Hq=128 0.473 -> 0.398 ms with 64-row tiles, one stage.
+    # From benchmarks/bench_mla.py --sweep (B=64 L=4k bf16): few heads stream the cache in 128-position
+    # steps; many heads take 64-row head tiles, 64-position steps and one stage.
     if num_heads <= 16:
         return MlaTiles(16, 128, 8, 2)
     return MlaTiles(64, 64, 8, 1)
@@ -155,8 +155,8 @@ def _mla_combine_kernel(
 
 def mla_num_splits(programs: int, max_kv_len: int, tiles: MlaTiles, device: torch.device) -> int:
     """Slices per token, each >= 4 row tiles: enough programs for two waves of the SMs when the step
-    streams the cache (few heads); one wave when tall head tiles make it compute-heavy (the H200 sweep:
-    Hq=128, B=64 ran fastest unsplit at 128 programs)."""
+    streams the cache (few heads); one wave when tall head tiles make it compute-heavy (bench_mla.py's
+    sweep: Hq=128, B=64 ran fastest unsplit at 128 programs)."""
     block_n = tiles.block_n
     if SETTINGS.triton_interpret:
         return min(4, max(1, max_kv_len // (4 * block_n)))

@@ -32,7 +32,8 @@ class TileConfig:
 def tile_config(
     num_pairs: int, num_experts: int, itemsize: int = 2, *, interpret: bool = False
 ) -> TileConfig:
-    """Tile shape from the mean rows per expert, known on the host without a sync (H200-tuned for bf16).
+    """Tile shape from the mean rows per expert, known on the host without a sync (tuned for bf16 by
+    benchmarks/bench_moe.py's sweep).
 
     Few rows per expert (decode): the step streams expert weights, so short tiles waste the fewest
     padded rows, and narrow n-tiles give a handful of pairs enough programs to load with every SM.
@@ -55,7 +56,7 @@ def tile_config(
 
 def down_tile_config(gate_up_config: TileConfig) -> TileConfig:
     """The down GEMM keeps the ordering's row tiles (block_m) but has one accumulator where gate/up has
-    two: with tall tiles it takes twice the width (H200 sweep, Qwen3-30B-A3B T=4096: 0.919 -> 0.892 ms).
+    two: with tall tiles it takes twice the width (benchmarks/bench_moe.py's sweep chose it).
     """
     if gate_up_config.block_m >= 128:
         return TileConfig(gate_up_config.block_m, 256, 64, num_warps=8, num_stages=3)

@@ -14,9 +14,8 @@ from atom_kernels.settings import Backend, resolve_backend
 def rotary_tiles(num_q_heads: int, num_k_heads: int, half: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_T, num_warps) of a launch: BLOCK_T tokens per program.
 
-    H200 sweep at T=16k (benchmarks/sweep_rotary.py, results/sweep_rotary_h200.log): one token per
-    program with one or two warps beat every multi-token tile and 4-8 warps, as small programs pack
-    more loads in flight per SM (Llama-3 8B 105.6 -> 89.8 us, Qwen3.5 MRoPE 31.3 -> 25.9 us).
+    One token per program with one or two warps, which benchmarks/sweep_rotary.py found faster than every
+    multi-token tile and than 4-8 warps: small programs pack more loads in flight per SM.
     """
     block_qh, block_kh, block_half = (triton.next_power_of_2(n) for n in (num_q_heads, num_k_heads, half))
     per_token = (block_qh + block_kh) * block_half

@@ -8,9 +8,20 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 
+from fastapi.responses import StreamingResponse
+
 from atom_core.engine.async_engine import EngineDead, RequestFailed
 from atom_core.engine.outputs import RequestOutput
 from atom_core.entrypoints.openai.responses import Formatter, error_body, usage
+
+
+def event_stream(
+    first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
+) -> StreamingResponse:
+    """The streaming answer to a request whose first output is `first` and the rest still to come."""
+    return StreamingResponse(
+        stream_events(first, stream, fmt, include_usage=include_usage), media_type="text/event-stream"
+    )
 
 
 async def stream_events(

@@ -1,0 +1,81 @@
+"""Errors in OpenAI's envelope, with nothing internal in a message.
+
+A handler refuses a request by raising ApiError anywhere below it (checks stay one-liners, no response
+threaded back up); install_error_handlers answers that, a body failing its schema, an unknown route or
+method, and any crash, all in the same envelope.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from atom_core.engine.async_engine import EngineDead, RequestFailed
+from atom_core.entrypoints.openai.responses import error_body
+
+logger = logging.getLogger("atom.server")
+
+
+def error_response(
+    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+) -> JSONResponse:
+    return JSONResponse(error_body(status, message, kind, code), status_code=status)
+
+
+class ApiError(Exception):
+    """A request refused (4xx) or failed (5xx); answered as error_response(status, message, kind, code)."""
+
+    def __init__(
+        self, status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+    ):
+        super().__init__(message)
+        self.status, self.message, self.kind, self.code = status, message, kind, code
+
+
+def engine_dead(reason: str) -> ApiError:
+    return ApiError(503, f"the engine is dead: {reason}", "service_unavailable")
+
+
+def engine_failure(err: RequestFailed | EngineDead) -> ApiError:
+    """A dead engine is the server's state (503); a failed request is this request's alone (500)."""
+    if isinstance(err, EngineDead):
+        return engine_dead(str(err))
+    return ApiError(500, f"the engine failed this request: {err}", "internal_error")
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    app.add_exception_handler(ApiError, _api_error)
+    app.add_exception_handler(RequestValidationError, _invalid_body)
+    app.add_exception_handler(HTTPException, _http_error)
+    app.add_exception_handler(Exception, _internal)
+
+
+async def _api_error(request: Request, err: ApiError) -> JSONResponse:
+    return error_response(err.status, err.message, err.kind, err.code)
+
+
+async def _invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
+    """The first problem, named by its field's path (pydantic's wording kept where it is already clear)."""
+    first = err.errors()[0] if err.errors() else {}
+    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
+    message = first.get("msg", "invalid request")
+    if first.get("type") == "extra_forbidden":
+        message = "this field is not supported"
+    elif first.get("type") == "json_invalid":
+        message = "the body is not valid JSON"
+    return error_response(400, f"{where}: {message}")
+
+
+async def _http_error(request: Request, err: HTTPException) -> JSONResponse:
+    """Starlette's own errors: an unknown route (404), a wrong method (405)."""
+    kind = "invalid_request_error" if err.status_code < 500 else "error"
+    return error_response(err.status_code, str(err.detail), kind)
+
+
+async def _internal(request: Request, err: Exception) -> JSONResponse:
+    logger.exception("unhandled error on %s %s", request.method, request.url.path)
+    return error_response(500, "internal server error", "internal_error")

@@ -1,0 +1,46 @@
+"""What a request must satisfy beyond its body's schema (protocol.py): the model it names, its sampling
+fields together, and a chat's prompt fitting the model. Each refusal is a 400/404 ApiError naming the
+problem, raised before the engine sees the request."""
+
+from __future__ import annotations
+
+from atom_core.engine.async_engine import AsyncEngine
+from atom_core.engine.sampling_params import SamplingParams
+from atom_core.entrypoints.openai.chat import chat_prompt_ids
+from atom_core.entrypoints.openai.errors import ApiError
+from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
+
+
+def check_model(asked: str | None, served: str) -> None:
+    """No model named means the one served."""
+    if asked is not None and asked != served:
+        raise ApiError(
+            404, f"the model {asked!r} does not exist (this server serves {served!r})", code="model_not_found"
+        )
+
+
+def completion_params(body: CompletionRequest) -> SamplingParams:
+    try:
+        return body.checked_params()
+    except ValueError as err:
+        raise ApiError(400, str(err)) from err
+
+
+async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
+    """The chat's prompt token ids, and its sampling params (whose default budget is the room left)."""
+    tokenizer = engine.engine.tokenizer
+    if tokenizer is None:
+        raise ApiError(400, "this model has no tokenizer, so no chat template")
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    # refused on its size before the tokenizer spends time on it
+    if (chars := sum(len(m["content"]) for m in messages)) > engine.engine.max_prompt_chars:
+        raise ApiError(
+            400,
+            f"the messages have {chars} characters: more than max_model_len "
+            f"{engine.engine.max_model_len} tokens can hold",
+        )
+    try:
+        ids = await engine.run_tokenizer(chat_prompt_ids, tokenizer, messages)
+        return ids, body.checked_params(room=engine.engine.max_model_len - len(ids))
+    except ValueError as err:
+        raise ApiError(400, str(err)) from err

@@ -1,10 +1,18 @@
 import os
+import sys
+from pathlib import Path
 
 import pytest
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+# Tests import their shared helpers from core_support.py, beside this file: --import-mode=importlib puts no
+# test directory on sys.path, so this one is put there (processes the tests spawn inherit it).
+sys.path.insert(0, str(Path(__file__).parent))
+
+from core_support import TINY_LLAMA, free_port, hf_greedy, random_checkpoint
 
 
 @pytest.fixture
@@ -21,16 +29,15 @@ class PagedRunner:
     def __init__(
         self, model, config, backend_block_size=4, num_blocks=96, seed=0, layout="flash", device="cpu"
     ):
-        from atom_core.attention import allocate_kv_caches
+        from atom_core.cache import allocate_caches, collect_cache_specs
         from atom_core.config import CacheConfig
 
         self.model, self.config, self.block_size, self.device = model, config, backend_block_size, device
-        kv_heads = model.model.layers[0].self_attn.num_kv_heads
-        self.caches = allocate_kv_caches(
-            config,
+        self.caches = allocate_caches(
+            collect_cache_specs(model),
             CacheConfig(block_size=backend_block_size, layout=layout),
+            dtype=config.dtype,
             num_blocks=num_blocks,
-            num_kv_heads=kv_heads,
             device=device,
         )
         generator = torch.Generator().manual_seed(seed)
@@ -64,7 +71,7 @@ class PagedRunner:
             device=self.device,
         )
         pos = torch.tensor(positions, device=self.device)
-        with bind_forward_context(ForwardContext(pos, meta, self.caches)), torch.no_grad():
+        with bind_forward_context(ForwardContext({"paged": meta}, self.caches)), torch.no_grad():
             logits = self.model.compute_logits(self.model(torch.tensor(ids, device=self.device), pos))
         out, offset = {}, 0
         for seq, n in zip(new_tokens, q_lens, strict=True):
@@ -88,35 +95,10 @@ def paged_runner():
     return PagedRunner
 
 
-def hf_greedy(model, prompt, steps):
-    """Plain argmax decoding with transformers' own KV cache (no logits processors: generate() would, e.g.,
-    suppress EOS under min_new_tokens)."""
-    tokens, past = list(prompt), None
-    with torch.no_grad():
-        step_input = torch.tensor([prompt])
-        for _ in range(steps):
-            out = model(step_input, past_key_values=past, use_cache=True)
-            past = out.past_key_values
-            tokens.append(int(out.logits[0, -1].argmax()))
-            step_input = torch.tensor([[tokens[-1]]])
-    return tokens[len(prompt) :]
-
-
 @pytest.fixture
 def hf_greedy_tokens():
     """hf_greedy(model, prompt, steps): transformers' greedy continuation (an argmax loop over its KV cache)."""
     return hf_greedy
-
-
-TINY_LLAMA = dict(
-    vocab_size=151,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
 
 
 @pytest.fixture(scope="session")
@@ -127,24 +109,13 @@ def tiny_llama(tmp_path_factory):
     def make(**overrides):
         key = repr(sorted(overrides.items()))
         if key not in made:
-            from transformers import AutoModelForCausalLM, LlamaConfig
+            from transformers import LlamaConfig
 
-            torch.manual_seed(0)
-            model = AutoModelForCausalLM.from_config(LlamaConfig(**{**TINY_LLAMA, **overrides})).eval()
             path = tmp_path_factory.mktemp("tiny-llama") / "ckpt"
-            model.save_pretrained(path)
-            made[key] = (model, path)
+            made[key] = random_checkpoint(LlamaConfig(**{**TINY_LLAMA, **overrides}), path)
         return made[key]
 
     return make
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

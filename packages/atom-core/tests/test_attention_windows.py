@@ -9,7 +9,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+from core_support import TINY, random_checkpoint
+from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core import LLM, SamplingParams
 from atom_core.attention import PagedAttentionBackend
@@ -17,15 +18,7 @@ from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.loader import build_model, load_checkpoint
 
-BASE = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=4,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+BASE = dict(TINY, num_hidden_layers=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
 WINDOWED = {
     # Qwen3: layers from max_window_layers on slide; the others are full.
@@ -63,12 +56,8 @@ def _hf_windows(hf_model) -> list:
     return [getattr(layer.self_attn, "sliding_window", None) for layer in hf_model.model.layers]
 
 
-def _save(tmp_path, config_cls, overrides, seed=0):
-    torch.manual_seed(seed)
-    hf = AutoModelForCausalLM.from_config(config_cls(**{**BASE, **overrides})).eval()
-    path = tmp_path / "ckpt"
-    hf.save_pretrained(path)
-    return hf, path
+def _save(tmp_path, config_cls, overrides):
+    return random_checkpoint(config_cls(**{**BASE, **overrides}), tmp_path / "ckpt")
 
 
 def _atom_windows(path) -> list:

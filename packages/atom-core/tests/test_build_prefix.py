@@ -1,5 +1,6 @@
 """build_model's prefix: an adapter nests the model under its own attribute, and each attention layer's
-AttentionLayerSpec.prefix must be that layer's real module path (engines use it as the layer's name)."""
+AttentionLayerSpec.prefix must be that layer's real module path (engines use it as the layer's name); every
+linear knows its own module path too (its weight format is chosen by it)."""
 
 import pytest
 import torch
@@ -7,6 +8,7 @@ from torch import nn
 
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
+from atom_core.layers.linear import LinearBase
 from atom_core.loader import build_model
 
 HF = {
@@ -23,6 +25,7 @@ class RecordingBackend:
     """An attention backend whose layers are modules, as an engine adapter's are."""
 
     name = "recording"
+    layer_kinds = frozenset({"mha", "sliding"})
 
     def __init__(self):
         self.specs = []
@@ -51,3 +54,35 @@ def test_attention_prefixes_are_module_paths(arch, prefix):
     for spec in backend.specs:
         assert spec.prefix in paths, spec.prefix
         assert spec.prefix == f"{prefix}model.layers.{spec.layer_index}.self_attn.attn"
+    linears = {name: m for name, m in wrapper.named_modules() if isinstance(m, LinearBase)}
+    assert len(linears) >= 3 * 3  # qkv, o, and the MLP's or the router's per layer
+    for name, linear in linears.items():
+        assert linear.prefix == name
+        assert linear.quant_method.name == "unquantized"
+
+
+def test_a_backend_without_a_layer_kind_is_refused_naming_the_architecture():
+    class FullOnly(RecordingBackend):
+        layer_kinds = frozenset({"mha"})
+
+    hf = {
+        "architectures": ["Qwen3ForCausalLM"],
+        **HF,
+        "layer_types": ["full_attention", "sliding_attention"] * 1,
+    }
+    hf["num_hidden_layers"] = 2
+    hf.update(use_sliding_window=True, sliding_window=8)
+    config = ModelConfig.from_hf_dict(hf, dtype=torch.float32)
+    with pytest.raises(ValueError, match=r"Qwen3ForCausalLM has sliding layers.*'recording'"):
+        build_model(config, BuildContext(FullOnly()))
+
+
+def test_a_quantized_checkpoint_is_refused_by_its_method():
+    hf = {
+        "architectures": ["LlamaForCausalLM"],
+        **HF,
+        "quantization_config": {"quant_method": "awq", "bits": 4},
+    }
+    config = ModelConfig.from_hf_dict(hf, dtype=torch.float32)
+    with pytest.raises(ValueError, match="quant_method 'awq' is not supported"):
+        build_model(config, BuildContext(RecordingBackend()))

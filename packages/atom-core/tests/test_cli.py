@@ -118,3 +118,40 @@ def test_generate_with_tensor_parallel_2_equals_1(atom_cache, capsys):
     single = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert main([*args, "--tensor-parallel-size", "2"]) == 0
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["token_ids"] == single["token_ids"]
+
+
+ENGINE_OPTIONS = {  # every engine option, each away from its default
+    "--model": "/ckpt",
+    "--dtype": "bfloat16",
+    "--load-format": "dummy",
+    "--max-model-len": "99",
+    "--tensor-parallel-size": "2",
+    "--block-size": "32",
+    "--num-kv-blocks": "7",
+    "--kv-cache-dtype": "fp8",
+    "--kv-layout": "shuffle",
+    "--max-num-seqs": "5",
+    "--max-num-batched-tokens": "333",
+    "--device": "cpu",
+    "--kernel-backend": "torch",
+    "--gpu-memory-utilization": "0.5",
+}
+ENGINE_FLAGS = [*(part for pair in ENGINE_OPTIONS.items() for part in pair), "--enforce-eager"]
+
+
+def test_generate_serve_and_bench_accept_every_engine_option_alike():
+    from dataclasses import fields
+
+    from atom_core.cli import _build_parser
+    from atom_core.engine import EngineConfig
+
+    parser = _build_parser()
+    configs = {
+        cmd: EngineConfig.from_cli_args(parser.parse_args([cmd, *ENGINE_FLAGS]))
+        for cmd in ("generate", "serve", "bench")
+    }
+    assert configs["generate"] == configs["serve"] == configs["bench"]
+    defaults = EngineConfig()
+    assert all(getattr(configs["serve"], f.name) != getattr(defaults, f.name) for f in fields(EngineConfig))
+    for cmd in ("generate", "serve", "bench"):  # and with no flags, the dataclass's defaults
+        assert EngineConfig.from_cli_args(parser.parse_args([cmd])) == defaults

@@ -2,7 +2,8 @@
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+from core_support import random_checkpoint
+from transformers import LlamaConfig, Qwen3MoeConfig
 
 from atom_core.engine import LLM, SamplingParams
 
@@ -13,7 +14,6 @@ MAX_TOKENS = [24, 9, 30, 17, 12]  # the batch shrinks as requests finish: severa
 
 
 def _checkpoint(tmp_path, cls, **kw):
-    torch.manual_seed(0)
     config = cls(
         vocab_size=512,
         hidden_size=256,
@@ -24,8 +24,7 @@ def _checkpoint(tmp_path, cls, **kw):
         max_position_embeddings=512,
         **kw,
     )
-    AutoModelForCausalLM.from_config(config).save_pretrained(tmp_path / "ckpt")
-    return tmp_path / "ckpt"
+    return random_checkpoint(config, tmp_path / "ckpt")[1]
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,7 @@ import time
 import httpx
 import pytest
 
-from atom_core import LLMEngine, SamplingParams
+from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.cli import main
 from atom_core.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
 from atom_core.engine.model_runner import ModelRunner
@@ -23,7 +23,7 @@ def checkpoint(tiny_llama):
 
 
 def _engine(path) -> LLMEngine:
-    return LLMEngine(path, kernel_backend="torch", block_size=4, num_kv_blocks=64)
+    return LLMEngine(EngineConfig(path, kernel_backend="torch", block_size=4, num_kv_blocks=64))
 
 
 def _drain(engine: LLMEngine) -> dict:

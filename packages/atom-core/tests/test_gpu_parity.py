@@ -6,7 +6,8 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from core_support import random_checkpoint
+from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
@@ -37,9 +38,7 @@ LARGE = dict(
     ],
 )
 def test_bf16_teacher_forced_parity(tmp_path, paged_runner, cls, overrides):
-    torch.manual_seed(0)
-    hf = AutoModelForCausalLM.from_config(cls(**{**LARGE, **overrides}), dtype=torch.bfloat16).cuda().eval()
-    hf.save_pretrained(tmp_path / "ckpt")
+    hf = random_checkpoint(cls(**{**LARGE, **overrides}), tmp_path / "ckpt", dtype=torch.bfloat16)[0].cuda()
     config = ModelConfig.from_pretrained(tmp_path / "ckpt", dtype="bfloat16")
     model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="triton"), device="cuda"))
     load_checkpoint(model, tmp_path / "ckpt")

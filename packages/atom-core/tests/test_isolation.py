@@ -1,8 +1,8 @@
 """Two models in one process, built with different attention backends, run interleaved without interfering."""
 
 import pytest
-import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3Config
+from core_support import TINY, random_checkpoint
+from transformers import LlamaConfig, Qwen3Config
 
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
@@ -10,21 +10,11 @@ from atom_core.config import ModelConfig
 from atom_core.forward_context import current_forward_context
 from atom_core.loader import build_model, load_checkpoint
 
+SMALL = dict(TINY, vocab_size=80, hidden_size=32, intermediate_size=48)
+
 
 def _saved(tmp_path, cls, name, seed, **kw):
-    torch.manual_seed(seed)
-    cfg = cls(
-        vocab_size=80,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        **kw,
-    )
-    path = tmp_path / name
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(path)
-    return path
+    return random_checkpoint(cls(**SMALL, **kw), tmp_path / name, seed=seed)[1]
 
 
 def _load(path, backend):

@@ -4,8 +4,9 @@ import json
 
 import pytest
 import torch
+from core_support import TINY, random_checkpoint
 from safetensors.torch import load_file, save_file
-from transformers import AutoModelForCausalLM, LlamaConfig
+from transformers import LlamaConfig
 
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
@@ -17,18 +18,8 @@ from atom_core.registry import UnsupportedArchitecture, supported_architectures
 
 @pytest.fixture
 def checkpoint(tmp_path):
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=64,
-        hidden_size=32,
-        intermediate_size=48,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-    )
-    path = tmp_path / "ckpt"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
-    return path
+    config = LlamaConfig(**dict(TINY, vocab_size=64, hidden_size=32, intermediate_size=48))
+    return random_checkpoint(config, tmp_path / "ckpt")[1]
 
 
 def _model(path):

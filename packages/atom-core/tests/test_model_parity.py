@@ -7,22 +7,15 @@ transformers' greedy tokens for 32 steps.
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+from core_support import TINY, random_checkpoint
+from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.loader import build_model, load_checkpoint
 
-BASE = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=3,
-    num_attention_heads=8,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+BASE = dict(TINY, num_hidden_layers=3, num_attention_heads=8)
 ROPE = dict(rope_theta=10000.0)
 CASES = {
     "llama-gqa4": (LlamaConfig, {}),
@@ -141,13 +134,9 @@ CASES = {
 }
 
 
-def save_hf_model(tmp_path, config_cls, overrides, shard=False, seed=0):
-    torch.manual_seed(seed)
+def save_hf_model(tmp_path, config_cls, overrides, shard=False):
     config = config_cls(**{**BASE, **overrides})
-    model = AutoModelForCausalLM.from_config(config).eval()
-    path = tmp_path / "ckpt"
-    model.save_pretrained(path, max_shard_size="40KB" if shard else "5GB")
-    return model, path
+    return random_checkpoint(config, tmp_path / "ckpt", max_shard_size="40KB" if shard else None)
 
 
 def atom_model(path, kernel_backend="torch"):

@@ -1,7 +1,8 @@
 import json
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen3Config
+from core_support import random_checkpoint
+from transformers import Qwen3Config
 
 from atom_core.config import ModelConfig
 from atom_core.registry import get_model_spec, supported_architectures
@@ -34,10 +35,10 @@ def test_generation_config_is_read(tmp_path):
         num_key_value_heads=1,
         head_dim=8,
     )
-    model = AutoModelForCausalLM.from_config(config)
+    model, _ = random_checkpoint(config, tmp_path)
     model.generation_config.temperature = 0.7
     model.generation_config.do_sample = True
-    model.save_pretrained(tmp_path)
+    model.generation_config.save_pretrained(tmp_path)
     loaded = ModelConfig.from_pretrained(tmp_path)
     assert loaded.generation["temperature"] == 0.7
     assert loaded.generation == json.loads((tmp_path / "generation_config.json").read_text())

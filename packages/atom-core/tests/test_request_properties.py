@@ -8,7 +8,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from atom_core import LLMEngine, SamplingParams
+from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.demo import ensure_demo_checkpoint
 from atom_core.engine.sampler import sample
 from atom_core.engine.sequence import Sequence
@@ -49,7 +49,9 @@ def engine(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("ATOM_CACHE_DIR", str(tmp_path_factory.mktemp("atom-cache")))
         path = ensure_demo_checkpoint(log=lambda _: None)
-    return LLMEngine(path, kernel_backend="torch", block_size=16, num_kv_blocks=16, max_model_len=64)
+    return LLMEngine(
+        EngineConfig(path, kernel_backend="torch", block_size=16, num_kv_blocks=16, max_model_len=64)
+    )
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

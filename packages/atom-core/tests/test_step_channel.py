@@ -2,12 +2,12 @@
 
 import os
 import signal
-import socket
 import time
 
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from core_support import free_port
 
 from atom_core.engine.step_channel import StepChannel
 
@@ -17,12 +17,6 @@ MESSAGES = [
     "small",
     {"tables": [[7] * 300] * 4},
 ]  # 2nd, 4th > 256 bytes
-
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _init(rank: int, port: int):
@@ -41,7 +35,7 @@ def _echo(rank: int, port: int, channel: StepChannel, out) -> None:
 
 def test_workers_receive_every_message_in_order_small_and_oversized():
     ctx = mp.get_context("spawn")
-    port = _port()
+    port = free_port()
     channel = StepChannel(2, ctx, capacity=256)  # two of the messages take the gloo path
     out = ctx.Queue()
     workers = [ctx.Process(target=_echo, args=(r, port, channel, out), daemon=True) for r in (1, 2)]

@@ -1,16 +1,17 @@
 """Tensor parallel on the CPU: two gloo ranks, each loading only its shards, give the TP=1 logits."""
 
 import os
-import socket
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from transformers import AutoModelForCausalLM, LlamaConfig, Qwen3MoeConfig
+from core_support import TINY, free_port, random_checkpoint
+from transformers import LlamaConfig, Qwen3MoeConfig
 
-from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata, allocate_kv_caches
+from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
+from atom_core.cache import allocate_caches, collect_cache_specs
 from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.loader import build_model, load_checkpoint
@@ -25,16 +26,15 @@ def _logits(path, parallel: ParallelConfig) -> torch.Tensor:
         config, BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=parallel)
     )
     load_checkpoint(model, path)
-    kv_heads = model.model.layers[0].self_attn.num_kv_heads
-    caches = allocate_kv_caches(
-        config, CacheConfig(block_size=4), num_blocks=8, num_kv_heads=kv_heads, device="cpu"
+    caches = allocate_caches(
+        collect_cache_specs(model), CacheConfig(block_size=4), dtype=config.dtype, num_blocks=8, device="cpu"
     )
     meta = PagedAttentionMetadata.build(
         query_lens=[7, 4], seq_lens=[7, 4], block_tables=[[5, 2], [7]], block_size=4
     )
     ids = torch.tensor(PROMPTS[0] + PROMPTS[1])
     positions = torch.tensor(list(range(7)) + list(range(4)))
-    with bind_forward_context(ForwardContext(positions, meta, caches)), torch.no_grad():
+    with bind_forward_context(ForwardContext({"paged": meta}, caches)), torch.no_grad():
         return model.compute_logits(model(ids, positions))
 
 
@@ -49,12 +49,6 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(
     ("cls", "overrides"),
     [
@@ -64,21 +58,11 @@ def _free_port() -> int:
     ],
 )
 def test_tp2_equals_tp1(tmp_path, cls, overrides):
-    torch.manual_seed(0)
-    config = cls(
-        vocab_size=211,
-        hidden_size=64,
-        intermediate_size=96,
-        num_hidden_layers=2,
-        num_attention_heads=8,
-        **{"num_key_value_heads": 2, **overrides},
-    )
-    path = tmp_path / "ckpt"
-    AutoModelForCausalLM.from_config(config).save_pretrained(path)
+    _, path = random_checkpoint(cls(**{**TINY, "num_attention_heads": 8, **overrides}), tmp_path / "ckpt")
     single = _logits(path, ParallelConfig())
     out = str(tmp_path / "logits")
     mp.start_processes(
-        _rank, args=(2, _free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
+        _rank, args=(2, free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
     )
     for rank in range(2):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)

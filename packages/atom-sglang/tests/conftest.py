@@ -3,7 +3,8 @@ from pathlib import Path
 
 import pytest
 
-# pytest runs with --import-mode=importlib, so the harness modules beside the tests are put on the path here.
+# pytest runs with --import-mode=importlib, so the modules beside the tests (sglang_support, sglang_harness)
+# are put on the path here.
 sys.path.insert(0, str(Path(__file__).parent))
 
 
@@ -24,28 +25,15 @@ def fresh_process(monkeypatch):
 def checkpoint_for(tmp_path_factory):
     """checkpoint_for(architecture, **overrides): a random transformers checkpoint saved once per session
     (overrides change the architecture's tiny config, e.g. to add attention windows)."""
+    from sglang_support import random_checkpoint, tiny_config
+
     made = {}
 
     def get(architecture: str, **overrides):
         key = f"{architecture}{sorted(overrides.items())}"
         if key not in made:
-            import torch
-            import transformers
-            from checkpoints import ARCHITECTURES
-
-            family = architecture.removesuffix("ForCausalLM")
-            config = getattr(transformers, f"{family}Config")(
-                vocab_size=300,
-                hidden_size=64,
-                intermediate_size=96,
-                num_hidden_layers=2,
-                max_position_embeddings=256,
-                **{**ARCHITECTURES[architecture], **overrides},
-            )
-            torch.manual_seed(0)
-            path = tmp_path_factory.mktemp(family)
-            transformers.AutoModelForCausalLM.from_config(config).save_pretrained(path)
-            made[key] = path
+            path = tmp_path_factory.mktemp(architecture.removesuffix("ForCausalLM"))
+            made[key] = random_checkpoint(tiny_config(architecture, **overrides), path)[1]
         return made[key]
 
     return get

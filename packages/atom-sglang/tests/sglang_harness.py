@@ -172,12 +172,3 @@ class SglangHarness:
             self.backend.init_forward_metadata(batch)
             out = self.model(batch.input_ids, batch.positions, batch)
         return out.next_token_logits
-
-
-def transformers_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:
-    """transformers' logits at every position of one sequence, [len(tokens), vocab] (fp32)."""
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
-    with torch.no_grad():
-        return model(torch.tensor([tokens])).logits[0]

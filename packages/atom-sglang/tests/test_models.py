@@ -3,9 +3,9 @@ real), through the adapter's "atom" attention backend, against transformers' log
 
 import pytest
 import torch
-from checkpoints import ARCHITECTURES
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_harness import SglangHarness, transformers_logits
+from sglang_harness import SglangHarness
+from sglang_support import ARCHITECTURES, transformers_logits
 
 from atom_core.integration import current_forward_context
 

@@ -1,6 +1,12 @@
+import sys
 from importlib import metadata
+from pathlib import Path
 
 import pytest
+
+# pytest runs with --import-mode=importlib, so vllm_support.py (the helpers the tests share) is put on the
+# path here.
+sys.path.insert(0, str(Path(__file__).parent))
 
 
 def _installed(dist: str) -> bool:

@@ -11,11 +11,19 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from atom_core.engine import LLM, CompletionOutput, LLMEngine, RequestOutput, SamplingParams
+    from atom_core.engine import LLM, CompletionOutput, EngineConfig, LLMEngine, RequestOutput, SamplingParams
 
-_ENGINE_NAMES = ("LLM", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput")
+_ENGINE_NAMES = ("LLM", "EngineConfig", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput")
 
-__all__ = ["LLM", "CompletionOutput", "LLMEngine", "RequestOutput", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLMEngine",
+    "RequestOutput",
+    "SamplingParams",
+    "__version__",
+]
 
 
 def __getattr__(name: str):

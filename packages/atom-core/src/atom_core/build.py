@@ -1,4 +1,5 @@
-"""What a model is built with: the attention backend to use, the parallel setup, the device."""
+"""What a model is built with: the attention backend to use, the parallel setup, the device, and the
+weight format its linears take (set by build_model from the checkpoint's config)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import torch
 
 from atom_core.attention.backend import AttentionBackend
 from atom_core.config import ParallelConfig
+from atom_core.quantization import QuantConfig
 
 
 @dataclass(slots=True)
@@ -15,3 +17,4 @@ class BuildContext:
     attention_backend: AttentionBackend
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: torch.device | str = "cpu"
+    quant_config: QuantConfig | None = None

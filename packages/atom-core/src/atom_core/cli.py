@@ -31,15 +31,10 @@ def _parse_token_ids(raw: str) -> list[int]:
 
 
 def _with_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
-    """The engine options generate, serve and bench share."""
-    parser.add_argument("--model", type=Path, help="HF checkpoint dir (safetensors); default: built-in demo")
-    parser.add_argument("--load-format", choices=["safetensors", "dummy"], default="safetensors")
-    parser.add_argument("--tensor-parallel-size", type=int, default=1)
-    parser.add_argument(
-        "--enforce-eager", action="store_true", help="no CUDA graphs for decode (CPU: always eager)"
-    )
-    parser.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
-    return parser
+    """Every engine option (EngineConfig's), the same for generate, serve and bench."""
+    from atom_core.engine.config import EngineConfig
+
+    return EngineConfig.add_cli_args(parser)
 
 
 def _build_parser() -> argparse.ArgumentParser:
@@ -76,9 +71,6 @@ def _build_parser() -> argparse.ArgumentParser:
     )
     serve.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     serve.add_argument("--served-model-name", default=None)
-    serve.add_argument("--max-model-len", type=int, default=None)
-    serve.add_argument("--max-num-seqs", type=int, default=256)
-    serve.add_argument("--num-kv-blocks", type=int, default=None)
     limits = ServerLimits()
     serve.add_argument("--max-request-bytes", type=int, default=limits.max_body_bytes, help="413 above this")
     serve.add_argument(
@@ -101,33 +93,21 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=64)
-    bench.add_argument("--max-num-seqs", type=int, default=256)
-    bench.add_argument("--num-kv-blocks", type=int, default=None)
-    bench.add_argument("--dtype", default="auto")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
 
 
 def _bench(args: argparse.Namespace) -> int:
     from atom_core.demo import ensure_demo_checkpoint
-    from atom_core.engine import LLMEngine
+    from atom_core.engine import EngineConfig, LLMEngine
     from atom_core.entrypoints.bench import run_bench
 
     if min(args.num_prompts, args.input_len, args.output_len) < 1:
         _log("--num-prompts, --input-len and --output-len must be at least 1")
         return 2
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
-    engine = LLMEngine(
-        model_dir,
-        dtype=args.dtype,
-        load_format=args.load_format,
-        max_num_seqs=args.max_num_seqs,
-        num_kv_blocks=args.num_kv_blocks,
-        device=args.device,
-        max_model_len=args.input_len + args.output_len + 8,
-        enforce_eager=args.enforce_eager,
-        tensor_parallel_size=args.tensor_parallel_size,
-    )
+    max_model_len = args.max_model_len or args.input_len + args.output_len + 8
+    engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir, max_model_len=max_model_len))
     try:
         result = run_bench(
             engine, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len
@@ -160,7 +140,7 @@ def _serve(args: argparse.Namespace) -> int:
     import logging
 
     from atom_core.demo import ensure_demo_checkpoint
-    from atom_core.engine import LLMEngine
+    from atom_core.engine import EngineConfig, LLMEngine
     from atom_core.engine.async_engine import AsyncEngine
     from atom_core.entrypoints.openai.app import create_app
     from atom_core.entrypoints.openai.connections import Server, make_server
@@ -177,16 +157,7 @@ def _serve(args: argparse.Namespace) -> int:
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     if args.model is None:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
-    engine = LLMEngine(
-        model_dir,
-        max_model_len=args.max_model_len,
-        max_num_seqs=args.max_num_seqs,
-        num_kv_blocks=args.num_kv_blocks,
-        load_format=args.load_format,
-        device=args.device,
-        tensor_parallel_size=args.tensor_parallel_size,
-        enforce_eager=args.enforce_eager,
-    )
+    engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir))
     server: list[Server] = []
     async_engine = AsyncEngine(engine, on_dead=lambda reason: setattr(server[0], "should_exit", True))
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
@@ -205,7 +176,7 @@ def _serve(args: argparse.Namespace) -> int:
 
 def _generate(args: argparse.Namespace) -> int:
     from atom_core.demo import ensure_demo_checkpoint
-    from atom_core.engine import LLM, SamplingParams
+    from atom_core.engine import LLM, EngineConfig, SamplingParams
 
     try:
         params = SamplingParams(
@@ -225,13 +196,7 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     if args.model is None:
         _log("using the built-in demo checkpoint: RANDOM weights, so the text below is meaningless")
-    llm = LLM(
-        model_dir,
-        device=args.device,
-        load_format=args.load_format,
-        tensor_parallel_size=args.tensor_parallel_size,
-        enforce_eager=args.enforce_eager,
-    )
+    llm = LLM.from_engine_config(EngineConfig.from_cli_args(args, model=model_dir))
     prompts: list = [*args.prompts, *(args.prompt or [])] + [
         {"prompt_token_ids": ids} for ids in args.prompt_token_ids or []
     ]

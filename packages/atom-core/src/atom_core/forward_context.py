@@ -7,20 +7,28 @@ or two engines) each see only the context bound around their own forward.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 
 @dataclass(slots=True)
 class ForwardContext:
-    positions: torch.Tensor  # [T] int64 position of each token in its sequence
-    attn_metadata: Any  # the attention backend's own metadata type
-    kv_caches: Sequence[Any]  # per attention layer, in the backend's own cache type
+    """metadata: per kind (atom_core.cache's "paged", "state", or an adapter's own key), in the backend's
+    own type; caches: per cache index (each layer's `cache_index`), in the backend's own cache type."""
+
+    metadata: Mapping[str, Any]
+    caches: Sequence[Any] = ()
+
+    def metadata_for(self, kind: str) -> Any:
+        try:
+            return self.metadata[kind]
+        except KeyError:
+            raise RuntimeError(
+                f"this forward carries no {kind!r} metadata (it has: {', '.join(self.metadata) or 'none'})"
+            ) from None
 
 
 _CURRENT: ContextVar[ForwardContext | None] = ContextVar("atom_forward_context", default=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -11,7 +12,8 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from atom_core.build import BuildContext
-from atom_core.config import ModelConfig
+from atom_core.config import ConfigError, ModelConfig
+from atom_core.quantization import quant_config_for
 from atom_core.registry import get_model_spec
 
 
@@ -69,9 +71,17 @@ def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.
     prefix: where the model sits in its caller's module tree (e.g. "atom." inside an adapter's wrapper); its
     attention layers' AttentionLayerSpec.prefix is then that module path.
     """
-    cls = get_model_spec(config.architecture).load_class()
+    spec = get_model_spec(config.architecture)
+    kinds = spec.attention_kinds(config)
+    missing = sorted(set(kinds) - set(ctx.attention_backend.layer_kinds))
+    if missing:
+        raise ConfigError(
+            f"{config.architecture} has {', '.join(missing)} layers, which the {ctx.attention_backend.name!r} "
+            f"attention backend cannot build (it builds {', '.join(sorted(ctx.attention_backend.layer_kinds))})"
+        )
+    ctx = replace(ctx, quant_config=ctx.quant_config or quant_config_for(config))
     with torch.device(ctx.device):
-        return cls(config, ctx, prefix).eval()
+        return spec.load_class()(config, ctx, prefix).eval()
 
 
 def load_checkpoint(
@@ -83,6 +93,7 @@ def load_checkpoint(
         for param in model.parameters():
             gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
             param.data.uniform_(-0.05, 0.05, generator=gen)
+        finish_loading(model)
         return
     if load_format != "safetensors":
         raise CheckpointError(f"load_format must be 'safetensors' or 'dummy', got {load_format!r}")
@@ -95,6 +106,15 @@ def load_checkpoint(
         shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
         raise CheckpointError(f"checkpoint {path} is missing tensors for: {shown}")
     _check_finite(model, path)
+    finish_loading(model)
+
+
+def finish_loading(model: nn.Module) -> None:
+    """Each linear's weight method finishes its weights once all are loaded (engines that load weights
+    themselves call this after their own loading)."""
+    for module in model.modules():
+        if (method := getattr(module, "quant_method", None)) is not None:
+            method.process_weights_after_loading(module)
 
 
 def _check_finite(model: nn.Module, path) -> None:

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import importlib
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from atom_core.config import ModelConfig
 
@@ -13,21 +12,19 @@ class UnsupportedArchitecture(ValueError):
     pass
 
 
-def _all_mha(config: ModelConfig) -> tuple[str, ...]:
-    return ("mha",) * config.num_hidden_layers
-
-
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     architecture: str  # the name in config.json's "architectures"
     model_class: str  # "module:Class", imported only when built
-    attention_kinds: Callable[[ModelConfig], tuple[str, ...]] = _all_mha  # per layer: mha, mla, gdn, sliding
-    draft_class: str | None = None  # MTP draft model, "module:Class"
-    adapter_hooks: Mapping[str, str] = field(default_factory=dict)  # hook name -> "module:function"
 
     def load_class(self) -> type:
         module, _, name = self.model_class.partition(":")
         return getattr(importlib.import_module(module), name)
+
+    def attention_kinds(self, config: ModelConfig) -> tuple[str, ...]:
+        """Each layer's kind (mha, sliding, mla, gdn) for this config, as the model class derives it: what
+        an attention backend must be able to build, and what each layer's cache spec says it is."""
+        return tuple(self.load_class().layer_kinds(config))
 
     def packed_modules_mapping(self) -> dict[str, list[str]]:
         """Packed parameter -> checkpoint modules packed into it, e.g. {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}."""

@@ -9,15 +9,14 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-import torch
-
 from atom_core.integration import ForwardContext, bind_forward_context
+
+FORWARD_BATCH = "sglang_forward_batch"  # the ForwardContext's metadata key: SGLang's ForwardBatch itself
 
 
 @contextmanager
-def sglang_forward(forward_batch, positions: torch.Tensor) -> Iterator[ForwardContext]:
-    """Bind forward_batch for the layers of one model forward (they pass it on to RadixAttention)."""
-    with bind_forward_context(
-        ForwardContext(positions=positions, attn_metadata=forward_batch, kv_caches=())
-    ) as ctx:
+def sglang_forward(forward_batch) -> Iterator[ForwardContext]:
+    """Bind forward_batch for the layers of one model forward (they pass it on to RadixAttention, which
+    finds SGLang's pools and backend through it: no caches of ATOM's own)."""
+    with bind_forward_context(ForwardContext({FORWARD_BATCH: forward_batch})) as ctx:
         yield ctx

@@ -26,7 +26,7 @@ def _nothing(wrapper) -> None:
 @dataclass(frozen=True, slots=True)
 class SglangModelSpec:
     architecture: str  # the name SGLang resolves (the wrapper class is named after it)
-    core: ModelSpec  # atom-core's declaration: the model class, attention kinds, draft class
+    core: ModelSpec  # atom-core's declaration: the model class and its layer kinds
     role: str = "target"  # "target", or "draft" for MTP/NextN heads run by SGLang's speculative worker
     prepare_config: Callable[[dict], dict] = _same  # SGLang's HF config dict -> what atom-core builds from
     checkpoint_prefix: str = ""  # only tensors under it are the model's, with it stripped

@@ -16,8 +16,8 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from atom_core.integration import build_for_engine
-from atom_sglang.attention.layer import SglangAttentionBackend
+from atom_core.integration import build_for_engine, finish_loading
+from atom_sglang.attention.layer import CoreAttentionBackend
 from atom_sglang.runtime import sglang_forward
 from atom_sglang.specs import SglangModelSpec, adapter_spec
 
@@ -42,7 +42,7 @@ class AtomForCausalLM(nn.Module):
         tp_size = parallel.tp_size
         self.atom, _ = build_for_engine(
             self.spec.prepare_config(config.to_dict()),
-            attention_backend=SglangAttentionBackend(self.spec.layer_id),
+            attention_backend=CoreAttentionBackend(self.spec.layer_id),
             dtype=torch.get_default_dtype(),
             device=torch.get_default_device(),  # both set by SGLang's loader
             tp_size=tp_size,
@@ -90,7 +90,7 @@ class AtomForCausalLM(nn.Module):
                 0, self.atom.config.hidden_size, dtype=self.atom.lm_head.weight.dtype, device=input_ids.device
             )
         else:
-            with sglang_forward(forward_batch, positions):
+            with sglang_forward(forward_batch):
                 hidden = self.atom(input_ids, positions, inputs_embeds=input_embeds)
         return self.logits_processor(input_ids, hidden, self.atom.lm_head, forward_batch)
 
@@ -98,7 +98,9 @@ class AtomForCausalLM(nn.Module):
         """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
         cut = self.spec.checkpoint_prefix
         mine = ((name[len(cut) :], tensor) for name, tensor in weights if name.startswith(cut))
-        return {f"{ATOM_PREFIX}.{name}" for name in self.atom.load_weights(mine)}
+        filled = self.atom.load_weights(mine)
+        finish_loading(self.atom)
+        return {f"{ATOM_PREFIX}.{name}" for name in filled}
 
 
 def entry_class(architecture: str) -> type[AtomForCausalLM]:

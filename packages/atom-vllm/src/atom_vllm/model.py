@@ -11,8 +11,8 @@ from torch import nn
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.distributed.parallel_state import get_tp_group
 
-from atom_core.integration import build_for_engine
-from atom_vllm.attention.layer import VllmAttentionBackend
+from atom_core.integration import build_for_engine, finish_loading
+from atom_vllm.attention.layer import CoreAttentionBackend
 
 logger = logging.getLogger("vllm.atom_vllm")
 
@@ -28,7 +28,7 @@ class AtomForCausalLM(nn.Module):
         tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
         self.atom, config = build_for_engine(
             hf_config.to_dict(),
-            attention_backend=VllmAttentionBackend(vllm_config.cache_config),
+            attention_backend=CoreAttentionBackend(vllm_config.cache_config),
             dtype=vllm_config.model_config.dtype,
             device=vllm_config.device_config.device,
             tp_size=tp_size,
@@ -67,4 +67,6 @@ class AtomForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
-        return {f"{ATOM_PREFIX}.{name}" for name in self.atom.load_weights(weights)}
+        filled = self.atom.load_weights(weights)
+        finish_loading(self.atom)
+        return {f"{ATOM_PREFIX}.{name}" for name in filled}

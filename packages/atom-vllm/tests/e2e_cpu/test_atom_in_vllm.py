@@ -7,33 +7,10 @@ runs its own implementation. Each LLM(...) start takes ~20 s (the engine runs in
 """
 
 import pytest
+from vllm_support import ARCHITECTURES
 
 from atom_vllm.diagnostics import describe
 
-# head_dim 32 everywhere: vLLM's own CPU attention (run with ATOM off) supports 32/64/80/96/112/128/256.
-ARCHITECTURES = {
-    "LlamaForCausalLM": dict(num_attention_heads=2, num_key_value_heads=1),
-    "Qwen3ForCausalLM": dict(
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
-    ),
-    "Qwen3MoeForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    ),
-    "Qwen2MoeForCausalLM": dict(
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-    ),
-}
 STEPS = 8
 
 # Ragged prompts; the third shares its first 32 tokens (two 16-token pages) with the first.

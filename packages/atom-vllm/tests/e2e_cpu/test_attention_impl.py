@@ -30,13 +30,13 @@ def test_a_full_layer_does_not_inherit_vllms_model_wide_window():
     from vllm.config import CacheConfig
 
     from atom_core.integration import AttentionLayerSpec
-    from atom_vllm.attention.layer import VllmAttentionBackend
+    from atom_vllm.attention.layer import CoreAttentionBackend
     from atom_vllm.registration import register_attention_backend
 
     register_attention_backend()
     cache = CacheConfig(sliding_window=8)
     with set_current_vllm_config(VllmConfig(cache_config=cache)):
-        backend = VllmAttentionBackend(cache)
+        backend = CoreAttentionBackend(cache)
         full = backend.make_layer(AttentionLayerSpec(0, 4, 2, 32, 0.1, "model.layers.0.self_attn.attn"))
         windowed = backend.make_layer(
             AttentionLayerSpec(1, 4, 2, 32, 0.1, "model.layers.1.self_attn.attn", sliding_window=5)

@@ -2,7 +2,6 @@
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -11,21 +10,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from vllm_support import ARCHITECTURES, free_port
 
-LLAMA = dict(num_attention_heads=2, num_key_value_heads=1)
 STEPS = 8
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
 def server(checkpoint_for, tmp_path):
-    ckpt = checkpoint_for("LlamaForCausalLM", **LLAMA)
-    port = _free_port()
+    ckpt = checkpoint_for("LlamaForCausalLM", **ARCHITECTURES["LlamaForCausalLM"])
+    port = free_port()
     log = tmp_path / "serve.log"
     vllm_cli = Path(sys.executable).with_name("vllm")
     cmd = [

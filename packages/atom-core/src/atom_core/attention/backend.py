@@ -12,16 +12,22 @@ from typing import Protocol
 
 import torch
 
+from atom_core.cache.specs import PagedKVSpec
+
 
 @dataclass(frozen=True, slots=True)
 class AttentionLayerSpec:
-    layer_index: int  # index among the model's attention layers (its KV cache slot)
+    layer_index: int  # index among the model's attention layers (its cache index)
     num_heads: int  # q heads on this rank
     num_kv_heads: int  # KV heads on this rank
     head_dim: int
     scale: float
     prefix: str  # the module path, e.g. "model.layers.3.self_attn.attn"
     sliding_window: int | None = None
+
+    def cache_spec(self) -> PagedKVSpec:
+        """What this layer keeps per token: K and V of its KV heads (the layer's kind: mha or sliding)."""
+        return PagedKVSpec(self.num_kv_heads, self.head_dim, self.sliding_window)
 
 
 class AttentionLayer(Protocol):
@@ -36,5 +42,8 @@ class AttentionLayer(Protocol):
 
 class AttentionBackend(Protocol):
     name: str
+    # The layer kinds (atom_core.cache: mha, sliding, mla, gdn) it can build; a model that needs another
+    # one is refused at build time, naming its architecture and the kind.
+    layer_kinds: frozenset[str]
 
     def make_layer(self, spec: AttentionLayerSpec) -> AttentionLayer: ...

@@ -16,11 +16,16 @@ class PagedAttentionMetadata:
     slot_mapping: torch.Tensor  # [T] int64: cache slot of each new token (-1: padding)
     max_query_len: int
     max_seq_len: int
+    # Set by a caller that knows every sequence adds exactly this many tokens (speculative verify's chain);
+    # plain decode (one token each) is recognized without it.
+    uniform_query_len: int | None = None
 
     @property
-    def is_decode(self) -> bool:
-        """Every sequence adds exactly one token."""
-        return self.max_query_len == 1 and self.slot_mapping.numel() == self.seq_lens.numel()
+    def decode_query_len(self) -> int | None:
+        """Tokens each sequence adds when all add the same few (the decode kernel's case), else None."""
+        if self.uniform_query_len is not None:
+            return self.uniform_query_len
+        return 1 if self.max_query_len == 1 and self.slot_mapping.numel() == self.seq_lens.numel() else None
 
     @classmethod
     def build(

@@ -5,8 +5,9 @@ from __future__ import annotations
 import torch
 
 from atom_core.attention.backend import AttentionLayerSpec
-from atom_core.attention.kv_cache import LayerKVCache
 from atom_core.attention.metadata import PagedAttentionMetadata
+from atom_core.cache.allocate import LayerKVCache
+from atom_core.cache.specs import PAGED
 from atom_core.forward_context import current_forward_context
 from atom_kernels.attention import paged_decode, paged_prefill
 from atom_kernels.cache import write_kv
@@ -16,6 +17,7 @@ class PagedAttentionBackend:
     """kernel_backend: "triton", "torch" (the reference, for the CPU) or None (atom_kernels decides)."""
 
     name = "atom-paged"
+    layer_kinds = frozenset({"mha", "sliding"})
 
     def __init__(self, layout: str = "flash", kernel_backend: str | None = None):
         self.layout = layout
@@ -35,14 +37,14 @@ class PagedAttentionLayer:
 
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         ctx = current_forward_context()
-        cache: LayerKVCache = ctx.kv_caches[self.spec.layer_index]
+        cache: LayerKVCache = ctx.caches[self.spec.layer_index]
         return paged_attention(
             q,
             k,
             v,
             cache.k,
             cache.v,
-            ctx.attn_metadata,
+            ctx.metadata_for(PAGED),
             layout=self.layout,
             softmax_scale=self.spec.scale,
             sliding_window=self.spec.sliding_window,
@@ -54,8 +56,8 @@ class PagedAttentionLayer:
 
 def paged_attention(
     q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
+    k: torch.Tensor | None,
+    v: torch.Tensor | None,
     k_cache: torch.Tensor,
     v_cache: torch.Tensor,
     meta: PagedAttentionMetadata,
@@ -63,43 +65,45 @@ def paged_attention(
     layout: str = "flash",
     softmax_scale: float,
     sliding_window: int | None = None,
+    softcap: float | None = None,
+    sinks: torch.Tensor | None = None,
     k_scale: torch.Tensor | None = None,
     v_scale: torch.Tensor | None = None,
     kernel_backend: str | None = None,
     out: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One attention layer's forward over a paged cache: write this forward's K/V, then prefill or decode.
+    """One attention layer's forward over a paged cache: write this forward's K/V, then the decode kernel
+    when every sequence adds the same few tokens (meta.decode_query_len), else the prefill kernel.
 
-    q: [T, Hq, D]; k, v: [T, Hkv, D]; caches in `layout` (flash caches may be strided views, as vLLM's
-    packed K|V pages are); meta describes the T tokens. Returns [T, Hq, D] (written into `out` if given).
+    q: [T, Hq, D]; k, v: [T, Hkv, D], or None when the caller has written them already; caches in `layout`
+    (flash caches may be strided views, as vLLM's packed K|V pages are); meta describes the T tokens.
+    sinks: [Hq] fp32; softcap: tanh capping of the scores. Returns [T, Hq, D] (into `out` if given).
     """
     scales = dict(k_scale=k_scale, v_scale=v_scale)
-    write_kv(k, v, k_cache, v_cache, meta.slot_mapping, layout=layout, backend=kernel_backend, **scales)
+    if k is not None:
+        write_kv(k, v, k_cache, v_cache, meta.slot_mapping, layout=layout, backend=kernel_backend, **scales)
     common = dict(
         seq_lens=meta.seq_lens,
         block_tables=meta.block_tables,
         layout=layout,
         softmax_scale=softmax_scale,
         sliding_window=sliding_window,
+        softcap=softcap,
+        sinks=sinks,
         backend=kernel_backend,
         out=out,
+        **scales,
     )
-    if meta.is_decode:
+    if (query_len := meta.decode_query_len) is not None:
         return paged_decode(
             q,
             k_cache,
             v_cache,
+            query_len=query_len,
             max_seq_len=meta.max_seq_len,
             cu_seqlens_q=meta.cu_seqlens_q,
             **common,
-            **scales,
         )
     return paged_prefill(
-        q,
-        k_cache,
-        v_cache,
-        cu_seqlens_q=meta.cu_seqlens_q,
-        max_query_len=meta.max_query_len,
-        **common,
-        **scales,
+        q, k_cache, v_cache, cu_seqlens_q=meta.cu_seqlens_q, max_query_len=meta.max_query_len, **common
     )

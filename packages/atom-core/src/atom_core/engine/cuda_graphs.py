@@ -11,12 +11,13 @@ max_model_len, and the kernels read each sequence's true length from seq_lens.
 from __future__ import annotations
 
 import bisect
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from torch import nn
 
 from atom_core.attention import PagedAttentionMetadata
+from atom_core.cache.specs import PAGED
 from atom_core.forward_context import ForwardContext, bind_forward_context
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -26,7 +27,8 @@ class DecodeGraphs:
     def __init__(
         self,
         model: nn.Module,
-        kv_caches: Sequence,
+        caches: Sequence,
+        metadata_kinds: Collection[str],
         *,
         max_batch: int,
         max_model_len: int,
@@ -34,6 +36,10 @@ class DecodeGraphs:
         device: torch.device,
         sizes: Sequence[int] = DEFAULT_SIZES,
     ):
+        if set(metadata_kinds) != {PAGED}:  # the static buffers below are the paged metadata's
+            raise NotImplementedError(
+                f"decode CUDA graphs hold static metadata for paged caches only, the model needs {sorted(metadata_kinds)}"
+            )
         self.sizes = sorted({s for s in sizes if s < max_batch} | {max_batch})
         self.block_size = block_size
         self.max_pages = -(-max_model_len // block_size)
@@ -67,7 +73,7 @@ class DecodeGraphs:
                 max_query_len=1,
                 max_seq_len=max_model_len,
             )
-            ctx = ForwardContext(self.positions[:size], meta, kv_caches)
+            ctx = ForwardContext({PAGED: meta}, caches)
 
             def forward(size=size, ctx=ctx):
                 with bind_forward_context(ctx):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence as Seq
 
+from atom_core.engine.config import EngineConfig
 from atom_core.engine.llm_engine import LLMEngine, Prompt
 from atom_core.engine.outputs import RequestOutput
 from atom_core.engine.sampling_params import SamplingParams
@@ -11,10 +12,16 @@ from atom_core.engine.sampling_params import SamplingParams
 
 class LLM:
     """LLM(model=None (the built-in demo), dtype="auto", tensor_parallel_size=1, max_model_len=None,
-    load_format="safetensors" | "dummy", ...): the remaining keyword arguments are LLMEngine's."""
+    load_format="safetensors" | "dummy", ...): the keyword arguments are EngineConfig's fields."""
 
     def __init__(self, model=None, **engine_args):
-        self.engine = LLMEngine(model, **engine_args)
+        self.engine = LLMEngine(EngineConfig(model=model, **engine_args))
+
+    @classmethod
+    def from_engine_config(cls, config: EngineConfig) -> LLM:
+        llm = cls.__new__(cls)
+        llm.engine = LLMEngine(config)
+        return llm
 
     def shutdown(self) -> None:
         self.engine.shutdown()

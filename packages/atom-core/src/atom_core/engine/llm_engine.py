@@ -8,16 +8,15 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import torch
-
-from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConfig
+from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.config import EngineConfig
 from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
 from atom_core.engine.sampler import sample
 from atom_core.engine.sampling_params import SamplingParams
-from atom_core.engine.scheduler import Scheduler, SchedulerConfig
+from atom_core.engine.scheduler import Scheduler
 from atom_core.engine.sequence import Sequence, Status
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
@@ -34,58 +33,35 @@ class _Request:
 
 
 class LLMEngine:
-    def __init__(
-        self,
-        model: str | Path | None = None,
-        *,
-        dtype: str = "auto",
-        max_model_len: int | None = None,
-        load_format: str = "safetensors",
-        tensor_parallel_size: int = 1,
-        block_size: int = 16,
-        num_kv_blocks: int | None = None,
-        kv_cache_dtype: str = "auto",
-        kv_layout: str = "flash",
-        max_num_seqs: int = 256,
-        max_num_batched_tokens: int = 8192,
-        device: str | None = None,
-        kernel_backend: str | None = None,
-        gpu_memory_utilization: float = 0.9,
-        enforce_eager: bool = False,
-    ):
-        """enforce_eager: no CUDA graphs (by default decode steps of up to max_num_seqs replay captured graphs
-        on GPUs; the CPU is always eager)."""
-        if tensor_parallel_size < 1:
-            raise ValueError("tensor_parallel_size must be at least 1")
+    """The native engine for one EngineConfig (LLM(...) builds one from keyword arguments)."""
+
+    def __init__(self, config: EngineConfig):
+        self.config = config
+        model = config.model
         if model is None:
             from atom_core.demo import ensure_demo_checkpoint
 
             model = ensure_demo_checkpoint(log=lambda _: None)
-        self.model_config = ModelConfig.from_pretrained(model, dtype=dtype)
-        self.max_model_len = self._check_max_model_len(max_model_len)
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        cache = CacheConfig(
-            block_size=block_size, layout=kv_layout, kv_dtype=kv_cache_dtype, num_blocks=num_kv_blocks
-        )
-        runner_args = dict(
-            load_format=load_format,
-            kernel_backend=kernel_backend,
-            memory_fraction=gpu_memory_utilization,
-            cuda_graphs=not enforce_eager,
-            max_num_seqs=max_num_seqs,
-            max_model_len=self.max_model_len,
-        )
-        if tensor_parallel_size > 1:
+        self.model_config = ModelConfig.from_pretrained(model, dtype=config.dtype)
+        self.max_model_len = self._check_max_model_len(config.max_model_len)
+        self.device = config.torch_device()
+        if config.tensor_parallel_size > 1:
             self.runner = TensorParallelRunner(
-                tensor_parallel_size, self.model_config, cache, device=self.device, **runner_args
+                self.model_config, config, device=self.device, max_model_len=self.max_model_len
             )
         else:
             self.runner = ModelRunner(
-                self.model_config, cache, parallel=ParallelConfig(), device=self.device, **runner_args
+                self.model_config,
+                config,
+                parallel=ParallelConfig(),
+                device=self.device,
+                max_model_len=self.max_model_len,
             )
-        self.max_model_len = self._fit_max_model_len(max_model_len, self.runner.num_blocks * block_size)
-        self.blocks = BlockManager(self.runner.num_blocks, block_size)
-        self.scheduler = Scheduler(SchedulerConfig(max_num_seqs, max_num_batched_tokens), self.blocks)
+        self.max_model_len = self._fit_max_model_len(
+            config.max_model_len, self.runner.num_blocks * config.block_size
+        )
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size)
+        self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
         self.tokenizer = self._load_tokenizer(Path(model))
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Request] = {}
@@ -97,8 +73,6 @@ class LLMEngine:
         limit = self.model_config.max_position_embeddings
         if asked is None:
             return limit
-        if isinstance(asked, bool) or not isinstance(asked, int) or asked < 1:
-            raise ConfigError(f"max_model_len must be a positive integer, got {asked!r}")
         if asked > limit:
             raise ConfigError(f"max_model_len {asked} is above the model's max_position_embeddings {limit}")
         return asked

@@ -7,10 +7,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata, allocate_kv_caches
-from atom_core.attention.kv_cache import kv_bytes_per_block
+from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
-from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+from atom_core.cache import allocate_caches, bytes_per_block, collect_cache_specs, metadata_kinds
+from atom_core.cache.specs import PAGED
+from atom_core.config import ConfigError, ModelConfig, ParallelConfig
+from atom_core.engine.config import EngineConfig
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.loader import build_model, load_checkpoint
@@ -32,50 +34,56 @@ class StepInputs:
 
 
 class ModelRunner:
+    """Builds and loads the model, allocates the caches its layers declare, and runs its forwards."""
+
     def __init__(
         self,
         model_config: ModelConfig,
-        cache: CacheConfig,
+        engine: EngineConfig,
         *,
         parallel: ParallelConfig,
         device: torch.device,
-        load_format: str,
-        kernel_backend: str | None,
-        memory_fraction: float = 0.9,
+        max_model_len: int,
         control_group=None,
-        cuda_graphs: bool = False,
-        max_num_seqs: int = 256,
-        max_model_len: int | None = None,
     ):
-        self.config, self.cache, self.device = model_config, cache, device
-        backend = PagedAttentionBackend(layout=cache.layout, kernel_backend=kernel_backend)
+        self.config, self.cache, self.device = model_config, engine.cache_config(), device
+        backend = PagedAttentionBackend(layout=self.cache.layout, kernel_backend=engine.kernel_backend)
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
-        load_checkpoint(self.model, model_config.path, load_format=load_format)
-        self.num_kv_heads = self.model.model.layers[0].self_attn.num_kv_heads
-        self.num_blocks = cache.num_blocks or self._blocks_that_fit(memory_fraction)
+        load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
+        self.cache_specs = collect_cache_specs(self.model)
+        unsupported = metadata_kinds(self.cache_specs) - {PAGED}
+        if unsupported:
+            raise ConfigError(
+                f"{model_config.architecture}: the native engine does not yet run {', '.join(sorted(unsupported))} "
+                "caches (its layers declare them); it runs paged ones"
+            )
+        self.num_blocks = self.cache.num_blocks or self._blocks_that_fit(engine.gpu_memory_utilization)
         if parallel.tp_size > 1:  # every rank must hold the same block count
             agreed = torch.tensor([self.num_blocks])
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
             self.num_blocks = int(agreed)
-        self.kv_caches = allocate_kv_caches(
-            model_config, cache, num_blocks=self.num_blocks, num_kv_heads=self.num_kv_heads, device=device
+        self.caches = allocate_caches(
+            self.cache_specs, self.cache, dtype=model_config.dtype, num_blocks=self.num_blocks, device=device
         )
         self.graphs = None
         # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
         # Dynamic RoPE rescales by the batch's longest position, read on the host each step.
-        triton = resolve_backend(kernel_backend, device) is Backend.TRITON
+        triton = resolve_backend(engine.kernel_backend, device) is Backend.TRITON
         dynamic_rope = model_config.rope.rope_type == "dynamic"
-        if cuda_graphs and device.type == "cuda" and triton and not dynamic_rope:  # every TP rank, in order
+        if (
+            not engine.enforce_eager and device.type == "cuda" and triton and not dynamic_rope
+        ):  # every TP rank
             from atom_core.engine.cuda_graphs import DecodeGraphs
 
             with torch.inference_mode():
                 self.graphs = DecodeGraphs(
                     self.model,
-                    self.kv_caches,
-                    max_batch=max_num_seqs,
+                    self.caches,
+                    metadata_kinds(self.cache_specs),
+                    max_batch=engine.max_num_seqs,
                     device=device,
-                    max_model_len=max_model_len or model_config.max_position_embeddings,
-                    block_size=cache.block_size,
+                    max_model_len=max_model_len,
+                    block_size=self.cache.block_size,
                 )
 
     def shutdown(self) -> None:
@@ -85,7 +93,7 @@ class ModelRunner:
             self.graphs = None
 
     def _blocks_that_fit(self, fraction: float) -> int:
-        per_block = kv_bytes_per_block(self.config, self.cache, self.num_kv_heads, self.device)
+        per_block = bytes_per_block(self.cache_specs, self.cache, dtype=self.config.dtype, device=self.device)
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             available = int(free * fraction)
@@ -127,7 +135,7 @@ class ModelRunner:
             device=self.device,
         )
         pos = torch.tensor(inputs.positions, device=self.device)
-        with bind_forward_context(ForwardContext(pos, meta, self.kv_caches)):
+        with bind_forward_context(ForwardContext({PAGED: meta}, self.caches)):
             hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)
         last = meta.cu_seqlens_q[1:].long() - 1
         return self.model.compute_logits(hidden[last[inputs.ends]])

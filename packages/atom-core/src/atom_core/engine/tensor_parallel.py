@@ -16,7 +16,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
+from atom_core.config import ModelConfig, ParallelConfig
+from atom_core.engine.config import EngineConfig
 from atom_core.engine.model_runner import ModelRunner, StepInputs
 from atom_core.engine.step_channel import StepChannel
 
@@ -90,8 +91,9 @@ class TensorParallelRunner:
     """A ModelRunner on rank 0 that keeps size - 1 worker ranks in step with it."""
 
     def __init__(
-        self, size: int, model_config: ModelConfig, cache: CacheConfig, *, device: torch.device, **runner_args
+        self, model_config: ModelConfig, engine: EngineConfig, *, device: torch.device, max_model_len: int
     ):
+        size = engine.tensor_parallel_size
         if device.type == "cuda" and size > torch.cuda.device_count():
             # One rank per GPU: a rank without a GPU would die and leave the others waiting forever.
             raise ValueError(
@@ -100,7 +102,7 @@ class TensorParallelRunner:
             )
         listener = _loopback_listener()
         port = listener.getsockname()[1]
-        args = dict(runner_args, model_config=model_config, cache=cache)
+        args = dict(model_config=model_config, engine=engine, max_model_len=max_model_len)
         context = mp.get_context("spawn")
         self.channel = StepChannel(size - 1, context)
         self.workers = [

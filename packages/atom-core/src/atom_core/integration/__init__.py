@@ -12,25 +12,32 @@ which engines load in every process. Everything else loads on first use.
 from typing import TYPE_CHECKING
 
 from atom_core import __version__
-from atom_core.engine_plugin import EnginePlugin
-from atom_core.engine_version import EngineVersionError, check_engine_version
+from atom_core.integration.plugin import EnginePlugin
+from atom_core.integration.version import EngineVersionError, check_engine_version
 
 if TYPE_CHECKING:
     from atom_core.attention import (
         AttentionBackend,
         AttentionLayer,
         AttentionLayerSpec,
-        LayerKVCache,
         PagedAttentionBackend,
         PagedAttentionMetadata,
-        allocate_kv_caches,
         paged_attention,
     )
     from atom_core.build import BuildContext
+    from atom_core.cache import (
+        CacheSpec,
+        LatentCacheSpec,
+        LayerKVCache,
+        PagedKVSpec,
+        StateCacheSpec,
+        allocate_caches,
+        collect_cache_specs,
+    )
     from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
-    from atom_core.engine_build import build_for_engine
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
-    from atom_core.loader import build_model, iter_checkpoint, load_checkpoint
+    from atom_core.integration.build import build_for_engine
+    from atom_core.loader import build_model, finish_loading, iter_checkpoint, load_checkpoint
     from atom_core.ops import paged_decode, paged_prefill, silu_and_mul, write_kv
     from atom_core.registry import ModelSpec, get_model_spec, supported_architectures
 
@@ -38,10 +45,15 @@ _LAZY = {
     "AttentionBackend": "atom_core.attention",
     "AttentionLayer": "atom_core.attention",
     "AttentionLayerSpec": "atom_core.attention",
-    "LayerKVCache": "atom_core.attention",
+    "CacheSpec": "atom_core.cache",
+    "LatentCacheSpec": "atom_core.cache",
+    "LayerKVCache": "atom_core.cache",
+    "PagedKVSpec": "atom_core.cache",
+    "StateCacheSpec": "atom_core.cache",
+    "allocate_caches": "atom_core.cache",
+    "collect_cache_specs": "atom_core.cache",
     "PagedAttentionBackend": "atom_core.attention",
     "PagedAttentionMetadata": "atom_core.attention",
-    "allocate_kv_caches": "atom_core.attention",
     "paged_attention": "atom_core.attention",
     "BuildContext": "atom_core.build",
     "CacheConfig": "atom_core.config",
@@ -51,7 +63,8 @@ _LAZY = {
     "bind_forward_context": "atom_core.forward_context",
     "current_forward_context": "atom_core.forward_context",
     "build_model": "atom_core.loader",
-    "build_for_engine": "atom_core.engine_build",
+    "build_for_engine": "atom_core.integration.build",
+    "finish_loading": "atom_core.loader",
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
     "paged_decode": "atom_core.ops",
@@ -69,22 +82,28 @@ __all__ = [
     "AttentionLayerSpec",
     "BuildContext",
     "CacheConfig",
+    "CacheSpec",
     "EnginePlugin",
     "EngineVersionError",
     "ForwardContext",
+    "LatentCacheSpec",
     "LayerKVCache",
     "ModelConfig",
     "ModelSpec",
     "PagedAttentionBackend",
     "PagedAttentionMetadata",
+    "PagedKVSpec",
     "ParallelConfig",
+    "StateCacheSpec",
     "__version__",
-    "allocate_kv_caches",
+    "allocate_caches",
     "bind_forward_context",
     "build_for_engine",
     "build_model",
     "check_engine_version",
+    "collect_cache_specs",
     "current_forward_context",
+    "finish_loading",
     "get_model_spec",
     "iter_checkpoint",
     "load_checkpoint",

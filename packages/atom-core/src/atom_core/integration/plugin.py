@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from packaging.version import Version
 
 from atom_core import __version__ as core_version
-from atom_core.engine_version import EngineVersionError, check_engine_version
+from atom_core.integration.version import EngineVersionError, check_engine_version
 
 
 @dataclass(slots=True)

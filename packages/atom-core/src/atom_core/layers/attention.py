@@ -27,15 +27,16 @@ class SelfAttention(nn.Module):
         sliding_window: int | None = None,
     ):
         super().__init__()
-        d, dtype, parallel = config.head_dim, config.dtype, ctx.parallel
+        d, dtype = config.head_dim, config.dtype
+        common = dict(dtype=dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             d,
             config.num_attention_heads,
             config.num_key_value_heads,
             bias=qkv_bias,
-            dtype=dtype,
-            parallel=parallel,
+            prefix=f"{prefix}.qkv_proj",
+            **common,
         )
         self.num_heads, self.num_kv_heads, self.head_dim = (
             self.qkv_proj.num_heads,
@@ -43,22 +44,27 @@ class SelfAttention(nn.Module):
             d,
         )
         self.o_proj = RowParallelLinear(
-            config.num_attention_heads * d, config.hidden_size, bias=o_bias, dtype=dtype, parallel=parallel
+            config.num_attention_heads * d,
+            config.hidden_size,
+            bias=o_bias,
+            prefix=f"{prefix}.o_proj",
+            **common,
         )
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
-        self.attn = ctx.attention_backend.make_layer(
-            AttentionLayerSpec(
-                layer_index=layer_index,
-                num_heads=self.num_heads,
-                num_kv_heads=self.num_kv_heads,
-                head_dim=d,
-                scale=d**-0.5,
-                prefix=f"{prefix}.attn",
-                sliding_window=sliding_window,
-            )
+        spec = AttentionLayerSpec(
+            layer_index=layer_index,
+            num_heads=self.num_heads,
+            num_kv_heads=self.num_kv_heads,
+            head_dim=d,
+            scale=d**-0.5,
+            prefix=f"{prefix}.attn",
+            sliding_window=sliding_window,
         )
+        # What this layer keeps cached, for the engine that allocates it (atom_core.cache).
+        self.cache_index, self.cache_spec = layer_index, spec.cache_spec()
+        self.attn = ctx.attention_backend.make_layer(spec)
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]

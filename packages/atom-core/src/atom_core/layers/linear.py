@@ -1,6 +1,8 @@
 """Linear layers, replicated or split over tensor-parallel ranks, each with a weight loader.
 
-A parameter's `weight_loader(param, loaded, shard_id)` copies this rank's slice of a checkpoint tensor;
+Every linear knows its module path (`prefix`, e.g. "model.layers.3.mlp.down_proj") and holds the weight
+method its model's QuantConfig picks for that path (`quant_method`): the method creates, multiplies and
+finishes the weights; the layer keeps what is about shape and sharding. A parameter's `weight_loader(param, loaded, shard_id)` copies this rank's slice of a checkpoint tensor;
 packed layers (qkv, gate_up) take one shard per checkpoint tensor. Shape problems raise ValueError
 saying what was expected; the checkpoint loader adds the tensor's name.
 """
@@ -12,7 +14,7 @@ from torch import nn
 
 from atom_core.config import ParallelConfig
 from atom_core.layers.parallel import all_reduce
-from atom_core.ops import linear
+from atom_core.quantization import UNQUANTIZED, QuantConfig
 
 
 def _check(loaded: torch.Tensor, shape: tuple[int, ...]) -> None:
@@ -28,12 +30,20 @@ def _split(total: int, parallel: ParallelConfig, what: str) -> int:
 
 class LinearBase(nn.Module):
     def __init__(
-        self, in_local: int, out_local: int, *, bias: bool, dtype: torch.dtype, parallel: ParallelConfig
+        self,
+        in_local: int,
+        out_local: int,
+        *,
+        bias: bool,
+        dtype: torch.dtype,
+        parallel: ParallelConfig,
+        prefix: str,
+        quant_config: QuantConfig | None = None,
     ):
         super().__init__()
-        self.parallel = parallel
-        self.weight = nn.Parameter(torch.empty(out_local, in_local, dtype=dtype), requires_grad=False)
-        self.weight.weight_loader = self.weight_loader
+        self.parallel, self.prefix = parallel, prefix
+        self.quant_method = (quant_config or UNQUANTIZED).linear_method(prefix)
+        self.quant_method.create_weights(self, in_local, out_local, dtype)
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_local, dtype=dtype), requires_grad=False)
@@ -44,24 +54,19 @@ class LinearBase(nn.Module):
         param.data.copy_(loaded)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return linear(x, self.weight, self.bias)
+        return self.quant_method.apply(self, x, self.bias)
 
 
 class ReplicatedLinear(LinearBase):
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
-        super().__init__(in_features, out_features, bias=bias, dtype=dtype, parallel=parallel)
+    pass
 
 
 class ColumnParallelLinear(LinearBase):
     """Output features split over ranks; the output stays split (the next row-parallel layer consumes it)."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
+    def __init__(self, in_features: int, out_features: int, *, parallel: ParallelConfig, **kwargs):
         super().__init__(
-            in_features,
-            _split(out_features, parallel, "output size"),
-            bias=bias,
-            dtype=dtype,
-            parallel=parallel,
+            in_features, _split(out_features, parallel, "output size"), parallel=parallel, **kwargs
         )
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -73,11 +78,9 @@ class ColumnParallelLinear(LinearBase):
 class MergedColumnParallelLinear(ColumnParallelLinear):
     """Several column-parallel outputs in one matmul (gate and up): shard i is output_sizes[i] wide."""
 
-    def __init__(
-        self, in_features: int, output_sizes: list[int], *, bias: bool, dtype, parallel: ParallelConfig
-    ):
+    def __init__(self, in_features: int, output_sizes: list[int], **kwargs):
         self.output_sizes = output_sizes
-        super().__init__(in_features, sum(output_sizes), bias=bias, dtype=dtype, parallel=parallel)
+        super().__init__(in_features, sum(output_sizes), **kwargs)
         for param in self.parameters():
             param.expected_shards = frozenset(range(len(output_sizes)))
 
@@ -101,9 +104,8 @@ class QKVParallelLinear(ColumnParallelLinear):
         num_heads: int,
         num_kv_heads: int,
         *,
-        bias: bool,
-        dtype,
         parallel: ParallelConfig,
+        **kwargs,
     ):
         tp = parallel.tp_size
         self.head_dim = head_dim
@@ -120,12 +122,7 @@ class QKVParallelLinear(ColumnParallelLinear):
             self.kv_head_start = parallel.tp_rank // (tp // num_kv_heads)
         self.total_kv_heads = num_kv_heads
         LinearBase.__init__(
-            self,
-            hidden,
-            (self.num_heads + 2 * self.num_kv_heads) * head_dim,
-            bias=bias,
-            dtype=dtype,
-            parallel=parallel,
+            self, hidden, (self.num_heads + 2 * self.num_kv_heads) * head_dim, parallel=parallel, **kwargs
         )
         for param in self.parameters():
             param.expected_shards = frozenset({"q", "k", "v"})
@@ -150,13 +147,9 @@ class QKVParallelLinear(ColumnParallelLinear):
 class RowParallelLinear(LinearBase):
     """Input features split over ranks; partial outputs are summed over ranks (then the bias is added once)."""
 
-    def __init__(self, in_features: int, out_features: int, *, bias: bool, dtype, parallel: ParallelConfig):
+    def __init__(self, in_features: int, out_features: int, *, parallel: ParallelConfig, **kwargs):
         super().__init__(
-            _split(in_features, parallel, "input size"),
-            out_features,
-            bias=bias,
-            dtype=dtype,
-            parallel=parallel,
+            _split(in_features, parallel, "input size"), out_features, parallel=parallel, **kwargs
         )
 
     def weight_loader(self, param, loaded, shard_id=None):
@@ -166,7 +159,11 @@ class RowParallelLinear(LinearBase):
         _check(loaded, (param.shape[0], cols * self.parallel.tp_size))
         param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
 
-    def forward(self, x: torch.Tensor, *, gated_input: bool = False) -> torch.Tensor:
-        """x: [T, K_local], or [T, 2*K_local] with gated_input: silu(gate) * up is applied in the matmul's load."""
-        y = all_reduce(linear(x, self.weight, gated_input=gated_input), self.parallel)
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, K_local] -> [T, N], summed over ranks."""
+        return self.reduce(self.quant_method.apply(self, x))
+
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
+        """This rank's partial product -> the layer's output: summed over ranks, then the bias added once."""
+        y = all_reduce(partial, self.parallel)
         return y if self.bias is None else y + self.bias

@@ -1,8 +1,5 @@
-"""The gated MLP: down(silu(gate(x)) * up(x)), gate and up in one column-parallel matmul.
-
-The activation runs inside the down projection's input load (atom_kernels.linear's gated_input): at
-decode's few rows that saves a kernel per layer; at more rows it is silu_and_mul, then the matmul.
-"""
+"""The gated MLP: down(silu(gate(x)) * up(x)), gate and up in one column-parallel matmul; the activation
+is fused into the down projection (layers/fused.py)."""
 
 from __future__ import annotations
 
@@ -10,16 +7,29 @@ import torch
 from torch import nn
 
 from atom_core.config import ParallelConfig
+from atom_core.layers.fused import silu_and_mul_linear
 from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from atom_core.quantization import QuantConfig
 
 
 class GatedMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, *, bias: bool, dtype, parallel: ParallelConfig):
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        *,
+        bias: bool,
+        dtype,
+        parallel: ParallelConfig,
+        prefix: str,
+        quant_config: QuantConfig | None = None,
+    ):
         super().__init__()
+        common = dict(bias=bias, dtype=dtype, parallel=parallel, quant_config=quant_config)
         self.gate_up_proj = MergedColumnParallelLinear(
-            hidden, [intermediate, intermediate], bias=bias, dtype=dtype, parallel=parallel
+            hidden, [intermediate, intermediate], prefix=f"{prefix}.gate_up_proj", **common
         )
-        self.down_proj = RowParallelLinear(intermediate, hidden, bias=bias, dtype=dtype, parallel=parallel)
+        self.down_proj = RowParallelLinear(intermediate, hidden, prefix=f"{prefix}.down_proj", **common)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.gate_up_proj(x), gated_input=True)
+        return silu_and_mul_linear(self.down_proj, self.gate_up_proj(x))

@@ -15,6 +15,7 @@ from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.parallel import all_reduce
 from atom_core.ops import fused_experts, topk_softmax
+from atom_core.quantization import QuantConfig
 
 
 class SparseMoE(nn.Module):
@@ -28,9 +29,15 @@ class SparseMoE(nn.Module):
         norm_topk_prob: bool,
         dtype,
         parallel: ParallelConfig,
+        prefix: str,
+        quant_config: QuantConfig | None = None,
         shared_intermediate: int = 0,
     ):
         super().__init__()
+        self.prefix = prefix
+        # The experts' own weights are unquantized stacked parameters; a quantized checkpoint is refused by
+        # quant_config_for before a model is built.
+        common = dict(dtype=dtype, parallel=parallel, quant_config=quant_config)
         self.parallel, self.top_k, self.norm_topk_prob, self.num_experts = (
             parallel,
             top_k,
@@ -38,7 +45,7 @@ class SparseMoE(nn.Module):
             num_experts,
         )
         self.inter = _split(intermediate, parallel, "moe_intermediate_size")
-        self.gate = ReplicatedLinear(hidden, num_experts, bias=False, dtype=dtype, parallel=parallel)
+        self.gate = ReplicatedLinear(hidden, num_experts, bias=False, prefix=f"{prefix}.gate", **common)
         self.w13 = nn.Parameter(
             torch.empty(num_experts, 2 * self.inter, hidden, dtype=dtype), requires_grad=False
         )
@@ -51,9 +58,11 @@ class SparseMoE(nn.Module):
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate:
             self.shared_expert = GatedMLP(
-                hidden, shared_intermediate, bias=False, dtype=dtype, parallel=parallel
+                hidden, shared_intermediate, bias=False, prefix=f"{prefix}.shared_expert", **common
             )
-            self.shared_expert_gate = ReplicatedLinear(hidden, 1, bias=False, dtype=dtype, parallel=parallel)
+            self.shared_expert_gate = ReplicatedLinear(
+                hidden, 1, bias=False, prefix=f"{prefix}.shared_expert_gate", **common
+            )
 
     def weight_loader(self, param, loaded, shard_id):
         """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections."""

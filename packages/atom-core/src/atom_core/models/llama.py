@@ -92,6 +92,11 @@ class LlamaForCausalLM(nn.Module):
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
 
+    @classmethod
+    def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
+        """Full-attention layers are mha, windowed ones sliding (atom_core.registry's kinds)."""
+        return tuple("mha" if w is None else "sliding" for w in cls.attention_windows(config))
+
     def attention_biases(self, config: ModelConfig) -> tuple[bool, bool]:
         """(q/k/v bias, o_proj bias): Llama's attention_bias covers both."""
         return config.attention_bias, config.attention_bias
@@ -107,6 +112,8 @@ class LlamaForCausalLM(nn.Module):
             bias=self.mlp_bias(config),
             dtype=config.dtype,
             parallel=ctx.parallel,
+            prefix=prefix,
+            quant_config=ctx.quant_config,
         )
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:

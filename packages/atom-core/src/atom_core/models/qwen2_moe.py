@@ -24,4 +24,4 @@ class Qwen2MoeForCausalLM(LlamaForCausalLM):
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):
             return super().make_mlp(config, ctx, layer_index, prefix)
-        return sparse_moe(config, ctx)
+        return sparse_moe(config, ctx, prefix)

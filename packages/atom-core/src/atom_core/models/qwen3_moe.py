@@ -39,7 +39,7 @@ def is_sparse_layer(config: ModelConfig, layer_index: int) -> bool:
     )
 
 
-def sparse_moe(config: ModelConfig, ctx: BuildContext) -> SparseMoE:
+def sparse_moe(config: ModelConfig, ctx: BuildContext, prefix: str) -> SparseMoE:
     """The MoE block config.json describes (Qwen2-MoE's shared expert included when it has one)."""
     hf = config.hf
     return SparseMoE(
@@ -50,6 +50,8 @@ def sparse_moe(config: ModelConfig, ctx: BuildContext) -> SparseMoE:
         norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
         dtype=config.dtype,
         parallel=ctx.parallel,
+        prefix=prefix,
+        quant_config=ctx.quant_config,
         shared_intermediate=hf.get("shared_expert_intermediate_size", 0),
     )
 
@@ -61,4 +63,4 @@ class Qwen3MoeForCausalLM(Qwen3ForCausalLM):
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):
             return super().make_mlp(config, ctx, layer_index, prefix)
-        return sparse_moe(config, ctx)
+        return sparse_moe(config, ctx, prefix)

@@ -12,7 +12,7 @@ import torch
 from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
 
-from atom_core.integration import paged_decode, paged_prefill, write_kv
+from atom_core.integration import paged_attention
 from atom_sglang.attention.graph_state import DecodeGraphState
 from atom_sglang.attention.kv_cache import layer_caches, pool_geometry
 from atom_sglang.attention.metadata import AtomForwardMetadata, UnsupportedForwardMode, build_metadata
@@ -72,50 +72,29 @@ class AtomAttnBackend(AttentionBackend):
         return self._attend(q, k, v, layer, save_kv_cache, kwargs)
 
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
-        """q: [T, Hq * D] (or [T, Hq, D]); k, v: [T, Hkv * D] -> [T, Hq * D]."""
+        """q: [T, Hq * D] (or [T, Hq, D]); k, v: [T, Hkv * D] -> [T, Hq * D]. atom-core's paged_attention
+        writes K/V (unless SGLang saved them already) and picks the kernel from the metadata."""
         _refuse_unsupported(layer, kwargs)
-        meta = self.forward_metadata
         hq, d, hkv = layer.tp_q_head_num, layer.qk_head_dim, layer.tp_k_head_num
-        q = q.reshape(-1, hq, d)
         k_cache, v_cache = layer_caches(self.token_to_kv_pool, layer.layer_id, self.geometry)
-        scales = self._kv_scales(layer)
-        layout, backend = self.geometry.layout, self.kernel_backend
-        if save_kv_cache and k is not None:
-            write_kv(
-                k.reshape(-1, hkv, d),
-                v.reshape(-1, hkv, d),
-                k_cache,
-                v_cache,
-                meta.paged.slot_mapping,
-                layout=layout,
-                backend=backend,
-                **scales,
-            )
+        write = save_kv_cache and k is not None
         window = layer.sliding_window_size
-        common = dict(
-            seq_lens=meta.paged.seq_lens,
-            block_tables=meta.paged.block_tables,
-            layout=layout,
+        out = paged_attention(
+            q.reshape(-1, hq, d),
+            k.reshape(-1, hkv, d) if write else None,
+            v.reshape(-1, hkv, d) if write else None,
+            k_cache,
+            v_cache,
+            self.forward_metadata.paged,
+            layout=self.geometry.layout,
             softmax_scale=layer.scaling,
+            # SGLang's window s sees q - k <= s; atom-core's W sees q - k < W.
             sliding_window=window + 1 if window is not None and window >= 0 else None,
             softcap=layer.logit_cap if layer.logit_cap and layer.logit_cap > 0 else None,
             sinks=_float(kwargs.get("sinks")),
-            backend=backend,
-            **scales,
+            kernel_backend=self.kernel_backend,
+            **self._kv_scales(layer),
         )
-        if meta.query_len is not None:
-            out = paged_decode(
-                q, k_cache, v_cache, query_len=meta.query_len, max_seq_len=meta.paged.max_seq_len, **common
-            )
-        else:
-            out = paged_prefill(
-                q,
-                k_cache,
-                v_cache,
-                cu_seqlens_q=meta.paged.cu_seqlens_q,
-                max_query_len=meta.paged.max_query_len,
-                **common,
-            )
         return out.reshape(-1, hq * d)
 
     def _kv_scales(self, layer) -> dict:

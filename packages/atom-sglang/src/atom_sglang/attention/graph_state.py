@@ -43,5 +43,6 @@ class DecodeGraphState:
             slot_mapping=self.slot_mapping[:tokens],
             max_query_len=n,
             max_seq_len=self.max_context_len + n,
+            uniform_query_len=n,
         )
-        return AtomForwardMetadata(paged, n)
+        return AtomForwardMetadata(paged)

@@ -7,6 +7,7 @@ import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 
 from atom_core.integration import AttentionLayerSpec, current_forward_context
+from atom_sglang.runtime import FORWARD_BATCH
 
 
 class SglangAttentionLayer(RadixAttention):
@@ -16,19 +17,21 @@ class SglangAttentionLayer(RadixAttention):
     """
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        forward_batch = current_forward_context().attn_metadata
+        forward_batch = current_forward_context().metadata_for(FORWARD_BATCH)
         t = q.shape[0]
         out = super().forward(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1), forward_batch)
         return out.view(t, self.tp_q_head_num, self.v_head_dim)
 
 
-class SglangAttentionBackend:
-    """Given to atom-core's BuildContext: one SglangAttentionLayer per AttentionLayerSpec.
+class CoreAttentionBackend:
+    """atom-core's AttentionBackend protocol under SGLang (given to build_for_engine): one
+    SglangAttentionLayer per AttentionLayerSpec.
 
     layer_ids maps an attention layer's index to its layer id in SGLang's KV pool (identity by default).
     """
 
     name = "sglang"
+    layer_kinds = frozenset({"mha", "sliding"})
 
     def __init__(self, layer_ids=None):
         self.layer_ids = layer_ids or (lambda index: index)

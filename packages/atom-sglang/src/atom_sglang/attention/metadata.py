@@ -20,8 +20,7 @@ class UnsupportedForwardMode(NotImplementedError):
 
 @dataclass(slots=True)
 class AtomForwardMetadata:
-    paged: PagedAttentionMetadata
-    query_len: int | None  # new tokens per sequence when uniform (decode 1, chain verify n): decode kernel
+    paged: PagedAttentionMetadata  # uniform_query_len set for decode (1) and chain verify (n)
 
 
 def page_tables(
@@ -74,5 +73,6 @@ def build_metadata(forward_batch, req_to_token: torch.Tensor, page_size: int) ->
         slot_mapping=fb.out_cache_loc.to(torch.int64),
         max_query_len=max_query_len,
         max_seq_len=max_seq_len,
+        uniform_query_len=query_len,
     )
-    return AtomForwardMetadata(paged, query_len)
+    return AtomForwardMetadata(paged)

@@ -5,8 +5,8 @@ falls back to its own model classes."""
 from atom_sglang.plugin import register
 
 if register():
-    from atom_sglang.model import entry_class
     from atom_sglang.specs import served_architectures
+    from atom_sglang.wrapper import entry_class
 
     EntryClass = [entry_class(arch) for arch in served_architectures()]
 else:

@@ -19,24 +19,29 @@ class VllmAttentionLayer(Attention):
         return super().forward(q, k, v).view(q.shape[0], self.num_heads, self.head_size)
 
 
-class VllmAttentionBackend:
-    """Given to atom-core's BuildContext: builds one VllmAttentionLayer per AttentionLayerSpec."""
+class CoreAttentionBackend:
+    """atom-core's AttentionBackend protocol under vLLM (given to build_for_engine): one VllmAttentionLayer
+    per AttentionLayerSpec, whose KV cache vLLM sizes from the layer's cache spec."""
 
     name = "vllm"
+    layer_kinds = frozenset({"mha", "sliding"})
 
     def __init__(self, cache_config, backend_cls: type = AtomAttentionBackend):
         self.cache_config = cache_config
         self.backend_cls = backend_cls
 
     def make_layer(self, spec: AttentionLayerSpec) -> VllmAttentionLayer:
-        # spec.prefix is the layer's module path in the wrapper, which vLLM uses as the layer's name.
+        # spec.prefix is the layer's module path in the wrapper, which vLLM uses as the layer's name. vLLM's
+        # Attention declares its KV spec (full or sliding window) from the heads, dims and window given here:
+        # the layer's own cache spec.
+        cache = spec.cache_spec()
         return VllmAttentionLayer(
             spec.num_heads,
-            spec.head_dim,
+            cache.head_dim,
             spec.scale,
-            num_kv_heads=spec.num_kv_heads,
-            cache_config=self._cache_config(spec.sliding_window),
-            per_layer_sliding_window=spec.sliding_window,
+            num_kv_heads=cache.num_kv_heads,
+            cache_config=self._cache_config(cache.sliding_window),
+            per_layer_sliding_window=cache.sliding_window,
             prefix=spec.prefix,
             attn_backend=self.backend_cls,
         )

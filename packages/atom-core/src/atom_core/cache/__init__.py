@@ -1,0 +1,35 @@
+"""Caches as layers declare them: per-layer specs (what memory a layer needs), allocation and sizing."""
+
+from atom_core.cache.allocate import (
+    LatentCache,
+    LayerCache,
+    LayerKVCache,
+    StateCache,
+    allocate_caches,
+    bytes_per_block,
+    bytes_per_slot,
+)
+from atom_core.cache.specs import (
+    CacheSpec,
+    LatentCacheSpec,
+    PagedKVSpec,
+    StateCacheSpec,
+    collect_cache_specs,
+    metadata_kinds,
+)
+
+__all__ = [
+    "CacheSpec",
+    "LatentCache",
+    "LatentCacheSpec",
+    "LayerCache",
+    "LayerKVCache",
+    "PagedKVSpec",
+    "StateCache",
+    "StateCacheSpec",
+    "allocate_caches",
+    "bytes_per_block",
+    "bytes_per_slot",
+    "collect_cache_specs",
+    "metadata_kinds",
+]

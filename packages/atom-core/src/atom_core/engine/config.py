@@ -1,0 +1,119 @@
+"""EngineConfig: every option of the native engine in one slotted dataclass, shared by `LLM`, `LLMEngine`,
+the model runner and every `atom` subcommand (as vLLM's EngineArgs: add_cli_args / from_cli_args)."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # this module stays cheap to import: the CLI builds its parser from it
+    import torch
+
+    from atom_core.config import CacheConfig
+    from atom_core.engine.scheduler import SchedulerConfig
+
+LOAD_FORMATS = ("safetensors", "dummy")
+KERNEL_BACKENDS = ("triton", "torch", "aiter")
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    model: str | Path | None = None  # HF checkpoint dir; None: the built-in demo checkpoint
+    dtype: str = "auto"  # auto (the checkpoint's), float32, float16 or bfloat16
+    load_format: str = "safetensors"  # or dummy: random weights of the checkpoint's shapes
+    max_model_len: int | None = None  # None: the model's max_position_embeddings (lowered to fit the cache)
+    tensor_parallel_size: int = 1
+    block_size: int = 16  # tokens per KV page
+    num_kv_blocks: int | None = None  # None: as many as gpu_memory_utilization (or 1 GiB on the CPU) holds
+    kv_cache_dtype: str = "auto"  # auto (the model's) or fp8
+    kv_layout: str = "flash"  # flash or shuffle
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+    device: str | None = None  # cpu or cuda; None: cuda if available
+    kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
+    gpu_memory_utilization: float = 0.9  # the share of free GPU memory the KV cache may take
+    enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
+
+    def __post_init__(self):
+        from atom_core.config import ConfigError
+
+        if isinstance(self.tensor_parallel_size, bool) or not isinstance(self.tensor_parallel_size, int):
+            raise ConfigError(f"tensor_parallel_size must be an integer, got {self.tensor_parallel_size!r}")
+        if self.tensor_parallel_size < 1:
+            raise ConfigError("tensor_parallel_size must be at least 1")
+        if self.load_format not in LOAD_FORMATS:
+            raise ConfigError(
+                f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+        if self.kernel_backend is not None and self.kernel_backend not in KERNEL_BACKENDS:
+            raise ConfigError(
+                f"kernel_backend must be one of {', '.join(KERNEL_BACKENDS)} or None, got {self.kernel_backend!r}"
+            )
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ConfigError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization!r}"
+            )
+        if self.device is not None and str(self.device).split(":")[0] not in ("cpu", "cuda"):
+            raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.max_model_len is not None and (
+            isinstance(self.max_model_len, bool)
+            or not isinstance(self.max_model_len, int)
+            or self.max_model_len < 1
+        ):
+            raise ConfigError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+        self.cache_config()  # their own checks, now rather than at the first step
+        self.scheduler_config()
+
+    def cache_config(self) -> CacheConfig:
+        from atom_core.config import CacheConfig
+
+        return CacheConfig(
+            block_size=self.block_size,
+            layout=self.kv_layout,
+            kv_dtype=self.kv_cache_dtype,
+            num_blocks=self.num_kv_blocks,
+        )
+
+    def scheduler_config(self) -> SchedulerConfig:
+        from atom_core.engine.scheduler import SchedulerConfig
+
+        return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
+
+    def torch_device(self) -> torch.device:
+        import torch
+
+        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @staticmethod
+    def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+        """Every engine option as a flag (--max-model-len, ...), defaults from the dataclass."""
+        d = argparse.Namespace(**{f.name: f.default for f in fields(EngineConfig)})  # slots hide the defaults
+        group = parser.add_argument_group("engine")
+        group.add_argument(
+            "--model", type=Path, default=None, help="HF checkpoint dir; default: built-in demo"
+        )
+        group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"])
+        group.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
+        group.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
+        group.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
+        group.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV page")
+        group.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
+        group.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "fp8"])
+        group.add_argument("--kv-layout", default=d.kv_layout, choices=["flash", "shuffle"])
+        group.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
+        group.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+        group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
+        group.add_argument(
+            "--kernel-backend", default=None, choices=KERNEL_BACKENDS, help="default: by device"
+        )
+        group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+        group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+        return parser
+
+    @classmethod
+    def from_cli_args(cls, args: argparse.Namespace, **overrides) -> EngineConfig:
+        """The config a parsed command line asks for; overrides: fields a subcommand sets itself."""
+        values = {f.name: getattr(args, f.name) for f in fields(cls)}
+        return cls(**{**values, **overrides})

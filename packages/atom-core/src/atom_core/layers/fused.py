@@ -1,0 +1,21 @@
+"""Fused ops across layers, explicit at the call site (a layer's forward stays what its name says)."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.layers.linear import RowParallelLinear
+from atom_core.ops import silu_and_mul
+
+
+def silu_and_mul_linear(layer: RowParallelLinear, gate_up: torch.Tensor) -> torch.Tensor:
+    """layer(silu(gate) * up) for gate_up [T, 2 * K_local] -> [T, N].
+
+    Where the layer's weight method has the fused kernel (atom-kernels' linear applies the activation in
+    its input load: at decode's few rows that saves a kernel per layer), it runs; otherwise the activation,
+    then the layer."""
+    method = layer.quant_method
+    fused = getattr(method, "apply_silu_and_mul", None)
+    if fused is None:
+        return layer(silu_and_mul(gate_up))
+    return layer.reduce(fused(layer, gate_up))

@@ -1,0 +1,37 @@
+"""Unquantized weights: one [out, in] parameter in the model's dtype, atom-kernels' linear."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from atom_core.ops import linear
+
+
+class UnquantizedLinearMethod:
+    name = "unquantized"
+
+    def create_weights(self, layer: nn.Module, in_local: int, out_local: int, dtype: torch.dtype) -> None:
+        layer.weight = nn.Parameter(torch.empty(out_local, in_local, dtype=dtype), requires_grad=False)
+        layer.weight.weight_loader = layer.weight_loader
+
+    def apply(self, layer: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        return linear(x, layer.weight, bias)
+
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, 2 * in_local] (gate | up) -> layer(silu(gate) * up), the activation in the matmul's load."""
+        return linear(x, layer.weight, gated_input=True)
+
+    def process_weights_after_loading(self, layer: nn.Module) -> None:
+        return None
+
+
+class Unquantized:
+    name = "unquantized"
+    method = UnquantizedLinearMethod()
+
+    def linear_method(self, prefix: str) -> UnquantizedLinearMethod:
+        return self.method
+
+
+UNQUANTIZED = Unquantized()

@@ -1,0 +1,139 @@
+"""Caches come from the layers: each attention-like layer declares a cache spec, the engine allocates exactly
+those (shapes, windows, heads on this rank), and the layer kinds agree with the registry's."""
+
+import pytest
+import torch
+from core_support import random_checkpoint
+from torch import nn
+from transformers import Qwen3Config
+
+from atom_core import LLM
+from atom_core.attention import PagedAttentionBackend
+from atom_core.build import BuildContext
+from atom_core.cache import (
+    LatentCache,
+    LatentCacheSpec,
+    LayerKVCache,
+    PagedKVSpec,
+    StateCache,
+    StateCacheSpec,
+    allocate_caches,
+    bytes_per_block,
+    bytes_per_slot,
+    collect_cache_specs,
+)
+from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConfig
+from atom_core.loader import build_model
+from atom_core.registry import get_model_spec
+
+# Alternating sliding (window 6) and full layers; head_dim differs from hidden / heads.
+MIXED = dict(
+    vocab_size=97,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=20,
+    max_position_embeddings=128,
+    use_sliding_window=True,
+    sliding_window=6,
+    layer_types=["sliding_attention", "full_attention"] * 2,
+)
+DECLARED = [PagedKVSpec(2, 20, 6), PagedKVSpec(2, 20, None)] * 2
+
+
+@pytest.fixture(scope="module")
+def mixed_checkpoint(tmp_path_factory):
+    return random_checkpoint(Qwen3Config(**MIXED), tmp_path_factory.mktemp("mixed") / "ckpt")[1]
+
+
+def _model(path, parallel=None):
+    config = ModelConfig.from_pretrained(path)
+    ctx = BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=parallel or ParallelConfig())
+    return config, build_model(config, ctx)
+
+
+def test_each_layer_declares_its_cache_and_the_kinds_match_the_registry(mixed_checkpoint):
+    config, model = _model(mixed_checkpoint)
+    specs = collect_cache_specs(model)
+    assert specs == DECLARED
+    assert [s.layer_kind for s in specs] == ["sliding", "mha"] * 2
+    assert tuple(s.layer_kind for s in specs) == get_model_spec(config.architecture).attention_kinds(config)
+
+
+def test_heads_on_a_rank_are_what_its_cache_holds(mixed_checkpoint):
+    # Two ranks (not initialized: building only): each holds one of the two KV heads.
+    _, model = _model(mixed_checkpoint, ParallelConfig(tp_size=2, tp_rank=1))
+    assert collect_cache_specs(model) == [PagedKVSpec(1, 20, 6), PagedKVSpec(1, 20, None)] * 2
+
+
+@pytest.mark.parametrize("layout, kv_dtype", [("flash", "auto"), ("shuffle", "auto"), ("flash", "fp8")])
+def test_the_caches_allocated_are_the_declared_ones(layout, kv_dtype):
+    cache = CacheConfig(block_size=16, layout=layout, kv_dtype=kv_dtype)
+    paged = [PagedKVSpec(2, 16, 6), PagedKVSpec(1, 32, None)] * 2  # the shuffle layout wants D % 8 == 0
+    specs = [
+        *paged,
+        LatentCacheSpec(40),
+        StateCacheSpec((("conv", (8, 3), None), ("ssm", (2, 4, 4), torch.float32))),
+    ]
+    caches = allocate_caches(specs, cache, dtype=torch.float16, num_blocks=5, num_slots=3, device="cpu")
+    assert [type(c) for c in caches] == [LayerKVCache] * 4 + [LatentCache, StateCache]
+    used = 0
+    for spec, layer in zip(paged, caches, strict=False):
+        assert layer.k.numel() == layer.v.numel() == 5 * 16 * spec.num_kv_heads * spec.head_dim
+        assert layer.k.dtype == (torch.float8_e4m3fn if kv_dtype == "fp8" else torch.float16)
+        assert (layer.k_scale is not None) == (kv_dtype == "fp8")
+        if layout == "flash":
+            assert layer.k.shape == (5, 16, spec.num_kv_heads, spec.head_dim)
+        scales = [] if layer.k_scale is None else [layer.k_scale, layer.v_scale]
+        used += sum(t.numel() * t.element_size() for t in [layer.k, layer.v, *scales])
+    latent, state = caches[4], caches[5]
+    assert latent.rows.shape == (5, 16, 40) and (latent.scale is not None) == (kv_dtype == "fp8")
+    used += latent.rows.numel() * latent.rows.element_size()
+    assert used == 5 * bytes_per_block(specs, cache, dtype=torch.float16, device=torch.device("cpu"))
+    assert state.states["conv"].shape == (3, 8, 3) and state.states["conv"].dtype == torch.float16
+    assert state.states["ssm"].shape == (3, 2, 4, 4) and state.states["ssm"].dtype == torch.float32
+    assert bytes_per_slot(specs, dtype=torch.float16) == 8 * 3 * 2 + 2 * 4 * 4 * 4
+
+
+def test_the_engine_allocates_what_the_layers_declare(mixed_checkpoint):
+    llm = LLM(mixed_checkpoint, kernel_backend="torch", block_size=4, num_kv_blocks=24)
+    runner = llm.engine.runner
+    assert runner.cache_specs == DECLARED
+    assert [c.k.shape for c in runner.caches] == [(24, 4, 2, 20)] * 4
+    llm.shutdown()
+
+
+class _StateLayer(nn.Module):
+    """A layer with per-sequence state, as a GDN layer is."""
+
+    cache_index = 0
+    cache_spec = StateCacheSpec((("h", (4,), None),))
+
+
+def test_cache_indices_must_be_unique_and_dense():
+    model = nn.Module()
+    model.a, model.b = _StateLayer(), _StateLayer()
+    with pytest.raises(ValueError, match="both declare cache index 0"):
+        collect_cache_specs(model)
+    model.b.cache_index = 2
+    with pytest.raises(ValueError, match=r"must be 0..1, the model declares \[0, 2\]"):
+        collect_cache_specs(model)
+
+
+def test_the_native_engine_refuses_state_caches_by_name(mixed_checkpoint, monkeypatch):
+    from atom_core.models import qwen3
+
+    original = qwen3.Qwen3ForCausalLM.__init__
+
+    def with_state_layer(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        self.extra = _StateLayer()
+        self.extra.cache_index = len(self.model.layers)
+
+    monkeypatch.setattr(qwen3.Qwen3ForCausalLM, "__init__", with_state_layer)
+    with pytest.raises(
+        ConfigError, match="Qwen3ForCausalLM: the native engine does not yet run state caches"
+    ):
+        LLM(mixed_checkpoint, kernel_backend="torch", block_size=4, num_kv_blocks=24)

@@ -1,0 +1,138 @@
+"""What atom-vllm's tests share: tiny configs of every architecture ATOM serves, random checkpoints with a
+tokenizer trained here (no model hub), transformers' references (greedy tokens, attention windows), and
+free localhost ports.
+
+pytest imports test files with --import-mode=importlib, so conftest.py puts this directory on sys.path and
+tests import this module as `vllm_support`. The fixtures built on it are in e2e_cpu/conftest.py.
+"""
+
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+# The dimensions every architecture's tiny config shares (the vocabulary is the trained tokenizer's).
+TINY = dict(
+    hidden_size=64,
+    intermediate_size=96,
+    num_hidden_layers=2,
+    max_position_embeddings=256,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+# Each architecture's variants: GQA, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE) and a
+# shared expert (Qwen2-MoE). head_dim 32 everywhere: vLLM's own CPU attention (run with ATOM off) supports
+# 32/64/80/96/112/128/256.
+ARCHITECTURES = {
+    "LlamaForCausalLM": dict(num_attention_heads=2, num_key_value_heads=1),
+    "Qwen3ForCausalLM": dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
+    ),
+    "Qwen3MoeForCausalLM": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+    "Qwen2MoeForCausalLM": dict(
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),
+}
+
+CORPUS = [
+    "The quick brown fox jumps over the lazy dog.",
+    "Paged attention keeps the KV cache in fixed-size blocks.",
+    "vLLM and ATOM agree on every greedy token, or the test fails.",
+    "Numbers: 0 1 2 3 4 5 6 7 8 9 10 11 12 and some punctuation!?",
+]
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    architecture: str
+    path: Path
+
+
+def train_tokenizer():
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.train_from_iterator(
+        CORPUS,
+        trainers.BpeTrainer(
+            vocab_size=300,
+            special_tokens=["<s>", "</s>"],
+            show_progress=False,
+            initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        ),
+    )
+    tok.post_processor = processors.TemplateProcessing(single="<s> $A", special_tokens=[("<s>", 0)])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+
+
+def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None):
+    """transformers' model of `config` (any model config) with random weights drawn after
+    torch.manual_seed(seed), saved to `path` (in shards of at most `max_shard_size` if given).
+    Returns (the model in eval mode, path)."""
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, **({} if dtype is None else {"dtype": dtype})).eval()
+    model.save_pretrained(path, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
+    return model, path
+
+
+def save_checkpoint(architecture: str, path: Path, config_kwargs: dict) -> Checkpoint:
+    """A random tiny `architecture` (TINY and config_kwargs) with the trained tokenizer, saved to `path`."""
+    import transformers
+
+    tokenizer = train_tokenizer()
+    family = architecture.removesuffix("ForCausalLM")
+    config = getattr(transformers, f"{family}Config")(
+        **{"vocab_size": len(tokenizer), **TINY, **config_kwargs}
+    )
+    random_checkpoint(config, path)
+    tokenizer.save_pretrained(path)
+    return Checkpoint(architecture, path)
+
+
+def transformers_windows(path: Path) -> list[int | None]:
+    """Each layer's attention window in transformers' own model of the checkpoint (None: full)."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return [getattr(layer.self_attn, "sliding_window", None) for layer in model.model.layers]
+
+
+def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
+    """transformers' greedy continuation, step by step through its own KV cache."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
+    tokens, past, step = list(prompt), None, torch.tensor([prompt])
+    with torch.no_grad():
+        for _ in range(steps):
+            out = model(step, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            tokens.append(int(out.logits[0, -1].argmax()))
+            step = torch.tensor([[tokens[-1]]])
+    return tokens[len(prompt) :]
+
+
+def free_port() -> int:
+    """A localhost TCP port nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]

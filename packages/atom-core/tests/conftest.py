@@ -12,7 +12,13 @@ if not torch.cuda.is_available():
 # test directory on sys.path, so this one is put there (processes the tests spawn inherit it).
 sys.path.insert(0, str(Path(__file__).parent))
 
-from core_support import TINY_LLAMA, free_port, hf_greedy, random_checkpoint
+from core_support import TINY_LLAMA, free_port, hf_greedy, install_token_counter, random_checkpoint
+
+
+@pytest.fixture
+def with_token_counter(monkeypatch):
+    """Llama-family models built in this test carry a TokenCounter state layer; the counters built, in order."""
+    return install_token_counter(monkeypatch)
 
 
 @pytest.fixture

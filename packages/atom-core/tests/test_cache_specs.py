@@ -3,11 +3,11 @@ those (shapes, windows, heads on this rank), and the layer kinds agree with the 
 
 import pytest
 import torch
-from core_support import random_checkpoint
+from core_support import TokenCounter, hf_greedy, random_checkpoint
 from torch import nn
 from transformers import Qwen3Config
 
-from atom_core import LLM
+from atom_core import LLM, SamplingParams
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
 from atom_core.cache import (
@@ -22,7 +22,7 @@ from atom_core.cache import (
     bytes_per_slot,
     collect_cache_specs,
 )
-from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConfig
+from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.loader import build_model
 from atom_core.registry import get_model_spec
 
@@ -122,18 +122,24 @@ def test_cache_indices_must_be_unique_and_dense():
         collect_cache_specs(model)
 
 
-def test_the_native_engine_refuses_state_caches_by_name(mixed_checkpoint, monkeypatch):
-    from atom_core.models import qwen3
-
-    original = qwen3.Qwen3ForCausalLM.__init__
-
-    def with_state_layer(self, *args, **kwargs):
-        original(self, *args, **kwargs)
-        self.extra = _StateLayer()
-        self.extra.cache_index = len(self.model.layers)
-
-    monkeypatch.setattr(qwen3.Qwen3ForCausalLM, "__init__", with_state_layer)
-    with pytest.raises(
-        ConfigError, match="Qwen3ForCausalLM: the native engine does not yet run state caches"
-    ):
-        LLM(mixed_checkpoint, kernel_backend="torch", block_size=4, num_kv_blocks=24)
+def test_state_slots_follow_each_sequence_through_chunks_and_preemption(tiny_llama, with_token_counter):
+    """A hybrid model (paged KV + a state layer): each running sequence holds a state slot that persists over
+    its prefill chunks and decode steps, starts fresh (a recompute) after preemption, and is given back; no
+    prefix-cache hits skip a state layer's tokens. Output equals the same model's without the state layer."""
+    hf, path = tiny_llama()
+    prompts = [list(range(3, 3 + n)) for n in (9, 13, 7)] + [list(range(3, 12))]  # the last repeats the first
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    engine_args = dict(kernel_backend="torch", block_size=4, num_kv_blocks=14, max_num_batched_tokens=8)
+    llm = LLM(path, **engine_args, max_num_seqs=4)
+    engine = llm.engine
+    assert engine.runner.cache_specs[-1] == TokenCounter.SPEC and engine.runner.num_state_slots == 4
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    (counter,) = with_token_counter
+    assert int(counter.problems) == 0
+    assert engine.scheduler.num_preemptions > 0 and engine.scheduler.num_chunked_prefills > 0
+    assert int(counter.fresh_starts) >= len(prompts) + engine.scheduler.num_preemptions
+    assert int(counter.resumed) > 40
+    assert engine.blocks.num_prefix_hits == 0 and not engine.blocks.prefix_caching
+    assert engine.scheduler.state_slots.num_free == 4  # every slot given back
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [hf_greedy(hf, p, 12) for p in prompts]

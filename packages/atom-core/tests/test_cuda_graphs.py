@@ -50,3 +50,21 @@ def test_graph_replays_equal_eager_steps(tmp_path, cls, kw):
         llm.shutdown()
     assert outputs[False] == outputs[True]
     assert [len(t) for t in outputs[False]] == MAX_TOKENS
+
+
+def test_a_state_layer_replays_in_graphs_as_it_runs_eagerly(tmp_path, with_token_counter):
+    """State slots and fresh flags reach a state layer inside replayed decode graphs (padded rows included)."""
+    path = _checkpoint(tmp_path, LlamaConfig)
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    outputs = {}
+    for eager in (True, False):
+        llm = LLM(path, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=eager)
+        outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+        counter = with_token_counter[-1]
+        assert int(counter.problems) == 0 and int(counter.fresh_starts) >= len(PROMPTS)
+        assert int(counter.resumed) >= sum(MAX_TOKENS) - len(PROMPTS)
+        if not eager:
+            assert llm.engine.runner.graphs.replays >= max(MAX_TOKENS) - 1
+        llm.shutdown()
+    assert outputs[False] == outputs[True]

@@ -9,6 +9,7 @@ from atom_core.cache.allocate import (
     bytes_per_block,
     bytes_per_slot,
 )
+from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import (
     CacheSpec,
     LatentCacheSpec,
@@ -27,6 +28,7 @@ __all__ = [
     "PagedKVSpec",
     "StateCache",
     "StateCacheSpec",
+    "StateMetadata",
     "allocate_caches",
     "bytes_per_block",
     "bytes_per_slot",

@@ -15,8 +15,12 @@ from atom_core.engine.sequence import Sequence
 
 
 class BlockManager:
-    def __init__(self, num_blocks: int, block_size: int):
+    """prefix_caching=False: blocks are never shared (models with state layers: a cached prefix's KV alone
+    cannot resume them without a snapshot of their state at that point)."""
+
+    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True):
         self.block_size = block_size
+        self.prefix_caching = prefix_caching
         self.ref_count = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
         self.key_of: dict[int, tuple] = {}  # block -> its content key, while cached
@@ -41,7 +45,8 @@ class BlockManager:
         """Reuse cached blocks for the longest cached prefix of seq's tokens; returns how many blocks."""
         b = self.block_size
         parent, hits = 0, []
-        for i in range((len(seq.token_ids) - 1) // b):  # never the block of the last token
+        cacheable = (len(seq.token_ids) - 1) // b if self.prefix_caching else 0
+        for i in range(cacheable):  # never the block of the last token
             block = self.block_of.get((parent, tuple(seq.token_ids[i * b : (i + 1) * b])))
             if block is None:
                 break
@@ -69,6 +74,8 @@ class BlockManager:
 
     def register_full_blocks(self, seq: Sequence) -> None:
         """After a forward: make seq's newly completed blocks findable by later requests."""
+        if not self.prefix_caching:
+            return
         b = self.block_size
         full = seq.num_computed_tokens // b
         parent = (

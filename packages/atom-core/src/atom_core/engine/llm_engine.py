@@ -18,6 +18,7 @@ from atom_core.engine.sampler import sample
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.scheduler import Scheduler
 from atom_core.engine.sequence import Sequence, Status
+from atom_core.engine.state_slots import StateSlots
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
 Prompt = str | list[int] | dict
@@ -60,8 +61,11 @@ class LLMEngine:
         self.max_model_len = self._fit_max_model_len(
             config.max_model_len, self.runner.num_blocks * config.block_size
         )
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size)
-        self.scheduler = Scheduler(config.scheduler_config(), self.blocks)
+        # State layers (GDN) keep no per-block history: a cached prefix's KV could not resume them.
+        state = self.runner.num_state_slots > 0
+        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, prefix_caching=not state)
+        slots = StateSlots(self.runner.num_state_slots) if state else None
+        self.scheduler = Scheduler(config.scheduler_config(), self.blocks, slots)
         self.tokenizer = self._load_tokenizer(Path(model))
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Request] = {}

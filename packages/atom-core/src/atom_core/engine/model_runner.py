@@ -1,4 +1,5 @@
-"""Runs the model for one scheduled batch: builds inputs and paged metadata, binds the forward context."""
+"""Runs the model for one scheduled batch: builds its inputs and the metadata each cache kind needs (paged:
+block tables and slots; state: one state slot per sequence), and binds the forward context."""
 
 from __future__ import annotations
 
@@ -9,9 +10,16 @@ import torch.distributed as dist
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
-from atom_core.cache import allocate_caches, bytes_per_block, collect_cache_specs, metadata_kinds
-from atom_core.cache.specs import PAGED
-from atom_core.config import ConfigError, ModelConfig, ParallelConfig
+from atom_core.cache import (
+    StateMetadata,
+    allocate_caches,
+    bytes_per_block,
+    bytes_per_slot,
+    collect_cache_specs,
+    metadata_kinds,
+)
+from atom_core.cache.specs import PAGED, STATE
+from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
@@ -31,6 +39,8 @@ class StepInputs:
     seq_lens: list[int]
     block_tables: list[list[int]]
     ends: list[int]  # rows whose sequence reaches its last known token: they get logits
+    state_slots: list[int]  # each sequence's state slot (-1 where the model has no state layers)
+    fresh: list[bool]  # the sequence's first tokens are in this step (its state starts from zero)
 
 
 class ModelRunner:
@@ -51,19 +61,21 @@ class ModelRunner:
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
         load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
         self.cache_specs = collect_cache_specs(self.model)
-        unsupported = metadata_kinds(self.cache_specs) - {PAGED}
-        if unsupported:
-            raise ConfigError(
-                f"{model_config.architecture}: the native engine does not yet run {', '.join(sorted(unsupported))} "
-                "caches (its layers declare them); it runs paged ones"
-            )
+        self.kinds = metadata_kinds(self.cache_specs)
+        # A running sequence holds a state slot: as many as sequences may run at once.
+        self.num_state_slots = engine.max_num_seqs if STATE in self.kinds else 0
         self.num_blocks = self.cache.num_blocks or self._blocks_that_fit(engine.gpu_memory_utilization)
         if parallel.tp_size > 1:  # every rank must hold the same block count
             agreed = torch.tensor([self.num_blocks])
             dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
             self.num_blocks = int(agreed)
         self.caches = allocate_caches(
-            self.cache_specs, self.cache, dtype=model_config.dtype, num_blocks=self.num_blocks, device=device
+            self.cache_specs,
+            self.cache,
+            dtype=model_config.dtype,
+            num_blocks=self.num_blocks,
+            num_slots=self.num_state_slots,
+            device=device,
         )
         self.graphs = None
         # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
@@ -79,7 +91,7 @@ class ModelRunner:
                 self.graphs = DecodeGraphs(
                     self.model,
                     self.caches,
-                    metadata_kinds(self.cache_specs),
+                    self.kinds,
                     max_batch=engine.max_num_seqs,
                     device=device,
                     max_model_len=max_model_len,
@@ -99,6 +111,9 @@ class ModelRunner:
             available = int(free * fraction)
         else:
             available = CPU_KV_BYTES
+        available -= self.num_state_slots * bytes_per_slot(self.cache_specs, dtype=self.config.dtype)
+        if per_block == 0:  # no paged layers: the block tables address nothing, one block will do
+            return 1
         blocks = available // per_block
         if blocks < 1:
             raise RuntimeError(
@@ -109,7 +124,7 @@ class ModelRunner:
 
     @staticmethod
     def prepare(batch: ScheduledBatch) -> StepInputs:
-        inputs = StepInputs([], [], [], [], [], [])
+        inputs = StepInputs([], [], [], [], [], [], [], [])
         for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
             start = seq.num_computed_tokens
             inputs.ids += seq.token_ids[start : start + n]
@@ -117,6 +132,8 @@ class ModelRunner:
             inputs.query_lens.append(n)
             inputs.seq_lens.append(start + n)
             inputs.block_tables.append(list(seq.block_table))
+            inputs.state_slots.append(seq.state_slot)
+            inputs.fresh.append(start == 0)
             if start + n == len(seq.token_ids):
                 inputs.ends.append(row)
         return inputs
@@ -126,7 +143,7 @@ class ModelRunner:
         """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
         batch = len(inputs.query_lens)
         if self.graphs is not None and len(inputs.ids) == batch and self.graphs.size_for(batch) is not None:
-            return self.graphs.run(inputs.ids, inputs.positions, inputs.seq_lens, inputs.block_tables)
+            return self.graphs.run(inputs)
         meta = PagedAttentionMetadata.build(
             query_lens=inputs.query_lens,
             seq_lens=inputs.seq_lens,
@@ -134,8 +151,13 @@ class ModelRunner:
             block_size=self.cache.block_size,
             device=self.device,
         )
+        metadata = {PAGED: meta}
+        if STATE in self.kinds:
+            metadata[STATE] = StateMetadata.build(
+                slots=inputs.state_slots, fresh=inputs.fresh, query_lens=inputs.query_lens, device=self.device
+            )
         pos = torch.tensor(inputs.positions, device=self.device)
-        with bind_forward_context(ForwardContext({PAGED: meta}, self.caches)):
+        with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)
         last = meta.cu_seqlens_q[1:].long() - 1
         return self.model.compute_logits(hidden[last[inputs.ends]])

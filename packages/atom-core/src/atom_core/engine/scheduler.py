@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.sequence import Sequence, Status
+from atom_core.engine.state_slots import StateSlots
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,9 +33,16 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager):
+    """state_slots: for models with state layers: a running sequence holds one (as many as max_num_seqs)."""
+
+    def __init__(self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlots | None = None):
+        if state_slots is not None and state_slots.num_slots < config.max_num_seqs:
+            raise ValueError(
+                f"{state_slots.num_slots} state slots cannot hold max_num_seqs {config.max_num_seqs}"
+            )
         self.config = config
         self.blocks = blocks
+        self.state_slots = state_slots
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -80,6 +88,8 @@ class Scheduler:
             self.num_chunked_prefills += n < seq.num_uncomputed
             self.blocks.allocate(seq, n)
             seq.status = Status.RUNNING
+            if self.state_slots is not None:
+                seq.state_slot = self.state_slots.take()
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
@@ -88,7 +98,7 @@ class Scheduler:
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
-        self.blocks.release(seq)
+        self._release(seq)
         seq.status = Status.WAITING
         self.waiting.appendleft(seq)
         self.num_preemptions += 1
@@ -97,4 +107,10 @@ class Scheduler:
         seq.status = Status.FINISHED
         seq.finish_reason = reason
         self.running.remove(seq)
+        self._release(seq)
+
+    def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        if seq.state_slot >= 0:
+            self.state_slots.give_back(seq.state_slot)
+            seq.state_slot = -1

@@ -32,6 +32,7 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading full blocks registered for prefix caching
+    state_slot: int = -1  # its row in the state layers' caches while running (models with state layers)
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

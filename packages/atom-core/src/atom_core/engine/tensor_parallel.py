@@ -120,6 +120,7 @@ class TensorParallelRunner:
             control_group=self.control,
         )
         self.num_blocks = self.runner.num_blocks
+        self.num_state_slots = self.runner.num_state_slots
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)

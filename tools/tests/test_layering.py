@@ -43,7 +43,7 @@ def test_the_real_workspace_keeps_every_contract():
         ("atom_sglang.bad", "import vllm.plugins", "atom_sglang never imports vllm"),
         ("atom_sglang.bad", "import atom_vllm", "Layers: adapters above atom_core above atom_kernels"),
         ("atom_vllm.bad", "from atom_core.demo import ensure_demo_checkpoint", "only atom_core's public API"),
-        ("atom_sglang.bad", "import atom_core.engine_version", "only atom_core's public API"),
+        ("atom_sglang.bad", "import atom_core.integration.version", "only atom_core's public API"),
     ],
 )
 def test_a_planted_violation_breaks_its_contract(workspace, module, line, broken):

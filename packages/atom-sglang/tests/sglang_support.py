@@ -9,6 +9,8 @@ from pathlib import Path
 
 import torch
 
+from tools.testing_models import random_checkpoint  # noqa: F401 (re-exported)
+
 # The dimensions every architecture's tiny config shares.
 TINY = dict(
     vocab_size=300,
@@ -50,18 +52,6 @@ def tiny_config(architecture: str, **overrides):
 
     family = architecture.removesuffix("ForCausalLM")
     return getattr(transformers, f"{family}Config")(**{**TINY, **ARCHITECTURES[architecture], **overrides})
-
-
-def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None):
-    """transformers' model of `config` (any model config) with random weights drawn after
-    torch.manual_seed(seed), saved to `path` (in shards of at most `max_shard_size` if given).
-    Returns (the model in eval mode, path)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, **({} if dtype is None else {"dtype": dtype})).eval()
-    model.save_pretrained(path, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
-    return model, path
 
 
 def transformers_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:

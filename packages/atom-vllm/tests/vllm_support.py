@@ -6,11 +6,12 @@ pytest imports test files with --import-mode=importlib, so conftest.py puts this
 tests import this module as `vllm_support`. The fixtures built on it are in e2e_cpu/conftest.py.
 """
 
-import socket
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from tools.testing_models import free_port, random_checkpoint  # noqa: F401 (re-exported)
 
 # The dimensions every architecture's tiny config shares (the vocabulary is the trained tokenizer's).
 TINY = dict(
@@ -82,18 +83,6 @@ def train_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
 
 
-def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None):
-    """transformers' model of `config` (any model config) with random weights drawn after
-    torch.manual_seed(seed), saved to `path` (in shards of at most `max_shard_size` if given).
-    Returns (the model in eval mode, path)."""
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(config, **({} if dtype is None else {"dtype": dtype})).eval()
-    model.save_pretrained(path, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
-    return model, path
-
-
 def save_checkpoint(architecture: str, path: Path, config_kwargs: dict) -> Checkpoint:
     """A random tiny `architecture` (TINY and config_kwargs) with the trained tokenizer, saved to `path`."""
     import transformers
@@ -129,10 +118,3 @@ def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
             tokens.append(int(out.logits[0, -1].argmax()))
             step = torch.tensor([[tokens[-1]]])
     return tokens[len(prompt) :]
-
-
-def free_port() -> int:
-    """A localhost TCP port nothing listens on now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

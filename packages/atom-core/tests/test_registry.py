@@ -12,11 +12,10 @@ def test_every_registered_class_imports_and_declares_its_packed_modules():
     for arch in supported_architectures():
         spec = get_model_spec(arch)
         assert spec.load_class().__name__ == arch
-        assert spec.packed_modules_mapping() == {
-            "qkv_proj": ["q_proj", "k_proj", "v_proj"],
-            "gate_up_proj": ["gate_proj", "up_proj"],
-        }
-        assert set(spec.attention_kinds(_tiny_config(arch))) == {"mha"}
+        mla = arch.startswith("Deepseek")
+        qkv = {} if mla else {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
+        assert spec.packed_modules_mapping() == {**qkv, "gate_up_proj": ["gate_proj", "up_proj"]}
+        assert set(spec.attention_kinds(_tiny_config(arch))) == {"mla" if mla else "mha"}
 
 
 def _tiny_config(arch):

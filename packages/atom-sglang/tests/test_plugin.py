@@ -17,6 +17,7 @@ from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
 import atom_sglang
 from atom_core.integration import supported_architectures
 from atom_sglang.plugin import register
+from atom_sglang.specs import served_architectures
 
 
 def _python(code: str, **env: str) -> subprocess.CompletedProcess:
@@ -60,7 +61,8 @@ RESOLVE = (
 def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
     # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
     # so an import error in any wrapper module fails the test.
-    archs = supported_architectures()
+    archs = served_architectures()
+    assert "DeepseekV3ForCausalLM" in supported_architectures() and "DeepseekV3ForCausalLM" not in archs
     proc = _python(
         RESOLVE.format(archs=archs), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
     )

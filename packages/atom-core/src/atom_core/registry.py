@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+from collections.abc import Collection
 from dataclasses import dataclass
 
 from atom_core.config import ModelConfig
@@ -12,10 +13,15 @@ class UnsupportedArchitecture(ValueError):
     pass
 
 
+MHA_FAMILY = frozenset({"mha", "sliding"})
+MLA = frozenset({"mla"})
+
+
 @dataclass(frozen=True, slots=True)
 class ModelSpec:
     architecture: str  # the name in config.json's "architectures"
     model_class: str  # "module:Class", imported only when built
+    layer_kinds: frozenset[str]  # every kind its layers can be (mha, sliding, mla, gdn), whatever the config
 
     def load_class(self) -> type:
         module, _, name = self.model_class.partition(":")
@@ -24,7 +30,11 @@ class ModelSpec:
     def attention_kinds(self, config: ModelConfig) -> tuple[str, ...]:
         """Each layer's kind (mha, sliding, mla, gdn) for this config, as the model class derives it: what
         an attention backend must be able to build, and what each layer's cache spec says it is."""
-        return tuple(self.load_class().layer_kinds(config))
+        kinds = tuple(self.load_class().layer_kinds(config))
+        assert set(kinds) <= self.layer_kinds, (
+            f"{self.architecture} built {set(kinds)}, declares {self.layer_kinds}"
+        )
+        return kinds
 
     def packed_modules_mapping(self) -> dict[str, list[str]]:
         """Packed parameter -> checkpoint modules packed into it, e.g. {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}."""
@@ -37,16 +47,22 @@ class ModelSpec:
 SPECS: dict[str, ModelSpec] = {
     spec.architecture: spec
     for spec in (
-        ModelSpec("LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM"),
-        ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM"),
-        ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM"),
-        ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM"),
+        ModelSpec("LlamaForCausalLM", "atom_core.models.llama:LlamaForCausalLM", MHA_FAMILY),
+        ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM", MHA_FAMILY),
+        ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
+        ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
+        ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
+        ModelSpec("DeepseekV3ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV3ForCausalLM", MLA),
     )
 }
 
 
-def supported_architectures() -> tuple[str, ...]:
-    return tuple(SPECS)
+def supported_architectures(layer_kinds: Collection[str] | None = None) -> tuple[str, ...]:
+    """Every architecture ATOM builds; with layer_kinds (what an adapter's attention backend builds), only
+    those whose layers are all of those kinds: an engine keeps its own model for the others."""
+    if layer_kinds is None:
+        return tuple(SPECS)
+    return tuple(arch for arch, spec in SPECS.items() if spec.layer_kinds <= set(layer_kinds))
 
 
 def get_model_spec(architecture: str) -> ModelSpec:

@@ -45,6 +45,11 @@ def adapter_spec(architecture: str) -> SglangModelSpec:
     return replace(spec, **OVERRIDES.get(architecture, {}))
 
 
+# The layer kinds ATOM's wrapper builds under SGLang; architectures with others (DeepSeek's MLA, for now)
+# stay SGLang's own models.
+LAYER_KINDS = frozenset({"mha", "sliding"})
+
+
 def served_architectures() -> tuple[str, ...]:
     """Every architecture the external model package exposes to SGLang."""
-    return supported_architectures()
+    return supported_architectures(layer_kinds=LAYER_KINDS)

@@ -6,14 +6,17 @@ from __future__ import annotations
 from atom_core.integration import supported_architectures
 
 MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
+# The layer kinds the adapter's attention builds under vLLM; architectures with others (DeepSeek's MLA,
+# for now) stay vLLM's own models.
+LAYER_KINDS = frozenset({"mha", "sliding"})
 ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
 
 
 def register_models() -> tuple[str, ...]:
-    """Point vLLM's model registry at ATOM for every architecture atom-core implements."""
+    """Point vLLM's model registry at ATOM for every architecture atom-core implements with LAYER_KINDS."""
     from vllm import ModelRegistry
 
-    architectures = supported_architectures()
+    architectures = supported_architectures(layer_kinds=LAYER_KINDS)
     for arch in architectures:
         ModelRegistry.register_model(arch, MODEL_CLASS)
     return architectures

@@ -6,6 +6,7 @@ import torch
 
 from atom_core.attention.backend import AttentionLayerSpec
 from atom_core.attention.metadata import PagedAttentionMetadata
+from atom_core.attention.mla import MLALayerSpec, MLAPagedLayer
 from atom_core.cache.allocate import LayerKVCache
 from atom_core.cache.specs import PAGED
 from atom_core.forward_context import current_forward_context
@@ -17,7 +18,7 @@ class PagedAttentionBackend:
     """kernel_backend: "triton", "torch" (the reference, for the CPU) or None (atom_kernels decides)."""
 
     name = "atom-paged"
-    layer_kinds = frozenset({"mha", "sliding"})
+    layer_kinds = frozenset({"mha", "sliding", "mla"})
 
     def __init__(self, layout: str = "flash", kernel_backend: str | None = None):
         self.layout = layout
@@ -25,6 +26,9 @@ class PagedAttentionBackend:
 
     def make_layer(self, spec: AttentionLayerSpec) -> PagedAttentionLayer:
         return PagedAttentionLayer(spec, self.layout, self.kernel_backend)
+
+    def make_mla_layer(self, spec: MLALayerSpec) -> MLAPagedLayer:
+        return MLAPagedLayer(spec, self.kernel_backend)
 
 
 class PagedAttentionLayer:

@@ -72,9 +72,11 @@ def _yarn(rope: RopeConfig, dim: int, max_position: int) -> tuple[torch.Tensor, 
 
 
 class RotaryEmbedding(nn.Module):
-    def __init__(self, head_dim: int, rope: RopeConfig, max_position: int):
+    """neox: rotate halves (Llama, Qwen); False: adjacent pairs (DeepSeek's interleaved rope dims)."""
+
+    def __init__(self, head_dim: int, rope: RopeConfig, max_position: int, *, neox: bool = True):
         super().__init__()
-        self.rope = rope
+        self.rope, self.neox = rope, neox
         self.head_dim = head_dim
         self.rotary_dim = int(head_dim * rope.partial_rotary_factor)
         self.max_position = max_position
@@ -88,4 +90,6 @@ class RotaryEmbedding(nn.Module):
             seq_len = int(positions.max()) + 1 if positions.numel() else 0  # a host sync: no CUDA graphs
             inv_freq, _ = rope_frequencies(self.rope, self.rotary_dim, self.max_position, seq_len)
             inv_freq = inv_freq.to(positions.device)
-        return apply_rotary(positions, q, k, inv_freq, rotary_dim=self.rotary_dim, scaling=self.scaling)
+        return apply_rotary(
+            positions, q, k, inv_freq, rotary_dim=self.rotary_dim, scaling=self.scaling, neox=self.neox
+        )

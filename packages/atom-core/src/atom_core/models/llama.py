@@ -18,31 +18,13 @@ from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
 
 class DecoderLayer(nn.Module):
-    def __init__(
-        self,
-        config: ModelConfig,
-        ctx: BuildContext,
-        layer_index: int,
-        prefix: str,
-        mlp: nn.Module,
-        *,
-        qk_norm: bool,
-        biases: tuple[bool, bool],
-        sliding_window: int | None = None,
-    ):
+    """Pre-norm residual block around the attention and MLP modules its model built for this layer."""
+
+    def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module):
         super().__init__()
         eps, dtype = config.rms_norm_eps, config.dtype
         self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
-        self.self_attn = SelfAttention(
-            config,
-            ctx,
-            layer_index=layer_index,
-            prefix=f"{prefix}.self_attn",
-            qk_norm=qk_norm,
-            qkv_bias=biases[0],
-            o_bias=biases[1],
-            sliding_window=sliding_window,
-        )
+        self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
         self.mlp = mlp
 
@@ -73,17 +55,11 @@ class LlamaForCausalLM(nn.Module):
         self.model.embed_tokens = VocabParallelEmbedding(
             config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel
         )
-        windows = self.attention_windows(config)
         self.model.layers = nn.ModuleList(
             DecoderLayer(
                 config,
-                ctx,
-                i,
-                f"{p}.layers.{i}",
+                self.make_attention(config, ctx, i, f"{p}.layers.{i}.self_attn"),
                 self.make_mlp(config, ctx, i, f"{p}.layers.{i}.mlp"),
-                qk_norm=self.qk_norm,
-                biases=self.attention_biases(config),
-                sliding_window=windows[i],
             )
             for i in range(config.num_hidden_layers)
         )
@@ -96,6 +72,22 @@ class LlamaForCausalLM(nn.Module):
     def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
         """Full-attention layers are mha, windowed ones sliding (atom_core.registry's kinds)."""
         return tuple("mha" if w is None else "sliding" for w in cls.attention_windows(config))
+
+    def make_attention(
+        self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str
+    ) -> nn.Module:
+        window = self.attention_windows(config)[layer_index]
+        qkv_bias, o_bias = self.attention_biases(config)
+        return SelfAttention(
+            config,
+            ctx,
+            layer_index=layer_index,
+            prefix=prefix,
+            qk_norm=self.qk_norm,
+            qkv_bias=qkv_bias,
+            o_bias=o_bias,
+            sliding_window=window,
+        )
 
     def attention_biases(self, config: ModelConfig) -> tuple[bool, bool]:
         """(q/k/v bias, o_proj bias): Llama's attention_bias covers both."""

@@ -30,12 +30,15 @@ class PackedRule:
 
 NameRule = Callable[[str], tuple[str, Any] | None]  # checkpoint name -> (parameter name, shard) or None
 
+GATE_UP_PACKED = (
+    PackedRule(".gate_proj.", ".gate_up_proj.", 0),
+    PackedRule(".up_proj.", ".gate_up_proj.", 1),
+)
 LLAMA_PACKED = (
     PackedRule(".q_proj.", ".qkv_proj.", "q"),
     PackedRule(".k_proj.", ".qkv_proj.", "k"),
     PackedRule(".v_proj.", ".qkv_proj.", "v"),
-    PackedRule(".gate_proj.", ".gate_up_proj.", 0),
-    PackedRule(".up_proj.", ".gate_up_proj.", 1),
+    *GATE_UP_PACKED,
 )
 
 

@@ -8,6 +8,7 @@ from sglang.srt.layers.radix_attention import RadixAttention
 
 from atom_core.integration import AttentionLayerSpec, current_forward_context
 from atom_sglang.runtime import FORWARD_BATCH
+from atom_sglang.specs import LAYER_KINDS
 
 
 class SglangAttentionLayer(RadixAttention):
@@ -31,7 +32,7 @@ class CoreAttentionBackend:
     """
 
     name = "sglang"
-    layer_kinds = frozenset({"mha", "sliding"})
+    layer_kinds = LAYER_KINDS
 
     def __init__(self, layer_ids=None):
         self.layer_ids = layer_ids or (lambda index: index)

@@ -10,6 +10,7 @@ from vllm.model_executor.layers.attention import Attention
 
 from atom_core.integration import AttentionLayerSpec
 from atom_vllm.attention.backend import AtomAttentionBackend
+from atom_vllm.registration import LAYER_KINDS
 
 
 class VllmAttentionLayer(Attention):
@@ -24,7 +25,7 @@ class CoreAttentionBackend:
     per AttentionLayerSpec, whose KV cache vLLM sizes from the layer's cache spec."""
 
     name = "vllm"
-    layer_kinds = frozenset({"mha", "sliding"})
+    layer_kinds = LAYER_KINDS
 
     def __init__(self, cache_config, backend_cls: type = AtomAttentionBackend):
         self.cache_config = cache_config

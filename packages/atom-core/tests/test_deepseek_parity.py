@@ -4,7 +4,7 @@ greedy decoding gives its greedy tokens. The config variants cover each path tra
 
 import pytest
 import torch
-from core_support import hf_greedy
+from core_support import DSV2, DSV3, YARN, deepseek_checkpoint, hf_greedy
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
 from atom_core.attention import PagedAttentionBackend
@@ -12,58 +12,6 @@ from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.loader import build_model, load_checkpoint
 
-YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
-DSV3 = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=1,
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    n_group=4,
-    topk_group=2,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.5,
-    norm_topk_prob=True,
-    kv_lora_rank=32,
-    q_lora_rank=48,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=24,
-    max_position_embeddings=256,
-    rope_interleave=True,
-    rope_parameters=dict(YARN, beta_fast=32, beta_slow=1, mscale=0.9, mscale_all_dim=0.7),
-    tie_word_embeddings=False,
-    bos_token_id=0,
-    eos_token_id=1,
-)
-DSV2 = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
-    num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=2,
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    first_k_dense_replace=1,
-    routed_scaling_factor=1.5,
-    kv_lora_rank=32,
-    q_lora_rank=None,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=24,
-    max_position_embeddings=256,
-    norm_topk_prob=False,
-    rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707),
-    tie_word_embeddings=False,
-)
 CASES = {
     "v3-qlora-yarn-interleaved": (DeepseekV3Config, DSV3, {}),
     "v3-no-qlora": (DeepseekV3Config, DSV3, dict(q_lora_rank=None)),
@@ -85,21 +33,6 @@ CASES = {
         dict(topk_method="group_limited_greedy", n_group=4, topk_group=2, q_lora_rank=48),
     ),
 }
-
-
-def deepseek_checkpoint(path, config_cls, base, overrides):
-    """A random tiny model whose routing is decisive (no near-ties between implementations) and whose
-    e_score_correction_bias is not zero, saved as transformers saves it."""
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config_cls(**{**base, **overrides})).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight.normal_(0, 0.5)
-                if hasattr(layer.mlp.gate, "e_score_correction_bias"):
-                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
-    model.save_pretrained(path)
-    return model
 
 
 def atom_model(path, kernel_backend="torch"):

@@ -66,3 +66,18 @@ def test_tp2_equals_tp1(tmp_path, cls, overrides):
     )
     for rank in range(2):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+
+
+def test_deepseek_tp2_equals_tp1(tmp_path):
+    """MLA heads split over ranks (the latent replicated), routed experts split, shared experts split."""
+    from core_support import DSV3, deepseek_checkpoint
+    from transformers import DeepseekV3Config
+
+    deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, dict(num_hidden_layers=2))
+    single = _logits(tmp_path / "ckpt", ParallelConfig())
+    out = str(tmp_path / "logits")
+    mp.start_processes(
+        _rank, args=(2, free_port(), str(tmp_path / "ckpt"), out), nprocs=2, join=True, start_method="spawn"
+    )
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)

@@ -33,7 +33,15 @@ class PagedRunner:
     """Drives an ATOM model the way an engine does: paged KV, batched prefill, then batched decode."""
 
     def __init__(
-        self, model, config, backend_block_size=4, num_blocks=96, seed=0, layout="flash", device="cpu"
+        self,
+        model,
+        config,
+        backend_block_size=4,
+        num_blocks=96,
+        seed=0,
+        layout="flash",
+        device="cpu",
+        kv_dtype="auto",
     ):
         from atom_core.cache import allocate_caches, collect_cache_specs
         from atom_core.config import CacheConfig
@@ -41,7 +49,7 @@ class PagedRunner:
         self.model, self.config, self.block_size, self.device = model, config, backend_block_size, device
         self.caches = allocate_caches(
             collect_cache_specs(model),
-            CacheConfig(block_size=backend_block_size, layout=layout),
+            CacheConfig(block_size=backend_block_size, layout=layout, kv_dtype=kv_dtype),
             dtype=config.dtype,
             num_blocks=num_blocks,
             device=device,

@@ -98,6 +98,29 @@ def test_triton_mla_kernels_through_the_native_backend(tmp_path, paged_runner):
         assert generated[i] == hf_greedy(hf, prompt, 4)
 
 
+def test_an_fp8_latent_cache_stays_within_its_quantization_error(tmp_path, paged_runner):
+    """kv_cache_dtype fp8: latent rows stored as e4m3 (per-tensor scale 1): prefill logits within fp8's
+    error of transformers', and each decode step's argmax one of transformers' top two."""
+    hf = deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, {})
+    model, config = atom_model(tmp_path / "ckpt")
+    runner = paged_runner(model, config, kv_dtype="fp8")
+    assert all(c.rows.dtype == torch.float8_e4m3fn and c.scale is not None for c in runner.caches)
+    prompts = [[5, 17, 42, 9, 100, 3, 77, 12, 90], [8, 8, 150]]
+    prefill, generated = runner.greedy(prompts, steps=6)
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0]
+        span = ref.abs().max().item()
+        assert (prefill[i] - ref).abs().max().item() < 0.1 * span  # e4m3 keeps 3 mantissa bits
+        assert (prefill[i] - ref).abs().max().item() > 1e-6  # the rows really went through fp8
+        seq = list(prompt)
+        for token in generated[i]:
+            with torch.no_grad():
+                top2 = hf(torch.tensor([seq])).logits[0, -1].topk(2).indices.tolist()
+            assert token in top2
+            seq.append(token)
+
+
 def test_the_engine_serves_deepseek_with_chunks_prefix_hits_and_preemption(tmp_path):
     """The native engine on a DeepSeek-V3 checkpoint: latent caches sized from the layers' specs; chunked
     prefill, prefix-cache hits and preemption give each prompt transformers' greedy tokens."""

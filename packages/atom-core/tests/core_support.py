@@ -5,6 +5,8 @@ tests import this module as `core_support`; worker processes a test spawns inher
 The fixtures built on these (tiny_llama, hf_greedy_tokens, a_free_port) are in conftest.py.
 """
 
+import json
+
 import torch
 from torch import nn
 
@@ -166,3 +168,156 @@ def install_token_counter(monkeypatch) -> list[TokenCounter]:
     monkeypatch.setattr(LlamaForCausalLM, "__init__", counted_init)
     monkeypatch.setattr(LlamaForCausalLM, "forward", counted_forward)
     return counters
+
+
+def causal_mask(n: int) -> torch.Tensor:
+    return torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+
+
+def rms(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * w
+
+
+class HFMtp(nn.Module):
+    """DeepSeek-V3's MTP layer written from its published description, on transformers' decoder layer (the
+    independent reference for ATOM's draft): row i of tokens [B, T] and the target's final hidden states
+    h [B, T, H] -> logits predicting token i + 2, from head(shared_head.norm(layer(eh_proj([enorm(Emb(t_{i+1})),
+    hnorm(h_i)])))) with row i at position i."""
+
+    def __init__(self, main, layer_index: int):
+        super().__init__()
+        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
+
+        cfg, h = main.config, main.config.hidden_size
+        self.main_ref = [main]  # not a submodule: its parameters are the target's
+        self.block = DeepseekV3DecoderLayer(cfg, layer_index)
+        for module in self.block.modules():  # built outside a PreTrainedModel: initialized as its layers are
+            main._init_weights(module)
+        self.enorm, self.hnorm, self.head_norm = (nn.Parameter(torch.ones(h)) for _ in range(3))
+        self.eh_proj = nn.Linear(2 * h, h, bias=False)
+
+    def forward(self, tokens: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        main = self.main_ref[0]
+        eps, n = main.config.rms_norm_eps, tokens.shape[1] - 1
+        emb = main.model.embed_tokens(tokens[:, 1:])
+        x = self.eh_proj(torch.cat([rms(emb, self.enorm, eps), rms(hidden[:, :-1], self.hnorm, eps)], -1))
+        pos = torch.arange(n)[None]
+        x = self.block(
+            x,
+            attention_mask=causal_mask(n),
+            position_ids=pos,
+            position_embeddings=main.model.rotary_emb(x, pos),
+        )
+        return main.lm_head(rms(x, self.head_norm, eps))
+
+    def checkpoint_tensors(self, layer_index: int) -> dict[str, torch.Tensor]:
+        """Its weights under DeepSeek-V3's published names (with the copies of embedding and head)."""
+        main, p = self.main_ref[0], f"model.layers.{layer_index}."
+        found = {p + k: v for k, v in self.block.state_dict().items() if ".experts." not in k}
+        experts = self.block.mlp.experts  # fused in transformers' module, per expert in published checkpoints
+        for e in range(experts.num_experts):
+            gate, up = experts.gate_up_proj[e].chunk(2, dim=0)
+            names = {"gate_proj": gate, "up_proj": up, "down_proj": experts.down_proj[e]}
+            found.update({f"{p}mlp.experts.{e}.{name}.weight": w for name, w in names.items()})
+        found.update(
+            {
+                p + "enorm.weight": self.enorm.data,
+                p + "hnorm.weight": self.hnorm.data,
+                p + "eh_proj.weight": self.eh_proj.weight.data,
+                p + "shared_head.norm.weight": self.head_norm.data,
+                p + "embed_tokens.weight": main.model.embed_tokens.weight.data,
+                p + "shared_head.head.weight": main.lm_head.weight.data,
+            }
+        )
+        return {k: v.detach().clone().contiguous() for k, v in found.items()}
+
+
+def hf_main_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
+    """transformers' final hidden states (after model.norm) for tokens [B, T]."""
+    return main.model(tokens).last_hidden_state
+
+
+def successor_language(vocab: int, seed: int = 0):
+    """A synthetic second-order language over ids 2.. (0 and 1 are BOS and EOS): token t after token u is
+    followed by succ[u < vocab // 2][t] four times in five, else by a random token. A draft must know the
+    token before the one it reads, which a chained MTP step only has through its own hidden state, so
+    longer chains are accepted less often. Returns (succ [2, vocab], sample(batch, length, generator))."""
+    gen = torch.Generator().manual_seed(seed)
+    succ = torch.stack([torch.arange(2, vocab)[torch.randperm(vocab - 2, generator=gen)] for _ in range(2)])
+    succ = torch.cat([torch.full((2, 2), 2), succ], dim=1)
+
+    def sample(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        rows = [torch.randint(2, vocab, (batch,), generator=generator) for _ in range(2)]
+        for _ in range(length - 2):
+            noise = torch.randint(2, vocab, (batch,), generator=generator)
+            keep = torch.rand(batch, generator=generator) < 0.8
+            follow = succ[(rows[-2] < vocab // 2).long(), rows[-1]]
+            rows.append(torch.where(keep, follow, noise))
+        return torch.stack(rows, 1)
+
+    return succ, sample
+
+
+def deepseek_mtp_checkpoint(path, overrides: dict | None = None, *, train_steps: int = 0, seed: int = 0):
+    """A tiny DeepSeek-V3 with its MTP layer (model.layers.{L}.*, num_nextn_predict_layers 1), saved as the
+    published checkpoints are. train_steps > 0 trains target and MTP layer together on successor_language
+    first, so the draft predicts well. Returns (transformers' target model, the HFMtp reference)."""
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM, DeepseekV3Config
+
+    torch.manual_seed(seed)
+    cfg = DeepseekV3Config(**{**DSV3, **(overrides or {})})
+    layers = cfg.num_hidden_layers
+    main = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
+    mtp = HFMtp(main, layers)
+    with torch.no_grad():
+        for mlp in [layer.mlp for layer in main.model.layers] + [mtp.block.mlp]:
+            if hasattr(mlp, "gate"):
+                mlp.gate.weight.normal_(0, 0.5)
+                mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
+        mtp.eh_proj.weight.normal_(0, 0.05)
+    if train_steps:
+        _train(main, mtp, train_steps, seed)
+    main.eval(), mtp.eval()
+    main.save_pretrained(path)
+    tensors = load_file(path / "model.safetensors")
+    tensors.update(mtp.checkpoint_tensors(layers))
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 1}, indent=1))
+    return main, mtp
+
+
+def _train(main, mtp, steps: int, seed: int) -> None:
+    _, sample = successor_language(main.config.vocab_size, seed)
+    gen = torch.Generator().manual_seed(seed + 1)
+    params = list(main.parameters()) + [p for n, p in mtp.named_parameters() if not n.startswith("main_ref")]
+    opt = torch.optim.AdamW(params, lr=3e-3, weight_decay=0.0)
+    main.train(), mtp.train()
+    ce = nn.functional.cross_entropy
+    for _ in range(steps):
+        tokens = sample(32, 24, gen)
+        out = main(tokens, output_hidden_states=True)
+        logits = out.logits[:, :-1]
+        draft = mtp(tokens, out.hidden_states[-1])[:, :-1]  # row i predicts token i + 2
+        v = logits.shape[-1]
+        loss = ce(logits.reshape(-1, v), tokens[:, 1:].reshape(-1)) + ce(
+            draft.reshape(-1, v), tokens[:, 2:].reshape(-1)
+        )
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def save_word_tokenizer(path, vocab_size: int) -> None:
+    """A word-level tokenizer for a synthetic vocabulary: id i is the word "w{i}" (0 and 1: <s> and </s>), words
+    joined by spaces, so stop strings can name token sequences."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = {"<s>": 0, "</s>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    tok = Tokenizer(models.WordLevel(words, unk_token="<s>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(path)

@@ -72,7 +72,36 @@ def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.
     attention layers' AttentionLayerSpec.prefix is then that module path.
     """
     spec = get_model_spec(config.architecture)
-    kinds = spec.attention_kinds(config)
+    spec.attention_kinds(config)  # asserts the class builds only the kinds its spec declares
+    return _build(spec.load_class(), config, ctx, prefix)
+
+
+def build_draft(config: ModelConfig, ctx: BuildContext, target: nn.Module, prefix: str = "") -> nn.Module:
+    """The speculative draft made of the checkpoint's MTP layers (ModelSpec.draft_class), sharing the target's
+    embedding and head; built with its own BuildContext, its caches are its own (cache indices from 0)."""
+    draft = _build(draft_class_for(config), config, ctx, prefix)
+    draft.bind_target(target)
+    return draft
+
+
+def draft_class_for(config: ModelConfig) -> type:
+    """The draft class of config's architecture, its config checked (cheap: call it before loading a target
+    that could not be speculated with). Raises ConfigError naming what is missing."""
+    draft_class = get_model_spec(config.architecture).load_draft_class()
+    if draft_class is None:
+        from atom_core.registry import SPECS
+
+        with_draft = [arch for arch, spec in SPECS.items() if spec.draft_class is not None]
+        raise ConfigError(
+            f"{config.architecture} has no MTP draft in ATOM: speculative method 'mtp' is supported for "
+            f"{', '.join(with_draft)}"
+        )
+    draft_class.check_config(config)
+    return draft_class
+
+
+def _build(model_class: type, config: ModelConfig, ctx: BuildContext, prefix: str) -> nn.Module:
+    kinds = model_class.layer_kinds(config)
     missing = sorted(set(kinds) - set(ctx.attention_backend.layer_kinds))
     if missing:
         raise ConfigError(
@@ -81,7 +110,7 @@ def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.
         )
     ctx = replace(ctx, quant_config=ctx.quant_config or quant_config_for(config))
     with torch.device(ctx.device):
-        return spec.load_class()(config, ctx, prefix).eval()
+        return model_class(config, ctx, prefix).eval()
 
 
 def load_checkpoint(

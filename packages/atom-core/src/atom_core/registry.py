@@ -22,10 +22,13 @@ class ModelSpec:
     architecture: str  # the name in config.json's "architectures"
     model_class: str  # "module:Class", imported only when built
     layer_kinds: frozenset[str]  # every kind its layers can be (mha, sliding, mla, gdn), whatever the config
+    draft_class: str | None = None  # "module:Class" of the draft its checkpoint's MTP layers make, if any
 
     def load_class(self) -> type:
-        module, _, name = self.model_class.partition(":")
-        return getattr(importlib.import_module(module), name)
+        return _import(self.model_class)
+
+    def load_draft_class(self) -> type | None:
+        return None if self.draft_class is None else _import(self.draft_class)
 
     def attention_kinds(self, config: ModelConfig) -> tuple[str, ...]:
         """Each layer's kind (mha, sliding, mla, gdn) for this config, as the model class derives it: what
@@ -44,6 +47,11 @@ class ModelSpec:
         return mapping
 
 
+def _import(path: str) -> type:
+    module, _, name = path.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 SPECS: dict[str, ModelSpec] = {
     spec.architecture: spec
     for spec in (
@@ -52,7 +60,12 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
-        ModelSpec("DeepseekV3ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV3ForCausalLM", MLA),
+        ModelSpec(
+            "DeepseekV3ForCausalLM",
+            "atom_core.models.deepseek_v2:DeepseekV3ForCausalLM",
+            MLA,
+            draft_class="atom_core.models.deepseek_mtp:DeepseekMTP",
+        ),
     )
 }
 

@@ -14,6 +14,8 @@ if TYPE_CHECKING:  # this module stays cheap to import: the CLI builds its parse
     from atom_core.config import CacheConfig
     from atom_core.engine.scheduler import SchedulerConfig
 
+from atom_core.engine.speculative_config import SpeculativeConfig
+
 LOAD_FORMATS = ("safetensors", "dummy")
 KERNEL_BACKENDS = ("triton", "torch", "aiter")
 
@@ -35,6 +37,8 @@ class EngineConfig:
     kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
     gpu_memory_utilization: float = 0.9  # the share of free GPU memory the KV cache may take
     enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
+    # {"method": "mtp", "num_speculative_tokens": k} (or its JSON): the checkpoint's MTP layer drafts k tokens
+    speculative_config: SpeculativeConfig | dict | str | None = None
 
     def __post_init__(self):
         from atom_core.config import ConfigError
@@ -63,6 +67,10 @@ class EngineConfig:
             or self.max_model_len < 1
         ):
             raise ConfigError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+        try:
+            object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
+        except ValueError as err:
+            raise ConfigError(str(err)) from None
         self.cache_config()  # their own checks, now rather than at the first step
         self.scheduler_config()
 
@@ -110,6 +118,11 @@ class EngineConfig:
         )
         group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
         group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+        group.add_argument(
+            "--speculative-config",
+            default=None,
+            help='JSON, e.g. \'{"method": "mtp", "num_speculative_tokens": 2}\' (the checkpoint\'s MTP layer drafts)',
+        )
         return parser
 
     @classmethod

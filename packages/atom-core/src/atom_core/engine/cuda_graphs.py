@@ -41,13 +41,21 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         sizes: Sequence[int] = DEFAULT_SIZES,
+        query_len: int = 1,
+        hidden_input: tuple[int, torch.dtype] | None = None,
     ):
+        """query_len: tokens every sequence adds (1: decode; 1 + k: speculative verify of k drafts, whose
+        logits come back for every token). hidden_input: (width, dtype) of a third model input, a hidden
+        state per token (a speculative draft's), copied into a static buffer each step."""
         unknown = set(metadata_kinds) - {PAGED, STATE}
         if unknown:
             raise NotImplementedError(
                 f"decode CUDA graphs have no static metadata for {sorted(unknown)} caches"
             )
         self.state = STATE in metadata_kinds
+        if self.state and query_len > 1:
+            raise NotImplementedError("verify CUDA graphs for models with state layers")
+        self.q = q = query_len
         self.sizes = sorted({s for s in sizes if s < max_batch} | {max_batch})
         self.block_size = block_size
         self.max_pages = -(-max_model_len // block_size)
@@ -58,20 +66,27 @@ class DecodeGraphs:
         # it starts fresh (whole: 24 or 40 bytes a row), and the int32 seq_lens followed by the block
         # tables (a prefix: seq_lens whole, then the batch's table rows).
         rows = 5 if self.state else 3
-        self.vectors = torch.zeros(rows, n, dtype=torch.int64, device=device)
+        self.vectors = torch.zeros(rows, n * q, dtype=torch.int64, device=device)
         self.ids, self.positions, self.slots = self.vectors[:3]
         self.vectors[2:].fill_(-1)
         self.lens_tables = torch.zeros(n + n * self.max_pages, **i32)
         self.seq_lens = self.lens_tables[:n]
-        self.seq_lens.fill_(1)
+        self.seq_lens.fill_(q)
         self.block_tables = self.lens_tables[n:].view(n, self.max_pages)
         pin = torch.cuda.is_available() and device.type == "cuda"
-        self.host_vectors = torch.zeros(rows, n, dtype=torch.int64, pin_memory=pin)
+        self.host_vectors = torch.zeros(rows, n * q, dtype=torch.int64, pin_memory=pin)
         self.host_lens_tables = torch.zeros(n + n * self.max_pages, dtype=torch.int32, pin_memory=pin)
         self.copied = torch.cuda.Event()
-        self.cu = torch.arange(n + 1, **i32)  # one query token per row
+        self.cu = torch.arange(0, (n + 1) * q, q, **i32)  # query_len tokens per sequence
+        self.hidden_in = None
+        if hidden_input is not None:
+            self.hidden_in = torch.zeros(n * q, hidden_input[0], dtype=hidden_input[1], device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
+        self.hidden_out: dict[
+            int, torch.Tensor
+        ] = {}  # the model's hidden states (a speculative draft reads them)
+        self.hidden: torch.Tensor | None = None  # the last replay's, [batch, H]
         self.replays = 0  # decode steps served by a graph
         pool = None
         for size in reversed(self.sizes):  # largest first: smaller graphs reuse its memory pool
@@ -79,9 +94,10 @@ class DecodeGraphs:
                 cu_seqlens_q=self.cu[: size + 1],
                 seq_lens=self.seq_lens[:size],
                 block_tables=self.block_tables[:size],
-                slot_mapping=self.slots[:size],
-                max_query_len=1,
+                slot_mapping=self.slots[: size * q],
+                max_query_len=q,
                 max_seq_len=max_model_len,
+                uniform_query_len=q if q > 1 else None,
             )
 
             def forward(size=size, meta=meta):
@@ -90,14 +106,15 @@ class DecodeGraphs:
                     fresh = self.vectors[4, :size] != 0
                     metadata[STATE] = StateMetadata(self.vectors[3, :size], fresh, self.cu[: size + 1], 1)
                 with bind_forward_context(ForwardContext(metadata, caches)):
-                    hidden = model(self.ids[:size], self.positions[:size])
-                return model.compute_logits(hidden)
+                    extra = () if self.hidden_in is None else (self.hidden_in[: size * q],)
+                    hidden = model(self.ids[: size * q], self.positions[: size * q], *extra)
+                return hidden, model.compute_logits(hidden)
 
             forward()  # warm-up: compiles kernels and settles allocations outside the capture
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph, pool=pool):
-                self.logits[size] = forward()
+                self.hidden_out[size], self.logits[size] = forward()
             pool = graph.pool()
             self.graphs[size] = graph
         torch.cuda.synchronize(device)
@@ -109,33 +126,47 @@ class DecodeGraphs:
             graph.reset()
         self.graphs.clear()
         self.logits.clear()
+        self.hidden_out.clear()
+        self.hidden = None
+
+    def serves(self, inputs: StepInputs) -> bool:
+        """Whether inputs is this graph set's case: every sequence adds query_len tokens, all get logits."""
+        batch = len(inputs.query_lens)
+        return (
+            len(inputs.ids) == batch * self.q
+            and len(inputs.logit_rows) == len(inputs.ids)
+            and all(n == self.q for n in inputs.query_lens)
+            and self.size_for(batch) is not None
+        )
 
     def size_for(self, batch: int) -> int | None:
         """The captured size a decode batch of `batch` rows replays at, or None if it is too large."""
         i = bisect.bisect_left(self.sizes, batch)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, inputs: StepInputs) -> torch.Tensor:
-        """One decode step of len(inputs.ids) sequences -> logits [batch, V] (a view of the graph's output)."""
+    def run(self, inputs: StepInputs, hidden_in: torch.Tensor | None = None) -> torch.Tensor:
+        """One step of len(inputs.query_lens) sequences -> logits [batch * query_len, V] (a view of the
+        graph's output)."""
         ids, positions, seq_lens, block_tables = (
             inputs.ids,
             inputs.positions,
             inputs.seq_lens,
             inputs.block_tables,
         )
-        batch = len(ids)
+        q, batch = self.q, len(seq_lens)
         size = self.size_for(batch)
         assert size is not None, "size_for(batch) must be checked first"
         bs = self.block_size
-        slots = [table[p // bs] * bs + p % bs for p, table in zip(positions, block_tables, strict=True)]
-        pad = size - batch
+        slots = [block_tables[i // q][p // bs] * bs + p % bs for i, p in enumerate(positions)]
+        pad, tokens_pad = size - batch, (size - batch) * q
         n, width = len(self.seq_lens), self.max_pages
         self.copied.synchronize()  # the last step's copies out of the pinned buffers are done (long since)
-        rows = [ids + [0] * pad, positions + [0] * pad, slots + [-1] * pad]
+        rows = [ids + [0] * tokens_pad, positions + [0] * tokens_pad, slots + [-1] * tokens_pad]
         if self.state:
             rows += [inputs.state_slots + [-1] * pad, [int(f) for f in inputs.fresh] + [0] * pad]
-        self.host_vectors[:, :size] = torch.tensor(rows)
-        self.host_lens_tables[:size] = torch.tensor(seq_lens + [1] * pad, dtype=torch.int32)
+        self.host_vectors[:, : size * q] = torch.tensor(rows)
+        # padding sequences read q rows of block 0 (garbage, finite; their outputs are dropped)
+        self.host_lens_tables[:size] = torch.tensor(seq_lens + [q] * pad, dtype=torch.int32)
         tables = [t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad
         self.host_lens_tables[n : n + size * width] = torch.tensor(tables, dtype=torch.int32).view(-1)
         self.vectors.copy_(self.host_vectors, non_blocking=True)
@@ -143,6 +174,9 @@ class DecodeGraphs:
             self.host_lens_tables[: n + size * width], non_blocking=True
         )
         self.copied.record()
+        if hidden_in is not None:
+            self.hidden_in[: hidden_in.shape[0]].copy_(hidden_in)
         self.graphs[size].replay()
         self.replays += 1
-        return self.logits[size][:batch]
+        self.hidden = self.hidden_out[size][: batch * q]
+        return self.logits[size][: batch * q]

@@ -12,12 +12,14 @@ from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.detokenizer import IncrementalDetokenizer
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.drafting import Drafter
+from atom_core.engine.model_runner import ModelRunner, StepInputs
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
 from atom_core.engine.sampler import sample
 from atom_core.engine.sampling_params import SamplingParams
-from atom_core.engine.scheduler import Scheduler
+from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Sequence, Status
+from atom_core.engine.speculative import verify
 from atom_core.engine.state_slots import StateSlots
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
@@ -66,6 +68,15 @@ class LLMEngine:
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, prefix_caching=not state)
         slots = StateSlots(self.runner.num_state_slots) if state else None
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks, slots)
+        spec = config.speculative_config
+        self.drafter = (
+            None
+            if spec is None
+            else Drafter(self.runner, self.blocks, spec.num_speculative_tokens, self.max_model_len)
+        )
+        self.num_draft_tokens = 0  # speculative tokens verified, over all requests
+        self.num_accepted_tokens = 0  # of those, accepted
+        self.num_verifications = 0  # sequence-steps that verified drafts
         self.tokenizer = self._load_tokenizer(Path(model))
         self.eos_token_ids = self._eos_ids()
         self.requests: dict[str, _Request] = {}
@@ -212,6 +223,8 @@ class LLMEngine:
             reason = f"the model's forward failed ({type(err).__name__}; the server log has the details)"
             return self.fail(dict.fromkeys((s.request_id for s in batch.seqs), reason))
         self.consecutive_failures = 0
+        if self.drafter is not None:
+            return self._speculative_step(batch, inputs, logits)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
@@ -227,6 +240,56 @@ class LLMEngine:
             touched[seq.request_id] = self.requests[seq.request_id]
         outputs = self.fail(failed)
         return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
+
+    def _speculative_step(self, batch: ScheduledBatch, inputs: StepInputs, logits) -> list[RequestOutput]:
+        """Accept each sequence's verified drafts, emit its tokens (stopping where a stop condition hits),
+        keep the KV of accepted positions only, then let the draft propose for the next step."""
+        sampled = [batch.seqs[row] for row in inputs.ends]
+        drafts = [batch.drafts[row] for row in inputs.ends]
+        result = verify(logits, sampled, drafts)
+        accepted = dict(zip(inputs.ends, result.accepted, strict=True))
+        for row, (seq, n, draft) in enumerate(
+            zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)
+        ):
+            # rejected drafts' KV rows stay behind num_computed_tokens: overwritten, never read
+            seq.num_computed_tokens += n - len(draft) + accepted.get(row, 0)
+        touched, failed = {}, {}
+        for seq, draft, tokens, lps, n_ok, error in zip(
+            sampled, drafts, result.tokens, result.logprobs, result.accepted, result.errors, strict=True
+        ):
+            if error is not None:
+                failed.setdefault(seq.request_id, error)
+                continue
+            seq.num_drafted += len(draft)
+            seq.num_accepted += n_ok
+            self.num_draft_tokens += len(draft)
+            self.num_accepted_tokens += n_ok
+            self.num_verifications += bool(draft)
+            for i, token in enumerate(tokens):
+                seq.append(token, None if lps is None else lps[i])
+                self._check_stop(seq)
+                if seq.status is Status.FINISHED:
+                    break
+            touched[seq.request_id] = self.requests[seq.request_id]
+        for seq in batch.seqs:
+            if seq.status is Status.RUNNING:
+                self.blocks.register_full_blocks(seq)
+        outputs = self.fail(failed)
+        try:
+            self.drafter.propose(batch, inputs)
+        except Exception as err:  # as a failed forward: the batch's requests fail, later ones may run
+            logger.exception("a draft forward failed; its %d requests fail", len(batch.seqs))
+            self.consecutive_failures += 1
+            reason = (
+                f"the draft model's forward failed ({type(err).__name__}; the server log has the details)"
+            )
+            running = [s.request_id for s in batch.seqs if s.status is Status.RUNNING]
+            outputs += self.fail(dict.fromkeys(running, reason))
+        return outputs + [
+            self._output(r, pop=True)
+            for r in touched.values()
+            if r.request_id not in failed and r.request_id in self.requests
+        ]
 
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
@@ -266,6 +329,8 @@ class LLMEngine:
                 list(s.output_token_ids),
                 s.finish_reason,
                 list(s.output_logprobs) if s.params.logprobs is not None else None,
+                s.num_drafted,
+                s.num_accepted,
             )
             for s in request.seqs
         ]

@@ -23,7 +23,7 @@ from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
-from atom_core.loader import build_model, load_checkpoint
+from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
 from atom_kernels.settings import Backend, resolve_backend
 
 CPU_KV_BYTES = 1 << 30  # the KV cache's share of host memory when none is given
@@ -41,6 +41,22 @@ class StepInputs:
     ends: list[int]  # rows whose sequence reaches its last known token: they get logits
     state_slots: list[int]  # each sequence's state slot (-1 where the model has no state layers)
     fresh: list[bool]  # the sequence's first tokens are in this step (its state starts from zero)
+    logit_rows: list[int]  # token rows that get logits: a sequence's last known token, then its drafts
+
+
+@dataclass(slots=True)
+class DraftInputs:
+    """One forward of the speculative draft. Row r reads hidden state hidden_rows[r] of the target's last
+    forward (from="target") or of the draft's last logits rows (from="draft": chained drafting)."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    hidden_rows: list[int]
+    source: str  # "target" or "draft"
+    logit_rows: list[int]
 
 
 class ModelRunner:
@@ -58,10 +74,28 @@ class ModelRunner:
     ):
         self.config, self.cache, self.device = model_config, engine.cache_config(), device
         backend = PagedAttentionBackend(layout=self.cache.layout, kernel_backend=engine.kernel_backend)
+        if engine.speculative_config is not None:
+            draft_class_for(model_config)  # refuse before loading a target that could not be speculated with
         self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
         load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
         self.cache_specs = collect_cache_specs(self.model)
         self.kinds = metadata_kinds(self.cache_specs)
+        # The speculative draft (MTP layers): its caches share the target's block tables, so each block
+        # holds the target's and the draft's rows of the same tokens.
+        self.draft, self.draft_specs = None, []
+        if engine.speculative_config is not None:
+            self.draft = build_draft(
+                model_config, BuildContext(backend, parallel=parallel, device=device), self.model
+            )
+            load_checkpoint(self.draft, model_config.path, load_format=engine.load_format)
+            self.draft_specs = collect_cache_specs(self.draft)
+            if metadata_kinds(self.draft_specs) != {PAGED}:
+                raise NotImplementedError(
+                    f"{model_config.architecture}'s draft has {sorted(metadata_kinds(self.draft_specs))} "
+                    "caches: speculative decoding supports drafts with paged caches only"
+                )
+        self.hidden: torch.Tensor | None = None  # the last target forward's hidden states (for the draft)
+        self.draft_hidden: torch.Tensor | None = None  # the draft's at its last logits rows (for chaining)
         # A running sequence holds a state slot: as many as sequences may run at once.
         self.num_state_slots = engine.max_num_seqs if STATE in self.kinds else 0
         self.num_blocks = self.cache.num_blocks or self._blocks_that_fit(engine.gpu_memory_utilization)
@@ -77,7 +111,16 @@ class ModelRunner:
             num_slots=self.num_state_slots,
             device=device,
         )
-        self.graphs = None
+        self.draft_caches = allocate_caches(
+            self.draft_specs,
+            self.cache,
+            dtype=model_config.dtype,
+            num_blocks=self.num_blocks,
+            num_slots=0,
+            device=device,
+        )
+        self.graphs = self.verify_graphs = None
+        self.draft_graphs: list = []  # the draft's: one token a sequence (chaining), 1 + k (catching up)
         # The torch reference kernels index with host-dependent shapes: graphs need the Triton kernels.
         # Dynamic RoPE rescales by the batch's longest position, read on the host each step.
         triton = resolve_backend(engine.kernel_backend, device) is Backend.TRITON
@@ -97,15 +140,37 @@ class ModelRunner:
                     max_model_len=max_model_len,
                     block_size=self.cache.block_size,
                 )
+                if self.draft is not None:  # the target's verify of k drafts per sequence, and the draft's
+                    q = 1 + engine.speculative_config.num_speculative_tokens
+                    shape = dict(
+                        max_batch=engine.max_num_seqs,
+                        device=device,
+                        max_model_len=max_model_len,
+                        block_size=self.cache.block_size,
+                    )
+                    self.verify_graphs = DecodeGraphs(
+                        self.model, self.caches, self.kinds, query_len=q, **shape
+                    )
+                    hidden = (model_config.hidden_size, model_config.dtype)
+                    self.draft_graphs = [
+                        DecodeGraphs(
+                            self.draft, self.draft_caches, {PAGED}, query_len=n, hidden_input=hidden, **shape
+                        )
+                        for n in (1, q)
+                    ]
 
     def shutdown(self) -> None:
         """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed)."""
-        if self.graphs is not None:
-            self.graphs.release()
-            self.graphs = None
+        for graphs in (self.graphs, self.verify_graphs, *self.draft_graphs):
+            if graphs is not None:
+                graphs.release()
+        self.graphs = self.verify_graphs = None
+        self.draft_graphs = []
 
     def _blocks_that_fit(self, fraction: float) -> int:
-        per_block = bytes_per_block(self.cache_specs, self.cache, dtype=self.config.dtype, device=self.device)
+        per_block = bytes_per_block(
+            [*self.cache_specs, *self.draft_specs], self.cache, dtype=self.config.dtype, device=self.device
+        )
         if self.device.type == "cuda":
             free, _ = torch.cuda.mem_get_info(self.device)
             available = int(free * fraction)
@@ -124,26 +189,32 @@ class ModelRunner:
 
     @staticmethod
     def prepare(batch: ScheduledBatch) -> StepInputs:
-        inputs = StepInputs([], [], [], [], [], [], [], [])
-        for row, (seq, n) in enumerate(zip(batch.seqs, batch.num_new_tokens, strict=True)):
-            start = seq.num_computed_tokens
-            inputs.ids += seq.token_ids[start : start + n]
+        inputs = StepInputs([], [], [], [], [], [], [], [], [])
+        drafts = batch.drafts or [[]] * len(batch.seqs)
+        for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, drafts, strict=True)):
+            start, known = seq.num_computed_tokens, n - len(draft)
+            inputs.ids += seq.token_ids[start : start + known] + draft
             inputs.positions += range(start, start + n)
             inputs.query_lens.append(n)
             inputs.seq_lens.append(start + n)
             inputs.block_tables.append(list(seq.block_table))
             inputs.state_slots.append(seq.state_slot)
             inputs.fresh.append(start == 0)
-            if start + n == len(seq.token_ids):
+            if start + known == len(seq.token_ids):
                 inputs.ends.append(row)
+                last = len(inputs.ids) - len(draft) - 1
+                inputs.logit_rows += range(last, last + len(draft) + 1)
         return inputs
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
-        batch = len(inputs.query_lens)
-        if self.graphs is not None and len(inputs.ids) == batch and self.graphs.size_for(batch) is not None:
-            return self.graphs.run(inputs)
+        for graphs in (self.graphs, self.verify_graphs):
+            if graphs is not None and graphs.serves(inputs):
+                logits = graphs.run(inputs)
+                if self.draft is not None:
+                    self.hidden = graphs.hidden
+                return logits
         meta = PagedAttentionMetadata.build(
             query_lens=inputs.query_lens,
             seq_lens=inputs.seq_lens,
@@ -159,5 +230,36 @@ class ModelRunner:
         pos = torch.tensor(inputs.positions, device=self.device)
         with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)
-        last = meta.cu_seqlens_q[1:].long() - 1
-        return self.model.compute_logits(hidden[last[inputs.ends]])
+        if self.draft is not None:
+            self.hidden = hidden
+        return self.model.compute_logits(
+            hidden[torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)]
+        )
+
+    def execute(self, message: StepInputs | DraftInputs) -> torch.Tensor:
+        """What a tensor-parallel worker runs for each message from rank 0."""
+        return self.run(message) if isinstance(message, StepInputs) else self.run_draft(message)
+
+    @torch.inference_mode()
+    def run_draft(self, inputs: DraftInputs) -> torch.Tensor:
+        """One forward of the draft over its own caches (same block tables as the target's); returns logits
+        [len(inputs.logit_rows), V] and keeps the draft's hidden states at those rows for chaining."""
+        source = self.hidden if inputs.source == "target" else self.draft_hidden
+        hidden_in = source[torch.tensor(inputs.hidden_rows, dtype=torch.long, device=self.device)]
+        for graphs in self.draft_graphs:
+            if graphs.serves(inputs):
+                logits = graphs.run(inputs, hidden_in)
+                self.draft_hidden = graphs.hidden
+                return logits
+        meta = PagedAttentionMetadata.build(
+            query_lens=inputs.query_lens,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            block_size=self.cache.block_size,
+            device=self.device,
+        )
+        pos = torch.tensor(inputs.positions, device=self.device)
+        with bind_forward_context(ForwardContext({PAGED: meta}, self.draft_caches)):
+            hidden = self.draft(torch.tensor(inputs.ids, device=self.device), pos, hidden_in)
+        self.draft_hidden = hidden[torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)]
+        return self.draft.compute_logits(self.draft_hidden)

@@ -12,6 +12,8 @@ class CompletionOutput:
     token_ids: list[int]
     finish_reason: str | None  # "stop", "length", "abort", "error", or None while running
     logprobs: list[dict[int, float]] | None = None
+    num_draft_tokens: int = 0  # speculative tokens proposed for this sample so far
+    num_accepted_tokens: int = 0  # of those, accepted
 
 
 @dataclass(slots=True)

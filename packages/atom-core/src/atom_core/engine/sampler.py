@@ -51,13 +51,23 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
     logprobs: list[dict[int, float] | None] = [None] * len(seqs)
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None and tokens[row] is not None]
     if wanted:
-        lp = torch.log_softmax(logits[wanted], dim=-1).cpu()
-        for i, row in enumerate(wanted):
-            k = params[row].logprobs
-            top = {int(t): float(lp[i, t]) for t in lp[i].topk(k).indices} if k else {}
-            top[tokens[row]] = float(lp[i, tokens[row]])
+        found = token_logprobs(
+            logits[wanted], [tokens[r] for r in wanted], [params[r].logprobs for r in wanted]
+        )
+        for row, top in zip(wanted, found, strict=True):
             logprobs[row] = top
     return Sampled(tokens, logprobs, errors)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int]) -> list[dict[int, float]]:
+    """logits [R, V] -> per row, {token: logprob} for its top[row] most likely tokens and the one it emitted."""
+    lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+    found = []
+    for i, (token, k) in enumerate(zip(tokens, top, strict=True)):
+        best = {int(t): float(lp[i, t]) for t in lp[i].topk(k).indices} if k else {}
+        best[token] = float(lp[i, token])
+        found.append(best)
+    return found
 
 
 _NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
@@ -77,7 +87,14 @@ def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
 
 
 def _sample_row(x: torch.Tensor, p, gen: torch.Generator | None) -> int:
-    x = (x - x.max()) / p.temperature  # the largest logit is 0: no overflow at any temperature >= eps
+    probs = probabilities(x, p)
+    return int(torch.multinomial(probs, 1, generator=gen))
+
+
+def probabilities(x: torch.Tensor, p) -> torch.Tensor:
+    """The distribution a sampled (not greedy) request draws from, for one row of logits [V]: temperature,
+    top-k, min-p and top-p applied; on the CPU (the request's seeded generator lives there), summing to 1."""
+    x = (x.float() - x.max()) / p.temperature  # the largest logit is 0: no overflow at any temperature >= eps
     if p.top_k > 0 and p.top_k < x.numel():
         kth = x.topk(p.top_k).values[-1]
         x = x.masked_fill(x < kth, float("-inf"))
@@ -88,5 +105,5 @@ def _sample_row(x: torch.Tensor, p, gen: torch.Generator | None) -> int:
         sorted_probs, order = probs.sort(descending=True)
         outside = sorted_probs.cumsum(0) - sorted_probs > p.top_p  # keep the smallest set reaching top_p
         probs = probs.scatter(0, order, sorted_probs.masked_fill(outside, 0))
-    probs = probs.cpu()  # the request's seeded generator lives on the CPU
-    return int(torch.multinomial(probs / probs.sum(), 1, generator=gen))
+    probs = probs.cpu()
+    return probs / probs.sum()

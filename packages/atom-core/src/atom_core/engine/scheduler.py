@@ -9,7 +9,7 @@ makes that cheap). Order is first come, first served.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.sequence import Sequence, Status
@@ -29,7 +29,8 @@ class SchedulerConfig:
 @dataclass(slots=True)
 class ScheduledBatch:
     seqs: list[Sequence]
-    num_new_tokens: list[int]  # tokens each sequence computes this step
+    num_new_tokens: list[int]  # tokens each sequence computes this step (its drafts included)
+    drafts: list[list[int]] = field(default_factory=list)  # speculative tokens verified after its known ones
 
 
 class Scheduler:
@@ -60,7 +61,11 @@ class Scheduler:
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
-            n = min(seq.num_uncomputed, budget)
+            # drafts ride behind a decoding sequence's last token, as many as the budget leaves room for
+            drafts = seq.draft_token_ids[: budget - 1] if seq.num_uncomputed == 1 else []
+            n = min(seq.num_uncomputed + len(drafts), budget)
+            if drafts and not self.blocks.can_allocate(seq, n):  # short of blocks: drafts go before others do
+                drafts, n = [], seq.num_uncomputed
             while not self.blocks.can_allocate(seq, n):
                 victim = self.running[-1]
                 self._preempt(victim)
@@ -71,6 +76,7 @@ class Scheduler:
             self.blocks.allocate(seq, n)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
+            batch.drafts.append(drafts)
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
@@ -93,6 +99,7 @@ class Scheduler:
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
+            batch.drafts.append([])
             budget -= n
         return batch
 
@@ -111,6 +118,7 @@ class Scheduler:
 
     def _release(self, seq: Sequence) -> None:
         self.blocks.release(seq)
+        seq.draft_token_ids = []  # their draft KV went with the blocks
         if seq.state_slot >= 0:
             self.state_slots.give_back(seq.state_slot)
             seq.state_slot = -1

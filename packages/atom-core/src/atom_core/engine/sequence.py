@@ -33,6 +33,9 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading full blocks registered for prefix caching
     state_slot: int = -1  # its row in the state layers' caches while running (models with state layers)
+    draft_token_ids: list[int] = field(default_factory=list)  # speculative proposals the next step verifies
+    num_drafted: int = 0  # speculative tokens proposed for it, in total
+    num_accepted: int = 0  # of those, accepted
     status: Status = Status.WAITING
     finish_reason: str | None = None
     text: str = ""

@@ -18,7 +18,7 @@ import torch.multiprocessing as mp
 
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
-from atom_core.engine.model_runner import ModelRunner, StepInputs
+from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
 from atom_core.engine.step_channel import StepChannel
 
 
@@ -66,7 +66,7 @@ def _worker(
             message = channel.receive(rank - 1, group=control)
             if message is None:
                 break
-            runner.run(message)
+            runner.execute(message)
         runner.shutdown()
         _leave_together(device, control)
     except BaseException:
@@ -125,6 +125,10 @@ class TensorParallelRunner:
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
         return self.runner.run(inputs)
+
+    def run_draft(self, inputs: DraftInputs) -> torch.Tensor:
+        self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
+        return self.runner.run_draft(inputs)
 
     def _workers_alive(self) -> bool:
         return all(proc.is_alive() for proc in self.workers)

@@ -27,6 +27,10 @@ class BenchResult:
     latency_ms_p50: float
     latency_ms_p90: float
     preemptions: int
+    draft_tokens: int = 0  # speculative decoding: tokens proposed
+    accepted_tokens: int = 0  # and accepted
+    acceptance_rate: float | None = None
+    mean_accepted_length: float | None = None  # tokens a verifying step emits per sequence (1 + accepted)
 
     def table(self) -> str:
         rows = [
@@ -38,6 +42,14 @@ class BenchResult:
             ("request latency p50 / p90", f"{self.latency_ms_p50:.1f} / {self.latency_ms_p90:.1f} ms"),
             ("preemptions", str(self.preemptions)),
         ]
+        if self.acceptance_rate is not None:
+            rows += [
+                (
+                    "draft acceptance",
+                    f"{self.accepted_tokens} / {self.draft_tokens} ({self.acceptance_rate:.1%})",
+                ),
+                ("mean accepted length", f"{self.mean_accepted_length:.2f} tokens per verify step"),
+            ]
         width = max(len(k) for k, _ in rows)
         return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)
 
@@ -76,6 +88,11 @@ def run_bench(
         engine.add_request({"prompt_token_ids": ids}, params, request_id=f"bench-{i}")
     first_token, done = {}, {}
     preempted_before = engine.scheduler.num_preemptions
+    drafted, accepted, verified = (
+        engine.num_draft_tokens,
+        engine.num_accepted_tokens,
+        engine.num_verifications,
+    )
     while engine.has_unfinished_requests():
         for out in engine.step():
             now = time.perf_counter() - start
@@ -93,7 +110,7 @@ def run_bench(
     ttft = [v * 1e3 for v in first_token.values()]
     latency = [v * 1e3 for v in done.values()]
     out_tokens = num_prompts * output_len
-    return BenchResult(
+    result = BenchResult(
         num_prompts,
         input_len,
         output_len,
@@ -107,3 +124,10 @@ def run_bench(
         _pct(latency, 90),
         engine.scheduler.num_preemptions - preempted_before,
     )
+    if engine.drafter is not None:
+        result.draft_tokens = engine.num_draft_tokens - drafted
+        result.accepted_tokens = engine.num_accepted_tokens - accepted
+        steps = engine.num_verifications - verified
+        result.acceptance_rate = result.accepted_tokens / max(result.draft_tokens, 1)
+        result.mean_accepted_length = 1 + result.accepted_tokens / max(steps, 1)
+    return result

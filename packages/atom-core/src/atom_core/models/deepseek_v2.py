@@ -89,7 +89,6 @@ class DeepseekMoE(SparseMoE):
 class DeepseekV2ForCausalLM(LlamaForCausalLM):
     packed_rules = GATE_UP_PACKED  # MLA's projections are separate modules, as in the checkpoint
     name_rules = (expert_rule,)
-    interleaved_rope = True  # V2 always rotates adjacent pairs (transformers' complex form)
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         hf = config.hf
@@ -123,18 +122,42 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             num_groups=groups, topk_groups=kept, scoring="softmax", renormalize=False, scaling=scaling
         )
 
+    @classmethod
+    def rope_interleaved(cls, config: ModelConfig) -> bool:
+        return True  # V2 always rotates adjacent pairs (transformers' complex form)
+
     def make_attention(
         self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str
     ) -> nn.Module:
+        return self.make_mla(config, ctx, layer_index, prefix)
+
+    @classmethod
+    def make_mla(cls, config: ModelConfig, ctx: BuildContext, cache_index: int, prefix: str) -> MLAAttention:
+        """The MLA frontend of a layer (the draft's MTP layer builds its own with this too)."""
         return MLAAttention(
-            config, ctx, layer_index=layer_index, prefix=prefix, interleaved=self.interleaved_rope
+            config, ctx, layer_index=cache_index, prefix=prefix, interleaved=cls.rope_interleaved(config)
         )
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
+        return self.make_deepseek_mlp(config, ctx, layer_index, prefix)
+
+    @classmethod
+    def make_deepseek_mlp(
+        cls, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str
+    ) -> nn.Module:
+        """MoE from first_k_dense_replace on, a dense gated MLP before (the MTP layer's index counts too)."""
         hf = config.hf
         if hf.get("n_routed_experts") and layer_index >= hf.get("first_k_dense_replace", 0):
-            return DeepseekMoE(config, ctx, prefix, routing=self.routing)
-        return super().make_mlp(config, ctx, layer_index, prefix)
+            return DeepseekMoE(config, ctx, prefix, routing=cls.routing_for(config))
+        return GatedMLP(
+            config.hidden_size,
+            config.intermediate_size,
+            bias=bool(hf.get("mlp_bias", False)),
+            dtype=config.dtype,
+            parallel=ctx.parallel,
+            prefix=prefix,
+            quant_config=ctx.quant_config,
+        )
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         layers = self.config.num_hidden_layers
@@ -150,9 +173,11 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
 
 
 class DeepseekV3ForCausalLM(DeepseekV2ForCausalLM):
-    @property
-    def interleaved_rope(self) -> bool:  # published V3 configs omit it: transformers defaults it to True
-        return bool(self.config.hf.get("rope_interleave", True))
+    @classmethod
+    def rope_interleaved(
+        cls, config: ModelConfig
+    ) -> bool:  # published V3 configs omit it: True in transformers
+        return bool(config.hf.get("rope_interleave", True))
 
     @staticmethod
     def routing_for(config: ModelConfig) -> dict:

@@ -1,0 +1,101 @@
+"""Proposing speculative tokens after a verified step: the draft catches up on the step's valid rows, then
+chains its own guesses.
+
+The draft's row at position i reads the target's hidden state h_i and the token after it, t_{i+1}; its
+cache rows live in the same blocks as the target's rows of those positions. After each target forward,
+every row whose target KV is now valid (a prefill chunk, or a decode's last token and accepted drafts)
+gets its draft row, so the draft's cache always covers what the target's does (a preempted sequence
+recomputes both; a prefix-cache hit finds both). The rows of rejected drafts are overwritten by the next
+catch-up before anything reads them (attention reads positions below the query only).
+
+A sequence that reached its last known token then proposes: the catch-up's last row drafts token 1, and
+token j + 1 comes from the draft applied to its own token j and hidden state, one row per sequence.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.engine.block_manager import BlockManager
+from atom_core.engine.model_runner import DraftInputs, StepInputs
+from atom_core.engine.scheduler import ScheduledBatch
+from atom_core.engine.sequence import Sequence, Status
+
+
+class Drafter:
+    def __init__(self, runner, blocks: BlockManager, num_speculative_tokens: int, max_model_len: int):
+        self.runner, self.blocks = runner, blocks
+        self.k, self.max_model_len = num_speculative_tokens, max_model_len
+
+    def wanted(self, seq: Sequence) -> int:
+        """How many tokens to draft for seq now: none for penalized requests (their penalties would depend
+        on the drafts) and none past max_tokens or max_model_len."""
+        if seq.params.penalized or seq.num_uncomputed != 1:
+            return 0
+        left = min(seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq.token_ids))
+        return max(0, min(self.k, left))
+
+    @torch.inference_mode()
+    def propose(self, batch: ScheduledBatch, inputs: StepInputs) -> None:
+        """After the step's tokens were accepted: write the draft rows of every running sequence's valid rows
+        and set draft_token_ids of those that propose."""
+        # When every sequence verified k drafts and runs on, the catch-up covers all k + 1 rows of each (the
+        # rejected ones too, overwritten later as the target's are): one shape a step, which a CUDA graph
+        # replays. Otherwise it covers exactly the valid rows.
+        uniform = all(
+            len(d) == self.k and s.status is Status.RUNNING
+            for s, d in zip(batch.seqs, batch.drafts, strict=True)
+        )
+        step = DraftInputs([], [], [], [], [], [], "target", [])
+        proposing: list[tuple[Sequence, int]] = []
+        picks = []  # the catch-up row whose logits draft each proposing sequence's first token
+        row0 = 0
+        for seq, q_len in zip(batch.seqs, inputs.query_lens, strict=True):
+            first, row0 = row0, row0 + q_len
+            if seq.status is not Status.RUNNING:
+                continue
+            start = inputs.positions[first]
+            valid = seq.num_computed_tokens - start  # rows of this step whose target KV stands
+            n = q_len if uniform else valid
+            step.ids += seq.token_ids[start + 1 : start + valid + 1] + [0] * (n - valid)
+            step.positions += range(start, start + n)
+            step.hidden_rows += range(first, first + n)
+            step.query_lens.append(n)
+            step.seq_lens.append(start + n)
+            step.block_tables.append(list(seq.block_table))
+            seq.draft_token_ids = []
+            if (k := self.wanted(seq)) > 0:
+                picks.append(len(step.ids) - n + valid - 1)
+                proposing.append((seq, k))
+        if not step.ids:
+            return
+        step.logit_rows = list(range(len(step.ids))) if uniform else picks
+        logits = self.runner.run_draft(step)
+        if not proposing:
+            return
+        rows = picks if uniform else list(range(len(picks)))  # where each proposer's row is in the logits
+        tokens = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].argmax(dim=-1).tolist()
+        for (seq, _), token in zip(proposing, tokens, strict=True):
+            seq.draft_token_ids.append(token)
+        for j in range(1, self.k):
+            chain = DraftInputs([], [], [], [], [], [], "draft", [])
+            going = []
+            for row, (seq, k) in zip(rows, proposing, strict=True):
+                position = seq.num_computed_tokens + j - 1  # its token j's draft row
+                if k <= j or not self.blocks.can_allocate(seq, j):
+                    continue
+                self.blocks.allocate(seq, j)
+                chain.ids.append(seq.draft_token_ids[-1])
+                chain.positions.append(position)
+                chain.hidden_rows.append(row)
+                chain.query_lens.append(1)
+                chain.seq_lens.append(position + 1)
+                chain.block_tables.append(list(seq.block_table))
+                chain.logit_rows.append(len(going))
+                going.append((seq, k))
+            if not going:
+                return
+            tokens = self.runner.run_draft(chain).argmax(dim=-1).tolist()
+            for (seq, _), token in zip(going, tokens, strict=True):
+                seq.draft_token_ids.append(token)
+            proposing, rows = going, list(range(len(going)))

@@ -1,0 +1,248 @@
+"""MTP speculative decoding in the native engine (DeepSeek-V3's MTP layer as the draft), fp32 on the CPU.
+
+The draft's logits equal an independent reference written from the published MTP description. Speculative
+output equals plain output token for token (greedy) on a checkpoint whose MTP layer was trained in the
+test to predict well (so drafts are accepted, several in a row, and rejected, which rolls back KV), and on
+a random one (mostly rejections); sampled output has the plain output's distribution.
+"""
+
+import re
+
+import pytest
+import torch
+from core_support import deepseek_mtp_checkpoint, hf_main_hidden, save_word_tokenizer, successor_language
+
+from atom_core.config import ConfigError, ModelConfig, ParallelConfig
+from atom_core.engine import LLM, EngineConfig, SamplingParams
+from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
+
+VOCAB = 211
+COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
+
+
+def mtp(k: int) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A tiny DeepSeek-V3 whose target and MTP layer were trained together on successor_language."""
+    path = tmp_path_factory.mktemp("mtp-trained")
+    deepseek_mtp_checkpoint(path, train_steps=400)
+    save_word_tokenizer(path, VOCAB)
+    return path
+
+
+@pytest.fixture(scope="module")
+def untrained(tmp_path_factory):
+    path = tmp_path_factory.mktemp("mtp-random")
+    main, reference = deepseek_mtp_checkpoint(path)
+    return path, main, reference
+
+
+def language_prompts(lengths, seed=3):
+    _, sample = successor_language(VOCAB)
+    gen = torch.Generator().manual_seed(seed)
+    return [sample(1, n, gen)[0].tolist() for n in lengths]
+
+
+def test_draft_logits_equal_the_reference_written_from_the_published_forward(untrained):
+    path, main, reference = untrained
+    config = ModelConfig.from_pretrained(path)
+    engine = EngineConfig(model=path, num_kv_blocks=32, speculative_config=mtp(1), **COMMON)
+    runner = ModelRunner(
+        config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=128
+    )
+    tokens = language_prompts([19])[0]
+    n, table = len(tokens), list(range(5))
+    runner.run(StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [-1], [True], list(range(n))))
+    logits = []
+    for rows in (range(0, 7), range(7, n - 1)):  # the draft's rows in two forwards: its own KV carries over
+        step = DraftInputs(
+            [tokens[i + 1] for i in rows],
+            list(rows),
+            [len(rows)],
+            [rows.stop],
+            [table],
+            list(rows),
+            "target",
+            list(range(len(rows))),
+        )
+        logits.append(runner.run_draft(step))
+    with torch.no_grad():
+        ids = torch.tensor([tokens])
+        expected = reference(ids, hf_main_hidden(main, ids))[0]
+    got = torch.cat(logits)
+    torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+
+
+def run(path, prompts, params, **engine):
+    llm = LLM(path, **COMMON, **engine)
+    outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    return llm.engine, outs
+
+
+PROMPTS = [*language_prompts([9, 23, 3, 14, 30])]
+PROMPTS.append(PROMPTS[1][:20] + PROMPTS[0][:5])  # shares five blocks with prompt 1: prefix hits
+GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
+# 30 blocks of 4 do not hold all six sequences: some are preempted and recomputed
+TIGHT = dict(num_kv_blocks=30, max_num_batched_tokens=16, max_num_seqs=6)
+
+
+@pytest.fixture(scope="module")
+def plain_greedy(trained):
+    return run(trained, PROMPTS, GREEDY, **TIGHT)[1]
+
+
+@pytest.mark.parametrize("k", [1, 3, 4])  # k = 2 runs in the sampling test
+def test_speculative_greedy_equals_plain_with_chunks_prefix_hits_and_preemption(trained, plain_greedy, k):
+    engine, spec = run(trained, PROMPTS, GREEDY, speculative_config=mtp(k), **TIGHT)
+    for p, s in zip(plain_greedy, spec, strict=True):
+        assert s.outputs[0].token_ids == p.outputs[0].token_ids
+        for lp, ls in zip(p.outputs[0].logprobs, s.outputs[0].logprobs, strict=True):
+            assert lp.keys() == ls.keys()
+            assert max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
+    assert engine.scheduler.num_preemptions > 0 and engine.blocks.num_prefix_hits > 0
+    assert engine.scheduler.num_chunked_prefills > 0
+    drafted, accepted = engine.num_draft_tokens, engine.num_accepted_tokens
+    assert drafted == sum(o.outputs[0].num_draft_tokens for o in spec)
+    assert accepted == sum(o.outputs[0].num_accepted_tokens for o in spec)
+    # the trained draft is right most of the time, and several drafts in a row are accepted
+    assert accepted / drafted > (0.85 if k == 1 else 0.5)
+    assert accepted > engine.num_verifications or k == 1
+    if k >= 3:  # chained drafts miss sometimes: rejections (and their KV rollback) happen too
+        assert accepted < drafted
+
+
+def test_stop_strings_n_and_a_random_draft(trained, untrained):
+    prompts = language_prompts([11, 6])
+    _, plain = run(trained, prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    text = plain[0].outputs[0].text.split()
+    stop = " ".join(text[5:7])  # stops in the middle of what a verify step accepts at once
+    params = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
+    for path in (trained, untrained[0]):
+        _, want = run(path, prompts, params, num_kv_blocks=64)
+        engine, got = run(path, prompts, params, num_kv_blocks=64, speculative_config=mtp(3))
+        for w, g in zip(want, got, strict=True):
+            assert [(o.token_ids, o.text, o.finish_reason) for o in g.outputs] == [
+                (o.token_ids, o.text, o.finish_reason) for o in w.outputs
+            ]
+    assert want[0].outputs[0].finish_reason == "length"  # the random model never says the stop string
+    assert engine.num_accepted_tokens < engine.num_draft_tokens / 2
+
+
+def _chi_square(a: list[int], b: list[int]) -> float:
+    return sum((x - y) ** 2 / (x + y) for x, y in zip(a, b, strict=True) if x + y)
+
+
+def _histograms(outs, steps, vocab):
+    counts = [[0] * vocab for _ in range(steps)]
+    for out in outs:
+        for sample in out.outputs:
+            for j, token in enumerate(sample.token_ids):
+                counts[j][token] += 1
+    return counts
+
+
+def test_sampled_tokens_keep_the_target_distribution(tmp_path, monkeypatch):
+    """Rejection sampling is exact: each generated position's token histogram over 1200 samples (8-token
+    vocabulary, random weights so every token is likely) matches the one without speculation (chi-square
+    below the 0.1% point for 7 degrees of freedom); a sampler that keeps every draft fails the same bound."""
+    import atom_core.engine.speculative as speculative
+
+    vocab, steps, critical = 8, 4, 24.32
+    deepseek_mtp_checkpoint(tmp_path, dict(vocab_size=vocab))
+    prompts = [[2, 5, 3], [7, 7, 1, 4], [6]]
+    params = [
+        SamplingParams(n=400, temperature=1.0, max_tokens=steps, ignore_eos=True, seed=s) for s in range(3)
+    ]
+
+    def histograms(**engine):
+        llm = LLM(tmp_path, **COMMON, max_num_seqs=256, **engine)
+        outs = [llm.generate([{"prompt_token_ids": p}], sp)[0] for p, sp in zip(prompts, params, strict=True)]
+        return _histograms(outs, steps, vocab), llm.engine
+
+    plain, _ = histograms()
+    spec, engine = histograms(speculative_config=mtp(2))
+    assert 0 < engine.num_accepted_tokens < engine.num_draft_tokens  # both paths of the sampler ran
+    assert all(_chi_square(p, s) < critical for p, s in zip(plain, spec, strict=True))
+
+    def keep_every_draft(logits, draft, seq):
+        return [*draft, int(torch.multinomial(speculative.probabilities(logits[-1], seq.params), 1))]
+
+    monkeypatch.setattr(speculative, "_accept_sampled", keep_every_draft)
+    biased, _ = histograms(speculative_config=mtp(2))
+    assert max(_chi_square(p, b) for p, b in zip(plain, biased, strict=True)) > critical
+
+
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (mtp(0), "num_speculative_tokens must be an integer from 1 to 8, got 0"),
+        (mtp(9), "from 1 to 8, got 9"),
+        ({"method": "mtp", "num_speculative_tokens": "2"}, "got '2'"),
+        ({"method": "eagle", "num_speculative_tokens": 2}, "speculative method 'eagle' is not supported"),
+        ({**mtp(1), "draft_tensor_parallel_size": 1}, "draft_tensor_parallel_size are not supported"),
+        ("{not json", "speculative_config is not valid JSON"),
+    ],
+)
+def test_bad_speculative_configs_are_refused_by_name(value, message):
+    with pytest.raises(ConfigError, match=message):
+        EngineConfig(speculative_config=value)
+
+
+def test_mtp_on_a_checkpoint_without_mtp_weights_is_refused(tmp_path, untrained):
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from atom_core.models.weights import WeightLoadError
+
+    no_layer = tmp_path / "no-layer"
+    shutil.copytree(untrained[0], no_layer)
+    config = json.loads((no_layer / "config.json").read_text())
+    (no_layer / "config.json").write_text(json.dumps({**config, "num_nextn_predict_layers": 0}))
+    with pytest.raises(ConfigError, match=re.escape("has no MTP layer (num_nextn_predict_layers is 0)")):
+        LLM(no_layer, **COMMON, num_kv_blocks=16, speculative_config=mtp(1))
+    no_weights = tmp_path / "no-weights"
+    shutil.copytree(untrained[0], no_weights)
+    tensors = load_file(no_weights / "model.safetensors")
+    save_file(
+        {k: v for k, v in tensors.items() if not k.startswith("model.layers.3.")},
+        no_weights / "model.safetensors",
+    )
+    with pytest.raises(WeightLoadError, match=re.escape("no MTP layer tensors (model.layers.3.*)")):
+        LLM(no_weights, **COMMON, num_kv_blocks=16, speculative_config=mtp(1))
+    v2 = tmp_path / "v2"
+    (v2).mkdir()
+    (v2 / "config.json").write_text(
+        json.dumps({**config, "architectures": ["DeepseekV2ForCausalLM"], "model_type": "deepseek_v2"})
+    )
+    shutil.copy(untrained[0] / "model.safetensors", v2)
+    with pytest.raises(ConfigError, match="DeepseekV2ForCausalLM has no MTP draft in ATOM"):
+        LLM(v2, **COMMON, num_kv_blocks=16, speculative_config=mtp(1))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton MLA kernels need a GPU")
+def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(trained):
+    """fp32 on the GPU: the target's verify steps replay CUDA graphs of k + 1 tokens a sequence; output is
+    the plain engine's (itself replaying decode graphs)."""
+    prompts = language_prompts([9, 23, 3, 14, 30, 17])
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    gpu = dict(dtype="float32", max_model_len=128, max_num_seqs=8)
+    plain_llm = LLM(trained, **gpu)
+    want = [
+        o.outputs[0].token_ids for o in plain_llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    ]
+    plain_llm.engine.shutdown()
+    for k in (1, 3):
+        llm = LLM(trained, **gpu, speculative_config=mtp(k))
+        got = [
+            o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        ]
+        runner = llm.engine.runner
+        assert got == want
+        assert runner.verify_graphs.replays > 0
+        assert llm.engine.num_accepted_tokens > 0.5 * llm.engine.num_draft_tokens
+        llm.engine.shutdown()

@@ -85,8 +85,8 @@ def run(path, prompts, params, **engine):
 PROMPTS = [*language_prompts([9, 23, 3, 14, 30])]
 PROMPTS.append(PROMPTS[1][:20] + PROMPTS[0][:5])  # shares five blocks with prompt 1: prefix hits
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
-# 30 blocks of 4 do not hold all six sequences: some are preempted and recomputed
-TIGHT = dict(num_kv_blocks=30, max_num_batched_tokens=16, max_num_seqs=6)
+# 22 blocks of 4 do not hold all six sequences: some are preempted and recomputed
+TIGHT = dict(num_kv_blocks=22, max_num_batched_tokens=16, max_num_seqs=6)
 
 
 @pytest.fixture(scope="module")

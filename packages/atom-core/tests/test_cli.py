@@ -135,6 +135,7 @@ ENGINE_OPTIONS = {  # every engine option, each away from its default
     "--device": "cpu",
     "--kernel-backend": "torch",
     "--gpu-memory-utilization": "0.5",
+    "--speculative-config": '{"method": "mtp", "num_speculative_tokens": 2}',
 }
 ENGINE_FLAGS = [*(part for pair in ENGINE_OPTIONS.items() for part in pair), "--enforce-eager"]
 

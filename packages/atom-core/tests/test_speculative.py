@@ -15,8 +15,25 @@ from core_support import deepseek_mtp_checkpoint, hf_main_hidden, save_word_toke
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
+from atom_kernels import settings
+from atom_kernels.settings import Backend, Settings
 
 VOCAB = 211
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_reference_ops_on_the_cpu():
+    """On the CPU every op of this file's engines runs its torch reference. The engine's kernel_backend
+    reaches attention only; norms, rotary and MoE routing would run in Triton's interpreter over hundreds of
+    rows (minutes). The kernels have their own tests, and the GPU test below runs them under speculation."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+        yield
+
+
 COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
 
 
@@ -120,59 +137,122 @@ def test_stop_strings_n_and_a_random_draft(trained, untrained):
     text = plain[0].outputs[0].text.split()
     stop = " ".join(text[5:7])  # stops in the middle of what a verify step accepts at once
     params = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
-    for path in (trained, untrained[0]):
+    for path, reason in ((trained, "stop"), (untrained[0], "length")):  # the random model never says it
         _, want = run(path, prompts, params, num_kv_blocks=64)
         engine, got = run(path, prompts, params, num_kv_blocks=64, speculative_config=mtp(3))
         for w, g in zip(want, got, strict=True):
             assert [(o.token_ids, o.text, o.finish_reason) for o in g.outputs] == [
                 (o.token_ids, o.text, o.finish_reason) for o in w.outputs
             ]
-    assert want[0].outputs[0].finish_reason == "length"  # the random model never says the stop string
+        assert want[0].outputs[0].finish_reason == reason
     assert engine.num_accepted_tokens < engine.num_draft_tokens / 2
 
 
-def _chi_square(a: list[int], b: list[int]) -> float:
-    return sum((x - y) ** 2 / (x + y) for x, y in zip(a, b, strict=True) if x + y)
+def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrained):
+    prompts = language_prompts([7, 12])
+    penalized = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=1.8)
+    _, plain = run(untrained[0], prompts, penalized, num_kv_blocks=64)
+    engine, spec = run(untrained[0], prompts, penalized, num_kv_blocks=64, speculative_config=mtp(2))
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
+    assert engine.num_draft_tokens == 0
+    unpenalized = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    _, free = run(untrained[0], prompts, unpenalized, num_kv_blocks=64)
+    assert [o.outputs[0].token_ids for o in free] != [o.outputs[0].token_ids for o in plain]  # it matters
 
 
-def _histograms(outs, steps, vocab):
-    counts = [[0] * vocab for _ in range(steps)]
-    for out in outs:
-        for sample in out.outputs:
-            for j, token in enumerate(sample.token_ids):
-                counts[j][token] += 1
-    return counts
+CHI2_0999 = {7: 24.32, 8: 26.12}  # the chi-square distribution's 99.9% points, by degrees of freedom
 
 
-def test_sampled_tokens_keep_the_target_distribution(tmp_path, monkeypatch):
-    """Rejection sampling is exact: each generated position's token histogram over 450 samples (8-token
-    vocabulary, random weights so every token is likely) matches the one without speculation (chi-square
-    below the 0.1% point for 7 degrees of freedom); a sampler that keeps every draft fails the same bound."""
+def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
+    """Pearson's goodness of fit of counts [V] to probs [V] (cells with probability 0 must be empty)."""
+    assert counts[probs == 0].sum() == 0, "a token of probability 0 was emitted"
+    expected = probs * counts.sum()
+    live = probs > 0
+    return float(((counts[live] - expected[live]) ** 2 / expected[live]).sum()), int(live.sum()) - 1
+
+
+def _rejection_sampling_fits(accept_sampled, trials: int = 6000) -> list[tuple[float, int]]:
+    """verify() on fixed target logits (3 rows: the last known token, drafts d1 and d2 of an 8-token
+    vocabulary) `trials` times with one generator: the first emitted token must follow p0 exactly; after d1
+    was kept, the next must follow p1; after d1 and d2, the bonus p2. Returns each fit's (chi2, dof)."""
     import atom_core.engine.speculative as speculative
 
-    vocab, steps, critical = 8, 3, 24.32
-    deepseek_mtp_checkpoint(tmp_path, dict(vocab_size=vocab))
-    prompts = [[2, 5, 3], [7, 7, 1, 4], [6]]
-    params = [
-        SamplingParams(n=150, temperature=1.0, max_tokens=steps, ignore_eos=True, seed=s) for s in range(3)
-    ]
+    gen = torch.Generator().manual_seed(7)
+    logits = torch.randn(3, 8, generator=gen) * 0.7
+    d1, d2 = 3, 5
+    logits[0, d1] += 1.2  # the drafts are plausible: both paths (kept, rejected) are taken often
+    logits[1, d2] += 1.2
+    params = SamplingParams(temperature=0.9, seed=11)
+    from atom_core.engine.sequence import Sequence
 
-    def histograms(**engine):
-        llm = LLM(tmp_path, **COMMON, max_num_seqs=256, **engine)
-        outs = [llm.generate([{"prompt_token_ids": p}], sp)[0] for p, sp in zip(prompts, params, strict=True)]
-        return _histograms(outs, steps, vocab), llm.engine
+    seq = Sequence("r", 0, [2], params)  # its seeded generator draws every trial's randomness
+    counts = torch.zeros(3, 8)
+    original = speculative._accept_sampled
+    speculative._accept_sampled = accept_sampled
+    try:
+        for _ in range(trials):
+            tokens = speculative.verify(logits, [seq], [[d1, d2]]).tokens[0]
+            for j, token in enumerate(tokens):
+                counts[j, token] += 1
+    finally:
+        speculative._accept_sampled = original
+    p = torch.softmax(logits / 0.9, dim=-1)
+    return [_chi_square(counts[j], p[j]) for j in range(3)]
 
-    plain, _ = histograms()
-    spec, engine = histograms(speculative_config=mtp(2))
-    assert 0 < engine.num_accepted_tokens < engine.num_draft_tokens  # both paths of the sampler ran
-    assert all(_chi_square(p, s) < critical for p, s in zip(plain, spec, strict=True))
+
+def test_rejection_sampling_emits_exactly_the_target_distribution():
+    """Rejection sampling is exact: each emitted position follows the target's distribution (chi-square
+    below its 99.9% point); a sampler that keeps every draft fails the same bound."""
+    import atom_core.engine.speculative as speculative
+
+    for chi2, dof in _rejection_sampling_fits(speculative._accept_sampled):
+        assert chi2 < CHI2_0999[dof]
 
     def keep_every_draft(logits, draft, seq):
-        return [*draft, int(torch.multinomial(speculative.probabilities(logits[-1], seq.params), 1))]
+        p = speculative.probabilities(logits[-1], seq.params)
+        return [*draft, int(torch.multinomial(p, 1, generator=seq.generator))]
 
-    monkeypatch.setattr(speculative, "_accept_sampled", keep_every_draft)
-    biased, _ = histograms(speculative_config=mtp(2))
-    assert max(_chi_square(p, b) for p, b in zip(plain, biased, strict=True)) > critical
+    with pytest.raises(AssertionError, match=r"probability 0|chi2"):
+        for chi2, dof in _rejection_sampling_fits(keep_every_draft):
+            assert chi2 < CHI2_0999[dof], f"chi2 {chi2:.1f}"
+
+
+def test_sampled_requests_speculate_reproducibly(tmp_path):
+    """Sampled requests through the engine: drafts are both kept and rejected, and a seeded request gives
+    the same tokens twice (its randomness comes from its own generator only)."""
+    deepseek_mtp_checkpoint(tmp_path, dict(vocab_size=8))
+    params = SamplingParams(n=64, temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
+    runs = []
+    for _ in range(2):
+        llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2))
+        out = llm.generate([{"prompt_token_ids": [2, 5, 3]}], params)[0]
+        runs.append([o.token_ids for o in out.outputs])
+    assert runs[0] == runs[1]
+    assert 0 < llm.engine.num_accepted_tokens < llm.engine.num_draft_tokens
+
+
+def test_atom_bench_reports_the_acceptance(untrained, capsys):
+    import json
+
+    from atom_core.cli import main
+
+    spec = json.dumps(mtp(2))
+    argv = [
+        "bench",
+        "--model",
+        str(untrained[0]),
+        "--speculative-config",
+        spec,
+        "--json",
+        "--num-prompts",
+        "3",
+    ]
+    argv += ["--input-len", "9", "--output-len", "7", "--kernel-backend", "torch", "--dtype", "float32"]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["draft_tokens"] > 0 and 0 <= result["accepted_tokens"] <= result["draft_tokens"]
+    assert result["acceptance_rate"] == result["accepted_tokens"] / result["draft_tokens"]
+    assert 1 <= result["mean_accepted_length"] <= 3
 
 
 @pytest.mark.parametrize(

@@ -83,9 +83,8 @@ class DecodeGraphs:
             self.hidden_in = torch.zeros(n * q, hidden_input[0], dtype=hidden_input[1], device=device)
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.logits: dict[int, torch.Tensor] = {}
-        self.hidden_out: dict[
-            int, torch.Tensor
-        ] = {}  # the model's hidden states (a speculative draft reads them)
+        # the model's hidden states per captured size (a speculative draft reads them)
+        self.hidden_out: dict[int, torch.Tensor] = {}
         self.hidden: torch.Tensor | None = None  # the last replay's, [batch, H]
         self.replays = 0  # decode steps served by a graph
         pool = None

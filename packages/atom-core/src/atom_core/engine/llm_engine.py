@@ -218,10 +218,7 @@ class LLMEngine:
             inputs = ModelRunner.prepare(batch)
             logits = self.runner.run(inputs)
         except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
-            logger.exception("a forward failed; its %d requests fail", len(batch.seqs))
-            self.consecutive_failures += 1
-            reason = f"the model's forward failed ({type(err).__name__}; the server log has the details)"
-            return self.fail(dict.fromkeys((s.request_id for s in batch.seqs), reason))
+            return self._forward_failed(batch.seqs, "model", err)
         self.consecutive_failures = 0
         if self.drafter is not None:
             return self._speculative_step(batch, inputs, logits)
@@ -240,6 +237,13 @@ class LLMEngine:
             touched[seq.request_id] = self.requests[seq.request_id]
         outputs = self.fail(failed)
         return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
+
+    def _forward_failed(self, seqs: list[Sequence], model: str, err: Exception) -> list[RequestOutput]:
+        """A forward serves the whole batch: its requests fail (the log has the traceback), later ones may run."""
+        logger.exception("a %s forward failed; its %d sequences' requests fail", model, len(seqs))
+        self.consecutive_failures += 1
+        reason = f"the {model}'s forward failed ({type(err).__name__}; the server log has the details)"
+        return self.fail(dict.fromkeys((s.request_id for s in seqs), reason))
 
     def _speculative_step(self, batch: ScheduledBatch, inputs: StepInputs, logits) -> list[RequestOutput]:
         """Accept each sequence's verified drafts, emit its tokens (stopping where a stop condition hits),
@@ -277,14 +281,9 @@ class LLMEngine:
         outputs = self.fail(failed)
         try:
             self.drafter.propose(batch, inputs)
-        except Exception as err:  # as a failed forward: the batch's requests fail, later ones may run
-            logger.exception("a draft forward failed; its %d requests fail", len(batch.seqs))
-            self.consecutive_failures += 1
-            reason = (
-                f"the draft model's forward failed ({type(err).__name__}; the server log has the details)"
-            )
-            running = [s.request_id for s in batch.seqs if s.status is Status.RUNNING]
-            outputs += self.fail(dict.fromkeys(running, reason))
+        except Exception as err:  # as a failed target forward
+            running = [s for s in batch.seqs if s.status is Status.RUNNING]
+            outputs += self._forward_failed(running, "draft model", err)
         return outputs + [
             self._output(r, pop=True)
             for r in touched.values()

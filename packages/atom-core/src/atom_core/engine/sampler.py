@@ -27,7 +27,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
     finite = torch.isfinite(logits).all(dim=-1)
     if all(p.greedy and p.logprobs is None and not p.penalized for p in params):
         tokens, ok = torch.stack([logits.argmax(dim=-1), finite.long()]).tolist()
-        errors = [None if good else _NON_FINITE for good in ok]
+        errors = [None if good else NON_FINITE for good in ok]
         return Sampled(
             [t if good else None for t, good in zip(tokens, ok, strict=True)], [None] * len(seqs), errors
         )
@@ -39,7 +39,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
         for row in penalized:
             _apply_penalties(logits[row], seqs[row])
     tokens: list[int | None] = logits.argmax(dim=-1).tolist()
-    errors: list[str | None] = [None if good else _NON_FINITE for good in ok]
+    errors: list[str | None] = [None if good else NON_FINITE for good in ok]
     for row, (p, seq) in enumerate(zip(params, seqs, strict=True)):
         if not ok[row]:
             tokens[row] = None
@@ -47,7 +47,7 @@ def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
             try:
                 tokens[row] = _sample_row(logits[row], p, seq.generator)
             except RuntimeError:  # torch.multinomial refuses a distribution it cannot sample
-                tokens[row], errors[row] = None, "sampling failed: no token had a valid probability"
+                tokens[row], errors[row] = None, SAMPLING_FAILED
     logprobs: list[dict[int, float] | None] = [None] * len(seqs)
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None and tokens[row] is not None]
     if wanted:
@@ -70,7 +70,8 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int]) -> l
     return found
 
 
-_NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
+NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
+SAMPLING_FAILED = "sampling failed: no token had a valid probability"
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:

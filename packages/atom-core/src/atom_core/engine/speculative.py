@@ -10,11 +10,11 @@ emitted token is then distributed exactly as p, as without speculation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from atom_core.engine.sampler import probabilities, token_logprobs
+from atom_core.engine.sampler import NON_FINITE, SAMPLING_FAILED, probabilities, sample, token_logprobs
 from atom_core.engine.sequence import Sequence
 
 
@@ -23,47 +23,54 @@ class Verified:
     """Per sequence: the tokens it emits this step (accepted drafts, then the target's own token), their
     logprobs if asked for, how many drafts were accepted, or why the sequence failed."""
 
-    tokens: list[list[int]]
-    logprobs: list[list[dict[int, float]] | None]
-    accepted: list[int]
-    errors: list[str | None]
+    tokens: list[list[int]] = field(default_factory=list)
+    logprobs: list[list[dict[int, float]] | None] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+    errors: list[str | None] = field(default_factory=list)
 
-
-_NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
+    def add(self, tokens: list[int], logprobs, error: str | None = None) -> None:
+        self.tokens.append(tokens)
+        self.logprobs.append(logprobs)
+        self.accepted.append(max(len(tokens) - 1, 0))
+        self.errors.append(error)
 
 
 def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> Verified:
     """logits [R, V]: for each sequence in order, len(drafts[i]) + 1 rows (its last known token, then each
-    draft). Penalized requests are never drafted for (their penalties would depend on the drafts)."""
-    counts = [len(d) + 1 for d in drafts]
+    draft). Sequences without drafts are sampled together as without speculation (penalized requests are
+    never drafted for: their penalties would depend on the drafts)."""
+    starts = [0]
+    for draft in drafts:
+        starts.append(starts[-1] + len(draft) + 1)
+    plain_rows = [i for i, d in enumerate(drafts) if not d]
+    plain = (
+        sample(logits[[starts[i] for i in plain_rows]], [seqs[i] for i in plain_rows]) if plain_rows else None
+    )
+    plain_of = {i: j for j, i in enumerate(plain_rows)}
     finite = torch.isfinite(logits).all(dim=-1)
-    greedy_all = all(s.params.greedy for s in seqs)
     argmax, finite = torch.stack([logits.argmax(dim=-1), finite.long()]).tolist()
-    out = Verified([], [], [], [])
-    row = 0
-    for seq, draft, n in zip(seqs, drafts, counts, strict=True):
-        rows = slice(row, row + n)
-        row += n
-        if not all(finite[rows]):
-            out.tokens.append([]), out.logprobs.append(None), out.accepted.append(0)
-            out.errors.append(_NON_FINITE)
+    out = Verified()
+    for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
+        rows = slice(starts[i], starts[i + 1])
+        if not draft:
+            j = plain_of[i]
+            token, lp = plain.tokens[j], plain.logprobs[j]
+            out.add([] if token is None else [token], None if lp is None else [lp], plain.errors[j])
             continue
-        if greedy_all or seq.params.greedy:
+        if not all(finite[rows]):
+            out.add([], None, NON_FINITE)
+            continue
+        if seq.params.greedy:
             tokens = _accept_greedy(argmax[rows], draft)
         else:
             try:
                 tokens = _accept_sampled(logits[rows], draft, seq)
             except RuntimeError:  # torch.multinomial refuses a distribution it cannot sample
-                out.tokens.append([]), out.logprobs.append(None), out.accepted.append(0)
-                out.errors.append("sampling failed: no token had a valid probability")
+                out.add([], None, SAMPLING_FAILED)
                 continue
-        out.tokens.append(tokens)
-        out.accepted.append(len(tokens) - 1)
-        out.errors.append(None)
         k = seq.params.logprobs
-        out.logprobs.append(
-            None if k is None else token_logprobs(logits[rows][: len(tokens)], tokens, [k] * len(tokens))
-        )
+        lps = None if k is None else token_logprobs(logits[rows][: len(tokens)], tokens, [k] * len(tokens))
+        out.add(tokens, lps)
     return out
 
 

@@ -70,8 +70,11 @@ def run_bench(
     input_len: int,
     output_len: int,
     seed: int = 0,
-    progress=sys.stderr,
+    progress=None,
 ) -> BenchResult:
+    progress = (
+        progress or sys.stderr
+    )  # looked up now: a default bound at import would outlive a swapped stderr
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model_config.vocab_size
     params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)

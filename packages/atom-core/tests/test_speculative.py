@@ -10,7 +10,13 @@ import re
 
 import pytest
 import torch
-from core_support import deepseek_mtp_checkpoint, hf_main_hidden, save_word_tokenizer, successor_language
+from core_support import (
+    causal_mask,
+    deepseek_mtp_checkpoint,
+    hf_main_hidden,
+    save_word_tokenizer,
+    successor_language,
+)
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
@@ -31,6 +37,7 @@ def torch_reference_ops_on_the_cpu():
         return
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+        patch.setenv("ATOM_KERNELS_BACKEND", "torch")  # tensor-parallel workers read it when they start
         yield
 
 
@@ -88,9 +95,40 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(unt
         logits.append(runner.run_draft(step))
     with torch.no_grad():
         ids = torch.tensor([tokens])
-        expected = reference(ids, hf_main_hidden(main, ids))[0]
+        hidden = hf_main_hidden(main, ids)
+        expected = reference(ids, hidden)[0]
+        published = transformers_mtp_logits(path, ids, hidden)
     got = torch.cat(logits)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
+    torch.testing.assert_close(got, published, rtol=0, atol=1e-4 * published.abs().max().item())
+
+
+def transformers_mtp_logits(path, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """transformers' own MTP (modeling_layers.MtpModel, DeepSeek-V3's MtpLayer), its weights loaded by
+    transformers from the checkpoint: row i reads Emb(t_{i+1}) and h_i -> logits [T - 1, V]. Its MTP keys
+    are found by the target's pattern, which names layer 61 (the published model); ours is layer L."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    main = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+    layers = main.config.num_hidden_layers
+    main._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}\..*"]
+    mtp_model = MtpModel.from_pretrained(main).eval()
+    saved = load_file(path / "model.safetensors")[f"model.layers.{layers}.eh_proj.weight"]
+    torch.testing.assert_close(mtp_model.layers[0].eh_proj.weight, saved, rtol=0, atol=0)  # it loaded ours
+    n = ids.shape[1] - 1
+    positions = torch.arange(1, n + 1)[None]  # the embedded token's positions; RoPE is relative, so any shift
+    embeds = mtp_model.embed_tokens(ids[:, 1:])
+    out = mtp_model.layers[0](
+        embeds,
+        hidden[:, :-1],
+        position_embeddings=mtp_model.rotary_emb(embeds, positions),
+        attention_mask=causal_mask(n),
+        position_ids=positions,
+        past_key_values=None,
+    )
+    return mtp_model._project_to_logits(out)[0]
 
 
 def run(path, prompts, params, **engine):
@@ -129,6 +167,25 @@ def test_speculative_greedy_equals_plain_with_chunks_prefix_hits_and_preemption(
     assert accepted > engine.num_verifications or k == 1
     if k >= 3:  # chained drafts miss sometimes: rejections (and their KV rollback) happen too
         assert accepted < drafted
+
+
+def test_tensor_parallel_speculation_equals_plain(trained, plain_greedy):
+    """TP=2 over gloo: target and draft split their MLA heads and experts over both ranks; the draft's
+    steps run on every rank beside the target's."""
+    engine, spec = run(
+        trained,
+        PROMPTS[:4],
+        GREEDY,
+        speculative_config=mtp(2),
+        tensor_parallel_size=2,
+        device="cpu",
+        num_kv_blocks=64,
+    )
+    try:
+        assert [s.outputs[0].token_ids for s in spec] == [p.outputs[0].token_ids for p in plain_greedy[:4]]
+        assert engine.num_accepted_tokens > engine.num_verifications  # multi-token acceptance happened
+    finally:
+        engine.shutdown()
 
 
 def test_stop_strings_n_and_a_random_draft(trained, untrained):

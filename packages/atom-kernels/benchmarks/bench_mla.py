@@ -38,21 +38,28 @@ CASES = [  # name, heads, batch, cached length, query tokens per sequence, page 
     ("verify 4 tokens Hq=16", 16, 64, 4096, 4, 64, False),
     ("extend 4k new tokens Hq=16", 16, 1, 4096, 4096, 64, False),
 ]
-SWEEP = [
-    MlaTiles(bh, bn, w, s)
-    for bh, bn, w, s in (
-        (16, 64, 4, 2),
-        (16, 32, 4, 2),
-        (16, 64, 4, 3),
-        (16, 128, 8, 2),
-        (32, 32, 4, 2),
-        (32, 64, 8, 2),
-        (64, 32, 8, 2),
-        (64, 16, 4, 2),
-        (64, 64, 8, 1),
-        (32, 32, 8, 3),
-    )
+SWEEP = [  # heads as the MMA's rows (the first loop), then as its columns (the transposed loop)
+    *(
+        MlaTiles(bh, bn, w, st)
+        for bh, bn, w, st in ((64, 64, 8, 1), (64, 64, 8, 2), (64, 32, 8, 2), (16, 128, 8, 2))
+    ),
+    *(
+        MlaTiles(bh, bn, w, st, heads_as_n=True)
+        for bh, bn, w, st in (
+            (16, 64, 4, 2),
+            (16, 64, 4, 3),
+            (16, 64, 8, 2),
+            (16, 64, 8, 3),
+            (16, 128, 8, 1),
+            (32, 64, 4, 2),
+            (32, 64, 8, 2),
+            (64, 64, 8, 1),
+            (64, 64, 8, 2),
+            (64, 128, 8, 1),
+        )
+    ),
 ]
+SWEPT = ("decode Hq=128", "decode Hq=16", "decode Hq=16 fp8", "decode Hq=128 fp8", "verify 4 tokens Hq=16")
 
 
 def bench_graph(fn) -> float:
@@ -119,19 +126,24 @@ def main():
         run()
         err = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
         assert err < 3e-2, f"{name}: differs from SDPA (rel {err:.3g})"
-        if args.sweep and name in ("decode Hq=128", "decode Hq=16"):
+        if args.sweep and name in SWEPT:
             timed = []
             for tiles in SWEEP:
-                for splits in (None, 1):
+                for splits in (None, 1, 4):
+                    variant = partial(run, tiles=tiles, num_splits=splits)
                     try:
-                        timed.append(
-                            (bench_graph(partial(run, tiles=tiles, num_splits=splits)), str(tiles), splits)
-                        )
+                        out.fill_(float("nan"))
+                        variant()
+                        bad = ((out.float() - want.float()).abs().max() / want.float().abs().max()).item()
+                        assert bad < 3e-2, f"differs from SDPA (rel {bad:.3g})"  # NaN fails too
+                        timed.append((bench_graph(variant), str(tiles), splits))
                     except Exception as exc:  # shared memory or registers this GPU does not have: skip
-                        print(f"  sweep {name} {tiles} splits={splits}: {type(exc).__name__}")
+                        print(f"  sweep {name} {tiles} splits={splits}: {type(exc).__name__} {exc}"[:200])
             timed.sort()
-            sweeps.append(dict(case=name, default=str(mla_tiles(heads, 2)), best=timed[:5]))
-            print(f"sweep {name}: best {timed[0]}; default {mla_tiles(heads, 2)}")
+            sweeps.append(dict(case=name, default=str(mla_tiles(heads, 2, fp8_cache=fp8)), best=timed[:8]))
+            print(f"sweep {name}: default {mla_tiles(heads, 2, fp8_cache=fp8)}")
+            for row in timed[:8]:
+                print(f"  {row[0]:.4f} ms  {row[1]}  splits={row[2]}")
         ms = bench_graph(run)
         base_ms = bench_graph(base)
         causal_rows = batch * (q_len * length - q_len * (q_len - 1) / 2)  # rows scored, summed over queries

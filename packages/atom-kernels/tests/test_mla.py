@@ -5,6 +5,7 @@ import torch
 
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.mla import mla_attention, write_latent
+from atom_kernels.mla.attention import MlaTiles
 from atom_kernels.mla.ref import mla_attention_ref, read_latent_ref, write_latent_ref
 
 GPU = torch.cuda.is_available()
@@ -68,6 +69,16 @@ def _run(case, softmax_scale, **kwargs):
     return got, want
 
 
+def _tiles(heads_as_n: bool, dtype: torch.dtype) -> MlaTiles | None:
+    """None: the default tiles for the shape. The transposed loop: on the GPU 64-row tiles (a warpgroup
+    MMA's least) and one stage for fp32 rows (two would not fit in shared memory)."""
+    if not heads_as_n:
+        return None
+    if not GPU:
+        return MlaTiles(16, 16, 1, 1, heads_as_n=True)
+    return MlaTiles(16, 64, 4, 1 if dtype == torch.float32 else 2, heads_as_n=True)
+
+
 SHAPES = [  # seq_lens, query_lens: decode, speculative verify, extend with a sequence that has no new tokens
     ([37, 5, 64], [1, 1, 1]),
     ([20, 33, 9], [1, 3, 4]),
@@ -81,26 +92,29 @@ SHAPES = [  # seq_lens, query_lens: decode, speculative verify, extend with a se
 @pytest.mark.parametrize(
     "heads", [16, 5] + ([128] if GPU else [33])
 )  # 33: three head blocks, the last partial
-def test_matches_reference(seq_lens, query_lens, block_size, heads, dtype):
+@pytest.mark.parametrize("heads_as_n", [False, True], ids=["heads-m", "heads-n"])
+def test_matches_reference(seq_lens, query_lens, block_size, heads, dtype, heads_as_n):
     case = _case(seq_lens, query_lens, heads, block_size, dtype)
-    got, want = _run(case, softmax_scale=(RANK // 4 + ROPE) ** -0.5)
+    got, want = _run(case, softmax_scale=(RANK // 4 + ROPE) ** -0.5, tiles=_tiles(heads_as_n, dtype))
     assert not torch.isnan(got).any(), "an output row was not written, or a NaN row was read"
     torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
 
 
+@pytest.mark.parametrize("heads_as_n", [False, True], ids=["heads-m", "heads-n"])
 @pytest.mark.parametrize("splits", [1, 2, 5])
-def test_every_slice_count_gives_the_same_answer(splits):
+def test_every_slice_count_gives_the_same_answer(splits, heads_as_n):
     # 5 slices of a 9-row sequence leave some slices empty: they must drop out of the combine.
     case = _case([70, 9, 33], [1, 2, 1], 16, 16, torch.float32)
-    got, want = _run(case, softmax_scale=0.1, num_splits=splits)
+    got, want = _run(case, softmax_scale=0.1, num_splits=splits, tiles=_tiles(heads_as_n, torch.float32))
     torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)
 
 
+@pytest.mark.parametrize("heads_as_n", [False, True], ids=["heads-m", "heads-n"])
 @pytest.mark.parametrize("block_size", [1, 16])
-def test_fp8_cache(block_size):
+def test_fp8_cache(block_size, heads_as_n):
     dtype = torch.bfloat16 if GPU else torch.float16
     case = _case([45, 17], [1, 2], 16, block_size, dtype, cache_dtype=FP8)
-    got, want = _run(case, softmax_scale=0.08)
+    got, want = _run(case, softmax_scale=0.08, tiles=_tiles(heads_as_n, dtype))
     assert not torch.isnan(got).any()
     torch.testing.assert_close(got, want, rtol=3e-2, atol=3e-2)
 

@@ -4,6 +4,11 @@ One program takes one query token, a block of its heads and one slice of its cac
 is read once per program as K (all 576 values) and as V (the first 512), so the latent cache streams
 once per head block. Slices of a long sequence run in parallel and a combine step merges them by
 their log-sum-exp (flash decoding) when tokens x head blocks cannot fill the GPU.
+
+Two orientations of the same loop. Heads as the MMA's rows (S = Q K^T, O = P V) suits many heads per
+program; heads as its columns (S^T = K Q^T, O^T = V^T P^T, the "swap AB" of small-head MLA decode)
+keeps both of a Hopper warpgroup MMA's operands in shared memory for the 16-head tiles of a TP shard,
+where 16 rows cannot fill a warpgroup MMA and the q operand held in registers spilled.
 """
 
 from __future__ import annotations
@@ -27,19 +32,24 @@ class MlaTiles:
     block_n: int
     num_warps: int
     num_stages: int
+    heads_as_n: bool = False  # the transposed loop (_mla_heads_n_kernel)
 
 
-def mla_tiles(num_heads: int, itemsize: int = 2, *, interpret: bool = False) -> MlaTiles:
+def mla_tiles(
+    num_heads: int, itemsize: int = 2, *, fp8_cache: bool = False, interpret: bool = False
+) -> MlaTiles:
     """Few heads (a TP shard): the step streams the cache, 16-head tiles. Many heads: taller head tiles
     reuse each row for more heads (fewer cache passes) at the cost of registers for the [H, 512] acc.
     fp32 (exact products, no tensor-core path) takes the smallest tiles to fit shared memory."""
     if interpret or itemsize >= 4:
         return MlaTiles(16, 16, 4 if not interpret else 1, 1)
-    # From benchmarks/bench_mla.py --sweep (B=64 L=4k bf16): few heads stream the cache in 128-position
-    # steps; many heads take 64-row head tiles, 64-position steps and one stage.
+    # From benchmarks/bench_mla.py --sweep (H200, B=64 L=4k; results/sweep_mla_h200.log). Few heads stream
+    # the cache in 128-position steps; fp8 rows take the transposed loop, whose e4m3 -> fp16 operands
+    # spill least. Many heads: 64-row head tiles, 64-position steps, two stages (one for fp8 rows, whose
+    # converted operands leave no registers for a second).
     if num_heads <= 16:
-        return MlaTiles(16, 128, 8, 2)
-    return MlaTiles(64, 64, 8, 1)
+        return MlaTiles(16, 64, 4, 2, heads_as_n=True) if fp8_cache else MlaTiles(16, 128, 8, 2)
+    return MlaTiles(64, 64, 8, 1 if fp8_cache else 2)
 
 
 @triton.jit
@@ -122,6 +132,94 @@ def _mla_split_kernel(
         # partials: [T, H, num_splits, RANK] fp32 and log2-sum-exp [T, H, num_splits]
         slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
         tl.store(part_o_ptr + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
+        lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
+        tl.store(part_lse_ptr + slot, lse, mask=h_ok)
+
+
+@triton.jit
+def _mla_heads_n_kernel(
+    q_ptr,
+    cache_ptr,
+    block_tables_ptr,
+    seq_lens_ptr,
+    cu_q_ptr,
+    scale_ptr,
+    out_ptr,
+    part_o_ptr,
+    part_lse_ptr,
+    sm_scale_log2,
+    num_heads,
+    block_size,
+    stride_qt,
+    stride_qh,
+    stride_bt,
+    stride_ot,
+    stride_oh,
+    max_q,
+    num_splits,
+    RANK: tl.constexpr,
+    ROPE: tl.constexpr,
+    HAS_SCALE: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    PRECISION: tl.constexpr,
+    COMPUTE_F16: tl.constexpr,
+):
+    """_mla_split_kernel transposed: the row tile is the MMAs' first operand (K as [rows, 576], V^T as
+    [512, rows]) and the heads their last dimension, so q^T and P^T are read from shared memory."""
+    pid_tok = tl.program_id(0)
+    seq = pid_tok // max_q
+    qi = pid_tok % max_q
+    q_start = tl.load(cu_q_ptr + seq)
+    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    if qi >= q_len:
+        return
+    t = (q_start + qi).to(tl.int64)
+    kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1  # causal: rows up to this token's position
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = tl.program_id(2) * chunk
+    hi = tl.minimum(lo + chunk, kv_len)
+    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
+    h_ok = heads < num_heads
+    c = tl.arange(0, RANK)
+    r = tl.arange(0, ROPE)
+    # e4m3 -> fp16 is one exact instruction per pair (-> bf16 goes through fp32): fp8 rows compute in fp16
+    dt = tl.float16 if COMPUTE_F16 else q_ptr.dtype.element_ty
+    q_col = q_ptr + t * stride_qt + heads[None, :].to(tl.int64) * stride_qh
+    q_nope = tl.load(q_col + c[:, None], mask=h_ok[None, :], other=0.0).to(dt)  # [RANK, BLOCK_H]
+    q_pe = tl.load(q_col + RANK + r[:, None], mask=h_ok[None, :], other=0.0).to(dt)
+    kv_scale = 1.0
+    if HAS_SCALE:
+        kv_scale = tl.load(scale_ptr)
+    qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
+    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
+    acc = tl.zeros([RANK, BLOCK_H], dtype=tl.float32)
+    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start in range(lo, hi, BLOCK_N):
+        pos = start + tl.arange(0, BLOCK_N)
+        ok = pos < hi
+        page = tl.load(table + pos // block_size, mask=ok, other=0).to(tl.int64)
+        row = cache_ptr + (page * block_size + pos % block_size) * (RANK + ROPE)
+        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(dt)
+        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(dt)
+        s = tl.dot(kv, q_nope, input_precision=PRECISION)
+        s = tl.dot(kp, q_pe, s, input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
+        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=0))
+        alpha = tl.exp2(m - m_new)
+        p = tl.exp2(s - m_new[None, :])
+        denom = denom * alpha + tl.sum(p, axis=0)
+        acc = tl.dot(tl.trans(kv), p.to(dt), acc * alpha[None, :], input_precision=PRECISION)
+        m = m_new
+    has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
+    o = tl.where(has_rows[None, :], acc / tl.where(has_rows, denom, 1.0)[None, :], 0.0) * kv_scale
+    if num_splits == 1:
+        o_col = out_ptr + t * stride_ot + heads[None, :].to(tl.int64) * stride_oh
+        tl.store(o_col + c[:, None], o.to(out_ptr.dtype.element_ty), mask=h_ok[None, :])
+    else:
+        slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
+        tl.store(part_o_ptr + slot[None, :] * RANK + c[:, None], o, mask=h_ok[None, :])
         lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
         tl.store(part_lse_ptr + slot, lse, mask=h_ok)
 
@@ -232,7 +330,9 @@ def mla_attention(
         )
     if tokens == 0:
         return out
-    tiles = tiles or mla_tiles(num_heads, q.element_size(), interpret=SETTINGS.triton_interpret)
+    tiles = tiles or mla_tiles(
+        num_heads, q.element_size(), fp8_cache=fp8, interpret=SETTINGS.triton_interpret
+    )
     head_blocks = triton.cdiv(num_heads, tiles.block_h)
     capacity = block_tables.shape[1] * cache.shape[1]
     splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles, q.device)
@@ -241,7 +341,10 @@ def mla_attention(
         part_o = torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
         part_lse = torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device)
     grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
-    _mla_split_kernel[grid](
+    kernel, flags = _mla_split_kernel, {}
+    if tiles.heads_as_n:
+        kernel, flags = _mla_heads_n_kernel, dict(COMPUTE_F16=fp8 and q.dtype != torch.float32)
+    kernel[grid](
         q,
         cache,
         block_tables,
@@ -269,6 +372,7 @@ def mla_attention(
         BLOCK_N=tiles.block_n,
         num_warps=tiles.num_warps,
         num_stages=tiles.num_stages,
+        **flags,
     )
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](

@@ -35,9 +35,14 @@ CASES = {
 }
 
 
-def atom_model(path, kernel_backend="torch"):
+def atom_model(path, kernel_backend="torch", unabsorbed_min_tokens=None):
+    """unabsorbed_min_tokens: None keeps every forward absorbed; 1 takes the un-absorbed path for every
+    batch of fresh prefills (the engine's default threshold is far above these prompts)."""
     config = ModelConfig.from_pretrained(path)
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend)))
+    backend = PagedAttentionBackend(
+        kernel_backend=kernel_backend, mla_unabsorbed_min_tokens=unabsorbed_min_tokens
+    )
+    model = build_model(config, BuildContext(backend))
     load_checkpoint(model, path)
     return model, config
 
@@ -57,6 +62,39 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, cas
         assert generated[i] == hf_greedy(hf, prompt, 12), (
             f"prompt {i} diverged from transformers' greedy tokens"
         )
+
+
+@pytest.fixture
+def unabsorbed_calls(monkeypatch):
+    """Counts the un-absorbed attention calls (so a test knows the path it meant to test ran)."""
+    import atom_core.attention.mla as mla
+
+    calls = []
+    original = mla.varlen_causal_attention
+
+    def counted(*args, **kwargs):
+        calls.append(args[0].shape)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(mla, "varlen_causal_attention", counted)
+    return calls
+
+
+@pytest.mark.parametrize("case", ["v3-qlora-yarn-interleaved", "v3-no-qlora", "v2-group-limited-qlora"])
+def test_unabsorbed_prefill_matches_transformers(tmp_path, paged_runner, unabsorbed_calls, case):
+    """Fresh prefills attend on up-projected K/V and still write the latent rows the absorbed decode steps
+    read: prefill logits and greedy tokens are transformers'."""
+    config_cls, base, overrides = CASES[case]
+    hf = deepseek_checkpoint(tmp_path / "ckpt", config_cls, base, overrides)
+    model, config = atom_model(tmp_path / "ckpt", unabsorbed_min_tokens=1)
+    prompts = [[5, 17, 42, 9, 100, 3, 77, 31, 2], [8, 8, 150], [60] * 11]
+    prefill, generated = paged_runner(model, config).greedy(prompts, steps=8)
+    assert len(unabsorbed_calls) == config.hf["num_hidden_layers"]  # the prefill forward only
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(prefill[i], ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0))
+        assert generated[i] == hf_greedy(hf, prompt, 8)
 
 
 def test_the_latent_cache_is_what_the_layers_declare(tmp_path, paged_runner):
@@ -80,13 +118,16 @@ def test_unimplemented_routing_is_refused_by_name(overrides, message):
         build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="torch")))
 
 
-def test_triton_mla_kernels_through_the_native_backend(tmp_path, paged_runner):
+@pytest.mark.parametrize("unabsorbed_min_tokens", [None, 1], ids=["absorbed", "unabsorbed-prefill"])
+def test_triton_mla_kernels_through_the_native_backend(tmp_path, paged_runner, unabsorbed_min_tokens):
     """The same parity with atom-kernels' Triton MLA kernels writing the latent cache and attending, prefill
-    and decode steps (fp32: natively on a GPU, under the interpreter on the CPU)."""
+    and decode steps (fp32: natively on a GPU, under the interpreter on the CPU); the prefill absorbed or
+    on up-projected K/V through the varlen kernel."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hf = deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, dict(num_hidden_layers=2))
     config = ModelConfig.from_pretrained(tmp_path / "ckpt")
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="triton"), device=device))
+    backend = PagedAttentionBackend(kernel_backend="triton", mla_unabsorbed_min_tokens=unabsorbed_min_tokens)
+    model = build_model(config, BuildContext(backend, device=device))
     load_checkpoint(model, tmp_path / "ckpt")
     prompts = [[5, 17, 42, 9, 100, 3, 77], [8, 8, 150]]
     prefill, generated = paged_runner(model, config, device=device).greedy(prompts, steps=4)

@@ -19,6 +19,7 @@ from atom_kernels.attention import (
     paged_decode_persistent,
     paged_prefill,
     plan_decode,
+    varlen_causal_attention,
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
@@ -47,6 +48,7 @@ __all__ = [
     "rms_norm_gated",
     "silu_and_mul",
     "topk_softmax",
+    "varlen_causal_attention",
     "write_kv",
     "write_latent",
 ]

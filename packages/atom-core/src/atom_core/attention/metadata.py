@@ -19,6 +19,9 @@ class PagedAttentionMetadata:
     # Set by a caller that knows every sequence adds exactly this many tokens (speculative verify's chain);
     # plain decode (one token each) is recognized without it.
     uniform_query_len: int | None = None
+    # Every sequence's tokens are all new (nothing cached before them): MLA may attend on up-projected K/V
+    # instead of the latent cache. False is always safe.
+    prefill_only: bool = False
 
     @property
     def decode_query_len(self) -> int | None:
@@ -60,4 +63,5 @@ class PagedAttentionMetadata:
             slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
+            prefill_only=list(query_lens) == list(seq_lens),
         )

@@ -4,18 +4,28 @@ The frontend (layers/mla.py) absorbs the key and value up-projections: each head
 backend as [kv_lora_rank + rope] (the latent and rotary parts), every head reads the same cached latent
 row of [kv_lora_rank + rope] per token, and the output stays latent ([kv_lora_rank] per head) until the
 frontend maps it back through W_UV.
+
+A batch of fresh prefills whose longest sequence has UNABSORBED_MIN_TOKENS new tokens is cheaper
+un-absorbed: the frontend up-projects each token's latent to per-head K and V once and the layer runs
+dense causal attention over them (q.k over nope + rope, 192 wide for DeepSeek-V3, instead of 576 per
+head and row), still writing the latent rows for the steps after it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 
 from atom_core.cache.allocate import LatentCache
 from atom_core.cache.specs import PAGED, LatentCacheSpec
 from atom_core.forward_context import current_forward_context
-from atom_core.ops import mla_attention, write_latent
+from atom_core.ops import mla_attention, varlen_causal_attention, write_latent
+
+# bench_mla_prefill.py (H200, DeepSeek-V3's layer): un-absorbed from 2048 tokens a sequence on, where it wins
+# with 128 heads (2.1x) and 16 (1.03x; 3.1x at 4k); at 1024, 128 heads gain 1.15x but 16 lose 0.85x
+UNABSORBED_MIN_TOKENS = 2048
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,21 +41,50 @@ class MLALayerSpec:
         return LatentCacheSpec(self.kv_lora_rank + self.rope_dim)
 
 
-class MLAPagedLayer:
-    """The native backend's MLA layer: writes the latent rows, then attends over the paged latent cache."""
-
-    def __init__(self, spec: MLALayerSpec, kernel_backend: str | None):
-        self.spec = spec
-        self.kernel_backend = kernel_backend
+class MLALayer(Protocol):
+    """What an attention backend's make_mla_layer returns (the frontend in layers/mla.py calls it)."""
 
     def __call__(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R]."""
+        """Absorbed: q [T, H, R + P], kv_c [T, R] (normed latent), k_pe [T, P] (rotated) -> [T, H, R]."""
+        ...
+
+    def wants_unabsorbed(self) -> bool:
+        """Whether this forward should take unabsorbed() (a backend may always say no)."""
+        ...
+
+    def unabsorbed(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor
+    ) -> torch.Tensor:
+        """Fresh prefills: q, k [T, H, nope + P], v [T, H, V] (up-projected), kv_c / k_pe as in __call__
+        (cached for later steps) -> [T, H, V]."""
+        ...
+
+
+class MLAPagedLayer:
+    """The native backend's MLA layer: writes the latent rows, then attends over the paged latent cache
+    (or, for a batch of fresh prefills whose longest has unabsorbed_min_tokens tokens, over up-projected
+    K/V; the attention then runs sequence by sequence, so many short prompts stay absorbed)."""
+
+    def __init__(
+        self, spec: MLALayerSpec, kernel_backend: str | None, unabsorbed_min_tokens: int | None = None
+    ):
+        self.spec = spec
+        self.kernel_backend = kernel_backend
+        self.unabsorbed_min_tokens = unabsorbed_min_tokens  # None: never
+
+    def _write(self, kv_c: torch.Tensor, k_pe: torch.Tensor) -> LatentCache:
         ctx = current_forward_context()
-        meta = ctx.metadata_for(PAGED)
         cache: LatentCache = ctx.caches[self.spec.layer_index]
+        meta = ctx.metadata_for(PAGED)
         write_latent(
             kv_c, k_pe, cache.rows, meta.slot_mapping, scale=cache.scale, backend=self.kernel_backend
         )
+        return cache
+
+    def __call__(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R]."""
+        cache = self._write(kv_c, k_pe)
+        meta = current_forward_context().metadata_for(PAGED)
         return mla_attention(
             q,
             cache.rows,
@@ -57,4 +96,28 @@ class MLAPagedLayer:
             kv_lora_rank=self.spec.kv_lora_rank,
             scale=cache.scale,
             backend=self.kernel_backend,
+        )
+
+    def wants_unabsorbed(self) -> bool:
+        if self.unabsorbed_min_tokens is None:
+            return False
+        meta = current_forward_context().metadata_for(PAGED)
+        return meta.prefill_only and meta.max_query_len >= self.unabsorbed_min_tokens
+
+    def unabsorbed(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor
+    ) -> torch.Tensor:
+        self._write(kv_c, k_pe)
+        meta = current_forward_context().metadata_for(PAGED)
+        # On a GPU torch's SDPA (flash / cuDNN): 3x atom-kernels' Triton varlen path at 192/128 on the H200
+        # (bench_mla_prefill.py). Elsewhere the engine's kernel backend (the interpreter's tests take Triton).
+        backend = "torch" if q.is_cuda else self.kernel_backend
+        return varlen_causal_attention(
+            q,
+            k,
+            v,
+            cu_seqlens=meta.cu_seqlens_q,
+            max_seq_len=meta.max_query_len,
+            softmax_scale=self.spec.scale,
+            backend=backend,
         )

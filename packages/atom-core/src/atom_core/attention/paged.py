@@ -6,7 +6,7 @@ import torch
 
 from atom_core.attention.backend import AttentionLayerSpec
 from atom_core.attention.metadata import PagedAttentionMetadata
-from atom_core.attention.mla import MLALayerSpec, MLAPagedLayer
+from atom_core.attention.mla import UNABSORBED_MIN_TOKENS, MLALayerSpec, MLAPagedLayer
 from atom_core.cache.allocate import LayerKVCache
 from atom_core.cache.specs import PAGED
 from atom_core.forward_context import current_forward_context
@@ -20,15 +20,21 @@ class PagedAttentionBackend:
     name = "atom-paged"
     layer_kinds = frozenset({"mha", "sliding", "mla"})
 
-    def __init__(self, layout: str = "flash", kernel_backend: str | None = None):
+    def __init__(
+        self,
+        layout: str = "flash",
+        kernel_backend: str | None = None,
+        mla_unabsorbed_min_tokens: int | None = UNABSORBED_MIN_TOKENS,
+    ):
         self.layout = layout
         self.kernel_backend = kernel_backend
+        self.mla_unabsorbed_min_tokens = mla_unabsorbed_min_tokens  # None: MLA always absorbed
 
     def make_layer(self, spec: AttentionLayerSpec) -> PagedAttentionLayer:
         return PagedAttentionLayer(spec, self.layout, self.kernel_backend)
 
     def make_mla_layer(self, spec: MLALayerSpec) -> MLAPagedLayer:
-        return MLAPagedLayer(spec, self.kernel_backend)
+        return MLAPagedLayer(spec, self.kernel_backend, self.mla_unabsorbed_min_tokens)
 
 
 class PagedAttentionLayer:

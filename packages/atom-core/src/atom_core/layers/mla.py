@@ -4,6 +4,7 @@ and the absorption of kv_b_proj, so the backend attends over one cached latent r
 Per head, the un-absorbed attention is softmax(q_nope.k_nope + q_pe.k_pe) @ v with k_nope = W_UK @ c and
 v = W_UV @ c for the token's latent c (kv_b_proj holds W_UK and W_UV, per head). Absorbed: the query becomes
 [W_UK^T q_nope | q_pe] against the cached [c | k_pe], and the output W_UV @ (attention-weighted c).
+A backend may ask for the un-absorbed form instead (long fresh prefills, attention/mla.py).
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ class MLAAttention(nn.Module):
         kv_c = self.kv_a_layernorm(kv_c.contiguous())  # [T, R]
         k_pe = k_pe.contiguous().view(tokens, 1, self.rope_dim)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
+        if self.attn.wants_unabsorbed():  # long fresh prefills: per-head K and V from the latent, once
+            k_nope, v = self.kv_b_proj(kv_c).view(tokens, heads, -1).split([self.nope_dim, self.v_dim], -1)
+            k = torch.cat([k_nope, k_pe.expand(tokens, heads, self.rope_dim)], dim=-1)
+            out = self.attn.unabsorbed(
+                torch.cat([q_nope, q_pe], dim=-1), k, v, kv_c, k_pe.view(tokens, self.rope_dim)
+            )  # [T, H, v]
+            return self.o_proj(out.reshape(tokens, heads * self.v_dim))
         w = self.kv_b_proj.weight.view(heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, nope, R], [H, v, R]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R]

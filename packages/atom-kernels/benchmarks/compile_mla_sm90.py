@@ -1,0 +1,86 @@
+"""Compile the MLA decode kernels for sm90 without a GPU and print registers, spills and shared memory.
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/compile_mla_sm90.py
+
+Triton builds PTX and SASS on any machine (ptxas and cuobjdump ship in its wheel), so whether a tile
+spills, pipelines its row loads (cp.async) or uses warpgroup MMAs can be read before spending GPU time.
+Per variant (both loops of mla/attention.py, DeepSeek's 512 + 64 latent): registers a thread, spill stack
+bytes, shared memory, wgmma / mma.sync counts in the PTX, 16-byte async copies, local loads in SASS.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import tempfile
+
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia import compiler as nvidia
+from triton.compiler import ASTSource
+
+from atom_kernels.mla.attention import MlaTiles, _mla_heads_n_kernel, _mla_split_kernel
+
+VARIANTS = [  # tiles, cache dtype
+    (MlaTiles(64, 64, 8, 1), "bf16"),
+    (MlaTiles(64, 64, 8, 2), "bf16"),
+    (MlaTiles(16, 128, 8, 2), "bf16"),
+    (MlaTiles(16, 64, 4, 2, heads_as_n=True), "bf16"),
+    (MlaTiles(16, 64, 8, 2, heads_as_n=True), "bf16"),
+    (MlaTiles(32, 64, 8, 2, heads_as_n=True), "bf16"),
+    (MlaTiles(64, 64, 8, 1), "fp8e4nv"),
+    (MlaTiles(16, 64, 4, 2, heads_as_n=True), "fp8e4nv"),
+]
+
+
+def build(tiles: MlaTiles, cache: str):
+    kernel = _mla_heads_n_kernel if tiles.heads_as_n else _mla_split_kernel
+    fp8 = cache.startswith("fp8")
+    const = dict(RANK=512, ROPE=64, HAS_SCALE=fp8, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n)
+    const["PRECISION"] = "tf32"
+    if tiles.heads_as_n:
+        const["COMPUTE_F16"] = fp8
+    names = kernel.arg_names
+    ptrs = {n: "*bf16" for n in names if n.endswith("_ptr")}
+    ptrs.update(cache_ptr=f"*{cache}", scale_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    ptrs.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")
+    signature, attrs = {}, {}
+    for i, name in enumerate(names):
+        if name in const:
+            signature[name] = "constexpr"
+        elif name in ptrs:
+            signature[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
+        else:
+            signature[name] = "fp32" if name == "sm_scale_log2" else "i32"
+    src = ASTSource(kernel, signature, {(names.index(k),): v for k, v in const.items()}, attrs)
+    options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
+
+
+def cuobjdump(kernel, flag: str) -> str:
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(kernel.asm["cubin"])
+    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
+    out = subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
+    os.unlink(f.name)
+    return out
+
+
+def main() -> None:
+    print(f"{'variant':<72}{'regs':>5}{'stack':>6}{'smem KB':>8}{'wgmma':>6}{'mma':>5}{'cp16':>5}{'LDL':>5}")
+    for tiles, cache in VARIANTS:
+        kernel = build(tiles, cache)
+        usage, sass, ptx = cuobjdump(kernel, "-res-usage"), cuobjdump(kernel, "-sass"), kernel.asm["ptx"]
+        regs, stack = re.search(r"REG:(\d+)", usage).group(1), re.search(r"STACK:(\d+)", usage).group(1)
+        counts = [len(re.findall(p, ptx)) for p in (r"wgmma\.mma_async", r"mma\.sync", r"cp\.async\.cg")]
+        counts.append(len(re.findall(r"\bLDL", sass)))
+        label = f"{tiles} {cache}"
+        print(
+            f"{label:<72}{regs:>5}{stack:>6}{kernel.metadata.shared / 1024:8.0f}"
+            + "".join(f"{c:>{w}}" for c, w in zip(counts, (6, 5, 5, 5), strict=True))
+        )
+
+
+if __name__ == "__main__":
+    main()

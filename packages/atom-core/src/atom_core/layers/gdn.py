@@ -1,0 +1,167 @@
+"""Gated DeltaNet (the linear-attention layers of Qwen3-Next and Qwen3.5), over per-sequence state slots.
+
+Per token: q, k, v and the output gate z come from the input projections; q, k, v pass a depthwise causal
+conv (then SiLU) that continues from the sequence's conv state; the gated delta rule updates the
+sequence's recurrent state S (decay g = -exp(A_log) * softplus(a + dt_bias), write strength
+beta = sigmoid(b), q and k L2-normed) and reads o = S q; o is RMS-normed per value head and gated by
+silu(z), then projected out. Qwen3-Next projects q|k|v|z and b|a grouped per key head (in_proj_qkvz,
+in_proj_ba); Qwen3.5 has one projection per part (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
+
+The layer's states live in the slots the engine assigns (StateMetadata): a sequence that starts in this
+forward (`fresh`) starts from zeros; later forwards, chunked prefills included, continue its state.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from atom_core.build import BuildContext
+from atom_core.cache.allocate import StateCache
+from atom_core.cache.specs import STATE, StateCacheSpec
+from atom_core.config import ConfigError, ModelConfig
+from atom_core.forward_context import current_forward_context
+from atom_core.layers.linear import ReplicatedLinear
+from atom_core.ops import (
+    causal_conv1d,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    gdn_gating,
+    rms_norm_gated,
+)
+
+STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+class GatedDeltaNet(nn.Module):
+    """grouped_projections: Qwen3-Next's in_proj_qkvz / in_proj_ba (else Qwen3.5's four projections).
+    state_dtype: the recurrent state's ("float32", as transformers keeps it, or "bfloat16")."""
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        ctx: BuildContext,
+        *,
+        layer_index: int,
+        prefix: str,
+        grouped_projections: bool,
+        state_dtype: str = "float32",
+    ):
+        super().__init__()
+        hf = config.hf
+        if ctx.parallel.tp_size > 1:
+            raise ConfigError(
+                f"{config.architecture}: tensor parallel for Gated DeltaNet layers is not implemented yet "
+                f"(tensor_parallel_size={ctx.parallel.tp_size}); run it with 1"
+            )
+        if hf.get("hidden_act", "silu") != "silu":
+            raise ConfigError(f"Gated DeltaNet supports hidden_act 'silu', got {hf['hidden_act']!r}")
+        if state_dtype not in STATE_DTYPES:
+            raise ConfigError(f"GDN state dtype must be one of {sorted(STATE_DTYPES)}, got {state_dtype!r}")
+        self.num_k_heads, self.num_v_heads = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+        self.head_k_dim, self.head_v_dim = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
+        if self.num_v_heads % self.num_k_heads:
+            raise ConfigError(
+                f"linear_num_value_heads ({self.num_v_heads}) must be a multiple of linear_num_key_heads "
+                f"({self.num_k_heads})"
+            )
+        self.key_dim = self.num_k_heads * self.head_k_dim
+        self.value_dim = self.num_v_heads * self.head_v_dim
+        self.conv_dim = 2 * self.key_dim + self.value_dim
+        width = hf["linear_conv_kernel_dim"]
+        self.eps = config.rms_norm_eps
+        self.grouped = grouped_projections
+        hidden = config.hidden_size
+        common = dict(bias=False, dtype=config.dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
+        if grouped_projections:
+            self.in_proj_qkvz = ReplicatedLinear(
+                hidden, 2 * self.key_dim + 2 * self.value_dim, prefix=f"{prefix}.in_proj_qkvz", **common
+            )
+            self.in_proj_ba = ReplicatedLinear(
+                hidden, 2 * self.num_v_heads, prefix=f"{prefix}.in_proj_ba", **common
+            )
+        else:
+            self.in_proj_qkv = ReplicatedLinear(
+                hidden, self.conv_dim, prefix=f"{prefix}.in_proj_qkv", **common
+            )
+            self.in_proj_z = ReplicatedLinear(hidden, self.value_dim, prefix=f"{prefix}.in_proj_z", **common)
+            self.in_proj_b = ReplicatedLinear(
+                hidden, self.num_v_heads, prefix=f"{prefix}.in_proj_b", **common
+            )
+            self.in_proj_a = ReplicatedLinear(
+                hidden, self.num_v_heads, prefix=f"{prefix}.in_proj_a", **common
+            )
+        # as checkpoints store them: conv1d.weight [conv_dim, 1, width] (depthwise, no bias)
+        self.conv1d = nn.Module()
+        self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, width, dtype=config.dtype), False)
+        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads, dtype=config.dtype), requires_grad=False)
+        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads, dtype=config.dtype), requires_grad=False)
+        self.norm = nn.Module()  # the gated RMSNorm over each value head (weight * x, not 1 + weight)
+        self.norm.weight = nn.Parameter(torch.ones(self.head_v_dim, dtype=config.dtype), requires_grad=False)
+        self.out_proj = ReplicatedLinear(self.value_dim, hidden, prefix=f"{prefix}.out_proj", **common)
+        self.cache_index = layer_index
+        self.cache_spec = StateCacheSpec(
+            (
+                ("conv", (self.conv_dim, width - 1), None),
+                (
+                    "recurrent",
+                    (self.num_v_heads, self.head_v_dim, self.head_k_dim),
+                    STATE_DTYPES[state_dtype],
+                ),
+            )
+        )
+
+    def _project(self, hidden: torch.Tensor):
+        """-> mixed q|k|v [T, conv_dim], z [T, HV, Dv], b, a [T, HV]."""
+        tokens = hidden.shape[0]
+        if not self.grouped:
+            z = self.in_proj_z(hidden).view(tokens, self.num_v_heads, self.head_v_dim)
+            return self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden)
+        ratio = self.num_v_heads // self.num_k_heads
+        dk, group_v = self.head_k_dim, ratio * self.head_v_dim
+        qkvz = self.in_proj_qkvz(hidden).view(tokens, self.num_k_heads, 2 * dk + 2 * group_v)
+        q, k, v, z = qkvz.split([dk, dk, group_v, group_v], dim=-1)
+        ba = self.in_proj_ba(hidden).view(tokens, self.num_k_heads, 2 * ratio)
+        b, a = (x.reshape(tokens, self.num_v_heads) for x in ba.split([ratio, ratio], dim=-1))
+        mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
+        return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b, a
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [T, hidden] (sequences back to back, as the state metadata's cu_seqlens say) -> [T, hidden]."""
+        ctx = current_forward_context()
+        meta = ctx.metadata_for(STATE)
+        cache: StateCache = ctx.caches[self.cache_index]
+        tokens = hidden.shape[0]
+        mixed, z, b, a = self._project(hidden)
+        started = ~meta.fresh
+        mixed = causal_conv1d(
+            mixed,
+            self.conv1d.weight.squeeze(1),
+            None,
+            meta.cu_seqlens_q,
+            cache.states["conv"],
+            meta.slots,
+            has_initial_state=started,
+            max_seqlen=meta.max_query_len,
+        )
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        q = q.view(tokens, self.num_k_heads, self.head_k_dim)
+        k = k.view(tokens, self.num_k_heads, self.head_k_dim)
+        v = v.view(tokens, self.num_v_heads, self.head_v_dim)
+        g, beta = gdn_gating(self.A_log, a, self.dt_bias, b)
+        rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
+        o = rule(
+            q,
+            k,
+            v,
+            g,
+            beta,
+            meta.cu_seqlens_q,
+            cache.states["recurrent"],
+            meta.slots,
+            has_initial_state=started,
+        )
+        o = rms_norm_gated(
+            o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim), self.norm.weight, self.eps
+        )
+        return self.out_proj(o.view(tokens, self.value_dim))

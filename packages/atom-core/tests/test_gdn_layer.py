@@ -1,0 +1,157 @@
+"""ATOM's Gated DeltaNet layer against transformers' (Qwen3-Next's grouped projections and Qwen3.5's split
+ones), fp32 on the CPU: a ragged batch prefilled in two chunks and then decoded token by token through the
+engine's state slots gives transformers' outputs for every token, computed one sequence at a time."""
+
+import pytest
+import torch
+
+from atom_core.attention import PagedAttentionBackend
+from atom_core.build import BuildContext
+from atom_core.cache import allocate_caches
+from atom_core.cache.metadata import StateMetadata
+from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConfig
+from atom_core.forward_context import ForwardContext, bind_forward_context
+from atom_core.layers.gdn import GatedDeltaNet
+
+# value heads twice the key heads, key dim != value dim: both groupings and both head widths are exercised
+LINEAR = dict(
+    hidden_size=48,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,
+    linear_key_head_dim=16,
+    linear_value_head_dim=32,
+    linear_conv_kernel_dim=4,
+    rms_norm_eps=1e-6,
+    hidden_act="silu",
+    num_hidden_layers=1,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=64,
+    intermediate_size=32,
+)
+ARCHS = {
+    "qwen3-next": ("Qwen3NextForCausalLM", True),
+    "qwen3.5": ("Qwen3_5ForCausalLM", False),
+}
+
+
+def _hf_layer(arch: str):
+    if arch == "qwen3-next":
+        from transformers import Qwen3NextConfig
+        from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet as Layer
+
+        config = Qwen3NextConfig(**LINEAR, layer_types=["linear_attention"])
+    else:
+        from transformers import Qwen3_5TextConfig
+        from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet as Layer
+
+        config = Qwen3_5TextConfig(**LINEAR, layer_types=["linear_attention"])
+    torch.manual_seed(0)
+    layer = Layer(config, 0).eval()
+    with torch.no_grad():
+        for name, param in layer.named_parameters():
+            if name == "A_log":
+                param.copy_(torch.rand_like(param) * 2 - 1)
+            elif name == "dt_bias":
+                param.uniform_(-1, 1)
+            elif name == "norm.weight":
+                param.uniform_(0.5, 1.5)
+            else:
+                param.normal_(0, 0.2)
+    return layer
+
+
+def _atom_layer(arch: str, hf_layer, kernel_backend: str):
+    name, grouped = ARCHS[arch]
+    config = ModelConfig.from_hf_dict({"architectures": [name], **LINEAR, "torch_dtype": "float32"})
+    layer = GatedDeltaNet(
+        config,
+        BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend)),
+        layer_index=0,
+        prefix="model.layers.0.linear_attn",
+        grouped_projections=grouped,
+    )
+    params = dict(layer.named_parameters())
+    with torch.no_grad():
+        for key, value in hf_layer.state_dict().items():
+            params[key].copy_(value)
+    assert set(params) == set(hf_layer.state_dict())  # the checkpoint's names, nothing else
+    return layer
+
+
+def _hf_outputs(layer, x: torch.Tensor) -> torch.Tensor:
+    with torch.no_grad():
+        return layer(x[None])[0]
+
+
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+@pytest.mark.parametrize("arch", list(ARCHS))
+def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, monkeypatch):
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+
+    # every op of the layer on the chosen backend (the engine's kernel_backend only reaches attention)
+    backend = Backend.TORCH if kernel_backend == "torch" else Backend.TRITON
+    monkeypatch.setattr(settings, "SETTINGS", Settings(backend, settings.SETTINGS.triton_interpret))
+    if backend is Backend.TRITON and not torch.cuda.is_available() and not settings.SETTINGS.triton_interpret:
+        pytest.fail("the Triton path on the CPU needs TRITON_INTERPRET=1 (set by the test environment)")
+    hf = _hf_layer(arch)
+    ours = _atom_layer(arch, hf, kernel_backend)
+    lengths, first_chunk, decode_steps = [9, 3, 14], [5, 3, 8], 3
+    gen = torch.Generator().manual_seed(1)
+    inputs = [torch.randn(n + decode_steps, LINEAR["hidden_size"], generator=gen) for n in lengths]
+    want = [_hf_outputs(hf, x) for x in inputs]
+    caches = allocate_caches(
+        [ours.cache_spec], CacheConfig(), dtype=torch.float32, num_blocks=0, num_slots=6, device="cpu"
+    )
+    slots = [4, 0, 2]  # not the sequences' order: each reads and writes only its own slot
+    done = [0, 0, 0]
+    got: list[list[torch.Tensor]] = [[], [], []]
+
+    def forward(counts: list[int]):
+        rows = torch.cat([inputs[i][done[i] : done[i] + c] for i, c in enumerate(counts) if c])
+        live = [i for i, c in enumerate(counts) if c]
+        meta = StateMetadata.build(
+            slots=[slots[i] for i in live],
+            fresh=[done[i] == 0 for i in live],
+            query_lens=[counts[i] for i in live],
+        )
+        with bind_forward_context(ForwardContext({"state": meta}, caches)), torch.no_grad():
+            out = ours(rows)
+        start = 0
+        for i in live:
+            got[i].append(out[start : start + counts[i]])
+            start += counts[i]
+            done[i] += counts[i]
+
+    forward(first_chunk)  # the first chunk of every prompt
+    forward([n - c for n, c in zip(lengths, first_chunk, strict=True)])  # the rest (the second has none)
+    for _ in range(decode_steps):
+        forward([1, 1, 1])
+    for i, expected in enumerate(want):
+        torch.testing.assert_close(torch.cat(got[i]), expected, rtol=2e-4, atol=2e-4)
+
+
+def test_unsupported_configs_are_refused_by_name():
+    config = ModelConfig.from_hf_dict(
+        {
+            "architectures": ["Qwen3NextForCausalLM"],
+            **LINEAR,
+            "linear_num_value_heads": 3,
+            "torch_dtype": "float32",
+        }
+    )
+    ctx = BuildContext(PagedAttentionBackend(kernel_backend="torch"))
+    with pytest.raises(ConfigError, match=r"linear_num_value_heads \(3\) must be a multiple"):
+        GatedDeltaNet(config, ctx, layer_index=0, prefix="x", grouped_projections=True)
+    good = ModelConfig.from_hf_dict(
+        {"architectures": ["Qwen3NextForCausalLM"], **LINEAR, "torch_dtype": "float32"}
+    )
+    with pytest.raises(ConfigError, match="tensor parallel for Gated DeltaNet layers is not implemented"):
+        GatedDeltaNet(
+            good,
+            BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=ParallelConfig(tp_size=2)),
+            layer_index=0,
+            prefix="x",
+            grouped_projections=True,
+        )

@@ -15,6 +15,7 @@ class UnsupportedArchitecture(ValueError):
 
 MHA_FAMILY = frozenset({"mha", "sliding"})
 MLA = frozenset({"mla"})
+HYBRID = frozenset({"gdn", "mha"})  # linear attention (state slots) beside full attention
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +60,7 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
+        ModelSpec("Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", HYBRID),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(
             "DeepseekV3ForCausalLM",

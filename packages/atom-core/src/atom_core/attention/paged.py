@@ -18,7 +18,7 @@ class PagedAttentionBackend:
     """kernel_backend: "triton", "torch" (the reference, for the CPU) or None (atom_kernels decides)."""
 
     name = "atom-paged"
-    layer_kinds = frozenset({"mha", "sliding", "mla"})
+    layer_kinds = frozenset({"mha", "sliding", "mla", "gdn"})  # gdn: the engine's state slots (layers/gdn.py)
 
     def __init__(
         self,

@@ -25,21 +25,26 @@ class SelfAttention(nn.Module):
         qkv_bias: bool = False,
         o_bias: bool = False,
         sliding_window: int | None = None,
+        output_gate: bool = False,
+        norm_offset: float = 0.0,
     ):
+        """output_gate: q_proj also gives each head a gate, [q_h | gate_h] per head (Qwen3-Next, Qwen3.5),
+        and the output is attention * sigmoid(gate); norm_offset: the q/k norms' (1 + weight) form."""
         super().__init__()
         d, dtype = config.head_dim, config.dtype
         common = dict(dtype=dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
+        self.output_gate = output_gate
         self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             d,
-            config.num_attention_heads,
+            config.num_attention_heads * (2 if output_gate else 1),  # a gate "head" beside each q head
             config.num_key_value_heads,
             bias=qkv_bias,
             prefix=f"{prefix}.qkv_proj",
             **common,
         )
         self.num_heads, self.num_kv_heads, self.head_dim = (
-            self.qkv_proj.num_heads,
+            self.qkv_proj.num_heads // (2 if output_gate else 1),
             self.qkv_proj.num_kv_heads,
             d,
         )
@@ -50,8 +55,8 @@ class SelfAttention(nn.Module):
             prefix=f"{prefix}.o_proj",
             **common,
         )
-        self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
-        self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype) if qk_norm else None
+        self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
+        self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
         spec = AttentionLayerSpec(
             layer_index=layer_index,
@@ -68,14 +73,14 @@ class SelfAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         tokens = hidden.shape[0]
+        q_width = self.num_heads * self.head_dim * (2 if self.output_gate else 1)
         q, k, v = self.qkv_proj(hidden).split(
-            [
-                self.num_heads * self.head_dim,
-                self.num_kv_heads * self.head_dim,
-                self.num_kv_heads * self.head_dim,
-            ],
-            -1,
+            [q_width, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
         )
+        gate = None
+        if self.output_gate:
+            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
+            q, gate = q.contiguous(), gate.reshape(tokens, self.num_heads * self.head_dim)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -84,5 +89,7 @@ class SelfAttention(nn.Module):
         q, k = self.rotary_emb(positions, q, k)
         if not getattr(self.attn, "accepts_strided_inputs", False):
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = self.attn(q, k, v)  # [T, Hq, D]
-        return self.o_proj(out.reshape(tokens, self.num_heads * self.head_dim))
+        out = self.attn(q, k, v).reshape(tokens, self.num_heads * self.head_dim)  # [T, Hq * D]
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)

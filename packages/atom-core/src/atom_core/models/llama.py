@@ -20,12 +20,14 @@ from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 class DecoderLayer(nn.Module):
     """Pre-norm residual block around the attention and MLP modules its model built for this layer."""
 
-    def __init__(self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module):
+    def __init__(
+        self, config: ModelConfig, self_attn: nn.Module, mlp: nn.Module, *, norm_offset: float = 0.0
+    ):
         super().__init__()
         eps, dtype = config.rms_norm_eps, config.dtype
-        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.input_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, offset=norm_offset)
         self.self_attn = self_attn
-        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, offset=norm_offset)
         self.mlp = mlp
 
     def forward(self, positions, hidden, residual):
@@ -45,6 +47,7 @@ class LlamaForCausalLM(nn.Module):
     attention_windows = staticmethod(llama_windows)  # config -> each layer's window (attention_windows.py)
     packed_rules = LLAMA_PACKED
     name_rules = ()
+    norm_offset = 0.0  # 1.0: the model's final norm scales by (1 + weight)
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         super().__init__()
@@ -56,14 +59,11 @@ class LlamaForCausalLM(nn.Module):
             config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel
         )
         self.model.layers = nn.ModuleList(
-            DecoderLayer(
-                config,
-                self.make_attention(config, ctx, i, f"{p}.layers.{i}.self_attn"),
-                self.make_mlp(config, ctx, i, f"{p}.layers.{i}.mlp"),
-            )
-            for i in range(config.num_hidden_layers)
+            self.make_layer(config, ctx, i, f"{p}.layers.{i}") for i in range(config.num_hidden_layers)
         )
-        self.model.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, dtype=dtype)
+        self.model.norm = RMSNorm(
+            config.hidden_size, config.rms_norm_eps, dtype=dtype, offset=self.norm_offset
+        )
         self.lm_head = ParallelLMHead(config.vocab_size, config.hidden_size, dtype=dtype, parallel=parallel)
         if config.tie_word_embeddings:
             self.lm_head.weight = self.model.embed_tokens.weight
@@ -72,6 +72,13 @@ class LlamaForCausalLM(nn.Module):
     def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
         """Full-attention layers are mha, windowed ones sliding (atom_core.registry's kinds)."""
         return tuple("mha" if w is None else "sliding" for w in cls.attention_windows(config))
+
+    def make_layer(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
+        return DecoderLayer(
+            config,
+            self.make_attention(config, ctx, layer_index, f"{prefix}.self_attn"),
+            self.make_mlp(config, ctx, layer_index, f"{prefix}.mlp"),
+        )
 
     def make_attention(
         self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str

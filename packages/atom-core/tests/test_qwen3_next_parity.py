@@ -1,0 +1,124 @@
+"""Qwen3-Next (Gated DeltaNet + gated attention hybrid, sparse MoE with a gated shared expert) against
+transformers, fp32 on the CPU: a ragged batch prefilled together gives transformers' logits for every prompt
+token, and the engine (state slots beside the paged KV cache, chunked prefill, preemption) gives its greedy
+tokens; each prompt runs alone on the reference side."""
+
+import pytest
+import torch
+from core_support import hf_greedy
+
+from atom_core.config import ConfigError, ModelConfig, ParallelConfig
+from atom_core.engine import LLM, EngineConfig, SamplingParams
+from atom_core.engine.model_runner import ModelRunner, StepInputs
+
+VOCAB = 211
+CONFIG = dict(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    intermediate_size=64,
+    num_hidden_layers=4,
+    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    linear_num_key_heads=2,
+    linear_num_value_heads=4,  # two value heads per key head
+    linear_key_head_dim=16,
+    linear_value_head_dim=32,  # key dim != value dim
+    linear_conv_kernel_dim=4,
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=32,
+    shared_expert_intermediate_size=24,
+    mlp_only_layers=[1],  # layer 1's MLP is dense
+    max_position_embeddings=256,
+    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+)
+
+
+def qwen3_next_checkpoint(path, overrides: dict | None = None):
+    """A random tiny Qwen3-Next saved by transformers (per-expert keys, as published checkpoints are), with
+    every norm, gate and decay randomized so each path matters. Returns transformers' model."""
+    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(
+        Qwen3NextConfig(**{**CONFIG, **(overrides or {})}), dtype=torch.float32
+    )
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight") and "linear_attn" not in name:
+                param.uniform_(-0.3, 0.3)  # the (1 + w) norms
+            elif name.endswith(("A_log", "dt_bias")) or "linear_attn.norm" in name:
+                param.uniform_(0.3, 1.5)
+            elif param.dim() >= 2:
+                param.normal_(0, 0.15)
+    model.eval().save_pretrained(path)
+    return model
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    path = tmp_path_factory.mktemp("qwen3-next")
+    return path, qwen3_next_checkpoint(path)
+
+
+PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 31, 2, 8, 64, 19, 150], [8, 8, 150], list(range(20, 41))]
+
+
+def test_prefill_logits_match_transformers(checkpoint):
+    path, hf = checkpoint
+    config = ModelConfig.from_pretrained(path)
+    engine = EngineConfig(model=path, num_kv_blocks=32, kernel_backend="torch", block_size=4, dtype="float32")
+    runner = ModelRunner(
+        config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=64
+    )
+    ids, positions, tables, start = [], [], [], 1
+    for p in PROMPTS:
+        ids += p
+        positions += list(range(len(p)))
+        pages = -(-len(p) // 4)
+        tables.append(list(range(start, start + pages)))
+        start += pages
+    lens = [len(p) for p in PROMPTS]
+    rows = list(range(len(ids)))
+    logits = runner.run(StepInputs(ids, positions, lens, lens, tables, rows, [2, 0, 1], [True] * 3, rows))
+    offset = 0
+    for p in PROMPTS:
+        with torch.no_grad():
+            ref = hf(torch.tensor([p])).logits[0]
+        got = logits[offset : offset + len(p)]
+        torch.testing.assert_close(got, ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0))
+        offset += len(p)
+
+
+def test_engine_greedy_matches_transformers_with_chunks_and_preemption(checkpoint):
+    path, hf = checkpoint
+    # 12 blocks of 4 cannot hold all three sequences: one is preempted and recomputed (its state starts over)
+    llm = LLM(
+        path,
+        kernel_backend="torch",
+        dtype="float32",
+        block_size=4,
+        num_kv_blocks=12,
+        max_num_batched_tokens=8,  # prompts prefill in chunks: the DeltaNet state carries across them
+    )
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    for p, out in zip(PROMPTS, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(hf, p, 10)
+    engine = llm.engine
+    assert engine.scheduler.num_chunked_prefills > 0 and engine.scheduler.num_preemptions > 0
+
+
+def test_layer_types_are_checked_by_name():
+    hf = {
+        "architectures": ["Qwen3NextForCausalLM"],
+        **CONFIG,
+        "layer_types": ["linear_attention", "mamba"] * 2,
+    }
+    from atom_core.registry import get_model_spec
+
+    config = ModelConfig.from_hf_dict(hf)
+    with pytest.raises(ConfigError, match=r"layer_types must name each of the 4 layers .* 'mamba'"):
+        get_model_spec("Qwen3NextForCausalLM").attention_kinds(config)

@@ -1,7 +1,7 @@
-"""Qwen3-Next (Gated DeltaNet + gated attention hybrid, sparse MoE with a gated shared expert) against
-transformers, fp32 on the CPU: a ragged batch prefilled together gives transformers' logits for every prompt
-token, and the engine (state slots beside the paged KV cache, chunked prefill, preemption) gives its greedy
-tokens; each prompt runs alone on the reference side."""
+"""Qwen3-Next and Qwen3.5 (dense and MoE; Gated DeltaNet + gated attention hybrids) against transformers,
+fp32 on the CPU: a ragged batch prefilled together gives transformers' logits for every prompt token, and
+the engine (state slots beside the paged KV cache, chunked prefill, preemption) gives its greedy tokens;
+each prompt runs alone on the reference side. Qwen3.5-MoE also loads from fused 3-D expert tensors."""
 
 import pytest
 import torch
@@ -36,15 +36,27 @@ CONFIG = dict(
 )
 
 
-def qwen3_next_checkpoint(path, overrides: dict | None = None):
-    """A random tiny Qwen3-Next saved by transformers (per-expert keys, as published checkpoints are), with
-    every norm, gate and decay randomized so each path matters. Returns transformers' model."""
-    from transformers import AutoModelForCausalLM, Qwen3NextConfig
+MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
+ARCHS = {  # case: (transformers config class name, config without these keys, fuse the experts)
+    "qwen3-next": ("Qwen3NextConfig", (), False),
+    "qwen3.5": ("Qwen3_5TextConfig", (*MOE_KEYS, "mlp_only_layers"), False),
+    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), False),
+    "qwen3.5-moe-fused": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), True),
+}
 
+
+def qwen3_next_checkpoint(path, case: str = "qwen3-next"):
+    """A random tiny model of `case` saved by transformers (per-expert keys, or fused 3-D expert tensors as
+    Qwen3.5-MoE checkpoints also ship), with every norm, gate and decay randomized so each path matters.
+    Returns transformers' model."""
+    import transformers
+    from safetensors.torch import load_file, save_file
+    from transformers import AutoModelForCausalLM
+
+    config_name, dropped, fused = ARCHS[case]
+    config = getattr(transformers, config_name)(**{k: v for k, v in CONFIG.items() if k not in dropped})
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(
-        Qwen3NextConfig(**{**CONFIG, **(overrides or {})}), dtype=torch.float32
-    )
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") and "linear_attn" not in name:
@@ -54,13 +66,25 @@ def qwen3_next_checkpoint(path, overrides: dict | None = None):
             elif param.dim() >= 2:
                 param.normal_(0, 0.15)
     model.eval().save_pretrained(path)
+    if fused:
+        tensors, experts = load_file(path / "model.safetensors"), config.num_experts
+        for layer in range(config.num_hidden_layers):
+            p = f"model.layers.{layer}.mlp.experts"
+            per_expert = {
+                w: [tensors.pop(f"{p}.{e}.{w}_proj.weight") for e in range(experts)]
+                for w in ("gate", "up", "down")
+            }
+            gate_up = [torch.cat([g, u]) for g, u in zip(per_expert["gate"], per_expert["up"], strict=True)]
+            tensors[f"{p}.gate_up_proj"] = torch.stack(gate_up)  # [E, 2I, H], gate rows first
+            tensors[f"{p}.down_proj"] = torch.stack(per_expert["down"])  # [E, H, I]
+        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
     return model
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    path = tmp_path_factory.mktemp("qwen3-next")
-    return path, qwen3_next_checkpoint(path)
+@pytest.fixture(scope="module", params=list(ARCHS))
+def checkpoint(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp(request.param)
+    return path, qwen3_next_checkpoint(path, request.param)
 
 
 PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 31, 2, 8, 64, 19, 150], [8, 8, 150], list(range(20, 41))]

@@ -16,7 +16,7 @@ def test_every_registered_class_imports_and_declares_its_packed_modules():
         qkv = {} if mla else {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}
         assert spec.packed_modules_mapping() == {**qkv, "gate_up_proj": ["gate_proj", "up_proj"]}
         # two layers: Qwen3-Next's default pattern (full attention every 4th) makes both linear attention
-        expected = {"mla"} if mla else {"gdn"} if arch == "Qwen3NextForCausalLM" else {"mha"}
+        expected = {"mla"} if mla else {"gdn"} if arch.startswith(("Qwen3Next", "Qwen3_5")) else {"mha"}
         assert set(spec.attention_kinds(_tiny_config(arch))) == expected
 
 

@@ -61,6 +61,8 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", HYBRID),
+        ModelSpec("Qwen3_5ForCausalLM", "atom_core.models.qwen3_5:Qwen3_5ForCausalLM", HYBRID),
+        ModelSpec("Qwen3_5MoeForCausalLM", "atom_core.models.qwen3_5:Qwen3_5MoeForCausalLM", HYBRID),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(
             "DeepseekV3ForCausalLM",

@@ -65,9 +65,23 @@ class SparseMoE(nn.Module):
             )
 
     def weight_loader(self, param, loaded, shard_id):
-        """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections."""
+        """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections, or
+        ("all", "w13" | "w2") for every expert's in one tensor: gate_up [E, 2I, H] (gate rows first) or
+        down [E, H, I], as fused checkpoints (Qwen3.5-MoE) store them."""
         expert, which = shard_id
         rank, inter = self.parallel.tp_rank, self.inter
+        if expert == "all":
+            full = inter * self.parallel.tp_size
+            if which == "w2":
+                _check(loaded, (self.num_experts, param.shape[1], full))
+                param.data.copy_(loaded.narrow(2, rank * inter, inter))
+            else:
+                _check(loaded, (self.num_experts, 2 * full, param.shape[2]))
+                gate, up = loaded.split(full, dim=1)
+                param.data.copy_(
+                    torch.cat([gate.narrow(1, rank * inter, inter), up.narrow(1, rank * inter, inter)], dim=1)
+                )
+            return
         if which == "w2":
             _check(loaded, (param.shape[1], inter * self.parallel.tp_size))
             param.data[expert].copy_(loaded.narrow(1, rank * inter, inter))

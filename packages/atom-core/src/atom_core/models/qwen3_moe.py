@@ -11,6 +11,7 @@ from atom_core.config import ModelConfig
 from atom_core.layers.moe import SparseMoE
 from atom_core.models.attention_windows import qwen3_moe_windows
 from atom_core.models.qwen3 import Qwen3ForCausalLM
+from atom_core.models.weights import Covering
 
 _EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
 _EXPERT_PARAM = {"gate": ("w13", "w1"), "up": ("w13", "w3"), "down": ("w2", "w2")}
@@ -22,6 +23,20 @@ def expert_rule(name: str):
         return None
     param, shard = _EXPERT_PARAM[m.group(3)]
     return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+
+
+_FUSED = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+
+
+def fused_expert_rule(name: str, num_experts: int):
+    """model.layers.N.mlp.experts.{gate_up_proj,down_proj} (every expert in one 3-D tensor) -> the stacked
+    parameter, filling all its experts' shards."""
+    if (m := _FUSED.match(name)) is None:
+        return None
+    if m.group(2) == "down_proj":
+        return f"{m.group(1)}.w2", Covering(("all", "w2"), frozenset((e, "w2") for e in range(num_experts)))
+    shards = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
+    return f"{m.group(1)}.w13", Covering(("all", "w13"), shards)
 
 
 def num_experts(config: ModelConfig) -> int:
@@ -39,15 +54,20 @@ def is_sparse_layer(config: ModelConfig, layer_index: int) -> bool:
     )
 
 
-def sparse_moe(config: ModelConfig, ctx: BuildContext, prefix: str) -> SparseMoE:
-    """The MoE block config.json describes (Qwen2-MoE's shared expert included when it has one)."""
+def sparse_moe(
+    config: ModelConfig, ctx: BuildContext, prefix: str, *, norm_topk_prob: bool | None = None
+) -> SparseMoE:
+    """The MoE block config.json describes (Qwen2-MoE's shared expert included when it has one).
+    norm_topk_prob: the family's rule where config.json does not say (Qwen3.5-MoE always renormalises)."""
     hf = config.hf
+    if norm_topk_prob is None:
+        norm_topk_prob = bool(hf.get("norm_topk_prob", False))
     return SparseMoE(
         config.hidden_size,
         hf["moe_intermediate_size"],
         num_experts(config),
         hf["num_experts_per_tok"],
-        norm_topk_prob=bool(hf.get("norm_topk_prob", False)),
+        norm_topk_prob=norm_topk_prob,
         dtype=config.dtype,
         parallel=ctx.parallel,
         prefix=prefix,

@@ -30,6 +30,16 @@ class PackedRule:
 
 NameRule = Callable[[str], tuple[str, Any] | None]  # checkpoint name -> (parameter name, shard) or None
 
+
+@dataclass(frozen=True, slots=True)
+class Covering:
+    """A shard id for one tensor that fills several of a parameter's expected shards at once (a checkpoint
+    that stores all experts in one tensor): `shards` counts as loaded, `id` goes to the weight loader."""
+
+    id: Any
+    shards: frozenset
+
+
 GATE_UP_PACKED = (
     PackedRule(".gate_proj.", ".gate_up_proj.", 0),
     PackedRule(".up_proj.", ".gate_up_proj.", 1),
@@ -72,12 +82,13 @@ def load_by_rules(
                     raise ValueError(f"expected shape {tuple(param.shape)}, got {tuple(tensor.shape)}")
                 param.data.copy_(tensor)
             else:
-                loader(param, tensor.to(param.dtype), shard) if shard is not None else loader(
+                shard_id = shard.id if isinstance(shard, Covering) else shard
+                loader(param, tensor.to(param.dtype), shard_id) if shard is not None else loader(
                     param, tensor.to(param.dtype)
                 )
         except ValueError as err:
             raise WeightLoadError(f"checkpoint tensor {name!r} does not fit {target!r}: {err}") from None
-        filled[target].add(shard)
+        filled[target].update(shard.shards) if isinstance(shard, Covering) else filled[target].add(shard)
     if unexpected:
         shown = ", ".join(unexpected[:8]) + (
             f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""

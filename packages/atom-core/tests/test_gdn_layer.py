@@ -29,6 +29,7 @@ LINEAR = dict(
     vocab_size=64,
     intermediate_size=32,
 )
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # Triton natively there, else the interpreter
 ARCHS = {
     "qwen3-next": ("Qwen3NextForCausalLM", True),
     "qwen3.5": ("Qwen3_5ForCausalLM", False),
@@ -64,17 +65,18 @@ def _hf_layer(arch: str):
 def _atom_layer(arch: str, hf_layer, kernel_backend: str):
     name, grouped = ARCHS[arch]
     config = ModelConfig.from_hf_dict({"architectures": [name], **LINEAR, "torch_dtype": "float32"})
-    layer = GatedDeltaNet(
-        config,
-        BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend)),
-        layer_index=0,
-        prefix="model.layers.0.linear_attn",
-        grouped_projections=grouped,
-    )
+    with torch.device(DEVICE):  # where the loader would build it
+        layer = GatedDeltaNet(
+            config,
+            BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend), device=DEVICE),
+            layer_index=0,
+            prefix="model.layers.0.linear_attn",
+            grouped_projections=grouped,
+        )
     params = dict(layer.named_parameters())
     with torch.no_grad():
         for key, value in hf_layer.state_dict().items():
-            params[key].copy_(value)
+            params[key].copy_(value)  # to the layer's device
     assert set(params) == set(hf_layer.state_dict())  # the checkpoint's names, nothing else
     return layer
 
@@ -102,14 +104,14 @@ def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, mon
     inputs = [torch.randn(n + decode_steps, LINEAR["hidden_size"], generator=gen) for n in lengths]
     want = [_hf_outputs(hf, x) for x in inputs]
     caches = allocate_caches(
-        [ours.cache_spec], CacheConfig(), dtype=torch.float32, num_blocks=0, num_slots=6, device="cpu"
+        [ours.cache_spec], CacheConfig(), dtype=torch.float32, num_blocks=0, num_slots=6, device=DEVICE
     )
     slots = [4, 0, 2]  # not the sequences' order: each reads and writes only its own slot
     done = [0, 0, 0]
     got: list[list[torch.Tensor]] = [[], [], []]
 
     def forward(counts: list[int]):
-        rows = torch.cat([inputs[i][done[i] : done[i] + c] for i, c in enumerate(counts) if c])
+        rows = torch.cat([inputs[i][done[i] : done[i] + c] for i, c in enumerate(counts) if c]).to(DEVICE)
         live = [i for i, c in enumerate(counts) if c]
         meta = StateMetadata.build(
             slots=[slots[i] for i in live],
@@ -120,7 +122,7 @@ def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, mon
             out = ours(rows)
         start = 0
         for i in live:
-            got[i].append(out[start : start + counts[i]])
+            got[i].append(out[start : start + counts[i]].cpu())
             start += counts[i]
             done[i] += counts[i]
 

@@ -146,3 +146,17 @@ def test_layer_types_are_checked_by_name():
     config = ModelConfig.from_hf_dict(hf)
     with pytest.raises(ConfigError, match=r"layer_types must name each of the 4 layers .* 'mamba'"):
         get_model_spec("Qwen3NextForCausalLM").attention_kinds(config)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton GDN kernels need a GPU")
+def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
+    """fp32 on the GPU: Triton DeltaNet, attention and MoE kernels, decode steps replaying CUDA graphs that
+    read and write the state slots; greedy tokens are transformers'."""
+    path, hf = checkpoint
+    llm = LLM(path, dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=64)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    for p, out in zip(PROMPTS, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(hf, p, 12)
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
+    llm.engine.shutdown()

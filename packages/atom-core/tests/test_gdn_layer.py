@@ -117,6 +117,7 @@ def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, mon
             slots=[slots[i] for i in live],
             fresh=[done[i] == 0 for i in live],
             query_lens=[counts[i] for i in live],
+            device=DEVICE,
         )
         with bind_forward_context(ForwardContext({"state": meta}, caches)), torch.no_grad():
             out = ours(rows)

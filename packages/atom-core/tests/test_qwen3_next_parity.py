@@ -42,7 +42,19 @@ ARCHS = {  # case: (transformers config class name, config without these keys, f
     "qwen3.5": ("Qwen3_5TextConfig", (*MOE_KEYS, "mlp_only_layers"), False),
     "qwen3.5-moe": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), False),
     "qwen3.5-moe-fused": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), True),
+    # the published architecture: text_config + a vision tower, served text-only
+    "qwen3.5-conditional-generation": ("Qwen3_5Config", (*MOE_KEYS, "mlp_only_layers"), False),
 }
+VISION = dict(
+    depth=1,
+    hidden_size=32,
+    intermediate_size=32,
+    num_heads=2,
+    out_hidden_size=48,
+    patch_size=4,
+    spatial_merge_size=2,
+    temporal_patch_size=1,
+)
 
 
 def qwen3_next_checkpoint(path, case: str = "qwen3-next"):
@@ -54,9 +66,15 @@ def qwen3_next_checkpoint(path, case: str = "qwen3-next"):
     from transformers import AutoModelForCausalLM
 
     config_name, dropped, fused = ARCHS[case]
-    config = getattr(transformers, config_name)(**{k: v for k, v in CONFIG.items() if k not in dropped})
+    fields = {k: v for k, v in CONFIG.items() if k not in dropped}
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if config_name == "Qwen3_5Config":
+        config = transformers.Qwen3_5Config(text_config=fields, vision_config=VISION)
+        model = transformers.Qwen3_5ForConditionalGeneration(config).float()
+        config = config.text_config
+    else:
+        config = getattr(transformers, config_name)(**fields)
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for name, param in model.named_parameters():
             if name.endswith("norm.weight") and "linear_attn" not in name:

@@ -99,7 +99,7 @@ HOSTILE = {
     "chat: image content": (
         {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]},
         400,
-        "messages.0.content",
+        "image_url content is not supported: this server takes text only",
     ),
     "chat: unknown role": ({"messages": [{"role": "robot", "content": "x"}]}, 400, "role"),
     "chat: token limits disagree": (

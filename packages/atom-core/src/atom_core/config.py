@@ -78,6 +78,20 @@ class RopeConfig:
         )
 
 
+def text_model_config(hf: dict[str, Any]) -> dict[str, Any]:
+    """A multimodal checkpoint's language model (Qwen3.5's *ForConditionalGeneration): its text_config's
+    fields over the top level's (architectures, dtype and quantization stay the top level's); other configs
+    unchanged. `vision_config` stays, so a model knows its checkpoint also carries a vision tower."""
+    text = hf.get("text_config")
+    if not isinstance(text, dict):
+        return hf
+    merged = {**{k: v for k, v in hf.items() if k != "text_config"}, **text}
+    for key in ("architectures", "quantization_config", "torch_dtype", "dtype"):
+        if key in hf:
+            merged[key] = hf[key]
+    return merged
+
+
 @dataclass(frozen=True, slots=True)
 class ModelConfig:
     """The model-side facts ATOM needs, read from an HF checkpoint dir (config.json)."""
@@ -157,6 +171,7 @@ class ModelConfig:
         archs = hf.get("architectures") or []
         if not archs:
             raise ConfigError('config.json names no architecture ("architectures" is missing)')
+        hf = text_model_config(hf)
         missing = [
             k
             for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")

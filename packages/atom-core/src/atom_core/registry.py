@@ -63,6 +63,16 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", HYBRID),
         ModelSpec("Qwen3_5ForCausalLM", "atom_core.models.qwen3_5:Qwen3_5ForCausalLM", HYBRID),
         ModelSpec("Qwen3_5MoeForCausalLM", "atom_core.models.qwen3_5:Qwen3_5MoeForCausalLM", HYBRID),
+        ModelSpec(
+            "Qwen3_5ForConditionalGeneration",
+            "atom_core.models.qwen3_5:Qwen3_5ForConditionalGeneration",
+            HYBRID,
+        ),
+        ModelSpec(
+            "Qwen3_5MoeForConditionalGeneration",
+            "atom_core.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
+            HYBRID,
+        ),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(
             "DeepseekV3ForCausalLM",

@@ -5,12 +5,19 @@ Text-only positions are 1-D: with the temporal, height and width positions all e
 MRoPE sections rotate every frequency by the same position, which is the plain (partial) rotary used here.
 Qwen3.5-MoE routes by softmax top-k, always renormalised, beside a gated shared expert; its experts load
 from per-expert keys or from fused 3-D experts.gate_up_proj / experts.down_proj tensors.
+
+The published checkpoints are *ForConditionalGeneration (text_config, a vision tower): served text-only,
+the language model's weights under model.language_model.* load as model.*, the vision tower's are skipped
+(one log line), and the server refuses image and video inputs by name.
 """
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterable
 from functools import partial
 
+import torch
 from torch import nn
 
 from atom_core.build import BuildContext
@@ -23,6 +30,8 @@ from atom_core.models.qwen3_moe import (
     sparse_moe,
 )
 from atom_core.models.qwen3_next import Qwen3NextForCausalLM
+
+logger = logging.getLogger("atom.models")
 
 
 class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
@@ -38,3 +47,32 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
         if not is_sparse_layer(config, layer_index):
             return super().make_mlp(config, ctx, layer_index, prefix)
         return sparse_moe(config, ctx, prefix, norm_topk_prob=True)
+
+
+class TextOnly:
+    """Mixin for a multimodal checkpoint served by its language model alone."""
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        skipped = []
+
+        def language_model(pairs):
+            for name, tensor in pairs:
+                if name.startswith("model.visual."):
+                    skipped.append(name)
+                    continue
+                yield name.replace("model.language_model.", "model.", 1), tensor
+
+        filled = super().load_weights(language_model(weights))
+        if skipped:
+            logger.info(
+                "served text-only: skipped the vision tower's %d tensors (model.visual.*)", len(skipped)
+            )
+        return filled
+
+
+class Qwen3_5ForConditionalGeneration(TextOnly, Qwen3_5ForCausalLM):
+    pass
+
+
+class Qwen3_5MoeForConditionalGeneration(TextOnly, Qwen3_5MoeForCausalLM):
+    pass

@@ -7,9 +7,9 @@ SamplingParams, which checks their ranges.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from atom_core.engine.sampling_params import SamplingParams
 
@@ -106,11 +106,26 @@ class TextPart(BaseModel):
     text: Text
 
 
+MEDIA_PARTS = ("image_url", "image", "input_image", "video_url", "video", "input_audio", "audio_url")
+
+
 class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     role: Literal["system", "developer", "user", "assistant"]
     content: Text | list[TextPart]
     name: Text | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _text_only(cls, data: Any) -> Any:
+        """Image, video or audio parts get their own 400 (served models are text-only, multimodal
+        checkpoints included), not a schema mismatch."""
+        parts = data.get("content") if isinstance(data, dict) else None
+        for part in parts if isinstance(parts, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                raise ValueError(f"{kind} content is not supported: this server takes text only")
+        return data
 
     def text(self) -> str:
         return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)

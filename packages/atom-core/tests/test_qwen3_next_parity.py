@@ -12,6 +12,24 @@ from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import ModelRunner, StepInputs
 
 VOCAB = 211
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_reference_ops_on_the_cpu():
+    """On the CPU every op runs its torch reference (the engine's kernel_backend reaches attention only; the
+    interpreter would run norms, DeltaNet and MoE over hundreds of rows for minutes). The Triton kernels
+    meet transformers in test_gdn_layer.py (interpreter) and in the GPU test below."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+        yield
+
+
 CONFIG = dict(
     vocab_size=VOCAB,
     hidden_size=48,
@@ -105,7 +123,13 @@ def checkpoint(request, tmp_path_factory):
     return path, qwen3_next_checkpoint(path, request.param)
 
 
-PROMPTS = [[5, 17, 42, 9, 100, 3, 77, 31, 2, 8, 64, 19, 150], [8, 8, 150], list(range(20, 41))]
+# shorter and longer than the 64-token DeltaNet chunk, and one of three tokens
+PROMPTS = [
+    [5, 17, 42, 9, 100, 3, 77, 31, 2, 8, 64, 19, 150],
+    [8, 8, 150],
+    [(7 * i) % 190 + 2 for i in range(70)],
+]
+STEPS = 32
 
 
 def test_prefill_logits_match_transformers(checkpoint):
@@ -136,19 +160,20 @@ def test_prefill_logits_match_transformers(checkpoint):
 
 def test_engine_greedy_matches_transformers_with_chunks_and_preemption(checkpoint):
     path, hf = checkpoint
-    # 12 blocks of 4 cannot hold all three sequences: one is preempted and recomputed (its state starts over)
+    # 30 blocks of 4 cannot hold all three sequences (47 blocks): one is preempted and recomputed (its state
+    # starts over)
     llm = LLM(
         path,
         kernel_backend="torch",
         dtype="float32",
         block_size=4,
-        num_kv_blocks=12,
-        max_num_batched_tokens=8,  # prompts prefill in chunks: the DeltaNet state carries across them
+        num_kv_blocks=30,
+        max_num_batched_tokens=24,  # prompts prefill in chunks: the DeltaNet state carries across them
     )
-    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     for p, out in zip(PROMPTS, outs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy(hf, p, 10)
+        assert out.outputs[0].token_ids == hf_greedy(hf, p, STEPS)
     engine = llm.engine
     assert engine.scheduler.num_chunked_prefills > 0 and engine.scheduler.num_preemptions > 0
 
@@ -172,9 +197,9 @@ def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
     read and write the state slots; greedy tokens are transformers'."""
     path, hf = checkpoint
     llm = LLM(path, dtype="float32", max_model_len=128, max_num_seqs=4, num_kv_blocks=64)
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     for p, out in zip(PROMPTS, outs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy(hf, p, 12)
+        assert out.outputs[0].token_ids == hf_greedy(hf, p, STEPS)
     assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
     llm.engine.shutdown()

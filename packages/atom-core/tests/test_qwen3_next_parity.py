@@ -6,12 +6,11 @@ each prompt runs alone on the reference side. Qwen3.5-MoE also loads from fused 
 import pytest
 import torch
 from core_support import hf_greedy
+from qwen_support import ARCHS, CONFIG, qwen3_next_checkpoint
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import ModelRunner, StepInputs
-
-VOCAB = 211
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -28,93 +27,6 @@ def torch_reference_ops_on_the_cpu():
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
         yield
-
-
-CONFIG = dict(
-    vocab_size=VOCAB,
-    hidden_size=48,
-    intermediate_size=64,
-    num_hidden_layers=4,
-    layer_types=["linear_attention", "full_attention", "linear_attention", "full_attention"],
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=16,
-    linear_num_key_heads=2,
-    linear_num_value_heads=4,  # two value heads per key head
-    linear_key_head_dim=16,
-    linear_value_head_dim=32,  # key dim != value dim
-    linear_conv_kernel_dim=4,
-    num_experts=4,
-    num_experts_per_tok=2,
-    moe_intermediate_size=32,
-    shared_expert_intermediate_size=24,
-    mlp_only_layers=[1],  # layer 1's MLP is dense
-    max_position_embeddings=256,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
-)
-
-
-MOE_KEYS = ("num_experts", "num_experts_per_tok", "moe_intermediate_size", "shared_expert_intermediate_size")
-ARCHS = {  # case: (transformers config class name, config without these keys, fuse the experts)
-    "qwen3-next": ("Qwen3NextConfig", (), False),
-    "qwen3.5": ("Qwen3_5TextConfig", (*MOE_KEYS, "mlp_only_layers"), False),
-    "qwen3.5-moe": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), False),
-    "qwen3.5-moe-fused": ("Qwen3_5MoeTextConfig", ("mlp_only_layers", "intermediate_size"), True),
-    # the published architecture: text_config + a vision tower, served text-only
-    "qwen3.5-conditional-generation": ("Qwen3_5Config", (*MOE_KEYS, "mlp_only_layers"), False),
-}
-VISION = dict(
-    depth=1,
-    hidden_size=32,
-    intermediate_size=32,
-    num_heads=2,
-    out_hidden_size=48,
-    patch_size=4,
-    spatial_merge_size=2,
-    temporal_patch_size=1,
-)
-
-
-def qwen3_next_checkpoint(path, case: str = "qwen3-next"):
-    """A random tiny model of `case` saved by transformers (per-expert keys, or fused 3-D expert tensors as
-    Qwen3.5-MoE checkpoints also ship), with every norm, gate and decay randomized so each path matters.
-    Returns transformers' model."""
-    import transformers
-    from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM
-
-    config_name, dropped, fused = ARCHS[case]
-    fields = {k: v for k, v in CONFIG.items() if k not in dropped}
-    torch.manual_seed(0)
-    if config_name == "Qwen3_5Config":
-        config = transformers.Qwen3_5Config(text_config=fields, vision_config=VISION)
-        model = transformers.Qwen3_5ForConditionalGeneration(config).float()
-        config = config.text_config
-    else:
-        config = getattr(transformers, config_name)(**fields)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            if name.endswith("norm.weight") and "linear_attn" not in name:
-                param.uniform_(-0.3, 0.3)  # the (1 + w) norms
-            elif name.endswith(("A_log", "dt_bias")) or "linear_attn.norm" in name:
-                param.uniform_(0.3, 1.5)
-            elif param.dim() >= 2:
-                param.normal_(0, 0.15)
-    model.eval().save_pretrained(path)
-    if fused:
-        tensors, experts = load_file(path / "model.safetensors"), config.num_experts
-        for layer in range(config.num_hidden_layers):
-            p = f"model.layers.{layer}.mlp.experts"
-            per_expert = {
-                w: [tensors.pop(f"{p}.{e}.{w}_proj.weight") for e in range(experts)]
-                for w in ("gate", "up", "down")
-            }
-            gate_up = [torch.cat([g, u]) for g, u in zip(per_expert["gate"], per_expert["up"], strict=True)]
-            tensors[f"{p}.gate_up_proj"] = torch.stack(gate_up)  # [E, 2I, H], gate rows first
-            tensors[f"{p}.down_proj"] = torch.stack(per_expert["down"])  # [E, H, I]
-        save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
-    return model
 
 
 @pytest.fixture(scope="module", params=list(ARCHS))

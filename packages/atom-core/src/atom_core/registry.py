@@ -16,6 +16,7 @@ class UnsupportedArchitecture(ValueError):
 MHA_FAMILY = frozenset({"mha", "sliding"})
 MLA = frozenset({"mla"})
 HYBRID = frozenset({"gdn", "mha"})  # linear attention (state slots) beside full attention
+QWEN_MTP = "atom_core.models.qwen3_next_mtp"
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,18 +61,35 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
-        ModelSpec("Qwen3NextForCausalLM", "atom_core.models.qwen3_next:Qwen3NextForCausalLM", HYBRID),
-        ModelSpec("Qwen3_5ForCausalLM", "atom_core.models.qwen3_5:Qwen3_5ForCausalLM", HYBRID),
-        ModelSpec("Qwen3_5MoeForCausalLM", "atom_core.models.qwen3_5:Qwen3_5MoeForCausalLM", HYBRID),
+        ModelSpec(
+            "Qwen3NextForCausalLM",
+            "atom_core.models.qwen3_next:Qwen3NextForCausalLM",
+            HYBRID,
+            draft_class=f"{QWEN_MTP}:Qwen3NextMTP",
+        ),
+        ModelSpec(
+            "Qwen3_5ForCausalLM",
+            "atom_core.models.qwen3_5:Qwen3_5ForCausalLM",
+            HYBRID,
+            draft_class=f"{QWEN_MTP}:Qwen3_5MTP",
+        ),
+        ModelSpec(
+            "Qwen3_5MoeForCausalLM",
+            "atom_core.models.qwen3_5:Qwen3_5MoeForCausalLM",
+            HYBRID,
+            draft_class=f"{QWEN_MTP}:Qwen3_5MoeMTP",
+        ),
         ModelSpec(
             "Qwen3_5ForConditionalGeneration",
             "atom_core.models.qwen3_5:Qwen3_5ForConditionalGeneration",
             HYBRID,
+            draft_class=f"{QWEN_MTP}:Qwen3_5MTP",
         ),
         ModelSpec(
             "Qwen3_5MoeForConditionalGeneration",
             "atom_core.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
             HYBRID,
+            draft_class=f"{QWEN_MTP}:Qwen3_5MoeMTP",
         ),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(

@@ -1,4 +1,11 @@
-"""Per-forward metadata of state caches (kind "state"): which slot each sequence's state lives in."""
+"""Per-forward metadata of state caches (kind "state"): which slot each sequence's state lives in.
+
+A speculative verify step runs the sequences that verify drafts first: for their tokens, `step_slots` says
+where the state after each token is kept (the sequence's own slot for its last known token, a spare slot
+for each draft), so the engine can commit the state of the last accepted position by renaming slots,
+without a copy and without keeping a rejected draft's effect. The other sequences (prefills, decodes
+without drafts) follow in `rest` with their own metadata.
+"""
 
 from __future__ import annotations
 
@@ -14,6 +21,19 @@ class StateMetadata:
     fresh: torch.Tensor  # [B] bool: the sequence starts in this forward (its state is zero, not the slot's)
     cu_seqlens_q: torch.Tensor  # [B+1] int32: each sequence's tokens in this forward, back to back
     max_query_len: int
+    step_slots: torch.Tensor | None = None  # [T] int32: where the state after each token goes (verify)
+    num_tokens: int = 0  # with step_slots: the tokens these sequences cover (rest's come after them)
+    rest: StateMetadata | None = None  # with step_slots: the sequences after them, if any
+
+    def parts(self, num_tokens: int) -> list[tuple[int, int, StateMetadata]]:
+        """(first token, end token, metadata) of each group of sequences run together: one group, or the
+        verifying sequences with step slots, then the rest."""
+        if self.step_slots is None:
+            return [(0, num_tokens, self)]
+        parts = [(0, self.num_tokens, self)]
+        if self.rest is not None:
+            parts.append((self.num_tokens, num_tokens, self.rest))
+        return parts
 
     @classmethod
     def build(
@@ -22,10 +42,33 @@ class StateMetadata:
         slots: Sequence[int],
         fresh: Sequence[bool],
         query_lens: Sequence[int],
+        step_slots: Sequence[int] = (),
         device: torch.device | str = "cpu",
     ) -> StateMetadata:
+        """step_slots: per token of the leading sequences that verify drafts (their lengths sum to
+        len(step_slots)); empty when no sequence verifies."""
         if not (len(slots) == len(fresh) == len(query_lens)):
             raise ValueError("slots, fresh and query_lens must have one entry per sequence")
+        if step_slots:
+            covered, tokens = 0, 0
+            while tokens < len(step_slots):
+                tokens += query_lens[covered]
+                covered += 1
+            if tokens != len(step_slots):
+                raise ValueError("step_slots must cover whole leading sequences")
+            head = cls.build(
+                slots=slots[:covered], fresh=fresh[:covered], query_lens=query_lens[:covered], device=device
+            )
+            head.step_slots = torch.tensor(list(step_slots), dtype=torch.int32, device=device)
+            head.num_tokens = tokens
+            if covered < len(slots):
+                head.rest = cls.build(
+                    slots=slots[covered:],
+                    fresh=fresh[covered:],
+                    query_lens=query_lens[covered:],
+                    device=device,
+                )
+            return head
         cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(list(query_lens)).cumsum(0)
         return cls(

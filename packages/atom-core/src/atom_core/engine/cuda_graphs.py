@@ -53,8 +53,6 @@ class DecodeGraphs:
                 f"decode CUDA graphs have no static metadata for {sorted(unknown)} caches"
             )
         self.state = STATE in metadata_kinds
-        if self.state and query_len > 1:
-            raise NotImplementedError("verify CUDA graphs for models with state layers")
         self.q = q = query_len
         self.sizes = sorted({s for s in sizes if s < max_batch} | {max_batch})
         self.block_size = block_size
@@ -63,9 +61,9 @@ class DecodeGraphs:
         i32 = dict(dtype=torch.int32, device=device)
         # Two device buffers, each filled by one host-to-device copy per step from a pinned twin: the
         # int64 rows ids / positions / slots, and with state layers each sequence's state slot and whether
-        # it starts fresh (whole: 24 or 40 bytes a row), and the int32 seq_lens followed by the block
-        # tables (a prefix: seq_lens whole, then the batch's table rows).
-        rows = 5 if self.state else 3
+        # it starts fresh (and in a verify, each token's step slot), and the int32 seq_lens followed by
+        # the block tables (a prefix: seq_lens whole, then the batch's table rows).
+        rows = (6 if q > 1 else 5) if self.state else 3
         self.vectors = torch.zeros(rows, n * q, dtype=torch.int64, device=device)
         self.ids, self.positions, self.slots = self.vectors[:3]
         self.vectors[2:].fill_(-1)
@@ -103,7 +101,10 @@ class DecodeGraphs:
                 metadata = {PAGED: meta}
                 if self.state:  # `fresh` is computed inside the graph, so each replay reads the step's flags
                     fresh = self.vectors[4, :size] != 0
-                    metadata[STATE] = StateMetadata(self.vectors[3, :size], fresh, self.cu[: size + 1], 1)
+                    state = StateMetadata(self.vectors[3, :size], fresh, self.cu[: size + 1], q)
+                    if q > 1:  # every sequence verifies drafts: the state after each token is kept
+                        state.step_slots, state.num_tokens = self.vectors[5, : size * q], size * q
+                    metadata[STATE] = state
                 with bind_forward_context(ForwardContext(metadata, caches)):
                     extra = () if self.hidden_in is None else (self.hidden_in[: size * q],)
                     hidden = model(self.ids[: size * q], self.positions[: size * q], *extra)
@@ -162,7 +163,11 @@ class DecodeGraphs:
         self.copied.synchronize()  # the last step's copies out of the pinned buffers are done (long since)
         rows = [ids + [0] * tokens_pad, positions + [0] * tokens_pad, slots + [-1] * tokens_pad]
         if self.state:
-            rows += [inputs.state_slots + [-1] * pad, [int(f) for f in inputs.fresh] + [0] * pad]
+            # per-sequence rows, padded to the token width of the buffer
+            width_pad = size * q - batch
+            rows += [inputs.state_slots + [-1] * width_pad, [int(f) for f in inputs.fresh] + [0] * width_pad]
+            if q > 1:
+                rows.append(inputs.step_slots + [-1] * tokens_pad)
         self.host_vectors[:, : size * q] = torch.tensor(rows)
         # padding sequences read q rows of block 0 (garbage, finite; their outputs are dropped)
         self.host_lens_tables[:size] = torch.tensor(seq_lens + [q] * pad, dtype=torch.int32)

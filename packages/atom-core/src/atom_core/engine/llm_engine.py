@@ -67,7 +67,8 @@ class LLMEngine:
         state = self.runner.num_state_slots > 0
         self.blocks = BlockManager(self.runner.num_blocks, config.block_size, prefix_caching=not state)
         slots = StateSlots(self.runner.num_state_slots) if state else None
-        self.scheduler = Scheduler(config.scheduler_config(), self.blocks, slots)
+        spares = self.runner.state_slots_per_seq - 1 if state else 0
+        self.scheduler = Scheduler(config.scheduler_config(), self.blocks, slots, spare_state_slots=spares)
         spec = config.speculative_config
         self.drafter = (
             None
@@ -257,6 +258,8 @@ class LLMEngine:
         ):
             # rejected drafts' KV rows stay behind num_computed_tokens: overwritten, never read
             seq.num_computed_tokens += n - len(draft) + accepted.get(row, 0)
+            if draft and seq.state_slot >= 0:  # state layers kept each token's state: keep the accepted
+                seq.commit_state(accepted.get(row, 0))
         touched, failed = {}, {}
         for seq, draft, tokens, lps, n_ok, error in zip(
             sampled, drafts, result.tokens, result.logprobs, result.accepted, result.errors, strict=True

@@ -3,7 +3,7 @@ block tables and slots; state: one state slot per sequence), and binds the forwa
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -42,6 +42,9 @@ class StepInputs:
     state_slots: list[int]  # each sequence's state slot (-1 where the model has no state layers)
     fresh: list[bool]  # the sequence's first tokens are in this step (its state starts from zero)
     logit_rows: list[int]  # token rows that get logits: a sequence's last known token, then its drafts
+    # state layers under speculation: per token of the leading sequences that verify drafts, the state
+    # slot that keeps the state after it (their own for the known token, a spare one per draft)
+    step_slots: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -96,8 +99,11 @@ class ModelRunner:
                 )
         self.hidden: torch.Tensor | None = None  # the last target forward's hidden states (for the draft)
         self.draft_hidden: torch.Tensor | None = None  # the draft's at its last logits rows (for chaining)
-        # A running sequence holds a state slot: as many as sequences may run at once.
-        self.num_state_slots = engine.max_num_seqs if STATE in self.kinds else 0
+        # A running sequence holds a state slot (and one more per draft under speculation): as many as
+        # sequences may run at once.
+        spec = engine.speculative_config
+        self.state_slots_per_seq = 1 + (spec.num_speculative_tokens if spec is not None else 0)
+        self.num_state_slots = engine.max_num_seqs * self.state_slots_per_seq if STATE in self.kinds else 0
         self.num_blocks = self.cache.num_blocks or self._blocks_that_fit(engine.gpu_memory_utilization)
         if parallel.tp_size > 1:  # every rank must hold the same block count
             agreed = torch.tensor([self.num_blocks])
@@ -189,7 +195,7 @@ class ModelRunner:
 
     @staticmethod
     def prepare(batch: ScheduledBatch) -> StepInputs:
-        inputs = StepInputs([], [], [], [], [], [], [], [], [])
+        inputs = StepInputs([], [], [], [], [], [], [], [], [], [])
         drafts = batch.drafts or [[]] * len(batch.seqs)
         for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, drafts, strict=True)):
             start, known = seq.num_computed_tokens, n - len(draft)
@@ -200,6 +206,8 @@ class ModelRunner:
             inputs.block_tables.append(list(seq.block_table))
             inputs.state_slots.append(seq.state_slot)
             inputs.fresh.append(start == 0)
+            if draft and seq.state_slot >= 0:
+                inputs.step_slots += [seq.state_slot, *seq.spare_state_slots][:n]
             if start + known == len(seq.token_ids):
                 inputs.ends.append(row)
                 last = len(inputs.ids) - len(draft) - 1
@@ -225,7 +233,11 @@ class ModelRunner:
         metadata = {PAGED: meta}
         if STATE in self.kinds:
             metadata[STATE] = StateMetadata.build(
-                slots=inputs.state_slots, fresh=inputs.fresh, query_lens=inputs.query_lens, device=self.device
+                slots=inputs.state_slots,
+                fresh=inputs.fresh,
+                query_lens=inputs.query_lens,
+                step_slots=inputs.step_slots,
+                device=self.device,
             )
         pos = torch.tensor(inputs.positions, device=self.device)
         with bind_forward_context(ForwardContext(metadata, self.caches)):

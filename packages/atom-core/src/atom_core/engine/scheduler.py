@@ -34,14 +34,25 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    """state_slots: for models with state layers: a running sequence holds one (as many as max_num_seqs)."""
+    """state_slots: for models with state layers: a running sequence holds one, and spare_state_slots more
+    under speculation (one per draft: a verify step keeps the state after each of its tokens)."""
 
-    def __init__(self, config: SchedulerConfig, blocks: BlockManager, state_slots: StateSlots | None = None):
-        if state_slots is not None and state_slots.num_slots < config.max_num_seqs:
+    def __init__(
+        self,
+        config: SchedulerConfig,
+        blocks: BlockManager,
+        state_slots: StateSlots | None = None,
+        *,
+        spare_state_slots: int = 0,
+    ):
+        per_seq = 1 + spare_state_slots
+        if state_slots is not None and state_slots.num_slots < config.max_num_seqs * per_seq:
             raise ValueError(
-                f"{state_slots.num_slots} state slots cannot hold max_num_seqs {config.max_num_seqs}"
+                f"{state_slots.num_slots} state slots cannot hold max_num_seqs {config.max_num_seqs} "
+                f"sequences of {per_seq}"
             )
         self.config = config
+        self.spare_state_slots = spare_state_slots
         self.blocks = blocks
         self.state_slots = state_slots
         self.waiting: deque[Sequence] = deque()
@@ -96,12 +107,25 @@ class Scheduler:
             seq.status = Status.RUNNING
             if self.state_slots is not None:
                 seq.state_slot = self.state_slots.take()
+                seq.spare_state_slots = [self.state_slots.take() for _ in range(self.spare_state_slots)]
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             batch.drafts.append([])
             budget -= n
-        return batch
+        return self._verifying_first(batch)
+
+    @staticmethod
+    def _verifying_first(batch: ScheduledBatch) -> ScheduledBatch:
+        """Sequences that verify drafts lead the batch (state layers run them as one group), in order."""
+        if not any(batch.drafts):
+            return batch
+        order = sorted(range(len(batch.seqs)), key=lambda i: not batch.drafts[i])
+        return ScheduledBatch(
+            [batch.seqs[i] for i in order],
+            [batch.num_new_tokens[i] for i in order],
+            [batch.drafts[i] for i in order],
+        )
 
     def _preempt(self, seq: Sequence) -> None:
         self.running.remove(seq)
@@ -120,5 +144,6 @@ class Scheduler:
         self.blocks.release(seq)
         seq.draft_token_ids = []  # their draft KV went with the blocks
         if seq.state_slot >= 0:
-            self.state_slots.give_back(seq.state_slot)
-            seq.state_slot = -1
+            for slot in (seq.state_slot, *seq.spare_state_slots):
+                self.state_slots.give_back(slot)
+            seq.state_slot, seq.spare_state_slots = -1, []

@@ -33,6 +33,8 @@ class Sequence:
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading full blocks registered for prefix caching
     state_slot: int = -1  # its row in the state layers' caches while running (models with state layers)
+    # under speculation, k more rows: a verify step keeps the state after each draft in one of them
+    spare_state_slots: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)  # speculative proposals the next step verifies
     num_drafted: int = 0  # speculative tokens proposed for it, in total
     num_accepted: int = 0  # of those, accepted
@@ -51,6 +53,13 @@ class Sequence:
     @property
     def num_uncomputed(self) -> int:
         return len(self.token_ids) - self.num_computed_tokens
+
+    def commit_state(self, accepted: int) -> None:
+        """After a verify step that kept the state after each of its tokens in [state_slot, *spares]:
+        the state after the last accepted token becomes the sequence's, by renaming the slots."""
+        group = [self.state_slot, *self.spare_state_slots]
+        self.state_slot = group.pop(accepted)
+        self.spare_state_slots = group
 
     def append(self, token: int, logprobs: dict[int, float] | None) -> None:
         self.token_ids.append(token)

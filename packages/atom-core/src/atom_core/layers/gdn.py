@@ -18,6 +18,7 @@ from torch import nn
 
 from atom_core.build import BuildContext
 from atom_core.cache.allocate import StateCache
+from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import STATE, StateCacheSpec
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.forward_context import current_forward_context
@@ -129,10 +130,23 @@ class GatedDeltaNet(nn.Module):
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [T, hidden] (sequences back to back, as the state metadata's cu_seqlens say) -> [T, hidden]."""
         ctx = current_forward_context()
-        meta = ctx.metadata_for(STATE)
+        meta: StateMetadata = ctx.metadata_for(STATE)
         cache: StateCache = ctx.caches[self.cache_index]
         tokens = hidden.shape[0]
         mixed, z, b, a = self._project(hidden)
+        parts = meta.parts(tokens)
+        if len(parts) == 1:
+            o = self._mix(mixed, b, a, meta, cache)
+        else:  # verifying sequences (state after every token) first, then the others
+            o = torch.cat([self._mix(mixed[i:j], b[i:j], a[i:j], m, cache) for i, j, m in parts])
+        o = rms_norm_gated(
+            o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim), self.norm.weight, self.eps
+        )
+        return self.out_proj(o.view(tokens, self.value_dim))
+
+    def _mix(self, mixed, b, a, meta: StateMetadata, cache: StateCache) -> torch.Tensor:
+        """Conv, gating and the delta rule for one group of sequences -> o [T, HV, Dv]."""
+        tokens = mixed.shape[0]
         started = ~meta.fresh
         mixed = causal_conv1d(
             mixed,
@@ -143,25 +157,26 @@ class GatedDeltaNet(nn.Module):
             meta.slots,
             has_initial_state=started,
             max_seqlen=meta.max_query_len,
+            step_state_indices=meta.step_slots,
         )
         q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
         q = q.view(tokens, self.num_k_heads, self.head_k_dim)
         k = k.view(tokens, self.num_k_heads, self.head_k_dim)
         v = v.view(tokens, self.num_v_heads, self.head_v_dim)
         g, beta = gdn_gating(self.A_log, a, self.dt_bias, b)
+        state, slots = cache.states["recurrent"], meta.slots
+        if meta.step_slots is not None:  # a few tokens each: token by token, keeping each state
+            return gated_delta_rule_recurrent(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                meta.cu_seqlens_q,
+                state,
+                slots,
+                has_initial_state=started,
+                step_state_indices=meta.step_slots,
+            )
         rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
-        o = rule(
-            q,
-            k,
-            v,
-            g,
-            beta,
-            meta.cu_seqlens_q,
-            cache.states["recurrent"],
-            meta.slots,
-            has_initial_state=started,
-        )
-        o = rms_norm_gated(
-            o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim), self.norm.weight, self.eps
-        )
-        return self.out_proj(o.view(tokens, self.value_dim))
+        return rule(q, k, v, g, beta, meta.cu_seqlens_q, state, slots, has_initial_state=started)

@@ -131,12 +131,11 @@ class LlamaForCausalLM(nn.Module):
     def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
         return self.lm_head.logits(hidden)
 
+    def skip_weight(self, name: str) -> bool:
+        """Checkpoint tensors this model does not load (another module may: an MTP draft's)."""
+        return "rotary_emb.inv_freq" in name or (self.config.tie_word_embeddings and name == "lm_head.weight")
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        tied = self.config.tie_word_embeddings
         return load_by_rules(
-            self,
-            weights,
-            self.packed_rules,
-            name_rules=self.name_rules,
-            skip=lambda name: "rotary_emb.inv_freq" in name or (tied and name == "lm_head.weight"),
+            self, weights, self.packed_rules, name_rules=self.name_rules, skip=self.skip_weight
         )

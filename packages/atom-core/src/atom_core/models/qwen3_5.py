@@ -39,9 +39,9 @@ class Qwen3_5ForCausalLM(Qwen3NextForCausalLM):
 
 
 class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
-    def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
-        super().__init__(config, ctx, prefix)
-        self.name_rules = (expert_rule, partial(fused_expert_rule, num_experts=num_experts(config)))
+    @property
+    def name_rules(self):  # per-expert keys, or fused 3-D experts covering every expert's shards
+        return (expert_rule, partial(fused_expert_rule, num_experts=num_experts(self.config)))
 
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         if not is_sparse_layer(config, layer_index):

@@ -104,3 +104,6 @@ class Qwen3NextForCausalLM(LlamaForCausalLM):
 
     def mlp_bias(self, config: ModelConfig) -> bool:
         return False
+
+    def skip_weight(self, name: str) -> bool:
+        return name.startswith("mtp.") or super().skip_weight(name)  # the MTP draft's (qwen3_next_mtp.py)

@@ -119,6 +119,64 @@ def _state_kernel(
     tl.store(row + j[None, :], new.to(state_ptr.dtype.element_ty), mask=mask & j_ok[None, :])
 
 
+@triton.jit
+def _step_state_kernel(
+    x_ptr,
+    state_ptr,
+    cu_ptr,
+    idx_ptr,
+    init_ptr,
+    step_ptr,
+    dim,
+    stride_x,
+    stride_ss,
+    stride_sd,
+    WIDTH: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """Speculative verify: the window after each token t goes to slot step[t]. The old state is read
+    once, before any write, since a step slot may be the sequence's own."""
+    seq = tl.program_id(0)
+    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    if slot < 0:
+        return
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    use_state = length >= 0  # all True
+    if HAS_INIT:
+        use_state = tl.load(init_ptr + seq) != 0
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    c = tl.arange(0, BLOCK_W)
+    mask = d[:, None] < dim
+    c_ok = c < WIDTH - 1
+    old = tl.load(
+        state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd + c[None, :],
+        mask=mask & c_ok[None, :] & use_state,
+        other=0.0,
+    ).to(tl.float32)  # [BLOCK_D, BLOCK_W]
+    tl.debug_barrier()
+    for t in range(0, length):
+        step = tl.load(step_ptr + start + t).to(tl.int64)
+        if step >= 0:
+            src = t - (WIDTH - 2) + c  # window column c holds input position src
+            from_x = tl.load(
+                x_ptr + (start + src).to(tl.int64)[None, :] * stride_x + d[:, None],
+                mask=mask & (c_ok & (src >= 0))[None, :],
+                other=0.0,
+            ).to(tl.float32)
+            # column src + W-1 of the old state, picked by a one-hot product (registers are not indexable)
+            pick = (c[None, :] == (src + WIDTH - 1)[:, None]) & (src < 0)[:, None]  # [window col, old col]
+            from_old = tl.sum(old[:, None, :] * pick[None, :, :].to(tl.float32), axis=2)
+            row = state_ptr + step * stride_ss + d[:, None].to(tl.int64) * stride_sd
+            tl.store(
+                row + c[None, :],
+                (from_x + from_old).to(state_ptr.dtype.element_ty),
+                mask=mask & c_ok[None, :],
+            )
+
+
 def causal_conv1d(
     x: torch.Tensor,
     weight: torch.Tensor,
@@ -130,6 +188,7 @@ def causal_conv1d(
     has_initial_state: torch.Tensor | None = None,
     activation: bool = True,
     max_seqlen: int | None = None,
+    step_state_indices: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -142,6 +201,8 @@ def causal_conv1d(
     has_initial_state: [S] bool, False starts from zeros. Decode is S one-token sequences (max_seqlen=1).
     max_seqlen: the longest sequence, if the caller knows it (sizes the grid; default T, which is
     always enough but launches idle programs when there are many sequences).
+    step_state_indices: [T] int (speculative verify): the last W-1 inputs up to token t go to that slot
+    (-1: nowhere), and the sequence's own slot is written only where named.
     Returns out [T, D] in x's dtype.
     """
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
@@ -154,6 +215,10 @@ def causal_conv1d(
     if cu_seqlens.shape != (state_indices.numel() + 1,):
         raise ValueError(
             f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, {tuple(state_indices.shape)}"
+        )
+    if step_state_indices is not None and step_state_indices.shape != (x.shape[0],):
+        raise ValueError(
+            f"step_state_indices must be [T] = [{x.shape[0]}], got {tuple(step_state_indices.shape)}"
         )
     if x.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("causal_conv1d needs x's last dimension and weight contiguous")
@@ -170,6 +235,7 @@ def causal_conv1d(
                 state_indices,
                 has_initial_state=has_initial_state,
                 activation=activation,
+                step_state_indices=step_state_indices,
             )
         )
     seqs = state_indices.numel()
@@ -200,12 +266,15 @@ def causal_conv1d(
         BLOCK_T=block_t,
         BLOCK_D=block_d,
     )
-    _state_kernel[(seqs, triton.cdiv(dim, block_d))](
+    steps = () if step_state_indices is None else (step_state_indices,)
+    kernel = _state_kernel if step_state_indices is None else _step_state_kernel
+    kernel[(seqs, triton.cdiv(dim, block_d))](
         x,
         conv_state,
         cu_seqlens,
         state_indices,
         init,
+        *steps,
         dim,
         x.stride(0),
         conv_state.stride(0),

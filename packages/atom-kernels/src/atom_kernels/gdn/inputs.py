@@ -38,11 +38,28 @@ def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None
 
 
 def gdn_entry(
-    q, k, v, g, beta, cu_seqlens, state, state_indices, *, has_initial_state, use_qk_l2norm, out, backend
+    q,
+    k,
+    v,
+    g,
+    beta,
+    cu_seqlens,
+    state,
+    state_indices,
+    *,
+    has_initial_state,
+    use_qk_l2norm,
+    out,
+    backend,
+    step_state_indices=None,
 ) -> tuple[torch.Tensor, bool]:
     """Checks the inputs and allocates out; on the torch backend also computes the result.
     Returns (out, done): done means the reference already wrote out and the state."""
     check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
+    if step_state_indices is not None and step_state_indices.shape != (q.shape[0],):
+        raise ValueError(
+            f"step_state_indices must be [T] = [{q.shape[0]}], got {tuple(step_state_indices.shape)}"
+        )
     if out is None:
         out = torch.empty_like(v, memory_format=torch.contiguous_format)
     if resolve_backend(backend, v.device) is not Backend.TORCH:
@@ -58,5 +75,6 @@ def gdn_entry(
         state_indices,
         has_initial_state=has_initial_state,
         use_qk_l2norm=use_qk_l2norm,
+        step_state_indices=step_state_indices,
     )
     return out.copy_(ref), True

@@ -31,6 +31,7 @@ def _recurrent_kernel(
     cu_ptr,
     idx_ptr,
     init_ptr,
+    step_ptr,
     num_v_heads,
     group,
     scale,
@@ -49,6 +50,7 @@ def _recurrent_kernel(
     BLOCK_V: tl.constexpr,
     L2NORM: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    STEP_STATES: tl.constexpr,
 ):
     seq = tl.program_id(0)
     hv = tl.program_id(1)
@@ -82,7 +84,13 @@ def _recurrent_kernel(
         h = h + delta[:, None] * k[None, :]
         o = tl.sum(h * q[None, :], axis=1)
         tl.store(out_ptr + t64 * stride_ot + hv * stride_oh + vs, o.to(out_ptr.dtype.element_ty))
-    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
+        if STEP_STATES:  # speculative verify: every token's state, for the accepted one to be kept
+            step = tl.load(step_ptr + t64).to(tl.int64)
+            if step >= 0:
+                step_ptrs = state_ptr + step * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]
+                tl.store(step_ptrs, h.to(state_ptr.dtype.element_ty))
+    if not STEP_STATES:
+        tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
 
 
 def gated_delta_rule_recurrent(
@@ -97,6 +105,7 @@ def gated_delta_rule_recurrent(
     *,
     has_initial_state: torch.Tensor | None = None,
     use_qk_l2norm: bool = True,
+    step_state_indices: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -104,8 +113,11 @@ def gated_delta_rule_recurrent(
 
     q, k: [T, HK, Dk]; v: [T, HV, Dv]; g (log decay, fp32), beta: [T, HV]; cu_seqlens: [S+1] int32;
     state: [slots, HV, Dv, Dk] fp32 or bf16, read from and written back to state_indices [S] (-1:
-    padding, output rows zero); has_initial_state: [S] bool (False: start from zeros). Returns o
-    [T, HV, Dv] in v's dtype. No host sync: decode steps capture in CUDA graphs.
+    padding, output rows zero); has_initial_state: [S] bool (False: start from zeros).
+    step_state_indices: [T] int (speculative verify): the state after token t goes to that slot (-1:
+    nowhere) and the sequence's own slot is not written at the end (name it for one of its tokens to
+    update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in
+    CUDA graphs.
     """
     out, done = gdn_entry(
         q,
@@ -120,6 +132,7 @@ def gated_delta_rule_recurrent(
         use_qk_l2norm=use_qk_l2norm,
         out=out,
         backend=backend,
+        step_state_indices=step_state_indices,
     )
     if done:
         return out
@@ -139,6 +152,7 @@ def gated_delta_rule_recurrent(
         cu_seqlens,
         state_indices,
         init,
+        step_state_indices if step_state_indices is not None else state_indices,
         num_v_heads,
         num_v_heads // q.shape[1],
         dk**-0.5,
@@ -157,6 +171,7 @@ def gated_delta_rule_recurrent(
         BLOCK_V=block_v,
         L2NORM=use_qk_l2norm,
         HAS_INIT=has_initial_state is not None,
+        STEP_STATES=step_state_indices is not None,
         num_warps=4,
     )
     return out

@@ -36,9 +36,12 @@ def gated_delta_rule_ref(
     *,
     has_initial_state: torch.Tensor | None = None,
     use_qk_l2norm: bool = True,
+    step_state_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Runs each sequence from its slot's state (zeros where has_initial_state is False) and writes the
-    final state back into the slot. Returns o [T, HV, Dv] in v's dtype; padding sequences' rows are zero."""
+    final state back into the slot, or with step_state_indices [T] the state after each token t into slot
+    step_state_indices[t] (-1: kept nowhere) and nothing into the sequence's own slot (unless named).
+    Returns o [T, HV, Dv] in v's dtype; padding sequences' rows are zero."""
     out = torch.zeros_like(v)
     group = v.shape[1] // k.shape[1]
     for s in range(state_indices.numel()):
@@ -58,7 +61,10 @@ def gated_delta_rule_ref(
             delta = (vs[t] - torch.einsum("hvk,hk->hv", h, ks[t])) * bs[t][:, None]
             h = h + delta[:, :, None] * ks[t][:, None, :]
             out[start + t] = torch.einsum("hvk,hk->hv", h, qs[t]).to(v.dtype)
-        state[slot] = h.to(state.dtype)
+            if step_state_indices is not None and (step := int(step_state_indices[start + t])) >= 0:
+                state[step] = h.to(state.dtype)
+        if step_state_indices is None:
+            state[slot] = h.to(state.dtype)
     return out
 
 
@@ -72,10 +78,13 @@ def causal_conv1d_ref(
     *,
     has_initial_state: torch.Tensor | None = None,
     activation: bool = True,
+    step_state_indices: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Depthwise causal conv over each sequence of x [T, D] with weight [D, W], continuing from the slot's
     last W-1 inputs conv_state [slots, D, W-1] (zeros where has_initial_state is False), then SiLU.
-    Writes the sequence's last W-1 inputs back to its slot. Returns [T, D] in x's dtype."""
+    Writes the sequence's last W-1 inputs back to its slot, or with step_state_indices [T] the last W-1
+    inputs up to each token t into slot step_state_indices[t] (-1: kept nowhere) instead.
+    Returns [T, D] in x's dtype."""
     out = torch.zeros_like(x)
     width = weight.shape[1]
     for s in range(state_indices.numel()):
@@ -96,5 +105,10 @@ def causal_conv1d_ref(
         )[0]
         y = F.silu(y) if activation else y
         out[start:end] = y.t().to(x.dtype)
-        conv_state[slot] = seq[:, -(width - 1) :].to(conv_state.dtype)
+        if step_state_indices is None:
+            conv_state[slot] = seq[:, -(width - 1) :].to(conv_state.dtype)
+            continue
+        for t in range(end - start):  # the window ending at token t: columns t+1 .. t+W-1 of seq
+            if (step := int(step_state_indices[start + t])) >= 0:
+                conv_state[step] = seq[:, t + 1 : t + width].to(conv_state.dtype)
     return out

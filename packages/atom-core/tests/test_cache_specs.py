@@ -125,12 +125,13 @@ def test_cache_indices_must_be_unique_and_dense():
 def test_state_slots_follow_each_sequence_through_chunks_and_preemption(tiny_llama, with_token_counter):
     """A hybrid model (paged KV + a state layer): each running sequence holds a state slot that persists over
     its prefill chunks and decode steps, starts fresh (a recompute) after preemption, and is given back; no
-    prefix-cache hits skip a state layer's tokens. Output equals the same model's without the state layer."""
+    prefix-cache hits skip a state layer's tokens (no state snapshots: no prefix caching). Output equals the
+    same model's without the state layer."""
     hf, path = tiny_llama()
     prompts = [list(range(3, 3 + n)) for n in (9, 13, 7)] + [list(range(3, 12))]  # the last repeats the first
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     engine_args = dict(kernel_backend="torch", block_size=4, num_kv_blocks=14, max_num_batched_tokens=8)
-    llm = LLM(path, **engine_args, max_num_seqs=4)
+    llm = LLM(path, **engine_args, max_num_seqs=4, state_snapshots=0)
     engine = llm.engine
     assert engine.runner.cache_specs[-1] == TokenCounter.SPEC and engine.runner.num_state_slots == 4
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -143,3 +144,25 @@ def test_state_slots_follow_each_sequence_through_chunks_and_preemption(tiny_lla
     assert engine.scheduler.state_slots.num_free == 4  # every slot given back
     llm.shutdown()
     assert [o.outputs[0].token_ids for o in outputs] == [hf_greedy(hf, p, 12) for p in prompts]
+
+
+def test_state_snapshots_resume_cached_prefixes(tiny_llama, with_token_counter):
+    """With state snapshots, a prefix-cache hit resumes the state layer from the state kept at the hit's
+    last block: every resumed row's state covers exactly the positions before it (the counter finds no
+    problem), hits and restores happen (prompts sharing prefixes, one repeated, preempted sequences
+    recomputed), and output equals the same model's without the state layer."""
+    hf, path = tiny_llama()
+    base = list(range(3, 30))
+    prompts = [base, [*base[:18], 40, 41, 42], [*base, 50], base[:9], base]
+    params = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+    llm = LLM(path, kernel_backend="torch", block_size=4, num_kv_blocks=16, max_num_batched_tokens=8)
+    engine = llm.engine
+    outputs = [llm.generate([{"prompt_token_ids": prompts[0]}], params)[0]]  # cached before the others run
+    outputs += llm.generate([{"prompt_token_ids": p} for p in prompts[1:]], params)
+    (counter,) = with_token_counter
+    assert int(counter.problems) == 0
+    assert engine.blocks.prefix_caching and engine.blocks.num_prefix_hits > 0
+    assert engine.scheduler.num_state_restores > 0 and engine.scheduler.num_preemptions > 0
+    assert engine.scheduler.state_slots.num_free == engine.scheduler.state_slots.num_slots
+    llm.shutdown()
+    assert [o.outputs[0].token_ids for o in outputs] == [hf_greedy(hf, p, 10) for p in prompts]

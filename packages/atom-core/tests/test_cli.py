@@ -136,6 +136,8 @@ ENGINE_OPTIONS = {  # every engine option, each away from its default
     "--kernel-backend": "torch",
     "--gpu-memory-utilization": "0.5",
     "--speculative-config": '{"method": "mtp", "num_speculative_tokens": 2}',
+    "--state-snapshots": "3",
+    "--state-cache-dtype": "bfloat16",
 }
 ENGINE_FLAGS = [*(part for pair in ENGINE_OPTIONS.items() for part in pair), "--enforce-eager"]
 

@@ -18,3 +18,6 @@ class BuildContext:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
     device: torch.device | str = "cpu"
     quant_config: QuantConfig | None = None
+    # state layers' recurrent state (GDN): "float32", as transformers keeps it, or "bfloat16" (half the
+    # memory and bytes per decode step; rounded after every step)
+    state_dtype: str = "float32"

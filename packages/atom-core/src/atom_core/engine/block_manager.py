@@ -4,6 +4,8 @@ A full block's identity is (its parent block's identity, its tokens): exact, so 
 blocks and different ones never collide. Freed blocks keep their identity until reused, least recently
 freed first, so a later request with the same prefix still finds them. The block that holds a sequence's
 last known token is never taken from the cache: it is always computed, so shared blocks are never written.
+Models with state layers also need the state at the end of the reused prefix: with `snapshots`, a hit
+stops at the last block whose state was kept (state_snapshots.py).
 """
 
 from __future__ import annotations
@@ -12,15 +14,24 @@ import itertools
 from collections import OrderedDict
 
 from atom_core.engine.sequence import Sequence
+from atom_core.engine.state_snapshots import StateSnapshots
 
 
 class BlockManager:
-    """prefix_caching=False: blocks are never shared (models with state layers: a cached prefix's KV alone
-    cannot resume them without a snapshot of their state at that point)."""
+    """prefix_caching=False: blocks are never shared. snapshots: for models with state layers, the states
+    kept at block boundaries; a cached prefix is reused only up to a boundary that has one."""
 
-    def __init__(self, num_blocks: int, block_size: int, *, prefix_caching: bool = True):
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        *,
+        prefix_caching: bool = True,
+        snapshots: StateSnapshots | None = None,
+    ):
         self.block_size = block_size
         self.prefix_caching = prefix_caching
+        self.snapshots = snapshots
         self.ref_count = [0] * num_blocks
         self.free: OrderedDict[int, None] = OrderedDict.fromkeys(range(num_blocks))  # oldest first
         self.key_of: dict[int, tuple] = {}  # block -> its content key, while cached
@@ -38,20 +49,29 @@ class BlockManager:
         if (key := self.key_of.pop(block, None)) is not None:  # evict its cached content
             del self.block_of[key]
             self.content_id.pop(block, None)
+            if self.snapshots is not None:
+                self.snapshots.drop(key)
         self.ref_count[block] = 1
         return block
 
     def admit(self, seq: Sequence) -> int:
         """Reuse cached blocks for the longest cached prefix of seq's tokens; returns how many blocks."""
         b = self.block_size
-        parent, hits = 0, []
-        cacheable = (len(seq.token_ids) - 1) // b if self.prefix_caching else 0
-        for i in range(cacheable):  # never the block of the last token
-            block = self.block_of.get((parent, tuple(seq.token_ids[i * b : (i + 1) * b])))
+        parent, hits, keys = 0, [], []
+        for i in range(self.cacheable_blocks(seq)):  # never the block of the last token
+            key = (parent, tuple(seq.token_ids[i * b : (i + 1) * b]))
+            block = self.block_of.get(key)
             if block is None:
                 break
             hits.append(block)
+            keys.append(key)
             parent = self.content_id[block]
+        seq.restore_slot = -1
+        if self.snapshots is not None:  # up to the last boundary whose state was kept
+            usable = next((i + 1 for i in reversed(range(len(keys))) if self.snapshots.has(keys[i])), 0)
+            hits, keys = hits[:usable], keys[:usable]
+            if keys:
+                seq.restore_slot = self.snapshots.use(keys[-1])
         for block in hits:
             if self.ref_count[block] == 0:
                 del self.free[block]
@@ -60,7 +80,12 @@ class BlockManager:
         seq.block_table = hits
         seq.num_computed_tokens = len(hits) * b
         seq.num_hashed_blocks = len(hits)
+        seq.block_keys = keys
         return len(hits)
+
+    def cacheable_blocks(self, seq: Sequence) -> int:
+        """Blocks of seq a later request could take from the cache (all full ones before its last token)."""
+        return (len(seq.token_ids) - 1) // self.block_size if self.prefix_caching else 0
 
     def blocks_needed(self, seq: Sequence, new_tokens: int) -> int:
         return max(0, -(-(seq.num_computed_tokens + new_tokens) // self.block_size) - len(seq.block_table))
@@ -89,6 +114,7 @@ class BlockManager:
                 self.key_of[block] = key
                 self.content_id[block] = next(self._next_content)
             parent = self.content_id.get(self.block_of.get(key, block), 0)
+            seq.block_keys.append(key)
         seq.num_hashed_blocks = full
 
     def release(self, seq: Sequence) -> None:
@@ -99,3 +125,5 @@ class BlockManager:
         seq.block_table = []
         seq.num_computed_tokens = 0
         seq.num_hashed_blocks = 0
+        seq.block_keys = []
+        seq.restore_slot = -1

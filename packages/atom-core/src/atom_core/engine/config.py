@@ -18,6 +18,7 @@ from atom_core.engine.speculative_config import SpeculativeConfig
 
 LOAD_FORMATS = ("safetensors", "dummy")
 KERNEL_BACKENDS = ("triton", "torch", "aiter")
+STATE_CACHE_DTYPES = ("float32", "bfloat16")
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,6 +40,10 @@ class EngineConfig:
     enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
     # {"method": "mtp", "num_speculative_tokens": k} (or its JSON): the checkpoint's MTP layer drafts k tokens
     speculative_config: SpeculativeConfig | dict | str | None = None
+    # models with state layers (GDN): states kept at block boundaries for prefix caching; each takes one
+    # sequence's state memory (0: no prefix caching for them); None: max_num_seqs
+    state_snapshots: int | None = None
+    state_cache_dtype: str = "float32"  # GDN recurrent state: float32 (as transformers) or bfloat16
 
     def __post_init__(self):
         from atom_core.config import ConfigError
@@ -61,6 +66,16 @@ class EngineConfig:
             )
         if self.device is not None and str(self.device).split(":")[0] not in ("cpu", "cuda"):
             raise ConfigError(f"device must be cpu or cuda, got {self.device!r}")
+        if self.state_cache_dtype not in STATE_CACHE_DTYPES:
+            raise ConfigError(
+                f"state_cache_dtype must be one of {', '.join(STATE_CACHE_DTYPES)}, got {self.state_cache_dtype!r}"
+            )
+        if self.state_snapshots is not None and (
+            isinstance(self.state_snapshots, bool)
+            or not isinstance(self.state_snapshots, int)
+            or self.state_snapshots < 0
+        ):
+            raise ConfigError(f"state_snapshots must be a non-negative integer, got {self.state_snapshots!r}")
         if self.max_model_len is not None and (
             isinstance(self.max_model_len, bool)
             or not isinstance(self.max_model_len, int)
@@ -118,6 +133,18 @@ class EngineConfig:
         )
         group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
         group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+        group.add_argument(
+            "--state-snapshots",
+            type=int,
+            default=None,
+            help="GDN models: states kept for prefix caching (0: none; default: max-num-seqs)",
+        )
+        group.add_argument(
+            "--state-cache-dtype",
+            default=d.state_cache_dtype,
+            choices=STATE_CACHE_DTYPES,
+            help="GDN models: the recurrent state's dtype",
+        )
         group.add_argument(
             "--speculative-config",
             default=None,

@@ -21,6 +21,7 @@ from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Sequence, Status
 from atom_core.engine.speculative import verify
 from atom_core.engine.state_slots import StateSlots
+from atom_core.engine.state_snapshots import StateSnapshots
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
 Prompt = str | list[int] | dict
@@ -63,10 +64,18 @@ class LLMEngine:
         self.max_model_len = self._fit_max_model_len(
             config.max_model_len, self.runner.num_blocks * config.block_size
         )
-        # State layers (GDN) keep no per-block history: a cached prefix's KV could not resume them.
+        # State layers (GDN) resume a cached prefix from a snapshot of their state at its end: without
+        # snapshot slots, no prefix caching for them.
         state = self.runner.num_state_slots > 0
-        self.blocks = BlockManager(self.runner.num_blocks, config.block_size, prefix_caching=not state)
-        slots = StateSlots(self.runner.num_state_slots) if state else None
+        running, kept = self.runner.num_state_slots, self.runner.num_state_snapshots
+        snapshots = StateSnapshots(range(running, running + kept)) if state and kept else None
+        self.blocks = BlockManager(
+            self.runner.num_blocks,
+            config.block_size,
+            prefix_caching=not state or snapshots is not None,
+            snapshots=snapshots,
+        )
+        slots = StateSlots(running) if state else None
         spares = self.runner.state_slots_per_seq - 1 if state else 0
         self.scheduler = Scheduler(config.scheduler_config(), self.blocks, slots, spare_state_slots=spares)
         spec = config.speculative_config
@@ -219,6 +228,7 @@ class LLMEngine:
             inputs = ModelRunner.prepare(batch)
             logits = self.runner.run(inputs)
         except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
+            self.scheduler.settle_snapshots(batch, ran=False)
             return self._forward_failed(batch.seqs, "model", err)
         self.consecutive_failures = 0
         if self.drafter is not None:
@@ -226,6 +236,7 @@ class LLMEngine:
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
             seq.num_computed_tokens += n
             self.blocks.register_full_blocks(seq)
+        self.scheduler.settle_snapshots(batch, ran=True)
         sampled = [batch.seqs[row] for row in inputs.ends]
         result = sample(logits, sampled)
         touched, failed = {}, {}
@@ -260,6 +271,7 @@ class LLMEngine:
             seq.num_computed_tokens += n - len(draft) + accepted.get(row, 0)
             if draft and seq.state_slot >= 0:  # state layers kept each token's state: keep the accepted
                 seq.commit_state(accepted.get(row, 0))
+        self.scheduler.settle_snapshots(batch, ran=True)
         touched, failed = {}, {}
         for seq, draft, tokens, lps, n_ok, error in zip(
             sampled, drafts, result.tokens, result.logprobs, result.accepted, result.errors, strict=True

@@ -11,6 +11,7 @@ import torch.distributed as dist
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
 from atom_core.cache import (
+    StateCache,
     StateMetadata,
     allocate_caches,
     bytes_per_block,
@@ -45,6 +46,9 @@ class StepInputs:
     # state layers under speculation: per token of the leading sequences that verify drafts, the state
     # slot that keeps the state after it (their own for the known token, a spare one per draft)
     step_slots: list[int] = field(default_factory=list)
+    # state slot copies (source, destination): snapshots restored before the forward, kept after it
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -79,7 +83,10 @@ class ModelRunner:
         backend = PagedAttentionBackend(layout=self.cache.layout, kernel_backend=engine.kernel_backend)
         if engine.speculative_config is not None:
             draft_class_for(model_config)  # refuse before loading a target that could not be speculated with
-        self.model = build_model(model_config, BuildContext(backend, parallel=parallel, device=device))
+        self.model = build_model(
+            model_config,
+            BuildContext(backend, parallel=parallel, device=device, state_dtype=engine.state_cache_dtype),
+        )
         load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
         self.cache_specs = collect_cache_specs(self.model)
         self.kinds = metadata_kinds(self.cache_specs)
@@ -88,7 +95,9 @@ class ModelRunner:
         self.draft, self.draft_specs = None, []
         if engine.speculative_config is not None:
             self.draft = build_draft(
-                model_config, BuildContext(backend, parallel=parallel, device=device), self.model
+                model_config,
+                BuildContext(backend, parallel=parallel, device=device, state_dtype=engine.state_cache_dtype),
+                self.model,
             )
             load_checkpoint(self.draft, model_config.path, load_format=engine.load_format)
             self.draft_specs = collect_cache_specs(self.draft)
@@ -104,6 +113,9 @@ class ModelRunner:
         spec = engine.speculative_config
         self.state_slots_per_seq = 1 + (spec.num_speculative_tokens if spec is not None else 0)
         self.num_state_slots = engine.max_num_seqs * self.state_slots_per_seq if STATE in self.kinds else 0
+        # and snapshot slots after them: states kept at block boundaries for prefix caching
+        snapshots = engine.max_num_seqs if engine.state_snapshots is None else engine.state_snapshots
+        self.num_state_snapshots = snapshots if STATE in self.kinds else 0
         self.num_blocks = self.cache.num_blocks or self._blocks_that_fit(engine.gpu_memory_utilization)
         if parallel.tp_size > 1:  # every rank must hold the same block count
             agreed = torch.tensor([self.num_blocks])
@@ -114,7 +126,7 @@ class ModelRunner:
             self.cache,
             dtype=model_config.dtype,
             num_blocks=self.num_blocks,
-            num_slots=self.num_state_slots,
+            num_slots=self.num_state_slots + self.num_state_snapshots,
             device=device,
         )
         self.draft_caches = allocate_caches(
@@ -182,7 +194,8 @@ class ModelRunner:
             available = int(free * fraction)
         else:
             available = CPU_KV_BYTES
-        available -= self.num_state_slots * bytes_per_slot(self.cache_specs, dtype=self.config.dtype)
+        slots = self.num_state_slots + self.num_state_snapshots
+        available -= slots * bytes_per_slot(self.cache_specs, dtype=self.config.dtype)
         if per_block == 0:  # no paged layers: the block tables address nothing, one block will do
             return 1
         blocks = available // per_block
@@ -212,11 +225,29 @@ class ModelRunner:
                 inputs.ends.append(row)
                 last = len(inputs.ids) - len(draft) - 1
                 inputs.logit_rows += range(last, last + len(draft) + 1)
+        inputs.state_copies = [(snapshot, seq.state_slot) for seq, snapshot in batch.restores]
+        inputs.state_saves = [(seq.state_slot, snapshot) for seq, _, snapshot in batch.saves]
         return inputs
+
+    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy every state layer's rows source -> destination (snapshots in and out of running slots)."""
+        if not pairs:
+            return
+        src, dst = (torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*pairs, strict=True))
+        for cache in self.caches:
+            if isinstance(cache, StateCache):
+                for tensor in cache.states.values():
+                    tensor[dst] = tensor[src]
 
     @torch.inference_mode()
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
+        self._copy_states(inputs.state_copies)
+        logits = self._forward(inputs)
+        self._copy_states(inputs.state_saves)
+        return logits
+
+    def _forward(self, inputs: StepInputs) -> torch.Tensor:
         for graphs in (self.graphs, self.verify_graphs):
             if graphs is not None and graphs.serves(inputs):
                 logits = graphs.run(inputs)

@@ -31,6 +31,10 @@ class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens each sequence computes this step (its drafts included)
     drafts: list[list[int]] = field(default_factory=list)  # speculative tokens verified after its known ones
+    # state layers with prefix caching: (sequence, snapshot slot) to start from before the forward, and
+    # (sequence, index of the block its chunk ends with, snapshot slot) to keep the state in after it
+    restores: list[tuple[Sequence, int]] = field(default_factory=list)
+    saves: list[tuple[Sequence, int, int]] = field(default_factory=list)
 
 
 class Scheduler:
@@ -59,6 +63,7 @@ class Scheduler:
         self.running: list[Sequence] = []
         self.num_preemptions = 0
         self.num_chunked_prefills = 0  # steps that computed only part of a sequence's known tokens
+        self.num_state_restores = 0  # admissions that resumed a state snapshot (prefix hits of state models)
 
     def add(self, seq: Sequence) -> None:
         self.waiting.append(seq)
@@ -75,6 +80,8 @@ class Scheduler:
             # drafts ride behind a decoding sequence's last token, as many as the budget leaves room for
             drafts = seq.draft_token_ids[: budget - 1] if seq.num_uncomputed == 1 else []
             n = min(seq.num_uncomputed + len(drafts), budget)
+            if not drafts:
+                n = self._end_at_snapshot_boundary(seq, n)
             if drafts and not self.blocks.can_allocate(seq, n):  # short of blocks: drafts go before others do
                 drafts, n = [], seq.num_uncomputed
             while not self.blocks.can_allocate(seq, n):
@@ -88,11 +95,12 @@ class Scheduler:
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             batch.drafts.append(drafts)
+            self._plan_snapshot(seq, n, batch)
             budget -= n
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             self.blocks.admit(seq)
-            n = min(seq.num_uncomputed, budget)
+            n = self._end_at_snapshot_boundary(seq, min(seq.num_uncomputed, budget))
             if not self.blocks.can_allocate(seq, n):
                 self.blocks.release(seq)  # hand back the cached prefix; retry next step
                 if not self.running:
@@ -108,12 +116,47 @@ class Scheduler:
             if self.state_slots is not None:
                 seq.state_slot = self.state_slots.take()
                 seq.spare_state_slots = [self.state_slots.take() for _ in range(self.spare_state_slots)]
+                if seq.restore_slot >= 0:
+                    batch.restores.append((seq, seq.restore_slot))
+                    self.num_state_restores += 1
             self.running.append(seq)
             batch.seqs.append(seq)
             batch.num_new_tokens.append(n)
             batch.drafts.append([])
+            self._plan_snapshot(seq, n, batch)
             budget -= n
         return self._verifying_first(batch)
+
+    def _end_at_snapshot_boundary(self, seq: Sequence, n: int) -> int:
+        """With state snapshots: a chunk that would run past the boundary a later request can hit (the
+        last full block before seq's last token) ends there, so the state at it can be kept."""
+        if self.blocks.snapshots is None:
+            return n
+        start, target = seq.num_computed_tokens, self.blocks.cacheable_blocks(seq) * self.blocks.block_size
+        return target - start if start < target < start + n else n
+
+    def _plan_snapshot(self, seq: Sequence, n: int, batch: ScheduledBatch) -> None:
+        """Keep the state after this chunk if it ends on a cacheable block boundary: at the last one (what a
+        request with the same prompt hits) even by evicting the least recently used snapshot, at one on
+        the way (a shorter shared prefix) only in a free slot."""
+        snapshots, b = self.blocks.snapshots, self.blocks.block_size
+        end, target = seq.num_computed_tokens + n, self.blocks.cacheable_blocks(seq) * b
+        if snapshots is None or end % b or end > target:
+            return
+        slot = snapshots.reserve(evict=end == target)
+        if slot is not None:
+            batch.saves.append((seq, end // b - 1, slot))
+
+    def settle_snapshots(self, batch: ScheduledBatch, *, ran: bool) -> None:
+        """After the batch's forward (ran) or its failure: the states it saved are findable by their
+        block's content key (registered now), the slots of those that could not be are given back."""
+        for seq, index, slot in batch.saves:
+            if ran:
+                self.blocks.register_full_blocks(seq)
+            if ran and index < len(seq.block_keys):
+                self.blocks.snapshots.commit(seq.block_keys[index], slot)
+            else:
+                self.blocks.snapshots.release(slot)
 
     @staticmethod
     def _verifying_first(batch: ScheduledBatch) -> ScheduledBatch:
@@ -125,6 +168,8 @@ class Scheduler:
             [batch.seqs[i] for i in order],
             [batch.num_new_tokens[i] for i in order],
             [batch.drafts[i] for i in order],
+            batch.restores,
+            batch.saves,
         )
 
     def _preempt(self, seq: Sequence) -> None:

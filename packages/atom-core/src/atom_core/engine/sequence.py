@@ -32,6 +32,8 @@ class Sequence:
     num_computed_tokens: int = 0  # tokens whose KV is in the cache
     block_table: list[int] = field(default_factory=list)
     num_hashed_blocks: int = 0  # leading full blocks registered for prefix caching
+    block_keys: list[tuple] = field(default_factory=list)  # their content keys (prefix caching)
+    restore_slot: int = -1  # on admission: the state snapshot its cached prefix resumes from (-1: none)
     state_slot: int = -1  # its row in the state layers' caches while running (models with state layers)
     # under speculation, k more rows: a verify step keeps the state after each draft in one of them
     spare_state_slots: list[int] = field(default_factory=list)

@@ -122,6 +122,7 @@ class TensorParallelRunner:
         self.num_blocks = self.runner.num_blocks
         self.num_state_slots = self.runner.num_state_slots
         self.state_slots_per_seq = self.runner.state_slots_per_seq
+        self.num_state_snapshots = self.runner.num_state_snapshots
 
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)

@@ -36,7 +36,7 @@ STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 class GatedDeltaNet(nn.Module):
     """grouped_projections: Qwen3-Next's in_proj_qkvz / in_proj_ba (else Qwen3.5's four projections).
-    state_dtype: the recurrent state's ("float32", as transformers keeps it, or "bfloat16")."""
+    The recurrent state's dtype is ctx.state_dtype."""
 
     def __init__(
         self,
@@ -46,7 +46,6 @@ class GatedDeltaNet(nn.Module):
         layer_index: int,
         prefix: str,
         grouped_projections: bool,
-        state_dtype: str = "float32",
     ):
         super().__init__()
         hf = config.hf
@@ -57,6 +56,7 @@ class GatedDeltaNet(nn.Module):
             )
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"Gated DeltaNet supports hidden_act 'silu', got {hf['hidden_act']!r}")
+        state_dtype = ctx.state_dtype
         if state_dtype not in STATE_DTYPES:
             raise ConfigError(f"GDN state dtype must be one of {sorted(STATE_DTYPES)}, got {state_dtype!r}")
         self.num_k_heads, self.num_v_heads = hf["linear_num_key_heads"], hf["linear_num_value_heads"]

@@ -150,10 +150,12 @@ def test_unsupported_configs_are_refused_by_name():
     good = ModelConfig.from_hf_dict(
         {"architectures": ["Qwen3NextForCausalLM"], **LINEAR, "torch_dtype": "float32"}
     )
-    with pytest.raises(ConfigError, match="tensor parallel for Gated DeltaNet layers is not implemented"):
+    with pytest.raises(
+        ConfigError, match=r"linear_num_key_heads \(2\) must be divisible by tensor_parallel_size \(4\)"
+    ):
         GatedDeltaNet(
             good,
-            BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=ParallelConfig(tp_size=2)),
+            BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=ParallelConfig(tp_size=4)),
             layer_index=0,
             prefix="x",
             grouped_projections=True,

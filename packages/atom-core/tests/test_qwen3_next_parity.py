@@ -115,3 +115,23 @@ def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
         assert out.outputs[0].token_ids == hf_greedy(hf, p, STEPS)
     assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
     llm.engine.shutdown()
+
+
+@pytest.mark.parametrize("case", ["qwen3-next", "qwen3.5-moe"])  # grouped and split DeltaNet projections
+def test_tensor_parallel_2_over_gloo_equals_1(tmp_path, case):
+    """TP=2 on the CPU: each rank keeps one key head's DeltaNet (its value heads, conv channels and state),
+    half the attention heads and expert columns; greedy tokens and logprobs equal TP=1's."""
+    qwen3_next_checkpoint(tmp_path, case)
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2)
+    args = dict(kernel_backend="torch", dtype="float32", block_size=4, num_kv_blocks=64, device="cpu")
+    prompts = [{"prompt_token_ids": p} for p in PROMPTS]
+    single = LLM(tmp_path, **args).generate(prompts, params)
+    tp = LLM(tmp_path, **args, tensor_parallel_size=2)
+    try:
+        got = tp.generate(prompts, params)
+    finally:
+        tp.shutdown()
+    for g, w in zip(got, single, strict=True):
+        assert g.outputs[0].token_ids == w.outputs[0].token_ids
+        for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs, strict=True):
+            assert lg.keys() == lw.keys() and max(abs(lg[t] - lw[t]) for t in lg) < 1e-4

@@ -9,6 +9,8 @@ in_proj_ba); Qwen3.5 has one projection per part (in_proj_qkv, in_proj_z, in_pro
 
 The layer's states live in the slots the engine assigns (StateMetadata): a sequence that starts in this
 forward (`fresh`) starts from zeros; later forwards, chunked prefills included, continue its state.
+Tensor parallel splits the key heads (each with its value heads) over ranks: every projection, the conv
+channels of q, k and v, A_log and dt_bias are cut to the rank's heads, out_proj sums over ranks.
 """
 
 from __future__ import annotations
@@ -22,7 +24,12 @@ from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import STATE, StateCacheSpec
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.forward_context import current_forward_context
-from atom_core.layers.linear import ReplicatedLinear
+from atom_core.layers.linear import (
+    ColumnParallelLinear,
+    PartsColumnParallelLinear,
+    RowParallelLinear,
+    narrow_parts,
+)
 from atom_core.ops import (
     causal_conv1d,
     gated_delta_rule_chunked,
@@ -48,58 +55,65 @@ class GatedDeltaNet(nn.Module):
         grouped_projections: bool,
     ):
         super().__init__()
-        hf = config.hf
-        if ctx.parallel.tp_size > 1:
-            raise ConfigError(
-                f"{config.architecture}: tensor parallel for Gated DeltaNet layers is not implemented yet "
-                f"(tensor_parallel_size={ctx.parallel.tp_size}); run it with 1"
-            )
+        hf, parallel = config.hf, ctx.parallel
         if hf.get("hidden_act", "silu") != "silu":
             raise ConfigError(f"Gated DeltaNet supports hidden_act 'silu', got {hf['hidden_act']!r}")
         state_dtype = ctx.state_dtype
         if state_dtype not in STATE_DTYPES:
             raise ConfigError(f"GDN state dtype must be one of {sorted(STATE_DTYPES)}, got {state_dtype!r}")
-        self.num_k_heads, self.num_v_heads = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
+        num_k_heads, num_v_heads = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
         self.head_k_dim, self.head_v_dim = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
-        if self.num_v_heads % self.num_k_heads:
+        if num_v_heads % num_k_heads:
             raise ConfigError(
-                f"linear_num_value_heads ({self.num_v_heads}) must be a multiple of linear_num_key_heads "
-                f"({self.num_k_heads})"
+                f"linear_num_value_heads ({num_v_heads}) must be a multiple of linear_num_key_heads "
+                f"({num_k_heads})"
             )
+        if num_k_heads % parallel.tp_size:  # each rank keeps whole key heads and their value heads
+            raise ConfigError(
+                f"{config.architecture}: linear_num_key_heads ({num_k_heads}) must be divisible by "
+                f"tensor_parallel_size ({parallel.tp_size})"
+            )
+        # this rank's heads: key heads split over ranks, each with its group of value heads
+        self.num_k_heads, self.num_v_heads = num_k_heads // parallel.tp_size, num_v_heads // parallel.tp_size
         self.key_dim = self.num_k_heads * self.head_k_dim
         self.value_dim = self.num_v_heads * self.head_v_dim
         self.conv_dim = 2 * self.key_dim + self.value_dim
+        key_dim, value_dim = num_k_heads * self.head_k_dim, num_v_heads * self.head_v_dim  # all ranks'
+        conv_parts = [key_dim, key_dim, value_dim]
         width = hf["linear_conv_kernel_dim"]
         self.eps = config.rms_norm_eps
         self.grouped = grouped_projections
         hidden = config.hidden_size
-        common = dict(bias=False, dtype=config.dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
-        if grouped_projections:
-            self.in_proj_qkvz = ReplicatedLinear(
-                hidden, 2 * self.key_dim + 2 * self.value_dim, prefix=f"{prefix}.in_proj_qkvz", **common
+        common = dict(bias=False, dtype=config.dtype, parallel=parallel, quant_config=ctx.quant_config)
+        if grouped_projections:  # grouped per key head: a rank's key heads are contiguous rows
+            self.in_proj_qkvz = ColumnParallelLinear(
+                hidden, 2 * key_dim + 2 * value_dim, prefix=f"{prefix}.in_proj_qkvz", **common
             )
-            self.in_proj_ba = ReplicatedLinear(
-                hidden, 2 * self.num_v_heads, prefix=f"{prefix}.in_proj_ba", **common
+            self.in_proj_ba = ColumnParallelLinear(
+                hidden, 2 * num_v_heads, prefix=f"{prefix}.in_proj_ba", **common
             )
         else:
-            self.in_proj_qkv = ReplicatedLinear(
-                hidden, self.conv_dim, prefix=f"{prefix}.in_proj_qkv", **common
+            self.in_proj_qkv = PartsColumnParallelLinear(
+                hidden, conv_parts, prefix=f"{prefix}.in_proj_qkv", **common
             )
-            self.in_proj_z = ReplicatedLinear(hidden, self.value_dim, prefix=f"{prefix}.in_proj_z", **common)
-            self.in_proj_b = ReplicatedLinear(
-                hidden, self.num_v_heads, prefix=f"{prefix}.in_proj_b", **common
-            )
-            self.in_proj_a = ReplicatedLinear(
-                hidden, self.num_v_heads, prefix=f"{prefix}.in_proj_a", **common
-            )
-        # as checkpoints store them: conv1d.weight [conv_dim, 1, width] (depthwise, no bias)
+            self.in_proj_z = ColumnParallelLinear(hidden, value_dim, prefix=f"{prefix}.in_proj_z", **common)
+            self.in_proj_b = ColumnParallelLinear(hidden, num_v_heads, prefix=f"{prefix}.in_proj_b", **common)
+            self.in_proj_a = ColumnParallelLinear(hidden, num_v_heads, prefix=f"{prefix}.in_proj_a", **common)
+        # as checkpoints store them: conv1d.weight [conv_dim, 1, width] (depthwise, no bias), channels q | k | v
         self.conv1d = nn.Module()
-        self.conv1d.weight = nn.Parameter(torch.empty(self.conv_dim, 1, width, dtype=config.dtype), False)
-        self.dt_bias = nn.Parameter(torch.ones(self.num_v_heads, dtype=config.dtype), requires_grad=False)
-        self.A_log = nn.Parameter(torch.zeros(self.num_v_heads, dtype=config.dtype), requires_grad=False)
+        self.conv1d.weight = _sharded(
+            torch.empty(self.conv_dim, 1, width, dtype=config.dtype),
+            lambda loaded: narrow_parts(loaded, conv_parts, parallel),
+        )
+
+        def heads(loaded: torch.Tensor) -> torch.Tensor:
+            return narrow_parts(loaded, [num_v_heads], parallel)
+
+        self.dt_bias = _sharded(torch.ones(self.num_v_heads, dtype=config.dtype), heads)
+        self.A_log = _sharded(torch.zeros(self.num_v_heads, dtype=config.dtype), heads)
         self.norm = nn.Module()  # the gated RMSNorm over each value head (weight * x, not 1 + weight)
         self.norm.weight = nn.Parameter(torch.ones(self.head_v_dim, dtype=config.dtype), requires_grad=False)
-        self.out_proj = ReplicatedLinear(self.value_dim, hidden, prefix=f"{prefix}.out_proj", **common)
+        self.out_proj = RowParallelLinear(value_dim, hidden, prefix=f"{prefix}.out_proj", **common)
         self.cache_index = layer_index
         self.cache_spec = StateCacheSpec(
             (
@@ -180,3 +194,17 @@ class GatedDeltaNet(nn.Module):
             )
         rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
         return rule(q, k, v, g, beta, meta.cu_seqlens_q, state, slots, has_initial_state=started)
+
+
+def _sharded(value: torch.Tensor, local_rows) -> nn.Parameter:
+    """A parameter whose checkpoint tensor is cut to this rank's rows by local_rows(loaded)."""
+    param = nn.Parameter(value, requires_grad=False)
+
+    def load(param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
+        local = local_rows(loaded)
+        if tuple(local.shape) != tuple(param.shape):
+            raise ValueError(f"expected shape {tuple(param.shape)} on this rank, got {tuple(local.shape)}")
+        param.data.copy_(local)
+
+    param.weight_loader = load
+    return param

@@ -94,6 +94,33 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
 
 
+def narrow_parts(loaded: torch.Tensor, sizes: list[int], parallel: ParallelConfig) -> torch.Tensor:
+    """This rank's rows of a tensor whose rows are parts of `sizes` back to back, each split over ranks."""
+    _split(sum(sizes), parallel, "output size")
+    if loaded.shape[0] != sum(sizes):
+        raise ValueError(f"expected {sum(sizes)} rows ({' + '.join(map(str, sizes))}), got {loaded.shape[0]}")
+    tp, rank, rows, start = parallel.tp_size, parallel.tp_rank, [], 0
+    for size in sizes:
+        local = _split(size, parallel, "part size")
+        rows.append(loaded.narrow(0, start + rank * local, local))
+        start += size
+    return torch.cat(rows) if tp > 1 else loaded
+
+
+class PartsColumnParallelLinear(ColumnParallelLinear):
+    """One checkpoint tensor holding several outputs back to back (GDN's in_proj_qkv: q | k | v), each
+    split over ranks: a rank's rows are its slice of every part."""
+
+    def __init__(self, in_features: int, part_sizes: list[int], **kwargs):
+        self.part_sizes = part_sizes
+        super().__init__(in_features, sum(part_sizes), **kwargs)
+
+    def weight_loader(self, param, loaded, shard_id=None):
+        local = narrow_parts(loaded, self.part_sizes, self.parallel)
+        _check(local, param.shape)
+        param.data.copy_(local)
+
+
 class QKVParallelLinear(ColumnParallelLinear):
     """q, k and v projections in one matmul; heads split over ranks (KV heads replicated when fewer than ranks)."""
 

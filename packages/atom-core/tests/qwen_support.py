@@ -24,7 +24,13 @@ CONFIG = dict(
     shared_expert_intermediate_size=24,
     mlp_only_layers=[1],  # layer 1's MLP is dense
     max_position_embeddings=256,
-    rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5),
+    rope_parameters=dict(
+        rope_type="default",
+        rope_theta=10000.0,
+        partial_rotary_factor=0.5,
+        mrope_section=[2, 1, 1],  # Qwen3.5: rotary frequencies per position row T, H, W (interleaved)
+        mrope_interleaved=True,
+    ),
 )
 
 

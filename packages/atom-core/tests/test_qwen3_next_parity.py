@@ -3,6 +3,8 @@ fp32 on the CPU: a ragged batch prefilled together gives transformers' logits fo
 the engine (state slots beside the paged KV cache, chunked prefill, preemption) gives its greedy tokens;
 each prompt runs alone on the reference side. Qwen3.5-MoE also loads from fused 3-D expert tensors."""
 
+import json
+
 import pytest
 import torch
 from core_support import hf_greedy
@@ -135,3 +137,50 @@ def test_tensor_parallel_2_over_gloo_equals_1(tmp_path, case):
         assert g.outputs[0].token_ids == w.outputs[0].token_ids
         for lg, lw in zip(g.outputs[0].logprobs, w.outputs[0].logprobs, strict=True):
             assert lg.keys() == lw.keys() and max(abs(lg[t] - lw[t]) for t in lg) < 1e-4
+
+
+def test_three_row_positions_take_interleaved_mrope_as_transformers(tmp_path):
+    """Qwen3.5 with [3, T] positions whose rows differ (as an image's tokens have): logits equal
+    transformers' given the same position_ids; a model without mrope_section refuses them by name."""
+    from atom_core.attention import PagedAttentionMetadata
+    from atom_core.cache import StateMetadata
+    from atom_core.cache.specs import PAGED, STATE
+    from atom_core.forward_context import ForwardContext, bind_forward_context
+
+    def forward(path, positions):
+        config = ModelConfig.from_pretrained(path)
+        engine = EngineConfig(
+            model=path, num_kv_blocks=32, kernel_backend="torch", block_size=4, dtype="float32"
+        )
+        runner = ModelRunner(
+            config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=64
+        )
+        n = positions.shape[-1]
+        paged = PagedAttentionMetadata.build(
+            query_lens=[n], seq_lens=[n], block_tables=[list(range(8))], block_size=4, device="cpu"
+        )
+        state = StateMetadata.build(slots=[0], fresh=[True], query_lens=[n])
+        with (
+            torch.no_grad(),
+            bind_forward_context(ForwardContext({PAGED: paged, STATE: state}, runner.caches)),
+        ):
+            return runner.model.compute_logits(runner.model(torch.tensor(PROMPTS[0]), positions))
+
+    hf = qwen3_next_checkpoint(tmp_path / "q35", "qwen3.5")
+    t = torch.arange(len(PROMPTS[0]))
+    positions = torch.stack([t, t // 3, t % 4])
+    got = forward(tmp_path / "q35", positions)
+    with torch.no_grad():
+        want = hf(torch.tensor([PROMPTS[0]]), position_ids=positions[:, None]).logits[0]
+        plain = hf(torch.tensor([PROMPTS[0]])).logits[0]
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-4 * want.abs().max().item())
+    assert (want - plain).abs().max() > 1e-2  # the rows' difference matters
+    qwen3_next_checkpoint(tmp_path / "next", "qwen3-next")
+    next_config = tmp_path / "next" / "config.json"
+    config = json.loads(next_config.read_text())
+    config["rope_parameters"].pop("mrope_section")
+    next_config.write_text(json.dumps(config))
+    with pytest.raises(
+        ValueError, match=r"positions of shape \(3, 13\) need a model with rope mrope_section"
+    ):
+        forward(tmp_path / "next", positions)

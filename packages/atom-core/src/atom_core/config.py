@@ -38,6 +38,9 @@ class RopeConfig:
     mscale_all_dim: float | None = None  # yarn
     truncate: bool = True  # yarn: round the correction range to whole dims
     partial_rotary_factor: float = 1.0
+    # multimodal rotary (Qwen3.5): frequencies per position row T, H, W; taken by [3, T] positions
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
 
     SUPPORTED = ("default", "linear", "dynamic", "llama3", "yarn")
 
@@ -75,6 +78,8 @@ class RopeConfig:
             partial_rotary_factor=float(
                 params.get("partial_rotary_factor", hf.get("partial_rotary_factor", 1.0))
             ),
+            mrope_section=tuple(params["mrope_section"]) if params.get("mrope_section") else None,
+            mrope_interleaved=bool(params.get("mrope_interleaved", False)),
         )
 
 

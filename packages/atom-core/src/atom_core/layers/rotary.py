@@ -8,7 +8,7 @@ import torch
 from torch import nn
 
 from atom_core.config import RopeConfig
-from atom_core.ops import apply_rotary
+from atom_core.ops import apply_mrope, apply_rotary
 
 
 def rope_frequencies(rope: RopeConfig, rotary_dim: int, max_position: int, seq_len: int | None = None):
@@ -84,7 +84,25 @@ class RotaryEmbedding(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        """positions: [T]; q: [T, Hq, D], k: [T, Hkv, D] -> both rotated in place (first rotary_dim dims)."""
+        """positions: [T], or [3, T] (rows T, H, W) for a model with mrope_section; q: [T, Hq, D],
+        k: [T, Hkv, D] -> both rotated in place (first rotary_dim dims)."""
+        if positions.dim() == 2:
+            if self.rope.mrope_section is None:
+                raise ValueError(
+                    f"positions of shape {tuple(positions.shape)} need a model with rope mrope_section; "
+                    "this one takes [T] positions"
+                )
+            return apply_mrope(
+                positions,
+                q,
+                k,
+                self.inv_freq,
+                rotary_dim=self.rotary_dim,
+                section=self.rope.mrope_section,
+                interleaved=self.rope.mrope_interleaved,
+                scaling=self.scaling,
+                neox=self.neox,
+            )
         inv_freq = self.inv_freq
         if self.rope.rope_type == "dynamic":  # the base grows with the longest sequence in the batch
             seq_len = int(positions.max()) + 1 if positions.numel() else 0  # a host sync: no CUDA graphs

@@ -3,6 +3,8 @@
 
 Text-only positions are 1-D: with the temporal, height and width positions all equal, the interleaved
 MRoPE sections rotate every frequency by the same position, which is the plain (partial) rotary used here.
+A caller that has [3, T] positions (rows T, H, W) passes them as they are: the full-attention layers then
+rotate by interleaved MRoPE (rope_parameters' mrope_section).
 Qwen3.5-MoE routes by softmax top-k, always renormalised, beside a gated shared expert; its experts load
 from per-expert keys or from fused 3-D experts.gate_up_proj / experts.down_proj tensors.
 

@@ -171,8 +171,13 @@ class DecodeGraphs:
         self.host_vectors[:, : size * q] = torch.tensor(rows)
         # padding sequences read q rows of block 0 (garbage, finite; their outputs are dropped)
         self.host_lens_tables[:size] = torch.tensor(seq_lens + [q] * pad, dtype=torch.int32)
-        tables = [t + [0] * (width - len(t)) for t in block_tables] + [[0] * width] * pad
-        self.host_lens_tables[n : n + size * width] = torch.tensor(tables, dtype=torch.int32).view(-1)
+        # Only the columns this batch's tables use are written (max_model_len may be 100x a table's
+        # length, and building those rows on the host cost more than the step); the columns past them
+        # keep earlier block ids, valid and never read below a sequence's length.
+        used = max(map(len, block_tables))
+        tables = [t + [0] * (used - len(t)) for t in block_tables] + [[0] * used] * pad
+        host_tables = self.host_lens_tables[n:].view(n, width)
+        host_tables[:size, :used] = torch.tensor(tables, dtype=torch.int32)
         self.vectors.copy_(self.host_vectors, non_blocking=True)
         self.lens_tables[: n + size * width].copy_(
             self.host_lens_tables[: n + size * width], non_blocking=True

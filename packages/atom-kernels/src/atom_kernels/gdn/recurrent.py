@@ -108,6 +108,8 @@ def gated_delta_rule_recurrent(
     step_state_indices: torch.Tensor | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
+    block_v: int | None = None,
+    num_warps: int = 1,
 ) -> torch.Tensor:
     """Gated delta rule, token by token (see atom_kernels.gdn.ref for the math and layouts).
 
@@ -117,7 +119,9 @@ def gated_delta_rule_recurrent(
     step_state_indices: [T] int (speculative verify): the state after token t goes to that slot (-1:
     nowhere) and the sequence's own slot is not written at the end (name it for one of its tokens to
     update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in
-    CUDA graphs.
+    CUDA graphs. block_v / num_warps: the tile (value rows of the state per program), for sweeps; by
+    default one warp a program and about 32k programs (sweep_gdn_decode.py on the H200: B=64 and
+    B=256 at 88-89% of copy bandwidth, where 32 rows and 4 warps reached 81-85%).
     """
     out, done = gdn_entry(
         q,
@@ -139,7 +143,8 @@ def gated_delta_rule_recurrent(
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
     if seqs == 0:
         return out
-    block_v = min(dv, 32)  # [32, Dk] fp32 of state per program: 32 registers a thread at Dk=128
+    if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
+        block_v = min(dv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     _recurrent_kernel[(seqs, num_v_heads, dv // block_v)](
         q,
@@ -172,6 +177,6 @@ def gated_delta_rule_recurrent(
         L2NORM=use_qk_l2norm,
         HAS_INIT=has_initial_state is not None,
         STEP_STATES=step_state_indices is not None,
-        num_warps=4,
+        num_warps=num_warps,
     )
     return out

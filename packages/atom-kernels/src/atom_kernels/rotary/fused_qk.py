@@ -1,0 +1,280 @@
+"""q/k RMSNorm, rotary (plain or multimodal) and the KV-cache write in one pass over q, k and v.
+
+Qwen3-Next and Qwen3.5 attention normalizes each head of q and k (zero-centred weights), rotates the first
+rotary_dim dims (64 of 256) and writes k and v to the paged cache: four launches and three round trips
+through memory when done one by one. Here two programs per token read its rows once (the q heads; the k
+heads with their v rows), normalize, rotate (cos and sin made once per token) and store them: q to q_out,
+k and v into the cache. Rounding is the
+unfused kernels' (rms_norm, apply_rotary / apply_mrope), which is transformers'.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.cache.layout import KVLayout, cache_geometry
+from atom_kernels.cache.ref import write_kv_ref
+from atom_kernels.norm.ref import rms_norm_ref
+from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref, mrope_axes
+from atom_kernels.settings import Backend, resolve_backend
+
+
+@triton.jit
+def _norm_rope_tile(
+    src,
+    stride_h,
+    num_heads,
+    w_ptr,
+    d,
+    partner,
+    rotated,
+    first_half,
+    cos,
+    sin,
+    eps,
+    weight_offset,
+    D: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+):
+    """A token's heads [BLOCK_H, D] -> normalized (rounded to the rows' dtype, times the weight, rounded)
+    and rotated where `rotated` by (cos, sin) [D] of each dim's frequency; each rotated dim's partner is
+    read again (registers cannot be permuted). Returns (tile, its head mask)."""
+    dt = src.dtype.element_ty
+    h = tl.arange(0, BLOCK_H)[:, None]
+    mask = h < num_heads
+    x = tl.load(src + h * stride_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1, keep_dims=True) / D + eps)
+    w = (tl.load(w_ptr + d).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
+    y = (w[None, :] * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    xp = tl.load(src + h * stride_h + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    wp = (tl.load(w_ptr + partner).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
+    yp = (wp[None, :] * (xp * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    a = (y * cos[None, :]).to(dt).to(tl.float32)
+    b = (yp * sin[None, :]).to(dt).to(tl.float32)
+    out = tl.where(rotated[None, :], tl.where(first_half[None, :], a - b, a + b), y).to(dt)
+    return out, mask
+
+
+@triton.jit
+def _qk_norm_rope_write_kernel(
+    q_ptr,
+    k_ptr,
+    v_ptr,
+    out_ptr,
+    qw_ptr,
+    kw_ptr,
+    pos_ptr,
+    axes_ptr,
+    inv_ptr,
+    k_cache_ptr,
+    v_cache_ptr,
+    slot_ptr,
+    stride_qt,
+    stride_qh,
+    stride_kt,
+    stride_kh,
+    stride_vt,
+    stride_vh,
+    stride_ot,
+    stride_oh,
+    stride_pos,
+    num_q_heads,
+    num_kv_heads,
+    block_size,
+    stride_cb,
+    stride_cn,
+    stride_ch,
+    eps,
+    weight_offset,
+    scaling,
+    D: tl.constexpr,
+    HALF: tl.constexpr,
+    MROPE: tl.constexpr,
+    BLOCK_QH: tl.constexpr,
+    BLOCK_KH: tl.constexpr,
+):
+    """Program (token, 0): all its q heads; (token, 1): its k heads and v rows, into the cache."""
+    t = tl.program_id(0).to(tl.int64)
+    d = tl.arange(0, D)
+    rotated = d < 2 * HALF
+    first_half = d < HALF
+    partner = tl.where(rotated, tl.where(first_half, d + HALF, d - HALF), d)
+    freq = tl.where(first_half, d, d - HALF) % HALF
+    axis = tl.load(axes_ptr + freq) if MROPE else tl.zeros([D], tl.int64)
+    angle = tl.load(pos_ptr + axis * stride_pos + t).to(tl.float32) * tl.load(inv_ptr + freq)
+    if tl.program_id(1) == 0:
+        dt = q_ptr.dtype.element_ty
+        cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
+        sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
+        y, mask = _norm_rope_tile(
+            q_ptr + t * stride_qt,
+            stride_qh,
+            num_q_heads,
+            qw_ptr,
+            d,
+            partner,
+            rotated,
+            first_half,
+            cos,
+            sin,
+            eps,
+            weight_offset,
+            D,
+            BLOCK_QH,
+        )
+        h = tl.arange(0, BLOCK_QH)[:, None]
+        tl.store(out_ptr + t * stride_ot + h * stride_oh + d[None, :], y, mask=mask)
+    else:
+        slot = tl.load(slot_ptr + t).to(tl.int64)
+        if slot >= 0:  # -1: padding, nothing written
+            dt = k_ptr.dtype.element_ty
+            cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
+            sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
+            y, mask = _norm_rope_tile(
+                k_ptr + t * stride_kt,
+                stride_kh,
+                num_kv_heads,
+                kw_ptr,
+                d,
+                partner,
+                rotated,
+                first_half,
+                cos,
+                sin,
+                eps,
+                weight_offset,
+                D,
+                BLOCK_KH,
+            )
+            h = tl.arange(0, BLOCK_KH)[:, None]
+            row = (
+                (slot // block_size) * stride_cb
+                + (slot % block_size) * stride_cn
+                + h * stride_ch
+                + d[None, :]
+            )
+            tl.store(k_cache_ptr + row, y.to(k_cache_ptr.dtype.element_ty), mask=mask)
+            v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
+            tl.store(v_cache_ptr + row, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+
+
+@functools.lru_cache(maxsize=64)
+def _device_axes(
+    half: int, section: tuple[int, ...], interleaved: bool, device: torch.device
+) -> torch.Tensor:
+    """The frequencies' position rows on the device, made once (a CUDA graph capture cannot copy them)."""
+    return mrope_axes(half, section, interleaved).to(device)
+
+
+def qk_norm_rope_write(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    q_weight: torch.Tensor,
+    k_weight: torch.Tensor,
+    positions: torch.Tensor,
+    inv_freq: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    *,
+    eps: float,
+    rotary_dim: int,
+    weight_offset: float = 0.0,
+    scaling: float = 1.0,
+    mrope_section: tuple[int, int, int] | None = None,
+    mrope_interleaved: bool = False,
+    out: torch.Tensor | None = None,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D] ((weight + weight_offset) scaled, weights [D]),
+    rotate their first rotary_dim dims (neox pairs) by positions [T] (or [3, T] with mrope_section), write
+    k and v [T, Hkv, D] into a flash-layout bf16/fp16/fp32 cache by slot_mapping [T] (-1: skipped) and
+    return the normalized, rotated q (into `out` [T, Hq, D] if given). q, k, v may be strided views with
+    a contiguous last dim (q and k of a fused projection). D must be a power of two. One launch.
+    """
+    tokens, num_q_heads, dim = q.shape
+    num_kv_heads = k.shape[1]
+    if k.shape != (tokens, num_kv_heads, dim) or v.shape != k.shape:
+        raise ValueError(
+            f"q [T, Hq, D] and k, v [T, Hkv, D] expected, got {tuple(q.shape)}, {tuple(k.shape)}"
+        )
+    if min(x.stride(-1) for x in (q, k, v)) != 1 or triton.next_power_of_2(dim) != dim:
+        raise ValueError(f"q, k, v need a contiguous last dim and a power-of-two head dim, got D={dim}")
+    if q_weight.shape != (dim,) or k_weight.shape != (dim,):
+        raise ValueError(f"q_weight and k_weight must be [{dim}]")
+    if rotary_dim % 2 or not 0 < rotary_dim <= dim or inv_freq.shape != (rotary_dim // 2,):
+        raise ValueError(f"rotary_dim {rotary_dim} must be even, <= {dim}, with inv_freq [rotary_dim / 2]")
+    expected = (3, tokens) if mrope_section is not None else (tokens,)
+    if tuple(positions.shape) != expected:
+        raise ValueError(f"positions must be {list(expected)}, got {list(positions.shape)}")
+    if cache_geometry(KVLayout.FLASH, k_cache, v_cache)[2:] != (num_kv_heads, dim):
+        raise ValueError(f"the cache must hold {num_kv_heads} heads of {dim}")
+    if k_cache.element_size() == 1:
+        raise ValueError("qk_norm_rope_write writes bf16/fp16/fp32 caches; fp8 caches go through write_kv")
+    if out is None:
+        out = torch.empty(tokens, num_q_heads, dim, dtype=q.dtype, device=q.device)
+    positions = positions.contiguous()  # the kernel steps one token at a time along a row
+    if resolve_backend(backend, q.device) is Backend.TORCH:
+        qn = rms_norm_ref(q.reshape(-1, dim), q_weight, eps, weight_offset=weight_offset).view(q.shape)
+        kn = rms_norm_ref(k.reshape(-1, dim), k_weight, eps, weight_offset=weight_offset).view(k.shape)
+        rope = dict(rotary_dim=rotary_dim, scaling=scaling)
+        if mrope_section is None:
+            qr, kr = apply_rotary_ref(positions, qn, kn, inv_freq, **rope)
+        else:
+            section = tuple(mrope_section)
+            qr, kr = apply_mrope_ref(
+                positions, qn, kn, inv_freq, section=section, interleaved=mrope_interleaved, **rope
+            )
+        write_kv_ref(kr, v, k_cache, v_cache, slot_mapping, KVLayout.FLASH, None, None)
+        return out.copy_(qr)
+    if tokens == 0:
+        return out
+    half = rotary_dim // 2
+    axes = inv_freq  # unused without mrope
+    if mrope_section is not None:
+        axes = _device_axes(half, tuple(mrope_section), mrope_interleaved, q.device)
+    block_qh, block_kh = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(num_kv_heads)
+    _qk_norm_rope_write_kernel[(tokens, 2)](
+        q,
+        k,
+        v,
+        out,
+        q_weight,
+        k_weight,
+        positions,
+        axes,
+        inv_freq,
+        k_cache,
+        v_cache,
+        slot_mapping,
+        q.stride(0),
+        q.stride(1),
+        k.stride(0),
+        k.stride(1),
+        v.stride(0),
+        v.stride(1),
+        out.stride(0),
+        out.stride(1),
+        positions.stride(0) if mrope_section is not None else 0,
+        num_q_heads,
+        num_kv_heads,
+        k_cache.shape[1],
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        eps,
+        weight_offset,
+        scaling,
+        D=dim,
+        HALF=half,
+        MROPE=mrope_section is not None,
+        BLOCK_QH=block_qh,
+        BLOCK_KH=block_kh,
+        num_warps=max(1, min(8, block_qh * dim // 1024)),
+    )
+    return out

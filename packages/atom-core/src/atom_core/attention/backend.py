@@ -30,6 +30,24 @@ class AttentionLayerSpec:
         return PagedKVSpec(self.num_kv_heads, self.head_dim, self.sliding_window)
 
 
+@dataclass(frozen=True, slots=True)
+class QKPrologue:
+    """What a frontend does to q and k before attention when it normalizes their heads (Qwen3, Qwen3-Next,
+    Qwen3.5): RMSNorm of each head by q_weight / k_weight [D] (+ weight_offset), then rotary of the first
+    rotary_dim dims (neox pairs; by [3, T] positions when mrope_section is set). A backend layer that can
+    fuse it with its KV write offers `attend_with_prologue`."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    weight_offset: float
+    inv_freq: torch.Tensor  # [rotary_dim / 2] fp32
+    rotary_dim: int
+    scaling: float = 1.0
+    mrope_section: tuple[int, ...] | None = None
+    mrope_interleaved: bool = False
+
+
 class AttentionLayer(Protocol):
     # Optional: True when q/k/v may be views with a unit last stride (slices of one qkv projection). A layer
     # that leaves it out (as the vLLM and SGLang layers do) gets contiguous tensors.
@@ -38,6 +56,9 @@ class AttentionLayer(Protocol):
     def __call__(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         """q: [T, Hq, D], k/v: [T, Hkv, D] for this forward's tokens -> [T, Hq, D]. Reads the ForwardContext."""
         ...
+
+    # Optional: attend_with_prologue(q, k, v, prologue: QKPrologue, positions) -> [T, Hq, D], or None when
+    # this layer cannot fuse it (the frontend then normalizes and rotates, and calls the layer).
 
 
 class AttentionBackend(Protocol):

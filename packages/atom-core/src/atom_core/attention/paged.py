@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_core.attention.backend import AttentionLayerSpec
+from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
 from atom_core.attention.metadata import PagedAttentionMetadata
 from atom_core.attention.mla import UNABSORBED_MIN_TOKENS, MLALayerSpec, MLAPagedLayer
 from atom_core.cache.allocate import LayerKVCache
@@ -12,6 +12,7 @@ from atom_core.cache.specs import PAGED
 from atom_core.forward_context import current_forward_context
 from atom_kernels.attention import paged_decode, paged_prefill
 from atom_kernels.cache import write_kv
+from atom_kernels.rotary import qk_norm_rope_write
 
 
 class PagedAttentionBackend:
@@ -39,6 +40,51 @@ class PagedAttentionBackend:
 
 class PagedAttentionLayer:
     accepts_strided_inputs = True  # write_kv and the attention kernels take row strides
+
+    def attend_with_prologue(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: QKPrologue, positions: torch.Tensor
+    ) -> torch.Tensor | None:
+        """q/k norms, rotary and the KV write in one kernel (atom_kernels' qk_norm_rope_write), then
+        attention over the cache; None where that kernel does not write the cache (fp8, shuffle)."""
+        ctx = current_forward_context()
+        cache: LayerKVCache = ctx.caches[self.spec.layer_index]
+        if self.layout != "flash" or cache.k_scale is not None:
+            return None
+        if positions.dim() == 2 and prologue.mrope_section is None:  # the unfused rotary says why not
+            return None
+        meta = ctx.metadata_for(PAGED)
+        p = prologue
+        q = qk_norm_rope_write(
+            q,
+            k,
+            v,
+            p.q_weight,
+            p.k_weight,
+            positions,
+            p.inv_freq,
+            cache.k,
+            cache.v,
+            meta.slot_mapping,
+            eps=p.eps,
+            rotary_dim=p.rotary_dim,
+            weight_offset=p.weight_offset,
+            scaling=p.scaling,
+            mrope_section=p.mrope_section if positions.dim() == 2 else None,
+            mrope_interleaved=p.mrope_interleaved,
+            backend=self.kernel_backend,
+        )
+        return paged_attention(
+            q,
+            None,
+            None,
+            cache.k,
+            cache.v,
+            meta,
+            layout=self.layout,
+            softmax_scale=self.spec.scale,
+            sliding_window=self.spec.sliding_window,
+            kernel_backend=self.kernel_backend,
+        )
 
     def __init__(self, spec: AttentionLayerSpec, layout: str, kernel_backend: str | None):
         self.spec = spec

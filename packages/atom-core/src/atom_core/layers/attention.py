@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from atom_core.attention.backend import AttentionLayerSpec
+from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
@@ -78,18 +78,46 @@ class SelfAttention(nn.Module):
             [q_width, self.num_kv_heads * self.head_dim, self.num_kv_heads * self.head_dim], -1
         )
         gate = None
-        if self.output_gate:
+        if self.output_gate:  # q stays a strided view: the norm (or the fused prologue) writes a new tensor
             q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            q, gate = q.contiguous(), gate.reshape(tokens, self.num_heads * self.head_dim)
+            gate = gate.reshape(tokens, self.num_heads * self.head_dim)
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
+        out = None
+        if (fused := self._prologue()) is not None:  # norms, rotary and the KV write in one kernel
+            out = self.attn.attend_with_prologue(q, k, v, fused, positions)
+        if out is None:
+            out = self._attend(positions, q, k, v)
+        out = out.reshape(tokens, self.num_heads * self.head_dim)  # [T, Hq * D]
+        if gate is not None:
+            out = out * torch.sigmoid(gate)
+        return self.o_proj(out)
+
+    def _prologue(self) -> QKPrologue | None:
+        """The q/k norms and rotary as one prologue, where the backend layer can fuse them."""
+        rope = self.rotary_emb
+        if self.q_norm is None or not hasattr(self.attn, "attend_with_prologue"):
+            return None
+        if rope.rope.rope_type == "dynamic" or not rope.neox:  # rates from the batch; GPT-J pairs
+            return None
+        return QKPrologue(
+            self.q_norm.weight,
+            self.k_norm.weight,
+            self.q_norm.eps,
+            self.q_norm.offset,
+            rope.inv_freq,
+            rope.rotary_dim,
+            rope.scaling,
+            rope.rope.mrope_section,
+            rope.rope.mrope_interleaved,
+        )
+
+    def _attend(self, positions, q, k, v) -> torch.Tensor:
+        """The unfused prologue (norms, rotary), then the backend layer -> [T, Hq, D]."""
         if self.q_norm is not None:
             q, k = self.q_norm(q), self.k_norm(k)
         q, k = self.rotary_emb(positions, q, k)
         if not getattr(self.attn, "accepts_strided_inputs", False):
             q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
-        out = self.attn(q, k, v).reshape(tokens, self.num_heads * self.head_dim)  # [T, Hq * D]
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
-        return self.o_proj(out)
+        return self.attn(q, k, v)

@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.rotary.ref import apply_mrope_ref
-from atom_kernels.rotary.rope import _rotate_qk, apply_rotary, rotary_tiles
+from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS, _rotate_qk, apply_rotary, rotary_tiles
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -156,9 +156,6 @@ def apply_mrope(
             BLOCK_HALF=block_half,
             BLOCK_T=block_t,
             num_warps=warps,
-            # No FMA contraction: LLVM narrows the rounded products to bf16 multiplies and would fuse
-            # one into the sum, rounding once where transformers rounds each product (83% equal on
-            # the H200 with it, all but ties without)
-            enable_fp_fusion=False,
+            **ROUNDED_AS_TRANSFORMERS,
         )
     return q, k

@@ -10,6 +10,11 @@ import triton.language as tl
 from atom_kernels.rotary.ref import apply_rotary_ref
 from atom_kernels.settings import Backend, resolve_backend
 
+# Launch options of the rotary kernels. No FMA contraction: LLVM narrows the rounded products to bf16
+# multiplies and would fuse one into the sum, rounding once where transformers rounds each product (83%
+# of bf16 outputs equal on the H200 with it, 100% without; test_rotary_rounding_sm90.py).
+ROUNDED_AS_TRANSFORMERS = {"enable_fp_fusion": False}
+
 
 def rotary_tiles(num_q_heads: int, num_k_heads: int, half: int) -> tuple[int, int, int, int, int]:
     """(BLOCK_QH, BLOCK_KH, BLOCK_HALF, BLOCK_T, num_warps) of a launch: BLOCK_T tokens per program.
@@ -190,9 +195,6 @@ def apply_rotary(
             BLOCK_HALF=block_half,
             BLOCK_T=block_t,
             num_warps=warps,
-            # No FMA contraction: LLVM narrows the rounded products to bf16 multiplies and would fuse
-            # one into the sum, rounding once where transformers rounds each product (83% equal on
-            # the H200 with it, all but ties without)
-            enable_fp_fusion=False,
+            **ROUNDED_AS_TRANSFORMERS,
         )
     return q, k

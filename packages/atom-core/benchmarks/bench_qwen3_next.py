@@ -27,11 +27,11 @@ import time
 
 import torch
 import transformers
+from bench_deepseek import PROMPT, copy_bandwidth, step_ms, tok_s  # sibling script: same harness
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.model_runner import ModelRunner
 
-PROMPT, NEW, HF_NEW = 512, 128, 32
+HF_NEW = 32
 
 SHAPES = {  # from the published configs (text_config for Qwen3.5)
     "qwen3.5-35b-a3b": (
@@ -120,31 +120,8 @@ def cache_bytes(c, batch: int, length: int) -> int:
     return kv + linear * batch * 2 * (recurrent + conv)
 
 
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(20):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 20 / (time.perf_counter() - start)
-
-
-def prompts(vocab: int, batch: int, length: int = PROMPT) -> list[dict]:
+def prompts(vocab: int, batch: int, length: int) -> list[dict]:
     return [{"prompt_token_ids": torch.randint(0, vocab, (length,)).tolist()} for _ in range(batch)]
-
-
-def tok_s(llm: LLM, vocab: int, batch: int) -> float:
-    llm.generate(prompts(vocab, batch), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True))
-    work = prompts(vocab, batch)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    llm.generate(work, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True))
-    torch.cuda.synchronize()
-    return batch * NEW / (time.perf_counter() - start)
 
 
 def prefill_tok_s(llm: LLM, vocab: int, length: int) -> float:
@@ -156,35 +133,6 @@ def prefill_tok_s(llm: LLM, vocab: int, length: int) -> float:
     llm.generate(work, one)
     torch.cuda.synchronize()
     return length / (time.perf_counter() - start)
-
-
-def step_ms(llm: LLM, vocab: int, batch: int, steps: int = 24) -> tuple[float, float]:
-    """(engine.step() ms, the model forward alone ms) once batch sequences of PROMPT tokens decode."""
-    engine = llm.engine
-    for i, p in enumerate(prompts(vocab, batch)):
-        engine.add_request(p, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True), f"s{i}")
-    while any(s.num_computed_tokens < PROMPT for s in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
-    for _ in range(4):
-        engine.step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    whole = (time.perf_counter() - start) / steps * 1e3
-    inputs = ModelRunner.prepare(engine.scheduler.schedule())  # the next step's forward, run alone
-    for _ in range(3):
-        engine.runner.run(inputs)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.runner.run(inputs)
-    torch.cuda.synchronize()
-    forward = (time.perf_counter() - start) / steps * 1e3
-    for request_id in list(engine.requests):
-        engine.abort(request_id)
-    return whole, forward
 
 
 def hf_tok_s(config) -> float:

@@ -91,6 +91,10 @@ def test_fp8_caches_and_bad_shapes_are_refused():
         qk_norm_rope_write(
             q, k, v, qw, kw, positions[None], inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=128
         )
+    with pytest.raises(ValueError, match="q, k and v must share one dtype"):
+        qk_norm_rope_write(
+            q, k.half(), v, qw, kw, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=128
+        )
     with pytest.raises(ValueError, match=r"rotary_dim 100 must be even, <= 128"):
         qk_norm_rope_write(q, k, v, qw, kw, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=100)
     if hasattr(torch, "float8_e4m3fn"):

@@ -1,7 +1,8 @@
 """Per-sequence state slots: the memory of layers with StateCacheSpec (GDN), beside the block manager's pages.
 
-A running sequence holds one slot; the slot index addresses the same row of every state layer's cache, as
-a block id addresses the same page of every paged layer. A slot is taken when a sequence starts running
+A running sequence holds one slot (and under speculation one spare per draft, for the verify step's
+per-token states); the slot index addresses the same row of every state layer's cache, as a block id
+addresses the same page of every paged layer. A slot is taken when a sequence starts running
 and given back when it finishes or is preempted (a preempted sequence is recomputed from its first token,
 so its state starts fresh).
 """

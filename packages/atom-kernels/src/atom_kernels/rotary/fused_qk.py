@@ -106,10 +106,10 @@ def _qk_norm_rope_write_kernel(
     freq = tl.where(first_half, d, d - HALF) % HALF
     axis = tl.load(axes_ptr + freq) if MROPE else tl.zeros([D], tl.int64)
     angle = tl.load(pos_ptr + axis * stride_pos + t).to(tl.float32) * tl.load(inv_ptr + freq)
+    dt = q_ptr.dtype.element_ty  # k's too (checked by the wrapper)
+    cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
+    sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
     if tl.program_id(1) == 0:
-        dt = q_ptr.dtype.element_ty
-        cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
-        sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
         y, mask = _norm_rope_tile(
             q_ptr + t * stride_qt,
             stride_qh,
@@ -131,9 +131,6 @@ def _qk_norm_rope_write_kernel(
     else:
         slot = tl.load(slot_ptr + t).to(tl.int64)
         if slot >= 0:  # -1: padding, nothing written
-            dt = k_ptr.dtype.element_ty
-            cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
-            sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
             y, mask = _norm_rope_tile(
                 k_ptr + t * stride_kt,
                 stride_kh,
@@ -203,6 +200,8 @@ def qk_norm_rope_write(
         raise ValueError(
             f"q [T, Hq, D] and k, v [T, Hkv, D] expected, got {tuple(q.shape)}, {tuple(k.shape)}"
         )
+    if k.dtype != q.dtype or v.dtype != q.dtype:
+        raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if min(x.stride(-1) for x in (q, k, v)) != 1 or triton.next_power_of_2(dim) != dim:
         raise ValueError(f"q, k, v need a contiguous last dim and a power-of-two head dim, got D={dim}")
     if q_weight.shape != (dim,) or k_weight.shape != (dim,):

@@ -6,6 +6,9 @@ all of its rows. Two uses, chosen at compile time:
   silu(gate) * up at the row's sorted position (no [pairs, 2I] intermediate in memory);
 - down: rows read that intermediate contiguously, scale by the pair's routing weight in fp32, and store
   at the pair's own row, for the combine over k to sum.
+Weights are in the activations' dtype, or e4m3 with block scales (fp8 checkpoints): each weight tile is
+multiplied by its scales as it is loaded and the product runs in the activations' dtype (weight-only:
+decode's expert GEMMs stream half the bytes).
 """
 
 from __future__ import annotations
@@ -64,9 +67,20 @@ def down_tile_config(gate_up_config: TileConfig) -> TileConfig:
 
 
 @triton.jit
+def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr):
+    """A [BLOCK_K, BLOCK_N] weight tile in the activations' dtype; e4m3 tiles are multiplied by their
+    columns' block scales first (one scale per column within a k-step: BLOCK_K divides the scale block)."""
+    w = tl.load(w_ptrs, mask=mask, other=0.0)
+    if FP8_W:
+        w = (w.to(tl.float32) * tl.load(ws_ptrs, mask=col_ok[None, :], other=0.0)).to(dtype)
+    return w
+
+
+@triton.jit
 def _expert_gemm_kernel(
     a_ptr,
     w_ptr,
+    ws_ptr,
     out_ptr,
     sorted_pairs_ptr,
     tile_expert_ptr,
@@ -80,6 +94,10 @@ def _expert_gemm_kernel(
     stride_we,
     stride_wn,
     stride_om,
+    stride_se,
+    stride_sn,
+    SCALE_N: tl.constexpr,
+    SCALE_K: tl.constexpr,
     GATED: tl.constexpr,
     A_BY_TOKEN: tl.constexpr,
     WEIGHTED: tl.constexpr,
@@ -89,6 +107,7 @@ def _expert_gemm_kernel(
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
+    FP8_W: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -113,20 +132,27 @@ def _expert_gemm_kernel(
     w_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
+    ws_ptrs = ws_ptr + expert * stride_se + (cols // SCALE_N)[None, :].to(tl.int64) * stride_sn  # [1, BN]
+    up_rows = N // SCALE_N  # the up half's scale rows start here (N is a multiple of SCALE_N)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            w = tl.load(w_ptrs, mask=col_ok[None, :], other=0.0)
+            w_mask = col_ok[None, :]
         else:
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            w_mask = k_ok[:, None] & col_ok[None, :]
+        w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W)
         acc = tl.dot(a, w, acc, input_precision=PRECISION)
         if GATED:  # the up half of w13 sits N rows below the gate half
-            if EVEN_K:
-                w_up = tl.load(w_ptrs + N * stride_wn, mask=col_ok[None, :], other=0.0)
-            else:
-                w_up = tl.load(w_ptrs + N * stride_wn, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            w_up = _load_weight(
+                w_ptrs + N * stride_wn,
+                ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
+                w_mask,
+                col_ok,
+                a.dtype,
+                FP8_W,
+            )
             acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
@@ -139,12 +165,21 @@ def _expert_gemm_kernel(
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
 
 
-def _launch(a, w, out, order: ExpertOrder, pair_weights, n, k, top_k, cfg: TileConfig, *, gated: bool):
+def _launch(
+    a, w, out, order: ExpertOrder, pair_weights, n, k, top_k, cfg: TileConfig, *, gated: bool, scales=None
+):
+    """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
+    for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step)."""
     tiles_m = order.sorted_pairs.numel() // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
+    block_k, scale, (scale_n, scale_k) = cfg.block_k, w, (1, 1)
+    if scales is not None:
+        scale, (scale_n, scale_k) = scales
+        block_k = min(block_k, scale_k)
     _expert_gemm_kernel[grid](
         a,
         w,
+        scale,
         out,
         order.sorted_pairs,
         order.tile_expert,
@@ -158,34 +193,44 @@ def _launch(a, w, out, order: ExpertOrder, pair_weights, n, k, top_k, cfg: TileC
         w.stride(0),
         w.stride(1),
         out.stride(0),
+        scale.stride(0),
+        scale.stride(1),
+        SCALE_N=scale_n,
+        SCALE_K=scale_k,
         GATED=gated,
         A_BY_TOKEN=gated,
         WEIGHTED=pair_weights is not None,
-        EVEN_K=k % cfg.block_k == 0,
+        EVEN_K=k % block_k == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
-        BLOCK_K=cfg.block_k,
+        BLOCK_K=block_k,
         GROUP_M=cfg.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not TF32
+        FP8_W=scales is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
 
 def gate_up(
-    x: torch.Tensor, w13: torch.Tensor, order: ExpertOrder, top_k: int, cfg: TileConfig
+    x: torch.Tensor, w13: torch.Tensor, order: ExpertOrder, top_k: int, cfg: TileConfig, scales=None
 ) -> torch.Tensor:
     """x: [T, H], w13: [E, 2I, H] -> [capacity, I]: silu(gate) * up at each pair's sorted row (padding unset)."""
     inter = w13.shape[1] // 2
     out = torch.empty(order.sorted_pairs.numel(), inter, dtype=x.dtype, device=x.device)
-    _launch(x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True)
+    _launch(x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales)
     return out
 
 
 def down(
-    h: torch.Tensor, w2: torch.Tensor, order: ExpertOrder, pair_weights: torch.Tensor, cfg: TileConfig
+    h: torch.Tensor,
+    w2: torch.Tensor,
+    order: ExpertOrder,
+    pair_weights: torch.Tensor,
+    cfg: TileConfig,
+    scales=None,
 ) -> torch.Tensor:
     """h: [capacity, I] (gate_up's), w2: [E, H, I], pair_weights: [pairs] fp32 -> [pairs, H], weighted."""
     out = torch.empty(order.num_pairs, w2.shape[1], dtype=h.dtype, device=h.device)
-    _launch(h, w2, out, order, pair_weights, w2.shape[1], w2.shape[2], 1, cfg, gated=False)
+    _launch(h, w2, out, order, pair_weights, w2.shape[1], w2.shape[2], 1, cfg, gated=False, scales=scales)
     return out

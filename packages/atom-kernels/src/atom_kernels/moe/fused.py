@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
 from atom_kernels.moe.align import order_by_expert
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.ref import fused_experts_ref
@@ -33,15 +36,52 @@ def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     return out
 
 
-def _experts_torch(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:
+    """e4m3 expert weights [E, N, K] with scales [E, N_blocks, K_blocks] -> [E, N, K] in dtype."""
+    return torch.stack([dequantize_weight_ref(w[e], scale[e], block, dtype) for e in range(w.shape[0])])
+
+
+def _experts_torch(x, w13, w2, topk_weights, topk_ids, scales) -> torch.Tensor:
     """The torch backend: the reference (only the experts hit run: a host sync), or the static form
-    while a CUDA graph is being captured."""
+    while a CUDA graph is being captured. e4m3 experts are dequantized first (weight-only)."""
+    if scales is not None:
+        w13 = dequantize_experts(w13, scales.w13, scales.block, x.dtype)
+        w2 = dequantize_experts(w2, scales.w2, scales.block, x.dtype)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return _experts_static(x, w13, w2, topk_weights, topk_ids)
     return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
 
 
-def _check(x, w13, w2, topk_weights, topk_ids) -> None:
+@dataclass(frozen=True, slots=True)
+class ExpertScales:
+    """Block scales of e4m3 expert weights: w13 [E, ceil(2I/bn), ceil(H/bk)], w2 [E, ceil(H/bn),
+    ceil(I/bk)] fp32, block (bn, bk). bn must divide I (gate and up have their own scale rows) and bk
+    be a power of two of at least 16 (the kernels' k-step divides it)."""
+
+    w13: torch.Tensor
+    w2: torch.Tensor
+    block: tuple[int, int]
+
+    def check(self, w13: torch.Tensor, w2: torch.Tensor) -> None:
+        bn, bk = self.block
+        inter = w2.shape[2]
+        if w13.dtype != E4M3 or w2.dtype != E4M3:
+            raise ValueError(f"expert scales go with float8_e4m3fn weights, got {w13.dtype} and {w2.dtype}")
+        if inter % bn or bk < 16 or bk & (bk - 1):
+            raise ValueError(
+                f"expert scale block {self.block}: block_n must divide the intermediate size {inter} and "
+                "block_k be a power of two >= 16"
+            )
+        for name, w, s in (("w13", w13, self.w13), ("w2", w2, self.w2)):
+            want = (w.shape[0], *scale_grid(tuple(w.shape[1:]), self.block))
+            if tuple(s.shape) != want or s.dtype != torch.float32 or not s.is_contiguous():
+                raise ValueError(
+                    f"{name} scales must be contiguous float32 {want} for {tuple(w.shape)} in {self.block} "
+                    f"blocks, got {s.dtype} {tuple(s.shape)}"
+                )
+
+
+def _check(x, w13, w2, topk_weights, topk_ids, scales) -> None:
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(
             f"fused_experts expects x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {tuple(x.shape)}, "
@@ -58,7 +98,9 @@ def _check(x, w13, w2, topk_weights, topk_ids) -> None:
             f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must both be "
             f"[T={x.shape[0]}, k]"
         )
-    if w13.dtype != x.dtype or w2.dtype != x.dtype:
+    if scales is not None:
+        scales.check(w13, w2)
+    elif w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"expert weights must be {x.dtype} like x, got {w13.dtype} and {w2.dtype}")
     if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
         raise ValueError("fused_experts needs the last dimension of x, w13 and w2 contiguous")
@@ -74,24 +116,27 @@ def fused_experts(
     out: torch.Tensor | None = None,
     config: TileConfig | None = None,
     down_config: TileConfig | None = None,
+    scales: ExpertScales | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j].
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
+    With scales, w13 and w2 are e4m3 with block scales (ExpertScales): the product is weight-only (x is
+    not quantized), the Triton kernels dequantizing each tile as they load it.
     config overrides the tile shape of both GEMMs, down_config the down GEMM's alone (same block_m;
     benchmark sweeps). The Triton path has no host sync and can be
     captured in a CUDA graph. Returns out.
     """
-    _check(x, w13, w2, topk_weights, topk_ids)
+    _check(x, w13, w2, topk_weights, topk_ids, scales)
     tokens, hidden = x.shape
     if out is None:
         out = torch.empty_like(x, memory_format=torch.contiguous_format)
     elif out.shape != x.shape or out.dtype != x.dtype:
         raise ValueError(f"out must be [{tokens}, {hidden}] {x.dtype}")
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        return out.copy_(_experts_torch(x, w13, w2, topk_weights, topk_ids))
+        return out.copy_(_experts_torch(x, w13, w2, topk_weights, topk_ids, scales))
     if tokens == 0:
         return out
     top_k, experts = topk_ids.shape[1], w13.shape[0]
@@ -99,9 +144,9 @@ def fused_experts(
         tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret
     )
     order = order_by_expert(topk_ids, experts, cfg.block_m)
-    h = gate_up(x, w13, order, top_k, cfg)
+    h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
     down_cfg = down_config or down_tile_config(cfg)
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
-    y = down(h, w2, order, topk_weights.reshape(-1).float(), down_cfg)
+    y = down(h, w2, order, topk_weights.reshape(-1).float(), down_cfg, scales and (scales.w2, scales.block))
     return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)

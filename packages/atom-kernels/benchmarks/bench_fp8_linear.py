@@ -1,0 +1,132 @@
+"""fp8_linear (block (128, 128) e4m3 weight, bf16 x) against bf16 cuBLAS (F.linear), as graph replays.
+
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_fp8_linear.py \
+      [--rows 1 16 4096] [--out results.json] [names...]
+
+Llama-3-8B's projections and DeepSeek-V3's attention projections, from decode's single row to prefill's
+16384. At 1..16 rows fp8_linear streams the weight (weight-only), so its roofline is the bytes read (e4m3
+weight + fp32 scales + bf16 x) at the copy bandwidth measured in the same run; beyond, it quantizes x and
+runs the W8A8 GEMM (both kernels are timed), whose ceiling is the tensor cores' rate. Weights rotate over
+copies that exceed the L2, as in a decode step where every layer's weights stream.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+import triton
+from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
+from graph_timing import graph_ms, rotation
+
+from atom_kernels.fp8 import fp8_linear, fp8_linear_ref, quantize_weight_ref
+
+SHAPES = {  # name: (N, K)
+    "llama3-8b/qkv": (6144, 4096),
+    "llama3-8b/o": (4096, 4096),
+    "llama3-8b/gate_up": (28672, 4096),
+    "llama3-8b/down": (4096, 14336),
+    "dsv3/q_b": (24576, 1536),
+    "dsv3/kv_a": (576, 7168),
+    "dsv3/o": (7168, 16384),
+    "dsv3/q_a+kv_a": (2112, 7168),
+}
+ROWS = (1, 2, 4, 8, 16, 64, 256, 1024, 4096, 16384)
+BLOCK = (128, 128)
+CHECK_ROWS = (
+    4096  # the fp32 reference is checked up to this many rows (beyond, it costs more than the timing)
+)
+
+
+def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float) -> list[dict]:
+    w = torch.randn(n, k, device="cuda") / k**0.5
+    q, s = quantize_weight_ref(w, BLOCK)
+    w = w.to(torch.bfloat16)
+    fp8_bytes = q.numel() + s.numel() * 4
+    # Independent copies so consecutive calls miss the L2; x is one tensor (small where bandwidth matters).
+    fp8_weights = [(q.clone(), s.clone()) for _ in range(rotation(fp8_bytes))]
+    bf16_weights = [w.clone() for _ in range(rotation(w.numel() * 2))]
+    out = []
+    for rows in rows_list:
+        x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
+        fp8_ms = graph_ms([lambda qc=qc, sc=sc, x=x: fp8_linear(x, qc, sc, BLOCK) for qc, sc in fp8_weights])
+        bf16_ms = graph_ms([lambda wc=wc, x=x: F.linear(x, wc) for wc in bf16_weights])
+        flop = 2 * rows * n * k
+        nbytes = fp8_bytes + x.numel() * x.element_size()
+        err = math.nan
+        if rows <= CHECK_ROWS:  # against the fp32 reference of the path taken (W8A8 past 16 rows)
+            want = fp8_linear_ref(x, q, s, BLOCK, quantize_input=rows > 16).float()
+            err = ((fp8_linear(x, q, s, BLOCK).float() - want).abs().max() / want.abs().max()).item()
+        out.append(
+            dict(
+                name=name,
+                n=n,
+                k=k,
+                rows=rows,
+                fp8_ms=fp8_ms,
+                bf16_ms=bf16_ms,
+                fp8_tflops=flop / (fp8_ms * 1e-3) / 1e12,
+                bf16_tflops=flop / (bf16_ms * 1e-3) / 1e12,
+                speedup=bf16_ms / fp8_ms,
+                fp8_gb_s=nbytes / (fp8_ms * 1e-3) / 1e9,
+                fp8_pct_copy=nbytes / (fp8_ms * 1e-3) / copy_bw * 100,
+                max_rel_err=err,
+            )
+        )
+        r = out[-1]
+        print(
+            f"{name:18} {rows:6} {fp8_ms:9.4f} {bf16_ms:9.4f} {r['fp8_tflops']:8.1f} {r['bf16_tflops']:8.1f} "
+            f"{r['speedup']:6.2f} {r['fp8_gb_s']:8.0f} {r['fp8_pct_copy']:6.1f} {err:9.1e}",
+            flush=True,
+        )
+        del x
+    del fp8_weights, bf16_weights
+    torch.cuda.empty_cache()
+    return out
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fp8_linear_h200.json"))
+    parser.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
+    parser.add_argument("names", nargs="*", default=list(SHAPES))
+    args = parser.parse_args()
+    copy_bw, mm_flops = measure_ceilings()
+    torch.manual_seed(0)
+    print(
+        f"{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s (read + write), "
+        f"bf16 8192^3 matmul {mm_flops / 1e12:.0f} TFLOP/s"
+    )
+    print(
+        f"{'shape':18} {'M':>6} {'fp8 ms':>9} {'bf16 ms':>9} {'fp8 TF/s':>8} {'bf16 TF':>8} {'x':>6} "
+        f"{'fp8 GB/s':>8} {'% copy':>6} {'rel err':>9}"
+    )
+    rows_out = []
+    for name in args.names:
+        rows_out += bench_shape(name, *SHAPES[name], args.rows, copy_bw)
+    print("x: bf16 ms / fp8 ms. fp8 GB/s: (e4m3 weight + fp32 scales + bf16 x) bytes / time.")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(
+            dict(
+                device=torch.cuda.get_device_name(),
+                date=datetime.date.today().isoformat(),
+                torch=torch.__version__,
+                triton=triton.__version__,
+                block=list(BLOCK),
+                copy_tb_s=copy_bw / 1e12,
+                bf16_mm_tflops=mm_flops / 1e12,
+                rows=rows_out,
+            ),
+            f,
+            indent=1,
+        )
+
+
+if __name__ == "__main__":
+    main()

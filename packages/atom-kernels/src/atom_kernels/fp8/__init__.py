@@ -1,0 +1,31 @@
+"""Block-scaled fp8 linear layers (DeepSeek-V3's format): an e4m3 weight [N, K] with one fp32 scale per
+[block_n, block_k] tile (scale [ceil(N/bn), ceil(K/bk)], ragged edge tiles), W ~= q * scale[n // bn, k // bk].
+At 1..16 rows fp8_linear streams the e4m3 weight with x left in its dtype (weight-only: decode is a read of
+the weight, which e4m3 halves); beyond, x is quantized per token and block_k group (quantize_act) and a W8A8
+GEMM multiplies e4m3 tiles on the tensor cores, applying both scales per k-step. The torch reference (the
+CPU path) dequantizes the weight and computes in fp32.
+"""
+
+from atom_kernels.fp8.act_quant import quantize_act
+from atom_kernels.fp8.linear import fp8_linear
+from atom_kernels.fp8.ref import (
+    E4M3,
+    E4M3_MAX,
+    dequantize_weight_ref,
+    fp8_linear_ref,
+    quantize_act_ref,
+    quantize_weight_ref,
+    scale_grid,
+)
+
+__all__ = [
+    "E4M3",
+    "E4M3_MAX",
+    "dequantize_weight_ref",
+    "fp8_linear",
+    "fp8_linear_ref",
+    "quantize_act",
+    "quantize_act_ref",
+    "quantize_weight_ref",
+    "scale_grid",
+]

@@ -1,0 +1,97 @@
+"""fp8_linear: y = x @ W^T + bias for a block-scaled e4m3 weight, the kernel chosen by row count."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels.fp8.act_quant import quantize_act
+from atom_kernels.fp8.gemm import w8a8_gemm
+from atom_kernels.fp8.ref import E4M3, fp8_linear_ref, scale_grid
+from atom_kernels.fp8.stream import MAX_SKINNY_ROWS, run_stream
+from atom_kernels.settings import Backend, resolve_backend
+
+_X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None,
+) -> None:
+    if weight.dim() != 2:
+        raise ValueError(f"fp8_linear expects weight [N, K], got shape {tuple(weight.shape)}")
+    if weight.dtype != E4M3:
+        raise ValueError(f"fp8_linear expects a {E4M3} weight, got {weight.dtype}")
+    if len(block) != 2 or min(block) < 1:
+        raise ValueError(f"fp8_linear expects block (block_n, block_k) of positive sizes, got {block}")
+    n, k = weight.shape
+    if x.shape[-1] != k:
+        raise ValueError(
+            f"fp8_linear expects x [..., K] with K={k} from weight {tuple(weight.shape)}, "
+            f"got x of shape {tuple(x.shape)}"
+        )
+    if x.dtype not in _X_DTYPES:
+        raise ValueError(f"fp8_linear expects x in float16, bfloat16 or float32, got {x.dtype}")
+    grid = scale_grid((n, k), block)
+    if tuple(scale.shape) != grid:
+        raise ValueError(
+            f"fp8_linear expects scale {list(grid)} (ceil(N/{block[0]}), ceil(K/{block[1]})) for weight "
+            f"{tuple(weight.shape)}, got {tuple(scale.shape)}"
+        )
+    if scale.dtype != torch.float32:
+        raise ValueError(f"fp8_linear expects a float32 scale (convert it at load time), got {scale.dtype}")
+    if bias is not None and tuple(bias.shape) != (n,):
+        raise ValueError(f"fp8_linear expects bias [{n}], got {tuple(bias.shape)}")
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    *,
+    pow2_scales: bool = False,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """x @ dequant(weight)^T + bias -> [..., N] in x's dtype.
+
+    x: [..., K] fp16/bf16/fp32; weight: [N, K] float8_e4m3fn; scale: [ceil(N/bn), ceil(K/bk)] float32 with
+    block = (bn, bk), W ~= weight * scale[n // bn, k // bk]; bias: [N] or None.
+    Paths: 1..16 rows stream the weight with x unquantized (weight-only); more rows quantize x per token and
+    bk group (pow2_scales: power-of-two activation scales) and run the W8A8 GEMM, which needs bk a power of
+    two >= 16. The kernels run on a GPU, or on the CPU interpreter when backend="triton" is passed; the
+    torch backend computes the weight-only product with the weight dequantized (fp8_linear_ref).
+    """
+    _check(x, weight, scale, block, bias)
+    n, k = weight.shape
+    bk = block[1]
+    chosen = resolve_backend(backend, x.device)
+    lead = x.shape[:-1]
+    x2 = x.reshape(-1, k)
+    rows = x2.shape[0]
+    if rows == 0:
+        return x.new_empty(*lead, n)
+    use_kernel = (
+        chosen is not Backend.TORCH
+        and (x.is_cuda or backend is not None)  # on the CPU the interpreter is a test path, not a fast one
+        and weight.stride(-1) == 1
+        and scale.stride(-1) == 1
+    )
+    if not use_kernel:
+        return fp8_linear_ref(x2, weight, scale, block, bias).view(*lead, n)
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()
+    if rows <= MAX_SKINNY_ROWS:
+        y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+        run_stream(x2, weight, scale, block, bias, y)
+        return y.view(*lead, n)
+    if bk < 16 or bk & (bk - 1):
+        raise ValueError(
+            f"fp8_linear's W8A8 GEMM ({rows} rows > {MAX_SKINNY_ROWS}) needs block_k a power of two >= 16, "
+            f"got block_k={bk}"
+        )
+    xq, xs = quantize_act(x2, bk, pow2_scales=pow2_scales, backend=chosen)
+    return w8a8_gemm(xq, xs, weight, scale, block, bias, out_dtype=x.dtype).view(*lead, n)

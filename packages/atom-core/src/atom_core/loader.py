@@ -13,6 +13,7 @@ from torch import nn
 
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
+from atom_core.models.weights import FP8_DTYPES
 from atom_core.quantization import quant_config_for
 from atom_core.registry import get_model_spec
 
@@ -121,7 +122,7 @@ def load_checkpoint(
         generators: dict[torch.device, torch.Generator] = {}
         for param in model.parameters():
             gen = generators.setdefault(param.device, torch.Generator(device=param.device).manual_seed(seed))
-            param.data.uniform_(-0.05, 0.05, generator=gen)
+            _fill_dummy(param, gen)
         finish_loading(model)
         return
     if load_format != "safetensors":
@@ -138,6 +139,24 @@ def load_checkpoint(
     finish_loading(model)
 
 
+def _fill_dummy(param: nn.Parameter, gen: torch.Generator) -> None:
+    """Uniform in [-0.05, 0.05]; fp8 weights as e4m3 values over the whole range with block scales of
+    0.05 / 448, so they dequantize to the same spread."""
+    if getattr(param, "block_scale", False):
+        param.data.fill_(0.05 / 448)
+    elif param.dtype in FP8_DTYPES:
+        flat = param.data.view(-1)
+        for start in range(0, flat.numel(), 1 << 26):  # e4m3 has no uniform_: drawn in bf16 slices
+            part = flat[start : start + (1 << 26)]
+            part.copy_(
+                torch.empty(part.shape, dtype=torch.bfloat16, device=part.device).uniform_(
+                    -448, 448, generator=gen
+                )
+            )
+    else:
+        param.data.uniform_(-0.05, 0.05, generator=gen)
+
+
 def finish_loading(model: nn.Module) -> None:
     """Each linear's weight method finishes its weights once all are loaded (engines that load weights
     themselves call this after their own loading)."""
@@ -150,5 +169,13 @@ def _check_finite(model: nn.Module, path) -> None:
     """NaN or Inf in a weight would make every answer garbage: name the first such parameter (one
     reduction per parameter, where it lives: cheap on a GPU, a pass over memory on the CPU)."""
     for name, param in model.named_parameters():
-        if param.is_floating_point() and not bool(torch.isfinite(param).all()):
+        if (
+            param.dtype == torch.float8_e4m3fn
+        ):  # no isfinite for fp8; e4m3fn's only non-finite is NaN, s1111111
+            finite = not bool(((param.view(torch.uint8) & 0x7F) == 0x7F).any())
+        elif param.dtype in FP8_DTYPES:
+            finite = bool(torch.isfinite(param.float()).all())
+        else:
+            finite = not param.is_floating_point() or bool(torch.isfinite(param).all())
+        if not finite:
             raise CheckpointError(f"checkpoint {path}: {name} holds NaN or Inf values")

@@ -22,16 +22,22 @@ from atom_kernels.attention import (
     varlen_causal_attention,
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
+from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
+from atom_kernels.fp8 import fp8_linear
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
 from atom_kernels.linear import linear
 from atom_kernels.mla import mla_attention, write_latent
+from atom_kernels.moe import ExpertScales
 
 __all__ = [
     "DecodePartition",
+    "ExpertScales",
     "KVLayout",
     "apply_mrope",
     "apply_rotary",
     "causal_conv1d",
+    "dequantize_fp8_weight",
+    "fp8_linear",
     "fused_experts",
     "gated_delta_rule_chunked",
     "gated_delta_rule_recurrent",

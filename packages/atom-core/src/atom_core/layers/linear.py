@@ -9,6 +9,8 @@ saying what was expected; the checkpoint loader adds the tensor's name.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 from torch import nn
 
@@ -28,7 +30,19 @@ def _split(total: int, parallel: ParallelConfig, what: str) -> int:
     return total // parallel.tp_size
 
 
+class RowPiece(NamedTuple):
+    """Rows [src, src + size) of a checkpoint tensor land at this rank's rows [dst, dst + size)."""
+
+    dst: int
+    src: int
+    size: int
+
+
 class LinearBase(nn.Module):
+    """A linear's sharding is data: `row_pieces(shard_id)` says where a checkpoint tensor's rows land and
+    `col_range()` which of its columns this rank keeps, so weights, biases and block scales all load
+    through one map (the weight method maps scale grids with it)."""
+
     def __init__(
         self,
         in_local: int,
@@ -42,16 +56,42 @@ class LinearBase(nn.Module):
     ):
         super().__init__()
         self.parallel, self.prefix = parallel, prefix
-        self.quant_method = (quant_config or UNQUANTIZED).linear_method(prefix)
+        self.in_local, self.out_local = in_local, out_local
+        self.quant_method = (quant_config or UNQUANTIZED).linear_method(prefix, self.packed_from())
         self.quant_method.create_weights(self, in_local, out_local, dtype)
         self.bias = None
         if bias:
             self.bias = nn.Parameter(torch.empty(out_local, dtype=dtype), requires_grad=False)
             self.bias.weight_loader = self.weight_loader
 
+    def packed_from(self) -> tuple[str, ...]:
+        """The checkpoint modules this one packs (qkv_proj: q_proj, k_proj, v_proj); empty if none."""
+        return ()
+
+    def shard_ids(self) -> tuple:
+        """The shard ids its checkpoint tensors come with (None: one tensor)."""
+        return (None,)
+
+    def row_pieces(self, shard_id=None) -> tuple[int, list[RowPiece]]:
+        """(rows of the checkpoint tensor for shard_id, where they land)."""
+        return self.out_local, [RowPiece(0, 0, self.out_local)]
+
+    def col_range(self) -> tuple[int, int, int]:
+        """(columns of the checkpoint tensor, first column this rank keeps, how many)."""
+        return self.in_local, 0, self.in_local
+
     def weight_loader(self, param: nn.Parameter, loaded: torch.Tensor, shard_id=None) -> None:
-        _check(loaded, param.shape)
-        param.data.copy_(loaded)
+        rows, pieces = self.row_pieces(shard_id)
+        if getattr(param, "block_scale", False):  # a scale grid: the weight method maps its blocks
+            return self.quant_method.load_scale(self, param, loaded, rows, pieces)
+        if param.dim() == 1:
+            _check(loaded, (rows,))
+        else:
+            cols, start, size = self.col_range()
+            _check(loaded, (rows, cols, *param.shape[2:]))
+            loaded = loaded.narrow(1, start, size)
+        for piece in pieces:
+            param.data.narrow(0, piece.dst, piece.size).copy_(loaded.narrow(0, piece.src, piece.size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.quant_method.apply(self, x, self.bias)
@@ -69,14 +109,24 @@ class ColumnParallelLinear(LinearBase):
             in_features, _split(out_features, parallel, "output size"), parallel=parallel, **kwargs
         )
 
-    def weight_loader(self, param, loaded, shard_id=None):
-        rows = param.shape[0]
-        _check(loaded, (rows * self.parallel.tp_size, *param.shape[1:]))
-        param.data.copy_(loaded.narrow(0, self.parallel.tp_rank * rows, rows))
+    def row_pieces(self, shard_id=None):
+        rows = self.out_local
+        return rows * self.parallel.tp_size, [RowPiece(0, self.parallel.tp_rank * rows, rows)]
+
+
+def _parts_pieces(sizes: list[int], parallel: ParallelConfig, dst: int = 0) -> list[RowPiece]:
+    """A rank's slice of every part of a tensor whose rows are `sizes` back to back, placed contiguously."""
+    pieces, src = [], 0
+    for size in sizes:
+        local = _split(size, parallel, "part size")
+        pieces.append(RowPiece(dst, src + parallel.tp_rank * local, local))
+        dst, src = dst + local, src + size
+    return pieces
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
-    """Several column-parallel outputs in one matmul (gate and up): shard i is output_sizes[i] wide."""
+    """Several column-parallel outputs in one matmul (gate and up): shard i is output_sizes[i] wide; one
+    tensor holding them all (shard None) gives each part's slice."""
 
     def __init__(self, in_features: int, output_sizes: list[int], **kwargs):
         self.output_sizes = output_sizes
@@ -84,14 +134,19 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
         for param in self.parameters():
             param.expected_shards = frozenset(range(len(output_sizes)))
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def packed_from(self):
+        return ("gate_proj", "up_proj") if self.prefix.endswith(".gate_up_proj") else ()
+
+    def shard_ids(self):
+        return tuple(range(len(self.output_sizes)))
+
+    def row_pieces(self, shard_id=None):
         if shard_id is None:
-            return super().weight_loader(param, loaded)
+            return sum(self.output_sizes), _parts_pieces(self.output_sizes, self.parallel)
         tp, rank = self.parallel.tp_size, self.parallel.tp_rank
         size = self.output_sizes[shard_id] // tp
         offset = sum(self.output_sizes[:shard_id]) // tp
-        _check(loaded, (self.output_sizes[shard_id], *param.shape[1:]))
-        param.data.narrow(0, offset, size).copy_(loaded.narrow(0, rank * size, size))
+        return self.output_sizes[shard_id], [RowPiece(offset, rank * size, size)]
 
 
 def narrow_parts(loaded: torch.Tensor, sizes: list[int], parallel: ParallelConfig) -> torch.Tensor:
@@ -99,12 +154,8 @@ def narrow_parts(loaded: torch.Tensor, sizes: list[int], parallel: ParallelConfi
     _split(sum(sizes), parallel, "output size")
     if loaded.shape[0] != sum(sizes):
         raise ValueError(f"expected {sum(sizes)} rows ({' + '.join(map(str, sizes))}), got {loaded.shape[0]}")
-    tp, rank, rows, start = parallel.tp_size, parallel.tp_rank, [], 0
-    for size in sizes:
-        local = _split(size, parallel, "part size")
-        rows.append(loaded.narrow(0, start + rank * local, local))
-        start += size
-    return torch.cat(rows) if tp > 1 else loaded
+    pieces = _parts_pieces(sizes, parallel)
+    return torch.cat([loaded.narrow(0, p.src, p.size) for p in pieces]) if parallel.tp_size > 1 else loaded
 
 
 class PartsColumnParallelLinear(ColumnParallelLinear):
@@ -115,10 +166,8 @@ class PartsColumnParallelLinear(ColumnParallelLinear):
         self.part_sizes = part_sizes
         super().__init__(in_features, sum(part_sizes), **kwargs)
 
-    def weight_loader(self, param, loaded, shard_id=None):
-        local = narrow_parts(loaded, self.part_sizes, self.parallel)
-        _check(local, param.shape)
-        param.data.copy_(local)
+    def row_pieces(self, shard_id=None):
+        return sum(self.part_sizes), _parts_pieces(self.part_sizes, self.parallel)
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -154,21 +203,20 @@ class QKVParallelLinear(ColumnParallelLinear):
         for param in self.parameters():
             param.expected_shards = frozenset({"q", "k", "v"})
 
-    def weight_loader(self, param, loaded, shard_id=None):
+    def packed_from(self):
+        return ("q_proj", "k_proj", "v_proj")
+
+    def shard_ids(self):
+        return ("q", "k", "v")
+
+    def row_pieces(self, shard_id=None):
         d, hq, hkv = self.head_dim, self.num_heads, self.num_kv_heads
         if shard_id == "q":
-            _check(loaded, (hq * self.parallel.tp_size * d, *param.shape[1:]))
-            src, dst = (
-                loaded.narrow(0, self.parallel.tp_rank * hq * d, hq * d),
-                param.data.narrow(0, 0, hq * d),
-            )
-        elif shard_id in ("k", "v"):
-            _check(loaded, (self.total_kv_heads * d, *param.shape[1:]))
-            src = loaded.narrow(0, self.kv_head_start * d, hkv * d)
-            dst = param.data.narrow(0, (hq + (hkv if shard_id == "v" else 0)) * d, hkv * d)
-        else:
-            raise ValueError(f"qkv shard must be 'q', 'k' or 'v', got {shard_id!r}")
-        dst.copy_(src)
+            return hq * self.parallel.tp_size * d, [RowPiece(0, self.parallel.tp_rank * hq * d, hq * d)]
+        if shard_id in ("k", "v"):
+            dst = (hq + (hkv if shard_id == "v" else 0)) * d
+            return self.total_kv_heads * d, [RowPiece(dst, self.kv_head_start * d, hkv * d)]
+        raise ValueError(f"qkv shard must be 'q', 'k' or 'v', got {shard_id!r}")
 
 
 class RowParallelLinear(LinearBase):
@@ -179,12 +227,9 @@ class RowParallelLinear(LinearBase):
             _split(in_features, parallel, "input size"), out_features, parallel=parallel, **kwargs
         )
 
-    def weight_loader(self, param, loaded, shard_id=None):
-        if param.dim() == 1:  # bias: not split
-            return super().weight_loader(param, loaded)
-        cols = param.shape[1]
-        _check(loaded, (param.shape[0], cols * self.parallel.tp_size))
-        param.data.copy_(loaded.narrow(1, self.parallel.tp_rank * cols, cols))
+    def col_range(self):
+        cols = self.in_local
+        return cols * self.parallel.tp_size, self.parallel.tp_rank * cols, cols
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         """x: [T, K_local] -> [T, N], summed over ranks."""

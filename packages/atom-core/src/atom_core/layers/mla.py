@@ -68,6 +68,9 @@ class MLAAttention(nn.Module):
             prefix=f"{prefix}.kv_b_proj",
             **common,
         )
+        self.kv_b_proj.keep_dense_weight = (
+            True  # the absorbed path multiplies by its matrix (fp8: dequantized)
+        )
         self.o_proj = RowParallelLinear(
             heads * self.v_dim, hidden, bias=bias, prefix=f"{prefix}.o_proj", **common
         )
@@ -105,7 +108,8 @@ class MLAAttention(nn.Module):
                 torch.cat([q_nope, q_pe], dim=-1), k, v, kv_c, k_pe.view(tokens, self.rope_dim)
             )  # [T, H, v]
             return self.o_proj(out.reshape(tokens, heads * self.v_dim))
-        w = self.kv_b_proj.weight.view(heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
+        w = self.kv_b_proj.quant_method.dense(self.kv_b_proj)
+        w = w.view(heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, nope, R], [H, v, R]
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R]
         out = self.attn(

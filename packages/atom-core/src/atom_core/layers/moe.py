@@ -1,6 +1,7 @@
 """Sparse MoE: a router picks top-k experts per token; expert MLPs are stacked parameters.
 
-Experts' intermediate dimension is split over tensor-parallel ranks. Routing and the experts run through
+Experts' intermediate dimension is split over tensor-parallel ranks. An fp8 checkpoint's experts are e4m3
+with block scales (layers/moe_fp8.py); routers and the shared expert's gate stay unquantized. Routing and the experts run through
 atom-kernels' fused MoE (Triton on the GPU: no host sync, so decode steps capture in CUDA graphs; the
 per-expert torch loop on the CPU).
 """
@@ -13,6 +14,7 @@ from torch import nn
 from atom_core.config import ParallelConfig
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
+from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
 from atom_core.layers.parallel import all_reduce
 from atom_core.ops import fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
@@ -35,8 +37,6 @@ class SparseMoE(nn.Module):
     ):
         super().__init__()
         self.prefix = prefix
-        # The experts' own weights are unquantized stacked parameters; a quantized checkpoint is refused by
-        # quant_config_for before a model is built.
         common = dict(dtype=dtype, parallel=parallel, quant_config=quant_config)
         self.parallel, self.top_k, self.norm_topk_prob, self.num_experts = (
             parallel,
@@ -45,15 +45,29 @@ class SparseMoE(nn.Module):
             num_experts,
         )
         self.inter = _split(intermediate, parallel, "moe_intermediate_size")
-        self.gate = ReplicatedLinear(hidden, num_experts, bias=False, prefix=f"{prefix}.gate", **common)
-        self.w13 = nn.Parameter(
-            torch.empty(num_experts, 2 * self.inter, hidden, dtype=dtype), requires_grad=False
+        # routers stay in the model's dtype in every fp8 checkpoint (and DeepSeek's reads its weight)
+        self.gate = ReplicatedLinear(
+            hidden, num_experts, bias=False, prefix=f"{prefix}.gate", dtype=dtype, parallel=parallel
         )
-        self.w2 = nn.Parameter(torch.empty(num_experts, hidden, self.inter, dtype=dtype), requires_grad=False)
-        self.w13.weight_loader = self.weight_loader
-        self.w2.weight_loader = self.weight_loader
-        self.w13.expected_shards = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
-        self.w2.expected_shards = frozenset((e, "w2") for e in range(num_experts))
+        self.fp8 = ExpertsFp8.for_layer(quant_config, f"{prefix}.experts", hidden, self.inter, parallel)
+        weight_dtype = dtype if self.fp8 is None else E4M3
+        self.w13 = nn.Parameter(
+            torch.empty(num_experts, 2 * self.inter, hidden, dtype=weight_dtype), requires_grad=False
+        )
+        self.w2 = nn.Parameter(
+            torch.empty(num_experts, hidden, self.inter, dtype=weight_dtype), requires_grad=False
+        )
+        stacked = [self.w13, self.w2]
+        if self.fp8 is not None:
+            self.w13_scale_inv, self.w2_scale_inv = self.fp8.create_scales(num_experts)
+            stacked += [self.w13_scale_inv, self.w2_scale_inv]
+        for param in stacked:
+            param.weight_loader = self.weight_loader
+            param.expected_shards = (
+                frozenset((e, "w2") for e in range(num_experts))
+                if param is self.w2 or param is getattr(self, "w2_scale_inv", None)
+                else frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
+            )
         # Qwen2-MoE style: every token also goes through one dense expert, scaled by sigmoid(gate(x)).
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate:
@@ -61,7 +75,7 @@ class SparseMoE(nn.Module):
                 hidden, shared_intermediate, bias=False, prefix=f"{prefix}.shared_expert", **common
             )
             self.shared_expert_gate = ReplicatedLinear(
-                hidden, 1, bias=False, prefix=f"{prefix}.shared_expert_gate", **common
+                hidden, 1, bias=False, prefix=f"{prefix}.shared_expert_gate", dtype=dtype, parallel=parallel
             )
 
     def weight_loader(self, param, loaded, shard_id):
@@ -70,6 +84,8 @@ class SparseMoE(nn.Module):
         down [E, H, I], as fused checkpoints (Qwen3.5-MoE) store them."""
         expert, which = shard_id
         rank, inter = self.parallel.tp_rank, self.inter
+        if getattr(param, "block_scale", False):
+            return self.fp8.load_scale(param, loaded, expert, which)
         if expert == "all":
             full = inter * self.parallel.tp_size
             if which == "w2":
@@ -96,9 +112,14 @@ class SparseMoE(nn.Module):
         weights, ids = topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob)
         return weights.to(x.dtype), ids  # rounded as transformers rounds them
 
+    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        """x: [T, H], the routing's weights and ids [T, k] -> the routed experts' sum [T, H] over all ranks."""
+        scales = None if self.fp8 is None else self.fp8.scales(self.w13_scale_inv, self.w2_scale_inv)
+        return all_reduce(fused_experts(x, self.w13, self.w2, weights, ids, scales=scales), self.parallel)
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        out = all_reduce(fused_experts(x, self.w13, self.w2, weights, ids), self.parallel)
+        out = self.experts(x, weights, ids)
         if self.shared_expert is not None:  # its down projection reduces over ranks itself
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
         return out

@@ -21,11 +21,10 @@ from atom_core.config import ConfigError, ModelConfig
 from atom_core.layers.mla import MLAAttention
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe import SparseMoE
-from atom_core.layers.parallel import all_reduce
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule
 from atom_core.models.weights import GATE_UP_PACKED, load_by_rules
-from atom_core.ops import fused_experts, grouped_topk
+from atom_core.ops import grouped_topk
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -80,7 +79,7 @@ class DeepseekMoE(SparseMoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        out = all_reduce(fused_experts(x, self.w13, self.w2, weights, ids), self.parallel)
+        out = self.experts(x, weights, ids)
         if self.shared_experts is not None:  # its down projection reduces over ranks itself
             out = out + self.shared_experts(x)
         return out

@@ -13,16 +13,17 @@ from atom_core.models.attention_windows import qwen3_moe_windows
 from atom_core.models.qwen3 import Qwen3ForCausalLM
 from atom_core.models.weights import Covering
 
-_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight$")
+_EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale_inv)?$")
 _EXPERT_PARAM = {"gate": ("w13", "w1"), "up": ("w13", "w3"), "down": ("w2", "w2")}
 
 
 def expert_rule(name: str):
-    """model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight -> the stacked expert parameter, (E, w1|w3|w2)."""
+    """model.layers.N.mlp.experts.E.{gate,up,down}_proj.weight -> the stacked expert parameter, (E, w1|w3|w2);
+    an fp8 checkpoint's weight_scale_inv -> the stacked scales (w13_scale_inv, w2_scale_inv)."""
     if (m := _EXPERT.match(name)) is None:
         return None
     param, shard = _EXPERT_PARAM[m.group(3)]
-    return f"{m.group(1)}.{param}", (int(m.group(2)), shard)
+    return f"{m.group(1)}.{param}{m.group(4) or ''}", (int(m.group(2)), shard)
 
 
 _FUSED = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")

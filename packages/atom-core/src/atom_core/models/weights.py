@@ -14,6 +14,8 @@ from typing import Any
 import torch
 from torch import nn
 
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e4m3fnuz, torch.float8_e5m2)
+
 
 class WeightLoadError(ValueError):
     """A checkpoint tensor could not be loaded; the message names the tensor and why."""
@@ -75,6 +77,7 @@ def load_by_rules(
         if param is None:
             unexpected.append(name)
             continue
+        _check_format(name, tensor, target, param)
         loader = getattr(param, "weight_loader", None)
         try:
             if loader is None:
@@ -93,8 +96,32 @@ def load_by_rules(
         shown = ", ".join(unexpected[:8]) + (
             f" and {len(unexpected) - 8} more" if len(unexpected) > 8 else ""
         )
-        raise WeightLoadError(f"checkpoint has tensors this model has no place for: {shown}")
+        scales = [n for n in unexpected if n.endswith("weight_scale_inv")]
+        hint = (
+            f" ({scales[0]} is an fp8 block scale for a module this model holds unquantized: the checkpoint's "
+            "quantization_config lists it in modules_to_not_convert, or declares no fp8 quantization)"
+            if scales
+            else ""
+        )
+        raise WeightLoadError(f"checkpoint has tensors this model has no place for: {shown}{hint}")
     return {n for n, got in filled.items() if got >= getattr(params[n], "expected_shards", frozenset({None}))}
+
+
+def _check_format(name: str, tensor: torch.Tensor, target: str, param: nn.Parameter) -> None:
+    """An fp8 tensor goes only into an fp8 parameter and back: a cast either way would drop its scale."""
+    if (tensor.dtype in FP8_DTYPES) == (param.dtype in FP8_DTYPES):
+        return
+    if tensor.dtype in FP8_DTYPES:
+        raise WeightLoadError(
+            f"checkpoint tensor {name!r} is {tensor.dtype}, but {target!r} is unquantized in this model (its "
+            "module is in quantization_config.modules_to_not_convert, or config.json declares no fp8 "
+            "quantization_config)"
+        )
+    raise WeightLoadError(
+        f"checkpoint tensor {name!r} is {tensor.dtype}, but config.json's fp8 quantization_config makes "
+        f"{target!r} {param.dtype} with a weight_scale_inv: list its module in modules_to_not_convert if the "
+        "checkpoint keeps it unquantized"
+    )
 
 
 def _resolve(name: str, packed: Sequence[PackedRule], name_rules: Sequence[NameRule]) -> tuple[str, Any]:

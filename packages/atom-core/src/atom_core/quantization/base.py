@@ -29,24 +29,36 @@ class LinearMethod(Protocol):
         """Once every tensor is loaded: repack or convert for the kernels (a no-op where none is needed)."""
         ...
 
+    def dense(self, layer: nn.Module) -> torch.Tensor:
+        """The layer's [out_local, in_local] matrix in the model's dtype (MLA absorbs kv_b_proj's)."""
+        ...
+
 
 class QuantConfig(Protocol):
     name: str
 
-    def linear_method(self, prefix: str) -> LinearMethod:
-        """The method for the linear at module path `prefix` (e.g. "model.layers.3.self_attn.qkv_proj")."""
+    def linear_method(self, prefix: str, packed_from: tuple[str, ...] = ()) -> LinearMethod:
+        """The method for the linear at module path `prefix` (e.g. "model.layers.3.self_attn.qkv_proj"),
+        which packs the checkpoint modules `packed_from` (q_proj, k_proj, v_proj) if any."""
+        ...
+
+    def experts_block(self, prefix: str) -> tuple[int, int] | None:
+        """The fp8 block of the stacked experts at `prefix` (".../mlp.experts"), or None: unquantized."""
         ...
 
 
 def quant_config_for(config: ModelConfig) -> QuantConfig:
     """The weight format config.json declares; a declared format ATOM does not implement is refused."""
+    from atom_core.quantization.fp8 import Fp8BlockConfig
     from atom_core.quantization.unquantized import UNQUANTIZED
 
     declared = config.hf.get("quantization_config")
     if not declared:
         return UNQUANTIZED
     method = declared.get("quant_method") if isinstance(declared, dict) else declared
+    if method == "fp8":
+        return Fp8BlockConfig.from_hf(config.architecture, declared)
     raise ConfigError(
         f"{config.architecture}: quantization_config quant_method {method!r} is not supported "
-        "(ATOM loads unquantized checkpoints)"
+        "(ATOM loads unquantized checkpoints and block-quantized 'fp8')"
     )

@@ -25,13 +25,20 @@ class UnquantizedLinearMethod:
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         return None
 
+    def dense(self, layer: nn.Module) -> torch.Tensor:
+        """The [out_local, in_local] matrix itself."""
+        return layer.weight
+
 
 class Unquantized:
     name = "unquantized"
     method = UnquantizedLinearMethod()
 
-    def linear_method(self, prefix: str) -> UnquantizedLinearMethod:
+    def linear_method(self, prefix: str, packed_from: tuple[str, ...] = ()) -> UnquantizedLinearMethod:
         return self.method
+
+    def experts_block(self, prefix: str) -> None:
+        return None
 
 
 UNQUANTIZED = Unquantized()

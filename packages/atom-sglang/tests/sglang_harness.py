@@ -29,6 +29,19 @@ from sglang.test.layer_ut_utils import init_single_process_dist
 from transformers import AutoConfig
 
 
+def sglang_quant_config(hf_config):
+    """SGLang's QuantizationConfig for a checkpoint that declares one, made as its model loader makes it
+    (its own class for the method, from config.json's dict, with the packed-modules key SGLang adds)."""
+    declared = getattr(hf_config, "quantization_config", None)
+    if not declared:
+        return None
+    from sglang.srt.layers.quantization import get_quantization_config
+
+    return get_quantization_config(declared["quant_method"]).from_config(
+        {**declared, "packed_modules_mapping": {"qkv_proj": ["q_proj", "k_proj", "v_proj"]}}
+    )
+
+
 @dataclass
 class Request:
     prompt: list[int]
@@ -96,7 +109,7 @@ class SglangHarness:
         self.backend = ATTENTION_BACKENDS[backend](self.runner)
         [cls] = [entry for entry in EntryClass if entry.__name__ == c.architectures[0]]
         with torch.device("cpu"):
-            self.model = cls(self.hf_config)
+            self.model = cls(self.hf_config, quant_config=sglang_quant_config(self.hf_config))
         files = sorted(str(p) for p in Path(checkpoint).glob("*.safetensors"))
         self.loaded = self.model.load_weights(safetensors_weights_iterator(files))
         self.page_size = page_size

@@ -6,6 +6,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_harness import SglangHarness
 from sglang_support import ARCHITECTURES, transformers_logits
+from transformers import AutoConfig
 
 from atom_core.integration import current_forward_context
 
@@ -136,3 +137,36 @@ def test_an_idle_batch_runs_no_model_and_returns_no_rows(checkpoint_for):
     h = SglangHarness(checkpoint_for("LlamaForCausalLM"), page_size=16)
     batch = h._batch(ForwardMode.IDLE, [], [], [], [], [])
     assert h.run(batch).shape[0] == 0
+
+
+@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM"])
+def test_fp8_checkpoints_match_transformers_on_the_dequantized_weights(
+    checkpoint_for, architecture, tmp_path
+):
+    """A block-quantized fp8 copy (16-wide blocks: several per tensor): SGLang hands the wrapper its own
+    Fp8Config, ATOM's layers load the e4m3 weights and scales from the checkpoint (dequantized on the CPU)."""
+    from tools.testing_fp8 import dequantized_copy, quantize_checkpoint
+
+    fp8, reference = tmp_path / "fp8", tmp_path / "dequantized"
+    quantize_checkpoint(checkpoint_for(architecture), fp8, (16, 16))
+    dequantized_copy(fp8, reference)
+    h = SglangHarness(fp8, page_size=16)
+    assert (
+        type(h.model.atom.model.layers[0].self_attn.qkv_proj.quant_method).__name__ == "Fp8BlockLinearMethod"
+    )
+    prompts = _prompts(seed=7)
+    tokens, logits = _generate(h, prompts)
+    _assert_matches_transformers(reference, prompts, tokens, logits)
+
+
+def test_another_quantization_is_refused_by_name(checkpoint_for):
+    from atom_sglang.models.atom import EntryClass
+
+    class Awq:
+        def get_name(self):
+            return "awq"
+
+    config = AutoConfig.from_pretrained(checkpoint_for("LlamaForCausalLM"))
+    [cls] = [entry for entry in EntryClass if entry.__name__ == "LlamaForCausalLM"]
+    with pytest.raises(NotImplementedError, match=r"SGLang chose quantization 'awq'"):
+        cls(config, quant_config=Awq())

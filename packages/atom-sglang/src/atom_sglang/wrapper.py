@@ -26,6 +26,29 @@ logger = logging.getLogger("atom_sglang")
 ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
 
 
+ATOM_QUANT_METHODS = (
+    "fp8",
+)  # block-quantized e4m3 (DeepSeek-V3's format), read from config.json by atom-core
+SGLANG_ADDED_KEYS = ("packed_modules_mapping",)  # SGLang writes these into quantization_config
+
+
+def checkpoint_config(hf: dict, quant_config, architecture: str) -> dict:
+    """The checkpoint's config as atom-core reads it. SGLang parses quantization_config into its own
+    QuantizationConfig and hands it to the model; ATOM's layers read the same checkpoint fields themselves,
+    so SGLang's object is only checked to name a method ATOM implements."""
+    if quant_config is None:
+        return hf
+    name = quant_config.get_name()
+    declared = hf.get("quantization_config") or {}
+    if name not in ATOM_QUANT_METHODS or declared.get("quant_method") != name:
+        raise NotImplementedError(
+            f"ATOM's {architecture} under SGLang loads unquantized and block-quantized fp8 checkpoints; SGLang "
+            f"chose quantization {name!r} (config.json's quant_method: {declared.get('quant_method')!r})"
+        )
+    own = {k: v for k, v in declared.items() if k not in SGLANG_ADDED_KEYS}
+    return {**hf, "quantization_config": own}
+
+
 class AtomForCausalLM(nn.Module):
     """SGLang's causal-LM contract over an atom-core model: forward(input_ids, positions, forward_batch)
     returns SGLang's LogitsProcessorOutput (logprobs, extend pruning and TP gathering are SGLang's)."""
@@ -34,14 +57,11 @@ class AtomForCausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
-        if quant_config is not None:
-            raise NotImplementedError(
-                f"ATOM's {self.spec.architecture} under SGLang loads unquantized checkpoints; got {quant_config!r}"
-            )
+        hf_config = checkpoint_config(config.to_dict(), quant_config, self.spec.architecture)
         parallel = get_parallel()
         tp_size = parallel.tp_size
         self.atom, _ = build_for_engine(
-            self.spec.prepare_config(config.to_dict()),
+            self.spec.prepare_config(hf_config),
             attention_backend=CoreAttentionBackend(self.spec.layer_id),
             dtype=torch.get_default_dtype(),
             device=torch.get_default_device(),  # both set by SGLang's loader

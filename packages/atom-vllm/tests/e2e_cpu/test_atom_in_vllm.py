@@ -21,7 +21,7 @@ PROMPTS = [
 ]
 
 
-def _run_vllm(path, prompts, *, rounds=1, block_size=16):
+def _run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32"):
     """(greedy tokens per round, what the worker built, prefix-cache hits in tokens)."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
@@ -29,7 +29,7 @@ def _run_vllm(path, prompts, *, rounds=1, block_size=16):
     # A 24-token step budget: the 40-token prompt prefills in chunks (24, then 16 beside the 5-token one).
     llm = LLM(
         model=str(path),
-        dtype="float32",
+        dtype=dtype,
         max_model_len=128,
         enforce_eager=True,
         max_num_seqs=4,
@@ -116,3 +116,33 @@ def test_atom_off_leaves_vllms_own_implementation(checkpoint_for, greedy_referen
     assert runs[0] == expected
     logs = capfd.readouterr()
     assert "disabled by ATOM_DISABLE_VLLM_PLUGIN=1" in logs.out + logs.err
+
+
+def test_fp8_checkpoint_loads_into_atoms_layers(checkpoint_for, tmp_path, capfd):
+    """A block-quantized fp8 copy of the Qwen3-MoE checkpoint (16-wide blocks: several per tensor, the
+    experts' too): vLLM parses quantization_config into its own Fp8Config, ATOM's model reads the same
+    config and loads the e4m3 weights and scales. vLLM runs fp8 checkpoints in bf16/fp16 only: in fp16,
+    every greedy token vLLM picks is transformers' argmax (fp32, dequantized copy, teacher-forced on vLLM's
+    own tokens) up to fp16's rounding of near-ties."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from tools.testing_fp8 import dequantized_copy, quantize_checkpoint
+
+    ckpt = checkpoint_for("Qwen3MoeForCausalLM", **ARCHITECTURES["Qwen3MoeForCausalLM"])
+    fp8, reference = tmp_path / "fp8", tmp_path / "dequantized"
+    quantize_checkpoint(ckpt.path, fp8, (16, 16))
+    dequantized_copy(fp8, reference)
+    runs, what, _ = _run_vllm(fp8, PROMPTS, dtype="float16")
+    assert what["atom_model_class"].endswith(".Qwen3MoeForCausalLM")
+    hf = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32).eval()
+    exact = 0
+    for prompt, tokens in zip(PROMPTS, runs[0], strict=True):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        for row, token in zip(logits, tokens, strict=True):
+            assert row[token] >= row.max() - 5e-3 * row.abs().max(), "a token fp16 noise cannot explain"
+            exact += int(row.argmax()) == token
+    assert exact >= 0.9 * STEPS * len(PROMPTS)
+    logs = capfd.readouterr()
+    assert "runs Qwen3MoeForCausalLM" in logs.out + logs.err

@@ -18,8 +18,9 @@ from safetensors.torch import load_file, save_file
 
 from atom_kernels.fp8.ref import dequantize_weight_ref, quantize_weight_ref
 
-# Never quantized in the published fp8 checkpoints: embeddings, head, norms, routers, gates, convs and
-# Gated DeltaNet's small b/a projections (their modules_to_not_convert lists the last ones).
+# Never quantized in the published fp8 checkpoints: embeddings, heads, norms, routers, gates, convs, Gated
+# DeltaNet's small b/a projections (their modules_to_not_convert lists them) and the MTP layers' input
+# projections (DeepSeek's eh_proj, Qwen's mtp.fc) and DeepSeek's MTP shared_head.
 KEEP = (
     "embed_tokens",
     "lm_head",
@@ -29,6 +30,9 @@ KEEP = (
     "in_proj_a",
     "in_proj_b",
     "conv1d",
+    "eh_proj",
+    "shared_head",
+    "mtp.fc",
 )
 NOT_CONVERT = ("in_proj_a", "in_proj_b", "in_proj_ba")
 

@@ -304,6 +304,25 @@ def test_dummy_fp8_weights_and_an_fp8_kv_cache(llama_fp8):
     assert weights and all(w.dtype == torch.float8_e4m3fn and w.float().abs().max() > 100 for w in weights)
 
 
+def test_an_fp8_mtp_draft_speculates_to_the_plain_tokens(tmp_path):
+    """DeepSeek-V3 trained with its MTP layer, then quantized (the MTP layer's attention and experts too,
+    as the published checkpoint has them): speculation with the fp8 draft gives the plain greedy tokens and
+    the quantized draft still predicts well."""
+    from core_support import deepseek_mtp_checkpoint
+
+    deepseek_mtp_checkpoint(tmp_path / "original", train_steps=400)
+    quantized = quantize_checkpoint(tmp_path / "original", tmp_path / "fp8", (32, 32))
+    assert any(name.startswith("model.layers.3.mlp.experts.") for name in quantized)  # the MTP layer's
+    prompts = [[(3 * i + 1) % 200 + 2 for i in range(n)] for n in (9, 23)]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    common = dict(kernel_backend="torch", dtype="float32", block_size=4, num_kv_blocks=64)
+    plain = LLM(tmp_path / "fp8", **common).generate([{"prompt_token_ids": p} for p in prompts], params)
+    llm = LLM(tmp_path / "fp8", speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **common)
+    spec = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
+    assert llm.engine.num_accepted_tokens > 0.5 * llm.engine.num_draft_tokens
+
+
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
@@ -344,3 +363,44 @@ def test_bf16_on_the_gpu_is_within_the_fp8_error(checkpoints, monkeypatch):
         SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True),
     )
     assert all(len(o.outputs[0].token_ids) == STEPS for o in outs)
+
+
+def test_modules_to_not_convert_names_modules_and_parents_under_any_wrapper():
+    from atom_core.quantization import Fp8BlockConfig
+
+    config = Fp8BlockConfig.from_hf(
+        "X",
+        dict(
+            quant_method="fp8",
+            weight_block_size=[128, 128],
+            modules_to_not_convert=["model.language_model.layers.3.mlp", "mtp", "lm_head"],
+        ),
+    )
+    for wrapper in ("", "atom."):
+        assert config.is_skipped(f"{wrapper}model.layers.3.mlp.down_proj")
+        assert config.is_skipped(f"{wrapper}model.layers.3.mlp.gate_up_proj", ("gate_proj", "up_proj"))
+        assert config.experts_block(f"{wrapper}model.layers.3.mlp.experts") is None
+        assert config.is_skipped(f"{wrapper}mtp.layers.0.self_attn.o_proj")
+        assert not config.is_skipped(f"{wrapper}model.layers.13.mlp.down_proj")
+        assert config.experts_block(f"{wrapper}model.layers.4.mlp.experts") == (128, 128)
+
+
+def test_transformers_fp8_config_defaults_are_accepted_and_other_values_refused():
+    from atom_core.quantization import Fp8BlockConfig
+
+    base = dict(quant_method="fp8", weight_block_size=[128, 128])
+    written = dict(base, scale_fmt="float", dequantize=False, modules_to_convert=None)  # FineGrainedFP8Config
+    assert Fp8BlockConfig.from_hf("X", written).block == (128, 128)
+    assert Fp8BlockConfig.from_hf("X", dict(base, scale_fmt="ue8m0")).pow2_act_scales
+    with pytest.raises(ConfigError, match=r"dequantize=True is not supported"):
+        Fp8BlockConfig.from_hf("X", dict(base, dequantize=True))
+    with pytest.raises(ConfigError, match=r"modules_to_convert=\['q_proj'\] is not supported"):
+        Fp8BlockConfig.from_hf("X", dict(base, modules_to_convert=["q_proj"]))
+
+
+def test_an_fp8_tensor_of_another_format_is_named(llama_fp8):
+    path = _copy(llama_fp8, "e5m2")
+    name = "model.layers.0.self_attn.q_proj.weight"
+    edit_checkpoint(path, lambda t: t.__setitem__(name, t[name].float().to(torch.float8_e5m2)))
+    with pytest.raises(WeightLoadError, match=rf"{name}' is torch.float8_e5m2; .* holds torch.float8_e4m3fn"):
+        _load(path)

@@ -11,7 +11,7 @@ from atom_core.config import ModelConfig
 from atom_core.layers.moe import SparseMoE
 from atom_core.models.attention_windows import qwen3_moe_windows
 from atom_core.models.qwen3 import Qwen3ForCausalLM
-from atom_core.models.weights import Covering
+from atom_core.models.weights import Covering, WeightLoadError
 
 _EXPERT = re.compile(r"^(.*\.mlp)\.experts\.(\d+)\.(gate|up|down)_proj\.weight(_scale_inv)?$")
 _EXPERT_PARAM = {"gate": ("w13", "w1"), "up": ("w13", "w3"), "down": ("w2", "w2")}
@@ -26,7 +26,7 @@ def expert_rule(name: str):
     return f"{m.group(1)}.{param}{m.group(4) or ''}", (int(m.group(2)), shard)
 
 
-_FUSED = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)$")
+_FUSED = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(_scale_inv)?$")
 
 
 def fused_expert_rule(name: str, num_experts: int):
@@ -34,6 +34,11 @@ def fused_expert_rule(name: str, num_experts: int):
     parameter, filling all its experts' shards."""
     if (m := _FUSED.match(name)) is None:
         return None
+    if m.group(3):
+        raise WeightLoadError(
+            f"checkpoint tensor {name!r}: fp8 experts stored fused (one 3-D tensor) are not supported; ATOM "
+            "loads fp8 experts per expert (experts.E.{gate,up,down}_proj.weight_scale_inv)"
+        )
     if m.group(2) == "down_proj":
         return f"{m.group(1)}.w2", Covering(("all", "w2"), frozenset((e, "w2") for e in range(num_experts)))
     shards = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))

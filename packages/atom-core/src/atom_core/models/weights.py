@@ -108,9 +108,12 @@ def load_by_rules(
 
 
 def _check_format(name: str, tensor: torch.Tensor, target: str, param: nn.Parameter) -> None:
-    """An fp8 tensor goes only into an fp8 parameter and back: a cast either way would drop its scale."""
-    if (tensor.dtype in FP8_DTYPES) == (param.dtype in FP8_DTYPES):
+    """An fp8 tensor goes only into an fp8 parameter of its own format, and back: a cast would drop its
+    scale (or saturate e5m2's range into e4m3's)."""
+    if tensor.dtype == param.dtype or (tensor.dtype not in FP8_DTYPES and param.dtype not in FP8_DTYPES):
         return
+    if tensor.dtype in FP8_DTYPES and param.dtype in FP8_DTYPES:
+        raise WeightLoadError(f"checkpoint tensor {name!r} is {tensor.dtype}; {target!r} holds {param.dtype}")
     if tensor.dtype in FP8_DTYPES:
         raise WeightLoadError(
             f"checkpoint tensor {name!r} is {tensor.dtype}, but {target!r} is unquantized in this model (its "

@@ -23,7 +23,9 @@ from atom_core.quantization.unquantized import UnquantizedLinearMethod
 
 E4M3 = torch.float8_e4m3fn
 SUPPORTED_KEYS = {"quant_method", "fmt", "activation_scheme", "weight_block_size", "modules_to_not_convert"}
-SCALE_FMTS = (None, "ue8m0")  # DeepSeek-V3.1: activation scales rounded up to powers of two
+# transformers' FineGrainedFP8Config writes these with their defaults; other values are refused
+NEUTRAL = {"dequantize": (False, None), "modules_to_convert": (None, [], ()), "scale_fmt": (None, "float")}
+SCALE_FMTS = (None, "float", "ue8m0")  # ue8m0 (DeepSeek-V3.1): activation scales rounded up to powers of two
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,12 +58,21 @@ class Fp8BlockConfig:
             )
         scale_fmt = declared.get("scale_fmt")
         if scale_fmt not in SCALE_FMTS:
-            raise ConfigError(f"{where} scale_fmt {scale_fmt!r} is not supported (supported: ue8m0 or none)")
-        unknown = sorted(set(declared) - SUPPORTED_KEYS - {"scale_fmt"})
+            raise ConfigError(
+                f"{where} scale_fmt {scale_fmt!r} is not supported (supported: 'float', 'ue8m0' or none)"
+            )
+        for key in ("dequantize", "modules_to_convert"):
+            if declared.get(key) not in NEUTRAL[key]:
+                raise ConfigError(
+                    f"{where} {key}={declared[key]!r} is not supported (ATOM loads the fp8 weights as they "
+                    f"are, every projection not in modules_to_not_convert; {key} may only be "
+                    f"{' or '.join(map(repr, NEUTRAL[key]))})"
+                )
+        unknown = sorted(set(declared) - SUPPORTED_KEYS - set(NEUTRAL))
         if unknown:
             raise ConfigError(
                 f"{where} has {', '.join(map(repr, unknown))}, which ATOM does not implement "
-                f"(it reads {', '.join(sorted(SUPPORTED_KEYS | {'scale_fmt'}))})"
+                f"(it reads {', '.join(sorted(SUPPORTED_KEYS | set(NEUTRAL)))})"
             )
         skip = declared.get("modules_to_not_convert") or ()
         return cls(
@@ -110,9 +121,11 @@ def _text_module(name: str) -> str:
 
 
 def _names(entry: str, prefix: str) -> bool:
-    """entry names the module at prefix, or one of its parents ("lm_head", "model.layers.3.mlp.gate",
-    "mtp")."""
-    return prefix == entry or prefix.startswith(entry + ".") or prefix.endswith("." + entry)
+    """entry names the module at prefix or one of its parents ("lm_head", "model.layers.3.mlp", "mtp"),
+    also where an engine's wrapper puts the model under an attribute ("atom.model.layers.3..."): whole
+    dotted components, anywhere in the path. Regex entries and per-expert entries are not understood;
+    a checkpoint that relies on them fails the loader's format check, naming the tensor."""
+    return f".{entry}." in f".{prefix}."
 
 
 def local_block(pieces, col_start: int, block: tuple[int, int]) -> tuple[int, int]:

@@ -74,6 +74,9 @@ for arch in supported_architectures():  # all of atom-core's: the ones ATOM does
     info = ModelRegistry._try_inspect_model_cls(arch)
     out[arch] = [cls.__module__ + "." + cls.__qualname__, info.is_text_generation_model]
 out["backend"] = "ATOM" in AttentionBackendEnum.__members__ and AttentionBackendEnum["ATOM"].get_class().__qualname__
+if "ATOM_MLA" in AttentionBackendEnum.__members__:
+    mla = AttentionBackendEnum["ATOM_MLA"].get_class()
+    out["mla_backend"] = [mla.__qualname__, mla.is_mla()]
 print("RESULT" + json.dumps(out))
 """
 
@@ -104,11 +107,13 @@ def test_vllms_registry_resolves_every_atom_architecture_to_atom():
     for arch in served:
         # vLLM's own inspection (in a subprocess of its own) accepts the class as a text-generation model.
         assert got[arch] == ["atom_vllm.model.AtomForCausalLM", True], arch
-    # Architectures whose layer kinds the adapter does not build yet (MLA) keep vLLM's own classes.
+    # Architectures whose layer kinds the adapter does not build yet (Gated DeltaNet) keep vLLM's own classes.
     for arch in set(supported_architectures()) - set(served):
         assert got[arch][0].startswith("vllm.model_executor.models."), (arch, got[arch])
-    assert "DeepseekV3ForCausalLM" in got and "DeepseekV3ForCausalLM" not in served
+    assert {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"} <= set(served)
+    assert "Qwen3NextForCausalLM" in got and "Qwen3NextForCausalLM" not in served
     assert got["backend"] == "AtomAttentionBackend"
+    assert got["mla_backend"] == ["AtomMLABackend", True]
 
 
 def test_registering_twice_is_harmless():
@@ -122,4 +127,4 @@ def test_switched_off_vllm_resolves_its_own_classes():
     got = _resolve(ATOM_DISABLE_VLLM_PLUGIN="1")
     assert got["LlamaForCausalLM"] == ["vllm.model_executor.models.llama.LlamaForCausalLM", True]
     assert got["Qwen3MoeForCausalLM"][0] == "vllm.model_executor.models.qwen3_moe.Qwen3MoeForCausalLM"
-    assert got["backend"] is False
+    assert got["backend"] is False and "mla_backend" not in got

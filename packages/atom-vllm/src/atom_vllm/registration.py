@@ -6,10 +6,11 @@ from __future__ import annotations
 from atom_core.integration import supported_architectures
 
 MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
-# The layer kinds the adapter's attention builds under vLLM; architectures with others (DeepSeek's MLA,
+# The layer kinds the adapter's attention builds under vLLM; architectures with others (Gated DeltaNet,
 # for now) stay vLLM's own models.
-LAYER_KINDS = frozenset({"mha", "sliding"})
+LAYER_KINDS = frozenset({"mha", "sliding", "mla"})
 ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
+MLA_BACKEND = "atom_vllm.attention.mla.AtomMLABackend"
 
 
 def register_models() -> tuple[str, ...]:
@@ -23,8 +24,9 @@ def register_models() -> tuple[str, ...]:
 
 
 def register_attention_backend() -> None:
-    """Add "ATOM" to vLLM's attention backends (selectable by name; ATOM's models always use it)."""
+    """Add "ATOM" and "ATOM_MLA" to vLLM's attention backends (by name; ATOM's models always use them)."""
     from vllm.v1.attention.backends.registry import AttentionBackendEnum
 
-    if "ATOM" not in AttentionBackendEnum.__members__:
-        AttentionBackendEnum.register("ATOM", ATTENTION_BACKEND)
+    for name, path in (("ATOM", ATTENTION_BACKEND), ("ATOM_MLA", MLA_BACKEND)):
+        if name not in AttentionBackendEnum.__members__:
+            AttentionBackendEnum.register(name, path)

@@ -118,23 +118,25 @@ def test_atom_off_leaves_vllms_own_implementation(checkpoint_for, greedy_referen
     assert "disabled by ATOM_DISABLE_VLLM_PLUGIN=1" in logs.out + logs.err
 
 
-def test_fp8_checkpoint_loads_into_atoms_layers(checkpoint_for, tmp_path, capfd):
-    """A block-quantized fp8 copy of the Qwen3-MoE checkpoint (16-wide blocks: several per tensor, the
-    experts' too): vLLM parses quantization_config into its own Fp8Config, ATOM's model reads the same
-    config and loads the e4m3 weights and scales. vLLM runs fp8 checkpoints in bf16/fp16 only: in fp16,
-    every greedy token vLLM picks is transformers' argmax (fp32, dequantized copy, teacher-forced on vLLM's
-    own tokens) up to fp16's rounding of near-ties."""
+@pytest.mark.parametrize("architecture", ["Qwen3MoeForCausalLM", "DeepseekV3ForCausalLM"])
+def test_fp8_checkpoint_loads_into_atoms_layers(architecture, checkpoint_for, tmp_path, capfd):
+    """A block-quantized fp8 copy (16-wide blocks: several per tensor, the experts' too; DeepSeek's 48-row
+    kv_a_proj_with_mqa and its absorbed kv_b_proj included): vLLM parses quantization_config into its own
+    Fp8Config, ATOM's model reads the same config and loads the e4m3 weights and scales. vLLM runs fp8
+    checkpoints in bf16/fp16 only: in fp16, every greedy token vLLM picks is transformers' argmax (fp32,
+    dequantized copy, teacher-forced on vLLM's own tokens) up to fp16's rounding of near-ties."""
     import torch
     from transformers import AutoModelForCausalLM
+    from vllm_support import MLA_ARCHITECTURES
 
     from tools.testing_fp8 import dequantized_copy, quantize_checkpoint
 
-    ckpt = checkpoint_for("Qwen3MoeForCausalLM", **ARCHITECTURES["Qwen3MoeForCausalLM"])
+    ckpt = checkpoint_for(architecture, **{**ARCHITECTURES, **MLA_ARCHITECTURES}[architecture])
     fp8, reference = tmp_path / "fp8", tmp_path / "dequantized"
     quantize_checkpoint(ckpt.path, fp8, (16, 16))
     dequantized_copy(fp8, reference)
     runs, what, _ = _run_vllm(fp8, PROMPTS, dtype="float16")
-    assert what["atom_model_class"].endswith(".Qwen3MoeForCausalLM")
+    assert what["atom_model_class"].endswith("." + architecture)
     hf = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32).eval()
     exact = 0
     for prompt, tokens in zip(PROMPTS, runs[0], strict=True):
@@ -145,4 +147,21 @@ def test_fp8_checkpoint_loads_into_atoms_layers(checkpoint_for, tmp_path, capfd)
             exact += int(row.argmax()) == token
     assert exact >= 0.9 * STEPS * len(PROMPTS)
     logs = capfd.readouterr()
-    assert "runs Qwen3MoeForCausalLM" in logs.out + logs.err
+    assert f"runs {architecture}" in logs.out + logs.err
+
+
+@pytest.mark.parametrize("architecture", ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"])
+def test_deepseek_runs_atoms_mla_layer_and_equals_transformers(
+    architecture, checkpoint_for, greedy_reference
+):
+    """ATOM's MLA layer over vLLM's latent cache (48-wide rows: a width vLLM's own MLA backends refuse),
+    ATOM's DeepSeek MoE; a ragged batch of prompts prefilled together, then decoded."""
+    from vllm_support import MLA_ARCHITECTURES
+
+    ckpt = checkpoint_for(architecture, **MLA_ARCHITECTURES[architecture])
+    expected = [greedy_reference(ckpt, p, STEPS) for p in PROMPTS]
+    runs, what, _ = _run_vllm(ckpt.path, PROMPTS, rounds=2)
+    assert what["model_class"] == "atom_vllm.model.AtomForCausalLM"
+    assert what["atom_model_class"].endswith("." + architecture)
+    assert what["attention"] == ["VllmMLALayer:ATOM_MLA"]
+    assert runs == [expected, expected]

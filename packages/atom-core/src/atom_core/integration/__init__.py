@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PagedAttentionMetadata,
         paged_attention,
     )
+    from atom_core.attention.mla import MLALayerSpec
     from atom_core.build import BuildContext
     from atom_core.cache import (
         CacheSpec,
@@ -38,7 +39,7 @@ if TYPE_CHECKING:
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
     from atom_core.integration.build import build_for_engine
     from atom_core.loader import build_model, finish_loading, iter_checkpoint, load_checkpoint
-    from atom_core.ops import paged_decode, paged_prefill, silu_and_mul, write_kv
+    from atom_core.ops import mla_attention, paged_decode, paged_prefill, silu_and_mul, write_kv, write_latent
     from atom_core.registry import ModelSpec, get_model_spec, supported_architectures
 
 _LAZY = {
@@ -55,6 +56,7 @@ _LAZY = {
     "PagedAttentionBackend": "atom_core.attention",
     "PagedAttentionMetadata": "atom_core.attention",
     "paged_attention": "atom_core.attention",
+    "MLALayerSpec": "atom_core.attention.mla",
     "BuildContext": "atom_core.build",
     "CacheConfig": "atom_core.config",
     "ModelConfig": "atom_core.config",
@@ -67,6 +69,8 @@ _LAZY = {
     "finish_loading": "atom_core.loader",
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
+    "mla_attention": "atom_core.ops",
+    "write_latent": "atom_core.ops",
     "paged_decode": "atom_core.ops",
     "paged_prefill": "atom_core.ops",
     "silu_and_mul": "atom_core.ops",
@@ -88,6 +92,7 @@ __all__ = [
     "ForwardContext",
     "LatentCacheSpec",
     "LayerKVCache",
+    "MLALayerSpec",
     "ModelConfig",
     "ModelSpec",
     "PagedAttentionBackend",
@@ -107,12 +112,14 @@ __all__ = [
     "get_model_spec",
     "iter_checkpoint",
     "load_checkpoint",
+    "mla_attention",
     "paged_attention",
     "paged_decode",
     "paged_prefill",
     "silu_and_mul",
     "supported_architectures",
     "write_kv",
+    "write_latent",
 ]
 
 

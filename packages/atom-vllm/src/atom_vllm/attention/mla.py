@@ -1,0 +1,149 @@
+"""ATOM's multi-head latent attention under vLLM: an attention layer of the adapter's own over vLLM's latent
+cache, and the "ATOM_MLA" backend that names its metadata builder.
+
+vLLM allocates and binds one paged latent cache per MLA layer ([blocks, block_size, kv_lora_rank + rope],
+MLAAttentionSpec) and builds the step's metadata with the backend's builder; the layer writes the step's
+latent rows and attends through atom-core's MLA ops. The frontend (atom-core's layers/mla.py) absorbs the
+up-projections, so this layer sees absorbed queries and returns latent outputs, any latent width (vLLM's
+common MLA builder accepts only 320, 512 and 576). The layer is found by vLLM through
+`static_forward_context` like its own attention layers; nothing in vLLM is patched.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import nn
+from vllm.config import get_current_vllm_config
+from vllm.forward_context import get_forward_context
+from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionType
+from vllm.v1.kv_cache_interface import MLAAttentionSpec
+
+from atom_core.integration import MLALayerSpec, mla_attention, write_latent
+from atom_vllm.attention.metadata import AtomAttentionMetadata
+
+MLA_BACKEND_NAME = "ATOM_MLA"
+
+
+class AtomMLABackend(AttentionBackend):
+    """Latent attention over vLLM's paged latent cache (one row of kv_lora_rank + rope per token)."""
+
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
+    forward_includes_kv_cache_update: bool = True
+
+    @staticmethod
+    def get_name() -> str:
+        return MLA_BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls():
+        return AtomMLAImpl
+
+    @staticmethod
+    def get_builder_cls():
+        # The step's metadata is the MHA backend's: cu_seqlens, seq_lens, block tables and slots of the group.
+        from atom_vllm.attention.metadata import AtomAttentionMetadataBuilder
+
+        return AtomAttentionMetadataBuilder
+
+    @classmethod
+    def is_mla(cls) -> bool:
+        return True
+
+    @classmethod
+    def supports_attn_type(cls, attn_type: str) -> bool:
+        return attn_type == AttentionType.DECODER
+
+    @classmethod
+    def supports_compute_capability(cls, capability) -> bool:
+        return True
+
+
+class AtomMLAImpl(AttentionImpl[AtomAttentionMetadata]):
+    """vLLM's backend interface asks for an impl class; ATOM's MLA layer runs the attention itself."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        raise NotImplementedError(
+            "ATOM_MLA runs inside ATOM's own MLA layer (VllmMLALayer); vLLM's MLAAttention cannot use it"
+        )
+
+    def forward(self, *args, **kwargs):  # pragma: no cover - never constructed
+        raise NotImplementedError
+
+
+class VllmMLALayer(nn.Module, AttentionLayerBase):
+    """atom-core's MLALayer contract over vLLM's latent cache: (q [T, H, R + P], kv_c [T, R], k_pe [T, P])
+    -> [T, H, R], the latent rows written first. Absorbed always (no un-absorbed prefill under vLLM yet)."""
+
+    def __init__(self, spec: MLALayerSpec):
+        super().__init__()
+        self.spec = spec
+        self.layer_name = spec.prefix
+        self.num_heads = spec.num_heads
+        self.head_size = spec.kv_lora_rank + spec.rope_dim
+        vllm_config = get_current_vllm_config()
+        self.kv_cache_dtype = vllm_config.cache_config.cache_dtype
+        if self.kv_cache_dtype != "auto":
+            raise NotImplementedError(
+                f"ATOM's MLA under vLLM keeps the latent cache in the model's dtype; got kv_cache_dtype "
+                f"{self.kv_cache_dtype!r} (supported: auto)"
+            )
+        self.kv_cache = torch.tensor([])  # bound by vLLM's runner
+        self.attn_backend, self.sliding_window = AtomMLABackend, None  # what diagnostics report
+        context = vllm_config.compilation_config.static_forward_context
+        if spec.prefix in context:
+            raise ValueError(f"duplicate layer name {spec.prefix!r} in vLLM's forward context")
+        context[spec.prefix] = self
+
+    def get_attn_backend(self) -> type[AttentionBackend]:
+        return AtomMLABackend
+
+    def get_kv_cache_spec(self, vllm_config) -> MLAAttentionSpec:
+        return MLAAttentionSpec(
+            block_size=vllm_config.cache_config.block_size,
+            num_kv_heads=1,
+            head_size=self.head_size,
+            dtype=vllm_config.model_config.dtype,
+            cache_dtype_str=self.kv_cache_dtype,
+        )
+
+    def bind_kv_cache(self, kv_cache: torch.Tensor) -> None:
+        self.kv_cache = kv_cache.squeeze(1)  # [blocks, 1, block_size, R + P] -> [blocks, block_size, R + P]
+
+    def _metadata(self) -> AtomAttentionMetadata | None:
+        metadata = get_forward_context().attn_metadata
+        if metadata is None:
+            return None
+        if isinstance(metadata, list):  # micro-batches: not used by ATOM's models
+            raise NotImplementedError("ATOM's MLA under vLLM does not run micro-batched (DBO) steps")
+        return metadata.get(self.layer_name)
+
+    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R]."""
+        meta = self._metadata()
+        out = q.new_zeros(q.shape[0], self.num_heads, self.spec.kv_lora_rank)
+        if meta is None:  # vLLM's profiling and dummy runs
+            return out
+        n = meta.num_actual_tokens
+        paged = meta.paged
+        write_latent(kv_c[:n], k_pe[:n], self.kv_cache, paged.slot_mapping)
+        out[:n] = mla_attention(
+            q[:n],
+            self.kv_cache,
+            paged.cu_seqlens_q,
+            paged.seq_lens,
+            paged.block_tables,
+            softmax_scale=self.spec.scale,
+            max_query_len=paged.max_query_len,
+            kv_lora_rank=self.spec.kv_lora_rank,
+        )
+        return out
+
+    def wants_unabsorbed(self) -> bool:
+        return False
+
+    def unabsorbed(self, *args):  # never asked for: wants_unabsorbed() is False
+        raise NotImplementedError("ATOM's MLA under vLLM runs absorbed only")

@@ -10,6 +10,38 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+# Tiny DeepSeek-V3 and V2 (MLA with a 32 + 16 latent row, DeepSeek's MoE after one dense layer): the
+# attention and expert fields atom-core's parity tests and the adapters' engine tests share.
+DEEPSEEK_V3_TINY = dict(
+    intermediate_size=96,
+    moe_intermediate_size=32,
+    num_attention_heads=4,
+    num_key_value_heads=4,
+    n_shared_experts=1,
+    n_routed_experts=8,
+    num_experts_per_tok=3,
+    n_group=4,
+    topk_group=2,
+    first_k_dense_replace=1,
+    routed_scaling_factor=2.5,
+    norm_topk_prob=True,
+    kv_lora_rank=32,
+    q_lora_rank=48,
+    qk_rope_head_dim=16,
+    qk_nope_head_dim=32,
+    v_head_dim=24,
+    tie_word_embeddings=False,
+)
+DEEPSEEK_V2_TINY = dict(
+    DEEPSEEK_V3_TINY,
+    n_shared_experts=2,
+    routed_scaling_factor=1.5,
+    norm_topk_prob=False,
+    q_lora_rank=None,
+)
+for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all experts
+    DEEPSEEK_V2_TINY.pop(_key)
+
 
 def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None):
     """transformers' model of `config` (any model config) with random weights drawn after

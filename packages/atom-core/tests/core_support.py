@@ -11,7 +11,12 @@ import torch
 from torch import nn
 
 from atom_core.cache import StateCacheSpec
-from tools.testing_models import free_port, random_checkpoint  # noqa: F401 (re-exported)
+from tools.testing_models import (  # noqa: F401 (re-exported)
+    DEEPSEEK_V2_TINY,
+    DEEPSEEK_V3_TINY,
+    free_port,
+    random_checkpoint,
+)
 
 # A tiny Llama-shaped config, the base the tests' own configs override (fp32 on the CPU in seconds).
 TINY = dict(
@@ -29,55 +34,23 @@ TINY_LLAMA = dict(TINY, vocab_size=151)
 # Tiny DeepSeek-V3 and V2 (MLA + DeepSeek MoE): every path transformers implements is a variant of these.
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
 DSV3 = dict(
+    DEEPSEEK_V3_TINY,
     vocab_size=211,
     hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
     num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=1,
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    n_group=4,
-    topk_group=2,
-    first_k_dense_replace=1,
-    routed_scaling_factor=2.5,
-    norm_topk_prob=True,
-    kv_lora_rank=32,
-    q_lora_rank=48,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=24,
     max_position_embeddings=256,
     rope_interleave=True,
     rope_parameters=dict(YARN, beta_fast=32, beta_slow=1, mscale=0.9, mscale_all_dim=0.7),
-    tie_word_embeddings=False,
     bos_token_id=0,
     eos_token_id=1,
 )
 DSV2 = dict(
+    DEEPSEEK_V2_TINY,
     vocab_size=211,
     hidden_size=64,
-    intermediate_size=96,
-    moe_intermediate_size=32,
     num_hidden_layers=3,
-    num_attention_heads=4,
-    num_key_value_heads=4,
-    n_shared_experts=2,
-    n_routed_experts=8,
-    num_experts_per_tok=3,
-    first_k_dense_replace=1,
-    routed_scaling_factor=1.5,
-    kv_lora_rank=32,
-    q_lora_rank=None,
-    qk_rope_head_dim=16,
-    qk_nope_head_dim=32,
-    v_head_dim=24,
     max_position_embeddings=256,
-    norm_topk_prob=False,
     rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707),
-    tie_word_embeddings=False,
 )
 
 
@@ -321,3 +294,47 @@ def save_word_tokenizer(path, vocab_size: int) -> None:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def ragged_prefill_logits(
+    path,
+    prompts: list[list[int]],
+    *,
+    state_slots: list[int] | None = None,
+    parallel=None,
+    device="cpu",
+    dtype="float32",
+    block_size: int = 4,
+) -> list[torch.Tensor]:
+    """Every prompt's logits [len, V] from one ragged prefill batch through the engine's ModelRunner
+    (torch attention on the CPU; each prompt on its own pages, state slot state_slots[i] if the model has
+    state layers)."""
+    from atom_core.config import ModelConfig, ParallelConfig
+    from atom_core.engine import EngineConfig
+    from atom_core.engine.model_runner import ModelRunner, StepInputs
+
+    config = ModelConfig.from_pretrained(path)
+    engine = EngineConfig(
+        model=path,
+        num_kv_blocks=32,
+        block_size=block_size,
+        dtype=dtype,
+        **({"kernel_backend": "torch"} if device == "cpu" else {}),
+    )
+    runner = ModelRunner(
+        config, engine, parallel=parallel or ParallelConfig(), device=torch.device(device), max_model_len=64
+    )
+    ids, positions, tables, start = [], [], [], 1
+    for p in prompts:
+        ids += p
+        positions += list(range(len(p)))
+        pages = -(-len(p) // block_size)
+        tables.append(list(range(start, start + pages)))
+        start += pages
+    lens = [len(p) for p in prompts]
+    rows = list(range(len(ids)))
+    slots = state_slots or list(range(len(prompts)))
+    logits = runner.run(
+        StepInputs(ids, positions, lens, lens, tables, rows, slots, [True] * len(prompts), rows)
+    )
+    return list(logits.split(lens))

@@ -11,13 +11,20 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from core_support import DSV3, TINY, deepseek_checkpoint, free_port, hf_greedy, random_checkpoint
+from core_support import (
+    DSV3,
+    TINY,
+    deepseek_checkpoint,
+    free_port,
+    hf_greedy,
+    ragged_prefill_logits,
+    random_checkpoint,
+)
 from qwen_support import qwen3_next_checkpoint
 from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
-from atom_core.engine import LLM, EngineConfig, SamplingParams
-from atom_core.engine.model_runner import ModelRunner, StepInputs
+from atom_core.engine import LLM, SamplingParams
 from atom_core.loader import CheckpointError, build_model, load_checkpoint
 from atom_core.models.weights import WeightLoadError
 from atom_core.quantization import Fp8BlockLinearMethod
@@ -91,23 +98,7 @@ def checkpoints(request, tmp_path_factory):
 
 
 def _prefill_logits(path, parallel=None) -> list[torch.Tensor]:
-    """Every prompt's logits [len, V] from one ragged prefill batch."""
-    config = ModelConfig.from_pretrained(path)
-    engine = EngineConfig(model=path, num_kv_blocks=32, kernel_backend="torch", block_size=4, dtype="float32")
-    runner = ModelRunner(
-        config, engine, parallel=parallel or ParallelConfig(), device=torch.device("cpu"), max_model_len=64
-    )
-    ids, positions, tables, start = [], [], [], 1
-    for p in PROMPTS:
-        ids += p
-        positions += list(range(len(p)))
-        pages = -(-len(p) // 4)
-        tables.append(list(range(start, start + pages)))
-        start += pages
-    lens = [len(p) for p in PROMPTS]
-    rows = list(range(len(ids)))
-    logits = runner.run(StepInputs(ids, positions, lens, lens, tables, rows, [0, 1, 2], [True] * 3, rows))
-    return list(logits.split(lens))
+    return ragged_prefill_logits(path, PROMPTS, parallel=parallel)
 
 
 def test_fp8_layers_are_built_from_the_checkpoint(checkpoints):
@@ -338,19 +329,9 @@ def test_bf16_on_the_gpu_is_within_the_fp8_error(checkpoints, monkeypatch):
 
     monkeypatch.setattr(settings, "SETTINGS", Settings(None, False))  # kernels chosen by device: Triton
     path, dequantized, original = checkpoints
-    config = ModelConfig.from_pretrained(path)
-    engine = EngineConfig(model=path, num_kv_blocks=32, block_size=16, dtype="bfloat16")
-    runner = ModelRunner(
-        config, engine, parallel=ParallelConfig(), device=torch.device("cuda"), max_model_len=64
-    )
-    ids, positions, tables = [], [], []
-    for i, p in enumerate(PROMPTS):
-        ids += p
-        positions += list(range(len(p)))
-        tables.append([1 + 2 * i, 2 + 2 * i])
-    lens = [len(p) for p in PROMPTS]
-    rows = list(range(len(ids)))
-    got = runner.run(StepInputs(ids, positions, lens, lens, tables, rows, [0, 1, 2], [True] * 3, rows)).cpu()
+    got = torch.cat(
+        ragged_prefill_logits(path, PROMPTS, device="cuda", dtype="bfloat16", block_size=16)
+    ).cpu()
     with torch.no_grad():
         ref = torch.cat([dequantized(torch.tensor([p])).logits[0] for p in PROMPTS])
         unquantized = torch.cat([original(torch.tensor([p])).logits[0] for p in PROMPTS])

@@ -7,12 +7,12 @@ import json
 
 import pytest
 import torch
-from core_support import hf_greedy
+from core_support import hf_greedy, ragged_prefill_logits
 from qwen_support import ARCHS, CONFIG, qwen3_next_checkpoint
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
-from atom_core.engine.model_runner import ModelRunner, StepInputs
+from atom_core.engine.model_runner import ModelRunner
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -48,21 +48,7 @@ STEPS = 32
 
 def test_prefill_logits_match_transformers(checkpoint):
     path, hf = checkpoint
-    config = ModelConfig.from_pretrained(path)
-    engine = EngineConfig(model=path, num_kv_blocks=32, kernel_backend="torch", block_size=4, dtype="float32")
-    runner = ModelRunner(
-        config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=64
-    )
-    ids, positions, tables, start = [], [], [], 1
-    for p in PROMPTS:
-        ids += p
-        positions += list(range(len(p)))
-        pages = -(-len(p) // 4)
-        tables.append(list(range(start, start + pages)))
-        start += pages
-    lens = [len(p) for p in PROMPTS]
-    rows = list(range(len(ids)))
-    logits = runner.run(StepInputs(ids, positions, lens, lens, tables, rows, [2, 0, 1], [True] * 3, rows))
+    logits = torch.cat(ragged_prefill_logits(path, PROMPTS, state_slots=[2, 0, 1]))
     offset = 0
     for p in PROMPTS:
         with torch.no_grad():

@@ -11,7 +11,12 @@ from pathlib import Path
 
 import torch
 
-from tools.testing_models import free_port, random_checkpoint  # noqa: F401 (re-exported)
+from tools.testing_models import (  # noqa: F401 (re-exported)
+    DEEPSEEK_V2_TINY,
+    DEEPSEEK_V3_TINY,
+    free_port,
+    random_checkpoint,
+)
 
 # The dimensions every architecture's tiny config shares (the vocabulary is the trained tokenizer's).
 TINY = dict(
@@ -123,43 +128,4 @@ def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
 # DeepSeek-V3 and V2 (MLA + DeepSeek MoE) run under vLLM with ATOM's own MLA layer; latent widths other
 # than vLLM's 320/512/576 (here 32 + 16) work as well. vLLM's CPU platform forces 16-token pages and turns
 # chunked prefill and prefix caching off for MLA model types.
-MLA_ARCHITECTURES = {
-    "DeepseekV3ForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        n_shared_experts=1,
-        n_routed_experts=8,
-        num_experts_per_tok=3,
-        n_group=4,
-        topk_group=2,
-        first_k_dense_replace=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        kv_lora_rank=32,
-        q_lora_rank=48,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=32,
-        v_head_dim=24,
-        tie_word_embeddings=False,
-    ),
-    "DeepseekV2ForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=4,
-        intermediate_size=96,
-        moe_intermediate_size=32,
-        n_shared_experts=2,
-        n_routed_experts=8,
-        num_experts_per_tok=3,
-        first_k_dense_replace=1,
-        routed_scaling_factor=1.5,
-        kv_lora_rank=32,
-        q_lora_rank=None,
-        qk_rope_head_dim=16,
-        qk_nope_head_dim=32,
-        v_head_dim=24,
-        norm_topk_prob=False,
-        tie_word_embeddings=False,
-    ),
-}
+MLA_ARCHITECTURES = {"DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY, "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY}

@@ -11,28 +11,24 @@ common MLA builder accepts only 320, 512 and 576). The layer is found by vLLM th
 
 from __future__ import annotations
 
-from typing import ClassVar
-
 import torch
 from torch import nn
 from vllm.config import get_current_vllm_config
 from vllm.forward_context import get_forward_context
 from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
-from vllm.v1.attention.backend import AttentionBackend, AttentionImpl, AttentionType
+from vllm.v1.attention.backend import AttentionBackend, AttentionImpl
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
 from atom_core.integration import MLALayerSpec, mla_attention, write_latent
+from atom_vllm.attention.backend import AtomAttentionBackend
 from atom_vllm.attention.metadata import AtomAttentionMetadata
 
 MLA_BACKEND_NAME = "ATOM_MLA"
 
 
-class AtomMLABackend(AttentionBackend):
-    """Latent attention over vLLM's paged latent cache (one row of kv_lora_rank + rope per token)."""
-
-    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
-    supported_kv_cache_dtypes: ClassVar[list[str]] = ["auto", "float16", "bfloat16"]
-    forward_includes_kv_cache_update: bool = True
+class AtomMLABackend(AtomAttentionBackend):
+    """Latent attention over vLLM's paged latent cache (one row of kv_lora_rank + rope per token); dtypes,
+    attention types and builder as the MHA backend's."""
 
     @staticmethod
     def get_name() -> str:
@@ -42,24 +38,13 @@ class AtomMLABackend(AttentionBackend):
     def get_impl_cls():
         return AtomMLAImpl
 
-    @staticmethod
-    def get_builder_cls():
-        # The step's metadata is the MHA backend's: cu_seqlens, seq_lens, block tables and slots of the group.
-        from atom_vllm.attention.metadata import AtomAttentionMetadataBuilder
-
-        return AtomAttentionMetadataBuilder
-
     @classmethod
     def is_mla(cls) -> bool:
         return True
 
     @classmethod
-    def supports_attn_type(cls, attn_type: str) -> bool:
-        return attn_type == AttentionType.DECODER
-
-    @classmethod
-    def supports_compute_capability(cls, capability) -> bool:
-        return True
+    def supports_sliding_window(cls) -> bool:
+        return False
 
 
 class AtomMLAImpl(AttentionImpl[AtomAttentionMetadata]):

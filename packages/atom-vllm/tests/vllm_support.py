@@ -129,3 +129,35 @@ def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
 # than vLLM's 320/512/576 (here 32 + 16) work as well. vLLM's CPU platform forces 16-token pages and turns
 # chunked prefill and prefix caching off for MLA model types.
 MLA_ARCHITECTURES = {"DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY, "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY}
+
+
+def save_mtp_checkpoint(path: Path, *, layers: int = 2) -> Checkpoint:
+    """A random tiny DeepSeek-V3 with one MTP layer saved as the published checkpoints are: transformers'
+    model with layers + 1 decoder layers, the last one becoming the MTP layer (model.layers.{layers}.*,
+    num_nextn_predict_layers 1) with its enorm, hnorm, eh_proj and shared_head. The MTP layer "echoes":
+    eh_proj passes hnorm(h) through, its attention and MLP outputs are zero and shared_head.norm is the
+    target's final norm, so it proposes the token the target just predicted again, which the target
+    accepts wherever its greedy output repeats a token (random tiny models do, often)."""
+    import json
+
+    import transformers
+    from safetensors.torch import load_file, save_file
+
+    tokenizer = train_tokenizer()
+    fields = {"vocab_size": len(tokenizer), **TINY, **DEEPSEEK_V3_TINY, "num_hidden_layers": layers + 1}
+    random_checkpoint(transformers.DeepseekV3Config(**fields), path)
+    tensors = load_file(path / "model.safetensors")
+    hidden, mtp = fields["hidden_size"], f"model.layers.{layers}"
+    tensors[f"{mtp}.enorm.weight"] = torch.ones(hidden)
+    tensors[f"{mtp}.hnorm.weight"] = torch.ones(hidden)
+    tensors[f"{mtp}.eh_proj.weight"] = torch.cat([torch.zeros(hidden, hidden), torch.eye(hidden)], dim=1)
+    tensors[f"{mtp}.shared_head.norm.weight"] = tensors["model.norm.weight"].clone()
+    for name in tensors:
+        if name.startswith(mtp) and name.endswith(("o_proj.weight", "down_proj.weight")):
+            tensors[name] = torch.zeros_like(tensors[name])
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_hidden_layers=layers, num_nextn_predict_layers=1)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    tokenizer.save_pretrained(path)
+    return Checkpoint("DeepseekV3ForCausalLM", path)

@@ -77,11 +77,16 @@ def build_model(config: ModelConfig, ctx: BuildContext, prefix: str = "") -> nn.
     return _build(spec.load_class(), config, ctx, prefix)
 
 
-def build_draft(config: ModelConfig, ctx: BuildContext, target: nn.Module, prefix: str = "") -> nn.Module:
+def build_draft(
+    config: ModelConfig, ctx: BuildContext, target: nn.Module | None, prefix: str = ""
+) -> nn.Module:
     """The speculative draft made of the checkpoint's MTP layers (ModelSpec.draft_class), sharing the target's
-    embedding and head; built with its own BuildContext, its caches are its own (cache indices from 0)."""
+    embedding and head; built with its own BuildContext, its caches are its own (cache indices from 0).
+    target None: the caller binds one later (`draft.bind_target(t)`; t has embed_input_ids and
+    compute_logits), as engines that hand the shared modules over after building do."""
     draft = _build(draft_class_for(config), config, ctx, prefix)
-    draft.bind_target(target)
+    if target is not None:
+        draft.bind_target(target)
     return draft
 
 

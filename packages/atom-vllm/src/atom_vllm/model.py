@@ -46,6 +46,17 @@ class AtomForCausalLM(nn.Module):
             tp_size,
         )
 
+    @property
+    def model(self) -> nn.Module:
+        """The decoder stack (embed_tokens, layers, norm), where vLLM's speculative proposer finds the
+        embedding it shares with a draft."""
+        return self.atom.model
+
+    @property
+    def lm_head(self) -> nn.Module:
+        """The head vLLM's proposer shares with an MTP draft."""
+        return self.atom.lm_head
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.atom.embed_input_ids(input_ids)
 

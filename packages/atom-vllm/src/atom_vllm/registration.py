@@ -6,6 +6,9 @@ from __future__ import annotations
 from atom_core.integration import supported_architectures
 
 MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
+DRAFT_CLASS = "atom_vllm.draft:AtomMTPDraft"
+# vLLM's MTP draft architecture (what it writes into the draft's config) -> the target it drafts for
+DRAFTS = {"DeepSeekMTPModel": "DeepseekV3ForCausalLM"}
 # The layer kinds the adapter's attention builds under vLLM; architectures with others (Gated DeltaNet,
 # for now) stay vLLM's own models.
 LAYER_KINDS = frozenset({"mha", "sliding", "mla"})
@@ -14,13 +17,17 @@ MLA_BACKEND = "atom_vllm.attention.mla.AtomMLABackend"
 
 
 def register_models() -> tuple[str, ...]:
-    """Point vLLM's model registry at ATOM for every architecture atom-core implements with LAYER_KINDS."""
+    """Point vLLM's model registry at ATOM for every architecture atom-core implements with LAYER_KINDS, and
+    at ATOM's MTP draft for the draft architectures of those targets. Returns the names registered."""
     from vllm import ModelRegistry
 
     architectures = supported_architectures(layer_kinds=LAYER_KINDS)
     for arch in architectures:
         ModelRegistry.register_model(arch, MODEL_CLASS)
-    return architectures
+    drafts = tuple(draft for draft, target in DRAFTS.items() if target in architectures)
+    for draft in drafts:
+        ModelRegistry.register_model(draft, DRAFT_CLASS)
+    return architectures + drafts
 
 
 def register_attention_backend() -> None:

@@ -16,12 +16,9 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
-from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
-from vllm.distributed.parallel_state import get_tp_group
 
-from atom_core.integration import build_draft_for_engine, finish_loading
-from atom_vllm.attention.layer import CoreAttentionBackend
-from atom_vllm.model import ATOM_PREFIX
+from atom_core.integration import finish_loading
+from atom_vllm.model import ATOM_PREFIX, build_atom
 from atom_vllm.registration import DRAFTS
 
 logger = logging.getLogger("vllm.atom_vllm")
@@ -51,18 +48,7 @@ class AtomMTPDraft(nn.Module):
             raise NotImplementedError(
                 f"ATOM drafts for {', '.join(DRAFTS.values())} under vLLM; got draft architecture {architecture!r}"
             )
-        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
-        self.atom, _ = build_draft_for_engine(
-            hf_config.to_dict(),
-            target,
-            attention_backend=CoreAttentionBackend(vllm_config.cache_config),
-            dtype=vllm_config.model_config.dtype,
-            device=vllm_config.device_config.device,
-            tp_size=tp_size,
-            tp_rank=tp_rank,
-            tp_group=get_tp_group().device_group if tp_size > 1 else None,
-            prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        )
+        self.atom, _ = build_atom(vllm_config, prefix, draft_of=target)
         self.config = hf_config
         self.lm_head: nn.Module | None = None  # the target's, set by vLLM's proposer
         logger.info("ATOM MTP draft %s drafts for %s", type(self.atom).__name__, target)

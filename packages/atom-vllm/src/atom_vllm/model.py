@@ -19,31 +19,38 @@ logger = logging.getLogger("vllm.atom_vllm")
 ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
 
 
+def build_atom(vllm_config, prefix: str, draft_of: str | None = None):
+    """The atom-core model (or, with draft_of, the MTP draft of that target) for vLLM's config, with the
+    adapter's attention backend and vLLM's tensor-parallel group, at `<prefix>.atom`. -> (model, config)."""
+    tp_size = get_tensor_model_parallel_world_size()
+    return build_for_engine(
+        vllm_config.model_config.hf_config.to_dict(),
+        attention_backend=CoreAttentionBackend(vllm_config.cache_config),
+        dtype=vllm_config.model_config.dtype,
+        device=vllm_config.device_config.device,
+        tp_size=tp_size,
+        tp_rank=get_tensor_model_parallel_rank(),
+        tp_group=get_tp_group().device_group if tp_size > 1 else None,
+        prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        draft_of=draft_of,
+    )
+
+
 class AtomForCausalLM(nn.Module):
     """vLLM's text-generation model contract over an atom-core model (any architecture in its registry)."""
 
     def __init__(self, *, vllm_config, prefix: str = ""):
         super().__init__()
         hf_config = vllm_config.model_config.hf_config
-        tp_size, tp_rank = get_tensor_model_parallel_world_size(), get_tensor_model_parallel_rank()
-        self.atom, config = build_for_engine(
-            hf_config.to_dict(),
-            attention_backend=CoreAttentionBackend(vllm_config.cache_config),
-            dtype=vllm_config.model_config.dtype,
-            device=vllm_config.device_config.device,
-            tp_size=tp_size,
-            tp_rank=tp_rank,
-            tp_group=get_tp_group().device_group if tp_size > 1 else None,
-            prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        )
+        self.atom, config = build_atom(vllm_config, prefix)
         self.config = hf_config
         logger.info(
             "ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)",
             type(self.atom).__module__,
             type(self.atom).__name__,
             config.architecture,
-            tp_rank,
-            tp_size,
+            get_tensor_model_parallel_rank(),
+            get_tensor_model_parallel_world_size(),
         )
 
     @property

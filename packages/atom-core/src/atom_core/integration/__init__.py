@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     )
     from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
-    from atom_core.integration.build import build_draft_for_engine, build_for_engine
+    from atom_core.integration.build import build_for_engine
     from atom_core.loader import build_model, finish_loading, iter_checkpoint, load_checkpoint
     from atom_core.ops import mla_attention, paged_decode, paged_prefill, silu_and_mul, write_kv, write_latent
     from atom_core.registry import ModelSpec, get_model_spec, supported_architectures
@@ -66,7 +66,6 @@ _LAZY = {
     "current_forward_context": "atom_core.forward_context",
     "build_model": "atom_core.loader",
     "build_for_engine": "atom_core.integration.build",
-    "build_draft_for_engine": "atom_core.integration.build",
     "finish_loading": "atom_core.loader",
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
@@ -104,7 +103,6 @@ __all__ = [
     "__version__",
     "allocate_caches",
     "bind_forward_context",
-    "build_draft_for_engine",
     "build_for_engine",
     "build_model",
     "check_engine_version",

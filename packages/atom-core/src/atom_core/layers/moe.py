@@ -1,8 +1,8 @@
 """Sparse MoE: a router picks top-k experts per token; expert MLPs are stacked parameters.
 
 Experts' intermediate dimension is split over tensor-parallel ranks. An fp8 checkpoint's experts are e4m3
-with block scales (layers/moe_fp8.py); routers and the shared expert's gate stay unquantized. Routing and the experts run through
-atom-kernels' fused MoE (Triton on the GPU: no host sync, so decode steps capture in CUDA graphs; the
+with block scales (layers/moe_fp8.py); routers and the shared expert's gate stay unquantized. Routing and
+the experts run through atom-kernels' fused MoE (Triton on the GPU: no host sync, so decode steps capture in CUDA graphs; the
 per-expert torch loop on the CPU).
 """
 
@@ -57,17 +57,14 @@ class SparseMoE(nn.Module):
         self.w2 = nn.Parameter(
             torch.empty(num_experts, hidden, self.inter, dtype=weight_dtype), requires_grad=False
         )
-        stacked = [self.w13, self.w2]
+        gate_up = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
+        down = frozenset((e, "w2") for e in range(num_experts))
+        stacked = [(self.w13, gate_up), (self.w2, down)]
         if self.fp8 is not None:
             self.w13_scale_inv, self.w2_scale_inv = self.fp8.create_scales(num_experts)
-            stacked += [self.w13_scale_inv, self.w2_scale_inv]
-        for param in stacked:
-            param.weight_loader = self.weight_loader
-            param.expected_shards = (
-                frozenset((e, "w2") for e in range(num_experts))
-                if param is self.w2 or param is getattr(self, "w2_scale_inv", None)
-                else frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
-            )
+            stacked += [(self.w13_scale_inv, gate_up), (self.w2_scale_inv, down)]
+        for param, shards in stacked:
+            param.weight_loader, param.expected_shards = self.weight_loader, shards
         # Qwen2-MoE style: every token also goes through one dense expert, scaled by sigmoid(gate(x)).
         self.shared_expert = self.shared_expert_gate = None
         if shared_intermediate:

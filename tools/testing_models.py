@@ -10,6 +10,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import torch
+
 # Tiny DeepSeek-V3 and V2 (MLA with a 32 + 16 latent row, DeepSeek's MoE after one dense layer): the
 # attention and expert fields atom-core's parity tests and the adapters' engine tests share.
 DEEPSEEK_V3_TINY = dict(
@@ -61,3 +63,24 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def successor_language(vocab: int, seed: int = 0):
+    """A synthetic second-order language over ids 2.. (0 and 1 are BOS and EOS): token t after token u is
+    followed by succ[u < vocab // 2][t] four times in five, else by a random token. A draft must know the
+    token before the one it reads, which a chained MTP step only has through its own hidden state, so
+    longer chains are accepted less often. Returns (succ [2, vocab], sample(batch, length, generator))."""
+    gen = torch.Generator().manual_seed(seed)
+    succ = torch.stack([torch.arange(2, vocab)[torch.randperm(vocab - 2, generator=gen)] for _ in range(2)])
+    succ = torch.cat([torch.full((2, 2), 2), succ], dim=1)
+
+    def sample(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
+        rows = [torch.randint(2, vocab, (batch,), generator=generator) for _ in range(2)]
+        for _ in range(length - 2):
+            noise = torch.randint(2, vocab, (batch,), generator=generator)
+            keep = torch.rand(batch, generator=generator) < 0.8
+            follow = succ[(rows[-2] < vocab // 2).long(), rows[-1]]
+            rows.append(torch.where(keep, follow, noise))
+        return torch.stack(rows, 1)
+
+    return succ, sample

@@ -16,6 +16,7 @@ from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V3_TINY,
     free_port,
     random_checkpoint,
+    successor_language,
 )
 
 # A tiny Llama-shaped config, the base the tests' own configs override (fp32 on the CPU in seconds).
@@ -208,27 +209,6 @@ class HFMtp(nn.Module):
 def hf_main_hidden(main, tokens: torch.Tensor) -> torch.Tensor:
     """transformers' final hidden states (after model.norm) for tokens [B, T]."""
     return main.model(tokens).last_hidden_state
-
-
-def successor_language(vocab: int, seed: int = 0):
-    """A synthetic second-order language over ids 2.. (0 and 1 are BOS and EOS): token t after token u is
-    followed by succ[u < vocab // 2][t] four times in five, else by a random token. A draft must know the
-    token before the one it reads, which a chained MTP step only has through its own hidden state, so
-    longer chains are accepted less often. Returns (succ [2, vocab], sample(batch, length, generator))."""
-    gen = torch.Generator().manual_seed(seed)
-    succ = torch.stack([torch.arange(2, vocab)[torch.randperm(vocab - 2, generator=gen)] for _ in range(2)])
-    succ = torch.cat([torch.full((2, 2), 2), succ], dim=1)
-
-    def sample(batch: int, length: int, generator: torch.Generator) -> torch.Tensor:
-        rows = [torch.randint(2, vocab, (batch,), generator=generator) for _ in range(2)]
-        for _ in range(length - 2):
-            noise = torch.randint(2, vocab, (batch,), generator=generator)
-            keep = torch.rand(batch, generator=generator) < 0.8
-            follow = succ[(rows[-2] < vocab // 2).long(), rows[-1]]
-            rows.append(torch.where(keep, follow, noise))
-        return torch.stack(rows, 1)
-
-    return succ, sample
 
 
 def deepseek_mtp_checkpoint(path, overrides: dict | None = None, *, train_steps: int = 0, seed: int = 0):

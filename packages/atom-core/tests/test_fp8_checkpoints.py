@@ -20,7 +20,6 @@ from core_support import (
     ragged_prefill_logits,
     random_checkpoint,
 )
-from qwen_support import qwen3_next_checkpoint
 from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
@@ -29,6 +28,7 @@ from atom_core.loader import CheckpointError, build_model, load_checkpoint
 from atom_core.models.weights import WeightLoadError
 from atom_core.quantization import Fp8BlockLinearMethod
 from tools.testing_fp8 import dequantized_copy, edit_checkpoint, quantize_checkpoint
+from tools.testing_qwen import qwen3_next_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

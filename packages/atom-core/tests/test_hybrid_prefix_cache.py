@@ -5,12 +5,12 @@ Snapshots are evicted with their blocks, or least recently used first when all a
 
 import pytest
 import torch
-from qwen_support import qwen3_next_checkpoint
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.sequence import Sequence
 from atom_core.engine.state_snapshots import StateSnapshots
+from tools.testing_qwen import qwen3_next_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

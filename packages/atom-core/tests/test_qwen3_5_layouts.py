@@ -7,10 +7,10 @@ import shutil
 
 import pytest
 import torch
-from qwen_support import qwen3_next_checkpoint
 from safetensors.torch import load_file, save_file
 
 from atom_core.engine import LLM, SamplingParams
+from tools.testing_qwen import qwen3_next_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

@@ -8,11 +8,11 @@ import json
 import pytest
 import torch
 from core_support import hf_greedy, ragged_prefill_logits
-from qwen_support import ARCHS, CONFIG, qwen3_next_checkpoint
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import ModelRunner
+from tools.testing_qwen import ARCHS, CONFIG, qwen3_next_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)

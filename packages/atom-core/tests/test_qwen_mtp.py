@@ -9,12 +9,12 @@ chunked prefill and preemption, and on random ones (mostly rejections).
 
 import pytest
 import torch
-from core_support import successor_language
-from qwen_support import VOCAB, qwen_mtp_checkpoint
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
+from tools.testing_models import successor_language
+from tools.testing_qwen import VOCAB, qwen_mtp_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -135,7 +135,7 @@ def test_random_draft_rejected_mostly_still_equals_plain(tmp_path):
 
 
 def test_mtp_on_a_hybrid_without_mtp_weights_is_refused(tmp_path):
-    from qwen_support import qwen3_next_checkpoint
+    from tools.testing_qwen import qwen3_next_checkpoint
 
     qwen3_next_checkpoint(tmp_path, "qwen3-next")
     with pytest.raises(ValueError, match=r"no MTP layer tensors \(mtp\.\*\)"):

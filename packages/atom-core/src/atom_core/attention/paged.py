@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
+from atom_core.attention.gdn import GDNLayerSpec, GDNSlotLayer
 from atom_core.attention.metadata import PagedAttentionMetadata
 from atom_core.attention.mla import UNABSORBED_MIN_TOKENS, MLALayerSpec, MLAPagedLayer
 from atom_core.cache.allocate import LayerKVCache
@@ -19,7 +20,7 @@ class PagedAttentionBackend:
     """kernel_backend: "triton", "torch" (the reference, for the CPU) or None (atom_kernels decides)."""
 
     name = "atom-paged"
-    layer_kinds = frozenset({"mha", "sliding", "mla", "gdn"})  # gdn: the engine's state slots (layers/gdn.py)
+    layer_kinds = frozenset({"mha", "sliding", "mla", "gdn"})
 
     def __init__(
         self,
@@ -36,6 +37,10 @@ class PagedAttentionBackend:
 
     def make_mla_layer(self, spec: MLALayerSpec) -> MLAPagedLayer:
         return MLAPagedLayer(spec, self.kernel_backend, self.mla_unabsorbed_min_tokens)
+
+    def make_gdn_layer(self, spec: GDNLayerSpec) -> GDNSlotLayer:
+        """Gated DeltaNet's conv and recurrent states in the engine's per-sequence state slots."""
+        return GDNSlotLayer(spec)
 
 
 class PagedAttentionLayer:

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         PagedAttentionMetadata,
         paged_attention,
     )
+    from atom_core.attention.gdn import GDNLayerSpec
     from atom_core.attention.mla import MLALayerSpec
     from atom_core.build import BuildContext
     from atom_core.cache import (
@@ -39,7 +40,18 @@ if TYPE_CHECKING:
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
     from atom_core.integration.build import build_for_engine
     from atom_core.loader import build_model, finish_loading, iter_checkpoint, load_checkpoint
-    from atom_core.ops import mla_attention, paged_decode, paged_prefill, silu_and_mul, write_kv, write_latent
+    from atom_core.ops import (
+        causal_conv1d,
+        gated_delta_rule_chunked,
+        gated_delta_rule_recurrent,
+        gdn_gating,
+        mla_attention,
+        paged_decode,
+        paged_prefill,
+        silu_and_mul,
+        write_kv,
+        write_latent,
+    )
     from atom_core.registry import ModelSpec, get_model_spec, supported_architectures
 
 _LAZY = {
@@ -57,6 +69,7 @@ _LAZY = {
     "PagedAttentionMetadata": "atom_core.attention",
     "paged_attention": "atom_core.attention",
     "MLALayerSpec": "atom_core.attention.mla",
+    "GDNLayerSpec": "atom_core.attention.gdn",
     "BuildContext": "atom_core.build",
     "CacheConfig": "atom_core.config",
     "ModelConfig": "atom_core.config",
@@ -70,6 +83,10 @@ _LAZY = {
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
     "mla_attention": "atom_core.ops",
+    "causal_conv1d": "atom_core.ops",
+    "gated_delta_rule_chunked": "atom_core.ops",
+    "gated_delta_rule_recurrent": "atom_core.ops",
+    "gdn_gating": "atom_core.ops",
     "write_latent": "atom_core.ops",
     "paged_decode": "atom_core.ops",
     "paged_prefill": "atom_core.ops",
@@ -90,6 +107,7 @@ __all__ = [
     "EnginePlugin",
     "EngineVersionError",
     "ForwardContext",
+    "GDNLayerSpec",
     "LatentCacheSpec",
     "LayerKVCache",
     "MLALayerSpec",
@@ -105,10 +123,14 @@ __all__ = [
     "bind_forward_context",
     "build_for_engine",
     "build_model",
+    "causal_conv1d",
     "check_engine_version",
     "collect_cache_specs",
     "current_forward_context",
     "finish_loading",
+    "gated_delta_rule_chunked",
+    "gated_delta_rule_recurrent",
+    "gdn_gating",
     "get_model_spec",
     "iter_checkpoint",
     "load_checkpoint",

@@ -25,6 +25,7 @@ def build_for_engine(
     tp_group: Any = None,
     prefix: str = "",
     draft_of: str | None = None,
+    state_dtype: str = "float32",
 ) -> tuple[nn.Module, ModelConfig]:
     """The (unloaded) ATOM model an engine's HF config dict describes, with the engine's attention backend
     and tensor-parallel group; prefix: the model's module path in the engine's wrapper (e.g. "atom"),
@@ -32,12 +33,17 @@ def build_for_engine(
 
     draft_of: build the MTP draft of that target architecture instead, from the engine's draft config (an
     engine may rename its architecture, e.g. vLLM's "DeepSeekMTPModel"), unbound: bind it to the target's
-    shared embedding and head with draft.bind_target before its first forward."""
+    shared embedding and head with draft.bind_target before its first forward.
+
+    state_dtype: the recurrent state's dtype in state layers (GDN), "float32" or "bfloat16": what the
+    engine allocates for them."""
     if draft_of is not None:
         hf_config = {**hf_config, "architectures": [draft_of]}
     config = ModelConfig.from_hf_dict(hf_config, dtype=dtype)
     parallel = ParallelConfig(tp_size=tp_size, tp_rank=tp_rank, group=tp_group if tp_size > 1 else None)
-    ctx = BuildContext(attention_backend=attention_backend, parallel=parallel, device=device)
+    ctx = BuildContext(
+        attention_backend=attention_backend, parallel=parallel, device=device, state_dtype=state_dtype
+    )
     prefix = f"{prefix}." if prefix else ""
     if draft_of is not None:
         return build_draft(config, ctx, None, prefix=prefix), config

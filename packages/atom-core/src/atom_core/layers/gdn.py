@@ -7,8 +7,10 @@ beta = sigmoid(b), q and k L2-normed) and reads o = S q; o is RMS-normed per val
 silu(z), then projected out. Qwen3-Next projects q|k|v|z and b|a grouped per key head (in_proj_qkvz,
 in_proj_ba); Qwen3.5 has one projection per part (in_proj_qkv, in_proj_z, in_proj_b, in_proj_a).
 
-The layer's states live in the slots the engine assigns (StateMetadata): a sequence that starts in this
-forward (`fresh`) starts from zeros; later forwards, chunked prefills included, continue its state.
+The stateful part (conv, gating, delta rule) is the attention backend's GDN layer (attention/gdn.py): the
+native engine keeps the states in the slots it assigns, where a sequence that starts in this forward
+starts from zeros and later forwards, chunked prefills included, continue its state; an adapter keeps
+them in its engine's state cache.
 Tensor parallel splits the key heads (each with its value heads) over ranks: every projection, the conv
 channels of q, k and v, A_log and dt_bias are cut to the rank's heads, out_proj sums over ranks.
 """
@@ -18,25 +20,16 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom_core.attention.gdn import GDNLayerSpec
 from atom_core.build import BuildContext
-from atom_core.cache.allocate import StateCache
-from atom_core.cache.metadata import StateMetadata
-from atom_core.cache.specs import STATE, StateCacheSpec
 from atom_core.config import ConfigError, ModelConfig
-from atom_core.forward_context import current_forward_context
 from atom_core.layers.linear import (
     ColumnParallelLinear,
     PartsColumnParallelLinear,
     RowParallelLinear,
     narrow_parts,
 )
-from atom_core.ops import (
-    causal_conv1d,
-    gated_delta_rule_chunked,
-    gated_delta_rule_recurrent,
-    gdn_gating,
-    rms_norm_gated,
-)
+from atom_core.ops import rms_norm_gated
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -115,16 +108,18 @@ class GatedDeltaNet(nn.Module):
         self.norm.weight = nn.Parameter(torch.ones(self.head_v_dim, dtype=config.dtype), requires_grad=False)
         self.out_proj = RowParallelLinear(value_dim, hidden, prefix=f"{prefix}.out_proj", **common)
         self.cache_index = layer_index
-        self.cache_spec = StateCacheSpec(
-            (
-                ("conv", (self.conv_dim, width - 1), None),
-                (
-                    "recurrent",
-                    (self.num_v_heads, self.head_v_dim, self.head_k_dim),
-                    STATE_DTYPES[state_dtype],
-                ),
-            )
+        spec = GDNLayerSpec(
+            layer_index=layer_index,
+            num_k_heads=self.num_k_heads,
+            num_v_heads=self.num_v_heads,
+            head_k_dim=self.head_k_dim,
+            head_v_dim=self.head_v_dim,
+            conv_width=width,
+            state_dtype=STATE_DTYPES[state_dtype],
+            prefix=f"{prefix}.core",
         )
+        self.cache_spec = spec.cache_spec()
+        self.core = ctx.attention_backend.make_gdn_layer(spec)
 
     def _project(self, hidden: torch.Tensor):
         """-> mixed q|k|v [T, conv_dim], z [T, HV, Dv], b, a [T, HV]."""
@@ -142,58 +137,14 @@ class GatedDeltaNet(nn.Module):
         return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b, a
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        """hidden: [T, hidden] (sequences back to back, as the state metadata's cu_seqlens say) -> [T, hidden]."""
-        ctx = current_forward_context()
-        meta: StateMetadata = ctx.metadata_for(STATE)
-        cache: StateCache = ctx.caches[self.cache_index]
+        """hidden: [T, hidden] (sequences back to back, as the backend's metadata says) -> [T, hidden]."""
         tokens = hidden.shape[0]
         mixed, z, b, a = self._project(hidden)
-        parts = meta.parts(tokens)
-        if len(parts) == 1:
-            o = self._mix(mixed, b, a, meta, cache)
-        else:  # verifying sequences (state after every token) first, then the others
-            o = torch.cat([self._mix(mixed[i:j], b[i:j], a[i:j], m, cache) for i, j, m in parts])
+        o = self.core(mixed, b, a, self.conv1d.weight.squeeze(1), self.A_log, self.dt_bias)
         o = rms_norm_gated(
             o.reshape(-1, self.head_v_dim), z.reshape(-1, self.head_v_dim), self.norm.weight, self.eps
         )
         return self.out_proj(o.view(tokens, self.value_dim))
-
-    def _mix(self, mixed, b, a, meta: StateMetadata, cache: StateCache) -> torch.Tensor:
-        """Conv, gating and the delta rule for one group of sequences -> o [T, HV, Dv]."""
-        tokens = mixed.shape[0]
-        started = ~meta.fresh
-        mixed = causal_conv1d(
-            mixed,
-            self.conv1d.weight.squeeze(1),
-            None,
-            meta.cu_seqlens_q,
-            cache.states["conv"],
-            meta.slots,
-            has_initial_state=started,
-            max_seqlen=meta.max_query_len,
-            step_state_indices=meta.step_slots,
-        )
-        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
-        q = q.view(tokens, self.num_k_heads, self.head_k_dim)
-        k = k.view(tokens, self.num_k_heads, self.head_k_dim)
-        v = v.view(tokens, self.num_v_heads, self.head_v_dim)
-        g, beta = gdn_gating(self.A_log, a, self.dt_bias, b)
-        state, slots = cache.states["recurrent"], meta.slots
-        if meta.step_slots is not None:  # a few tokens each: token by token, keeping each state
-            return gated_delta_rule_recurrent(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                meta.cu_seqlens_q,
-                state,
-                slots,
-                has_initial_state=started,
-                step_state_indices=meta.step_slots,
-            )
-        rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
-        return rule(q, k, v, g, beta, meta.cu_seqlens_q, state, slots, has_initial_state=started)
 
 
 def _sharded(value: torch.Tensor, local_rows) -> nn.Parameter:

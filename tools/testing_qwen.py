@@ -1,6 +1,9 @@
-"""Tiny Qwen3-Next / Qwen3.5 checkpoints saved by transformers, for the parity and MTP tests."""
+"""Tiny Qwen3-Next / Qwen3.5 checkpoints saved by transformers (optionally with a trained MTP layer), for
+atom-core's parity and MTP tests and the adapters' engine tests."""
 
 import torch
+
+from tools.testing_models import successor_language
 
 VOCAB = 211
 
@@ -55,16 +58,16 @@ VISION = dict(
 )
 
 
-def qwen3_next_checkpoint(path, case: str = "qwen3-next"):
-    """A random tiny model of `case` saved by transformers (per-expert keys, or fused 3-D expert tensors as
-    Qwen3.5-MoE checkpoints also ship), with every norm, gate and decay randomized so each path matters.
-    Returns transformers' model."""
+def qwen3_next_checkpoint(path, case: str = "qwen3-next", **overrides):
+    """A random tiny model of `case` (CONFIG, then overrides) saved by transformers (per-expert keys, or
+    fused 3-D expert tensors as Qwen3.5-MoE checkpoints also ship), with every norm, gate and decay
+    randomized so each path matters. Returns transformers' model."""
     import transformers
     from safetensors.torch import load_file, save_file
     from transformers import AutoModelForCausalLM
 
     config_name, dropped, fused = ARCHS[case]
-    fields = {k: v for k, v in CONFIG.items() if k not in dropped}
+    fields = {k: v for k, v in {**CONFIG, **overrides}.items() if k not in dropped}
     torch.manual_seed(0)
     if config_name == "Qwen3_5Config":
         config = transformers.Qwen3_5Config(text_config=fields, vision_config=VISION)
@@ -176,20 +179,19 @@ def _rms1(x: torch.Tensor, w: torch.Tensor, eps: float) -> torch.Tensor:
     return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * (1 + w)
 
 
-def qwen_mtp_checkpoint(path, case: str, *, train_steps: int = 0, seed: int = 0):
+def qwen_mtp_checkpoint(path, case: str, *, train_steps: int = 0, seed: int = 0, **overrides):
     """qwen3_next_checkpoint's model with an MTP layer (mtp.*), saved as the published checkpoints are.
     train_steps > 0 trains target and MTP layer together on successor_language first, so the draft predicts
     well. Returns (transformers' target model, the QwenMtpReference)."""
     import json
 
-    from core_support import successor_language
     from safetensors.torch import load_file, save_file
 
-    main = qwen3_next_checkpoint(path, case)
+    main = qwen3_next_checkpoint(path, case, **overrides)
     torch.manual_seed(seed)
     mtp = QwenMtpReference(main)
     if train_steps:
-        _, sample = successor_language(main.config.vocab_size, seed)
+        _, sample = successor_language(main.config.get_text_config().vocab_size, seed)
         gen = torch.Generator().manual_seed(seed + 1)
         params = list(main.parameters()) + [
             p for n, p in mtp.named_parameters() if not n.startswith("main_ref")

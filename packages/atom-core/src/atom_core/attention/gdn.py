@@ -1,0 +1,134 @@
+"""Gated DeltaNet's stateful part through the backend seam, and the native engine's layer for it.
+
+The frontend (layers/gdn.py) projects q|k|v, the output gate and b, a, and normalizes and projects the
+output. A backend's GDN layer runs what reads and writes per-sequence state: the depthwise causal conv
+continuing from the conv state (then SiLU), the gating, and the gated delta rule over the recurrent
+state. The native engine keeps both states in its state slots (StateMetadata); an adapter keeps them
+where its engine allocates them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from atom_core.cache.allocate import StateCache
+from atom_core.cache.metadata import StateMetadata
+from atom_core.cache.specs import STATE, StateCacheSpec
+from atom_core.forward_context import current_forward_context
+from atom_core.ops import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
+
+
+@dataclass(frozen=True, slots=True)
+class GDNLayerSpec:
+    layer_index: int  # its cache index
+    num_k_heads: int  # key heads on this rank
+    num_v_heads: int  # value heads on this rank (a multiple of num_k_heads)
+    head_k_dim: int
+    head_v_dim: int
+    conv_width: int  # the depthwise conv's kernel size (linear_conv_kernel_dim)
+    state_dtype: torch.dtype  # the recurrent state's (the conv state is in the model's dtype)
+    prefix: str  # the module path, e.g. "model.layers.0.linear_attn.core"
+
+    @property
+    def key_dim(self) -> int:
+        return self.num_k_heads * self.head_k_dim
+
+    @property
+    def value_dim(self) -> int:
+        return self.num_v_heads * self.head_v_dim
+
+    @property
+    def conv_dim(self) -> int:
+        """The conv's channels: q | k | v."""
+        return 2 * self.key_dim + self.value_dim
+
+    def cache_spec(self) -> StateCacheSpec:
+        """conv: the last conv_width - 1 inputs [conv_dim, W-1]; recurrent: S [HV, Dv, Dk]."""
+        return StateCacheSpec(
+            (
+                ("conv", (self.conv_dim, self.conv_width - 1), None),
+                ("recurrent", (self.num_v_heads, self.head_v_dim, self.head_k_dim), self.state_dtype),
+            )
+        )
+
+    def split_heads(self, mixed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The conv's output [T, conv_dim] -> q, k [T, HK, Dk], v [T, HV, Dv] (views)."""
+        tokens = mixed.shape[0]
+        q, k, v = mixed.split([self.key_dim, self.key_dim, self.value_dim], dim=-1)
+        return (
+            q.view(tokens, self.num_k_heads, self.head_k_dim),
+            k.view(tokens, self.num_k_heads, self.head_k_dim),
+            v.view(tokens, self.num_v_heads, self.head_v_dim),
+        )
+
+
+class GDNLayer(Protocol):
+    """What an attention backend's make_gdn_layer returns (the frontend in layers/gdn.py calls it)."""
+
+    def __call__(
+        self,
+        mixed: torch.Tensor,
+        b: torch.Tensor,
+        a: torch.Tensor,
+        conv_weight: torch.Tensor,
+        A_log: torch.Tensor,
+        dt_bias: torch.Tensor,
+    ) -> torch.Tensor:
+        """mixed: q|k|v [T, conv_dim] before the conv; b, a: [T, HV]; conv_weight [conv_dim, W]; A_log,
+        dt_bias [HV] -> o [T, HV, Dv], each sequence continuing from its states and updating them."""
+        ...
+
+
+class GDNSlotLayer:
+    """The native engine's GDN layer: states in the engine's per-sequence slots. A verify step's sequences
+    keep the state after every token (StateMetadata.step_slots) so the engine commits the accepted one."""
+
+    def __init__(self, spec: GDNLayerSpec):
+        self.spec = spec
+
+    def __call__(self, mixed, b, a, conv_weight, A_log, dt_bias) -> torch.Tensor:
+        ctx = current_forward_context()
+        meta: StateMetadata = ctx.metadata_for(STATE)
+        cache: StateCache = ctx.caches[self.spec.layer_index]
+        parts = meta.parts(mixed.shape[0])
+        weights = (conv_weight, A_log, dt_bias)
+        if len(parts) == 1:
+            return self._mix(mixed, b, a, weights, meta, cache)
+        # verifying sequences (state after every token) first, then the others
+        return torch.cat([self._mix(mixed[i:j], b[i:j], a[i:j], weights, m, cache) for i, j, m in parts])
+
+    def _mix(self, mixed, b, a, weights, meta: StateMetadata, cache: StateCache) -> torch.Tensor:
+        conv_weight, A_log, dt_bias = weights
+        started = ~meta.fresh
+        mixed = causal_conv1d(
+            mixed,
+            conv_weight,
+            None,
+            meta.cu_seqlens_q,
+            cache.states["conv"],
+            meta.slots,
+            has_initial_state=started,
+            max_seqlen=meta.max_query_len,
+            step_state_indices=meta.step_slots,
+        )
+        q, k, v = self.spec.split_heads(mixed)
+        g, beta = gdn_gating(A_log, a, dt_bias, b)
+        state, slots = cache.states["recurrent"], meta.slots
+        if meta.step_slots is not None:  # a few tokens each: token by token, keeping each state
+            return gated_delta_rule_recurrent(
+                q,
+                k,
+                v,
+                g,
+                beta,
+                meta.cu_seqlens_q,
+                state,
+                slots,
+                has_initial_state=started,
+                step_state_indices=meta.step_slots,
+            )
+        rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
+        return rule(q, k, v, g, beta, meta.cu_seqlens_q, state, slots, has_initial_state=started)

@@ -49,9 +49,12 @@ def _conv_kernel(
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < dim
     row_ok = i < length
-    use_state = length > 0  # all True
+    use_state = length >= 0  # all True
     if HAS_INIT:
         use_state = tl.load(init_ptr + seq) != 0
+    # masks combine use_state as a vector: Triton 3.9's CPU interpreter turns a tensor & scalar-condition
+    # mask into int32, which its loads refuse
+    rows_from_state = row_ok & ((tl.zeros([BLOCK_T], dtype=tl.int32) + use_state.to(tl.int32)) != 0)
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
@@ -65,7 +68,7 @@ def _conv_kernel(
         hist = (WIDTH - 1) + src
         from_state = tl.load(
             state_ptr + slot * stride_ss + d[None, :].to(tl.int64) * stride_sd + hist[:, None],
-            mask=(row_ok & (src < 0) & use_state)[:, None] & d_ok[None, :],
+            mask=(rows_from_state & (src < 0))[:, None] & d_ok[None, :],
             other=0.0,
         )
         tap = tl.load(w_ptr + d * WIDTH + w, mask=d_ok, other=0.0).to(tl.float32)
@@ -113,7 +116,10 @@ def _state_kernel(
     )
     row = state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd
     old = tl.load(
-        row + (WIDTH - 1 + src)[None, :], mask=mask & (j_ok & (src < 0))[None, :] & use_state, other=0.0
+        row + (WIDTH - 1 + src)[None, :],
+        mask=mask
+        & (j_ok & (src < 0) & ((tl.zeros([BLOCK_W], dtype=tl.int32) + use_state.to(tl.int32)) != 0))[None, :],
+        other=0.0,
     )
     new = from_x.to(tl.float32) + old.to(tl.float32)  # read everything before writing the slot
     tl.store(row + j[None, :], new.to(state_ptr.dtype.element_ty), mask=mask & j_ok[None, :])
@@ -153,7 +159,7 @@ def _step_state_kernel(
     c_ok = c < WIDTH - 1
     old = tl.load(
         state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd + c[None, :],
-        mask=mask & c_ok[None, :] & use_state,
+        mask=mask & (c_ok & ((tl.zeros([BLOCK_W], dtype=tl.int32) + use_state.to(tl.int32)) != 0))[None, :],
         other=0.0,
     ).to(tl.float32)  # [BLOCK_D, BLOCK_W]
     tl.debug_barrier()

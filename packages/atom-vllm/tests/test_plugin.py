@@ -66,17 +66,21 @@ from vllm.plugins import load_general_plugins
 load_general_plugins()
 {extra}
 from vllm import ModelRegistry
-from vllm.v1.attention.backends.registry import AttentionBackendEnum
+from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 from atom_core.integration import supported_architectures
 out = {{}}
-for arch in supported_architectures():  # all of atom-core's: the ones ATOM does not serve stay vLLM's
+drafts = ["DeepSeekMTPModel", "Qwen3NextMTP", "Qwen3_5MTP", "Qwen3_5MoeMTP"]
+for arch in [*supported_architectures(), *drafts]:  # the ones ATOM does not serve stay vLLM's
     cls = ModelRegistry._try_load_model_cls(arch)
     info = ModelRegistry._try_inspect_model_cls(arch)
-    out[arch] = [cls.__module__ + "." + cls.__qualname__, info.is_text_generation_model]
+    out[arch] = [cls.__module__ + "." + cls.__qualname__, info.is_text_generation_model, info.is_hybrid]
 out["backend"] = "ATOM" in AttentionBackendEnum.__members__ and AttentionBackendEnum["ATOM"].get_class().__qualname__
 if "ATOM_MLA" in AttentionBackendEnum.__members__:
     mla = AttentionBackendEnum["ATOM_MLA"].get_class()
     out["mla_backend"] = [mla.__qualname__, mla.is_mla()]
+if "ATOM_GDN" in MambaAttentionBackendEnum.__members__:
+    gdn = MambaAttentionBackendEnum["ATOM_GDN"].get_class()
+    out["gdn_backend"] = [gdn.__qualname__, gdn.is_ssm()]
 print("RESULT" + json.dumps(out))
 """
 
@@ -98,33 +102,37 @@ def _resolve(extra: str = "", **env: str) -> dict:
 
 
 def test_vllms_registry_resolves_every_atom_architecture_to_atom():
-    from atom_core.integration import supported_architectures
-    from atom_vllm.registration import LAYER_KINDS
+    from atom_core.integration import get_model_spec, supported_architectures
+    from atom_vllm.registration import DRAFTS, LAYER_KINDS
 
     got = _resolve()
     served = supported_architectures(layer_kinds=LAYER_KINDS)
-    assert set(served) >= {"LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM"}
+    assert set(served) == set(supported_architectures())  # every layer kind atom-core has is built here
     for arch in served:
-        # vLLM's own inspection (in a subprocess of its own) accepts the class as a text-generation model.
-        assert got[arch] == ["atom_vllm.model.AtomForCausalLM", True], arch
-    # Architectures whose layer kinds the adapter does not build yet (Gated DeltaNet) keep vLLM's own classes.
-    for arch in set(supported_architectures()) - set(served):
-        assert got[arch][0].startswith("vllm.model_executor.models."), (arch, got[arch])
-    assert {"DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"} <= set(served)
-    assert "Qwen3NextForCausalLM" in got and "Qwen3NextForCausalLM" not in served
+        # vLLM's own inspection (in a subprocess of its own) accepts the class as a text-generation model,
+        # and as a hybrid one (its state cache sized from the class) where the layers include GDN.
+        hybrid = "gdn" in get_model_spec(arch).layer_kinds
+        cls = "atom_vllm.hybrid.AtomHybridForCausalLM" if hybrid else "atom_vllm.model.AtomForCausalLM"
+        assert got[arch] == [cls, True, hybrid], arch
+    assert {"Qwen3NextForCausalLM", "Qwen3_5ForConditionalGeneration", "DeepseekV3ForCausalLM"} <= set(served)
+    for draft in DRAFTS:  # the architectures vLLM's speculative config writes for MTP drafts
+        assert got[draft][0] == "atom_vllm.draft.AtomMTPDraft", draft
     assert got["backend"] == "AtomAttentionBackend"
     assert got["mla_backend"] == ["AtomMLABackend", True]
+    assert got["gdn_backend"] == ["AtomGDNBackend", True]
 
 
 def test_registering_twice_is_harmless():
     again = "from atom_vllm.plugin import PLUGIN\nPLUGIN.reset()\nassert PLUGIN.register()\nassert PLUGIN.register()"
     got = _resolve(extra=again)
-    assert got["LlamaForCausalLM"] == ["atom_vllm.model.AtomForCausalLM", True]
+    assert got["LlamaForCausalLM"] == ["atom_vllm.model.AtomForCausalLM", True, False]
     assert got["backend"] == "AtomAttentionBackend"
 
 
 def test_switched_off_vllm_resolves_its_own_classes():
     got = _resolve(ATOM_DISABLE_VLLM_PLUGIN="1")
-    assert got["LlamaForCausalLM"] == ["vllm.model_executor.models.llama.LlamaForCausalLM", True]
+    assert got["LlamaForCausalLM"] == ["vllm.model_executor.models.llama.LlamaForCausalLM", True, False]
     assert got["Qwen3MoeForCausalLM"][0] == "vllm.model_executor.models.qwen3_moe.Qwen3MoeForCausalLM"
-    assert got["backend"] is False and "mla_backend" not in got
+    assert got["Qwen3NextForCausalLM"][0] == "vllm.model_executor.models.qwen3_next.Qwen3NextForCausalLM"
+    assert got["DeepSeekMTPModel"][0] == "vllm.model_executor.models.deepseek_mtp.DeepSeekMTP"
+    assert got["backend"] is False and "mla_backend" not in got and "gdn_backend" not in got

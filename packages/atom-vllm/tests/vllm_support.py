@@ -54,6 +54,47 @@ ARCHITECTURES = {
     ),
 }
 
+STEPS = 8
+
+# Ragged prompts; the third shares its first 32 tokens (two 16-token pages) with the first.
+PROMPTS = [
+    [(7 * i + 3) % 290 + 2 for i in range(40)],
+    [5, 17, 42, 9, 100],
+    [(7 * i + 3) % 290 + 2 for i in range(32)] + [11, 12, 13, 14, 15, 16, 17],
+]
+
+
+def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", **llm_kwargs):
+    """(greedy tokens per round, what the worker built, prefix-cache hits in tokens). llm_kwargs override
+    LLM(...)'s arguments below."""
+    from vllm import LLM, SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    # A 24-token step budget: the 40-token prompt prefills in chunks (24, then 16 beside the 5-token one).
+    options = dict(
+        dtype=dtype,
+        max_model_len=128,
+        enforce_eager=True,
+        max_num_seqs=4,
+        block_size=block_size,
+        max_num_batched_tokens=24,
+        enable_prefix_caching=True,
+        gpu_memory_utilization=0.1,
+        disable_log_stats=False,
+    )
+    llm = LLM(model=str(path), **{**options, **llm_kwargs})
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True, detokenize=False)
+    runs = []
+    for _ in range(rounds):  # a second round finds the prompts' pages in the prefix cache
+        out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        runs.append([list(o.outputs[0].token_ids) for o in out])
+    from atom_vllm.diagnostics import describe
+
+    (what,) = llm.apply_model(describe)  # one worker
+    hits = sum(m.value for m in llm.get_metrics() if m.name == "vllm:prefix_cache_hits")
+    return runs, what, hits
+
+
 CORPUS = [
     "The quick brown fox jumps over the lazy dog.",
     "Paged attention keeps the KV cache in fixed-size blocks.",
@@ -161,3 +202,56 @@ def save_mtp_checkpoint(path: Path, *, layers: int = 2) -> Checkpoint:
     (path / "config.json").write_text(json.dumps(config, indent=1))
     tokenizer.save_pretrained(path)
     return Checkpoint("DeepseekV3ForCausalLM", path)
+
+
+# Qwen3-Next and Qwen3.5 (Gated DeltaNet beside gated full attention) run under vLLM with ATOM's own GDN
+# layer over vLLM's state cache: tools/testing_qwen.py's tiny cases (16-wide key heads: vLLM's own CPU GDN
+# kernels refuse them, and need bf16; ATOM's run fp32).
+HYBRID_CASES = {
+    "qwen3-next": "Qwen3NextForCausalLM",
+    "qwen3.5": "Qwen3_5ForCausalLM",
+    "qwen3.5-moe": "Qwen3_5MoeForCausalLM",
+    "qwen3.5-conditional-generation": "Qwen3_5ForConditionalGeneration",
+}
+
+
+def save_hybrid_checkpoint(case: str, path: Path, *, mtp_train_steps: int | None = None, **overrides):
+    """tools/testing_qwen.py's tiny `case` (config overrides applied) over the trained tokenizer's
+    vocabulary, with the tokenizer; with mtp_train_steps, an MTP layer too (trained with the target for
+    that many steps). Returns (Checkpoint, transformers' model of the target)."""
+    from tools.testing_qwen import qwen3_next_checkpoint, qwen_mtp_checkpoint
+
+    tokenizer = train_tokenizer()
+    if mtp_train_steps is None:
+        model = qwen3_next_checkpoint(path, case, vocab_size=len(tokenizer), **overrides)
+    else:
+        model, _ = qwen_mtp_checkpoint(
+            path, case, train_steps=mtp_train_steps, vocab_size=len(tokenizer), **overrides
+        )
+    tokenizer.save_pretrained(path)
+    return Checkpoint(HYBRID_CASES[case], path), model
+
+
+def greedy_by_recompute(model, prompt: list[int], steps: int) -> list[int]:
+    """transformers' greedy continuation, the whole sequence recomputed each step (any model class)."""
+    tokens = list(prompt)
+    with torch.no_grad():
+        for _ in range(steps):
+            tokens.append(int(model(torch.tensor([tokens])).logits[0, -1].argmax()))
+    return tokens[len(prompt) :]
+
+
+def assert_fp16_greedy(reference: Path, prompts: list[list[int]], runs: list[list[int]]) -> None:
+    """Every greedy token vLLM picked in fp16 is transformers' argmax (fp32, the checkpoint at `reference`,
+    teacher-forced on vLLM's own tokens) up to fp16's rounding of near-ties, and 90% are exactly it."""
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(reference, dtype=torch.float32).eval()
+    exact = 0
+    for prompt, tokens in zip(prompts, runs, strict=True):
+        with torch.no_grad():
+            logits = hf(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+        for row, token in zip(logits, tokens, strict=True):
+            assert row[token] >= row.max() - 5e-3 * row.abs().max(), "a token fp16 noise cannot explain"
+            exact += int(row.argmax()) == token
+    assert exact >= 0.9 * sum(len(tokens) for tokens in runs)

@@ -19,9 +19,10 @@ logger = logging.getLogger("vllm.atom_vllm")
 ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
 
 
-def build_atom(vllm_config, prefix: str, draft_of: str | None = None):
+def build_atom(vllm_config, prefix: str, draft_of: str | None = None, state_dtype: str = "float32"):
     """The atom-core model (or, with draft_of, the MTP draft of that target) for vLLM's config, with the
-    adapter's attention backend and vLLM's tensor-parallel group, at `<prefix>.atom`. -> (model, config)."""
+    adapter's attention backend and vLLM's tensor-parallel group, at `<prefix>.atom`; state_dtype: the
+    recurrent state dtype of GDN layers (what vLLM allocates for them). -> (model, config)."""
     tp_size = get_tensor_model_parallel_world_size()
     return build_for_engine(
         vllm_config.model_config.hf_config.to_dict(),
@@ -33,16 +34,17 @@ def build_atom(vllm_config, prefix: str, draft_of: str | None = None):
         tp_group=get_tp_group().device_group if tp_size > 1 else None,
         prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
         draft_of=draft_of,
+        state_dtype=state_dtype,
     )
 
 
 class AtomForCausalLM(nn.Module):
     """vLLM's text-generation model contract over an atom-core model (any architecture in its registry)."""
 
-    def __init__(self, *, vllm_config, prefix: str = ""):
+    def __init__(self, *, vllm_config, prefix: str = "", state_dtype: str = "float32"):
         super().__init__()
         hf_config = vllm_config.model_config.hf_config
-        self.atom, config = build_atom(vllm_config, prefix)
+        self.atom, config = build_atom(vllm_config, prefix, state_dtype=state_dtype)
         self.config = hf_config
         logger.info(
             "ATOM model %s.%s runs %s (tp %d/%d, attention backend ATOM)",
@@ -74,7 +76,8 @@ class AtomForCausalLM(nn.Module):
         intermediate_tensors=None,
         inputs_embeds: torch.Tensor | None = None,
     ) -> torch.Tensor:
-        """input_ids, positions: [T] -> hidden states [T, hidden]. No pipeline parallelism."""
+        """input_ids: [T]; positions: [T], or [3, T] for M-RoPE models -> hidden states [T, hidden]. No
+        pipeline parallelism."""
         if intermediate_tensors is not None:
             raise NotImplementedError("ATOM models under vLLM do not support pipeline parallelism")
         return self.atom(input_ids, positions, inputs_embeds=inputs_embeds)

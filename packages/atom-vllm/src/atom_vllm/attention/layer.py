@@ -8,8 +8,9 @@ import copy
 import torch
 from vllm.model_executor.layers.attention import Attention
 
-from atom_core.integration import AttentionLayerSpec, MLALayerSpec
+from atom_core.integration import AttentionLayerSpec, GDNLayerSpec, MLALayerSpec
 from atom_vllm.attention.backend import AtomAttentionBackend
+from atom_vllm.attention.gdn import VllmGDNLayer
 from atom_vllm.attention.mla import VllmMLALayer
 from atom_vllm.registration import LAYER_KINDS
 
@@ -23,8 +24,8 @@ class VllmAttentionLayer(Attention):
 
 class CoreAttentionBackend:
     """atom-core's AttentionBackend protocol under vLLM (given to build_for_engine): one VllmAttentionLayer
-    per AttentionLayerSpec and one VllmMLALayer per MLALayerSpec, whose caches vLLM sizes from the layers'
-    cache specs."""
+    per AttentionLayerSpec, one VllmMLALayer per MLALayerSpec and one VllmGDNLayer per GDNLayerSpec, whose
+    caches vLLM sizes from the layers' cache specs."""
 
     name = "vllm"
     layer_kinds = LAYER_KINDS
@@ -52,6 +53,10 @@ class CoreAttentionBackend:
     def make_mla_layer(self, spec: MLALayerSpec) -> VllmMLALayer:
         """DeepSeek's latent attention: the adapter's own layer over vLLM's latent cache ("ATOM_MLA")."""
         return VllmMLALayer(spec)
+
+    def make_gdn_layer(self, spec: GDNLayerSpec) -> VllmGDNLayer:
+        """Gated DeltaNet: the adapter's own mamba-type layer over vLLM's state cache ("ATOM_GDN")."""
+        return VllmGDNLayer(spec)
 
     def _cache_config(self, window: int | None):
         """vLLM gives a layer without a window of its own the model-wide `cache_config.sliding_window`

@@ -16,7 +16,9 @@ from atom_kernels.fp8 import (
     scale_grid,
 )
 from atom_kernels.fp8.gemm import GemmTiles, w8a8_gemm
-from atom_kernels.fp8.stream import MAX_SKINNY_ROWS
+from atom_kernels.fp8.linear import quantizes_input
+from atom_kernels.fp8.skinny_w8a8 import SkinnyTiles, w8a8_skinny
+from atom_kernels.fp8.stream import MAX_SKINNY_ROWS, run_stream
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEVICE == "cuda"
@@ -175,6 +177,33 @@ def test_gemm_grouped_order_covers_every_tile():
     _assert_close(got, fp8_linear_ref(x, q, s, (16, 16), quantize_input=True), torch.float32)
 
 
+SKINNY_CASES = [
+    (1, 40, 72, (16, 16)),
+    (3, 130, 200, (128, 128)),
+    (16, 37, 100, (32, 16)),
+    (5, 40, 128, (5, 64)),
+]
+if GPU:
+    SKINNY_CASES += [(1, 6144, 4096, (128, 128)), (8, 576, 7168, (128, 128)), (16, 700, 900, (64, 64))]
+
+
+@pytest.mark.parametrize("split_k", [1, 3])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("m", "n", "k", "block"), SKINNY_CASES)
+def test_skinny_w8a8_matches_reference(m, n, k, block, dtype, split_k):
+    """The operand-swapped W8A8 product for <= 16 rows, its k-steps in one program or split over three
+    (partials summed after; the bias added once)."""
+    q, s = _weight(n, k, block)
+    x, b = _x(m, k, dtype), _bias(n, dtype)
+    xq, xs = quantize_act_ref(x, block[1])
+    tiles = SkinnyTiles(
+        64 if GPU else 16, split_k=split_k, num_warps=4 if GPU else 1, num_stages=4 if GPU else 1
+    )
+    got = w8a8_skinny(xq, xs, q, s, block, b, out_dtype=dtype, tiles=tiles)
+    assert got.shape == (m, n) and got.dtype == dtype
+    _assert_close(got, fp8_linear_ref(x, q, s, block, b, quantize_input=True), dtype)
+
+
 # --- fp8_linear: streaming at <= 16 rows, quantize_act + GEMM beyond ---
 
 STREAM_SHAPES = [
@@ -192,12 +221,31 @@ if GPU:
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 3, MAX_SKINNY_ROWS])
 @pytest.mark.parametrize(("n", "k", "block"), STREAM_SHAPES)
-def test_streaming_is_the_weight_only_product(rows, n, k, block, dtype):
+def test_few_rows_quantize_x_or_stream_the_weight(rows, n, k, block, dtype):
+    """fp8_linear at <= 16 rows: W8A8 (x quantized) where quantizes_input says so, else weight-only; the
+    weight-only streaming kernels themselves at every row count."""
     q, s = _weight(n, k, block)
     x, b = _x(rows, k, dtype), _bias(n, dtype)
     got = fp8_linear(x, q, s, block, b, backend="triton")
     assert got.shape == (rows, n) and got.dtype == dtype
-    _assert_close(got, fp8_linear_ref(x, q, s, block, b), dtype)
+    w8a8 = quantizes_input(rows, n, k, block[1])
+    assert w8a8 == (rows > 1 and block[1] in (16, 32, 64, 128))  # these weights are all small
+    _assert_close(got, fp8_linear_ref(x, q, s, block, b, quantize_input=w8a8), dtype)
+    streamed = torch.empty(rows, n, dtype=dtype, device=DEVICE)
+    run_stream(x, q, s, block, b, streamed)
+    _assert_close(streamed, fp8_linear_ref(x, q, s, block, b), dtype)
+
+
+def test_one_row_of_a_large_weight_quantizes_x(monkeypatch):
+    from atom_kernels.fp8 import linear
+
+    q, s = _weight(130, 200, (128, 128))
+    x = _x(1, 200, torch.float32)
+    assert not quantizes_input(1, 130, 200, 128)
+    monkeypatch.setattr(linear, "GEMV_MAX_ELEMENTS", 130 * 200)  # as if this weight were large
+    assert quantizes_input(1, 130, 200, 128)
+    got = fp8_linear(x, q, s, (128, 128), backend="triton")
+    _assert_close(got, fp8_linear_ref(x, q, s, (128, 128), quantize_input=True), torch.float32)
 
 
 @pytest.mark.parametrize("pow2", [False, True])
@@ -216,7 +264,8 @@ def test_leading_dims_strided_rows_and_empty():
     x = base[..., :64]  # rows 96 apart, last dim contiguous
     got = fp8_linear(x, q, s, (16, 32), backend="triton")
     assert got.shape == (2, 3, 24)
-    _assert_close(got, fp8_linear_ref(x.reshape(6, 64), q, s, (16, 32)).view(2, 3, 24), torch.float16)
+    want = fp8_linear_ref(x.reshape(6, 64), q, s, (16, 32), quantize_input=True)  # 6 rows: W8A8
+    _assert_close(got, want.view(2, 3, 24), torch.float16)
     assert fp8_linear(x[:, :0], q, s, (16, 32), backend="triton").shape == (2, 0, 24)
 
 
@@ -265,7 +314,7 @@ def test_gemm_needs_a_power_of_two_block_k():
 
 @pytest.mark.parametrize("k", [256, 200])  # whole steps, and a ragged last step
 def test_skinny_steps_of_several_scale_segments(k):
-    from atom_kernels.fp8.stream import StreamTiles, run_stream
+    from atom_kernels.fp8.stream import StreamTiles
 
     q, s = quantize_weight_ref(torch.randn(48, k, device=DEVICE), (16, 32))
     x = torch.randn(5, k, device=DEVICE, dtype=torch.float16)

@@ -1,9 +1,10 @@
 """Block-scaled fp8 linear layers (DeepSeek-V3's format): an e4m3 weight [N, K] with one fp32 scale per
 [block_n, block_k] tile (scale [ceil(N/bn), ceil(K/bk)], ragged edge tiles), W ~= q * scale[n // bn, k // bk].
-At 1..16 rows fp8_linear streams the e4m3 weight with x left in its dtype (weight-only: decode is a read of
-the weight, which e4m3 halves); beyond, x is quantized per token and block_k group (quantize_act) and a W8A8
-GEMM multiplies e4m3 tiles on the tensor cores, applying both scales per k-step. The torch reference (the
-CPU path) dequantizes the weight and computes in fp32.
+fp8_linear quantizes x per token and block_k group (quantize_act) and multiplies e4m3 tiles on the tensor
+cores, applying both scales per k-step: a W8A8 GEMM for many rows, its operand-swapped skinny form for
+decode's 1..16 (the weight's rows on the MMA's long side). One row of a small weight instead streams the
+e4m3 weight with x left in its dtype (weight-only). The torch reference (the CPU path) dequantizes the
+weight and computes in fp32.
 """
 
 from atom_kernels.fp8.act_quant import quantize_act

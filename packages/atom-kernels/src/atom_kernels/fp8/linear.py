@@ -7,10 +7,23 @@ import torch
 from atom_kernels.fp8.act_quant import quantize_act
 from atom_kernels.fp8.gemm import w8a8_gemm
 from atom_kernels.fp8.ref import E4M3, fp8_linear_ref, scale_grid
+from atom_kernels.fp8.skinny_w8a8 import w8a8_skinny
 from atom_kernels.fp8.stream import MAX_SKINNY_ROWS, run_stream
 from atom_kernels.settings import Backend, resolve_backend
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# One row of a weight smaller than this streams weight-only (the GEMV): there quantizing x, a launch of its
+# own, costs more than the W8A8 kernel saves (sweep_fp8_skinny.py, H200: GEMV ahead at 16-25M elements,
+# even at 59M, W8A8 ahead from 38M)
+GEMV_MAX_ELEMENTS = 32 << 20
+
+
+def quantizes_input(rows: int, n: int, k: int, block_k: int) -> bool:
+    """Whether fp8_linear's kernels quantize x (W8A8) for this shape, or stream the weight with x as it is
+    (weight-only): W8A8 needs block_k a power of two >= 16, and one row of a small weight streams."""
+    if block_k < 16 or block_k & (block_k - 1):
+        return False
+    return rows > 1 or n * k >= GEMV_MAX_ELEMENTS
 
 
 def _check(
@@ -60,10 +73,13 @@ def fp8_linear(
 
     x: [..., K] fp16/bf16/fp32; weight: [N, K] float8_e4m3fn; scale: [ceil(N/bn), ceil(K/bk)] float32 with
     block = (bn, bk), W ~= weight * scale[n // bn, k // bk]; bias: [N] or None.
-    Paths: 1..16 rows stream the weight with x unquantized (weight-only); more rows quantize x per token and
-    bk group (pow2_scales: power-of-two activation scales) and run the W8A8 GEMM, which needs bk a power of
-    two >= 16. The kernels run on a GPU, or on the CPU interpreter when backend="triton" is passed; the
-    torch backend computes the weight-only product with the weight dequantized (fp8_linear_ref).
+    Paths (quantizes_input): x is quantized per token and bk group (pow2_scales: power-of-two activation
+    scales), as the checkpoints' dynamic activation scheme says, and e4m3 tiles go to the tensor cores: the
+    W8A8 GEMM beyond 16 rows, its operand-swapped skinny form at 2..16 rows and one row of a large weight;
+    one row of a small weight, and any block_k that is not a power of two >= 16 at <= 16 rows, stream the
+    weight with x unquantized (weight-only). Beyond 16 rows bk must be a power of two >= 16. The kernels
+    run on a GPU, or on the CPU interpreter when backend="triton" is passed; the torch backend computes the
+    weight-only product with the weight dequantized (fp8_linear_ref).
     """
     _check(x, weight, scale, block, bias)
     n, k = weight.shape
@@ -84,7 +100,7 @@ def fp8_linear(
         return fp8_linear_ref(x2, weight, scale, block, bias).view(*lead, n)
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
-    if rows <= MAX_SKINNY_ROWS:
+    if rows <= MAX_SKINNY_ROWS and not quantizes_input(rows, n, k, bk):
         y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
         run_stream(x2, weight, scale, block, bias, y)
         return y.view(*lead, n)
@@ -94,4 +110,6 @@ def fp8_linear(
             f"got block_k={bk}"
         )
     xq, xs = quantize_act(x2, bk, pow2_scales=pow2_scales, backend=chosen)
+    if rows <= MAX_SKINNY_ROWS:
+        return w8a8_skinny(xq, xs, weight, scale, block, bias, out_dtype=x.dtype).view(*lead, n)
     return w8a8_gemm(xq, xs, weight, scale, block, bias, out_dtype=x.dtype).view(*lead, n)

@@ -1,0 +1,160 @@
+"""W8A8 for decode's few rows: x quantized per token and block_k group, then e4m3 tiles straight into the
+tensor cores, the weight's rows on the MMA's long side.
+
+The weight-only kernels (stream.py) convert every weight byte to x's dtype before multiplying, which at 1
+byte per element costs more instructions than the read can hide. Here the weight tile goes from memory to
+the MMA unconverted: y^T [BLOCK_N, 16] = W_tile [BLOCK_N, bk] @ xq^T [bk, 16] per k-step (rows past M are
+zero), the step's fp32 product scaled by the weight rows' scales and the tokens' activation scales, as the
+W8A8 GEMM does (gemm.py) with the operands swapped. It is also what the checkpoint's
+`activation_scheme: dynamic` describes for every row count. SPLIT_K > 1 cuts K over programs (more bytes
+in flight for short, wide weights) and sums the fp32 partials after.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
+
+MAX_ROWS = 16  # one MMA column tile
+
+
+@dataclass(frozen=True, slots=True)
+class SkinnyTiles:
+    block_n: int  # weight rows per program
+    split_k: int = 1
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+def skinny_tiles(n: int, k: int, block_k: int) -> SkinnyTiles:
+    """From benchmarks/sweep_fp8_skinny.py on the H200 (1, 4 and 16 rows of Llama-3-8B's and DeepSeek-V3's
+    projections): 64-row tiles of one warpgroup everywhere; long K (down_proj, DeepSeek's o_proj, q_a/kv_a:
+    7168-16384) cut in four, with five stages."""
+    if k >= 6144:
+        return SkinnyTiles(64, 4, 4, 5)
+    return SkinnyTiles(64, 1, 4, 4)
+
+
+@triton.jit
+def _w8a8_skinny_kernel(
+    a_ptr,
+    as_ptr,
+    w_ptr,
+    ws_ptr,
+    b_ptr,
+    c_ptr,
+    M,
+    N,
+    K,
+    bn,
+    steps_per_split,
+    stride_am,
+    stride_as,
+    stride_wn,
+    stride_ws,
+    stride_cs,  # between split partials (0 with one split)
+    stride_cm,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,  # the scale group block_k
+    DOT_K: tl.constexpr,  # max(BLOCK_K, MIN_FP8_DOT_K), zero past BLOCK_K
+    BLOCK_M: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+):
+    pid_n, split = tl.program_id(0), tl.program_id(1)
+    rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    cols = tl.minimum(rn, N - 1).to(tl.int64)  # edge tiles re-read the last row: full vector loads
+    rm = tl.arange(0, BLOCK_M)
+    m_ok = rm < M
+    ks = tl.arange(0, DOT_K)
+    first = split * steps_per_split
+    last = tl.minimum(first + steps_per_split, tl.cdiv(K, BLOCK_K))
+    w_ptrs = w_ptr + cols[:, None] * stride_wn + (first * BLOCK_K + ks)[None, :]  # [BLOCK_N, DOT_K]
+    a_ptrs = a_ptr + rm[None, :].to(tl.int64) * stride_am + (first * BLOCK_K + ks)[:, None]  # xq^T
+    ws_ptrs = ws_ptr + (cols // bn) * stride_ws
+    as_ptrs = as_ptr + rm * stride_as
+    acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
+    for step in range(first, last):
+        if EVEN_K and BLOCK_K == DOT_K:
+            w = tl.load(w_ptrs)
+            a = tl.load(a_ptrs, mask=m_ok[None, :], other=0.0)
+        else:
+            k_ok = (ks < BLOCK_K) & (ks < K - step * BLOCK_K)
+            w = tl.load(w_ptrs, mask=k_ok[None, :], other=0.0)
+            a = tl.load(a_ptrs, mask=k_ok[:, None] & m_ok[None, :], other=0.0)
+        w_s = tl.load(ws_ptrs + step)
+        a_s = tl.load(as_ptrs + step, mask=m_ok, other=0.0)
+        acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
+        w_ptrs += BLOCK_K
+        a_ptrs += BLOCK_K
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + cols).to(tl.float32)[:, None] * (split == 0).to(tl.float32)
+    c_ptrs = c_ptr + split * stride_cs + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & (rn[:, None] < N))
+
+
+def w8a8_skinny(
+    xq: torch.Tensor,
+    xs: torch.Tensor,
+    weight: torch.Tensor,
+    scale: torch.Tensor,
+    block: tuple[int, int],
+    bias: torch.Tensor | None = None,
+    *,
+    out_dtype: torch.dtype = torch.bfloat16,
+    tiles: SkinnyTiles | None = None,
+) -> torch.Tensor:
+    """The kernel without checks (fp8_linear validates): xq [M, K] e4m3 with M <= 16 and xs [M, ceil(K/bk)]
+    fp32 (quantize_act with group bk), weight [N, K] e4m3, scale [ceil(N/bn), ceil(K/bk)] fp32, every last
+    dim contiguous; bk a power of two >= 16. Returns [M, N] in out_dtype."""
+    bn, bk = block
+    m, k = xq.shape
+    n = weight.shape[0]
+    if m > MAX_ROWS:
+        raise ValueError(f"w8a8_skinny takes at most {MAX_ROWS} rows, got {m}")
+    t = tiles or skinny_tiles(n, k, bk)
+    steps = triton.cdiv(k, bk)
+    split = max(1, min(t.split_k, steps))
+    per_split = triton.cdiv(steps, split)
+    split = triton.cdiv(steps, per_split)  # no empty split
+    out = torch.empty(
+        (split, m, n) if split > 1 else (m, n),
+        dtype=torch.float32 if split > 1 else out_dtype,
+        device=xq.device,
+    )
+    if m == 0:
+        return out if split == 1 else out.sum(0).to(out_dtype)
+    grid = (triton.cdiv(n, t.block_n), split)
+    _w8a8_skinny_kernel[grid](
+        xq,
+        xs,
+        weight,
+        scale,
+        bias if bias is not None else scale,  # never read without HAS_BIAS
+        out,
+        m,
+        n,
+        k,
+        bn,
+        per_split,
+        xq.stride(0),
+        xs.stride(0),
+        weight.stride(0),
+        scale.stride(0),
+        out.stride(0) if split > 1 else 0,
+        out.stride(-2),
+        BLOCK_N=t.block_n,
+        BLOCK_K=bk,
+        DOT_K=max(bk, MIN_FP8_DOT_K),
+        BLOCK_M=MAX_ROWS,
+        EVEN_K=k % bk == 0,
+        HAS_BIAS=bias is not None,
+        num_warps=t.num_warps,
+        num_stages=t.num_stages,
+    )
+    return out if split == 1 else out.sum(0).to(out_dtype)

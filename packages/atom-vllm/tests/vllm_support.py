@@ -64,9 +64,9 @@ PROMPTS = [
 ]
 
 
-def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", **llm_kwargs):
+def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", probe=None, **llm_kwargs):
     """(greedy tokens per round, what the worker built, prefix-cache hits in tokens). llm_kwargs override
-    LLM(...)'s arguments below."""
+    LLM(...)'s arguments below; probe(llm), if given, runs after the rounds on the same engine."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -88,6 +88,8 @@ def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", **llm_k
     for _ in range(rounds):  # a second round finds the prompts' pages in the prefix cache
         out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         runs.append([list(o.outputs[0].token_ids) for o in out])
+    if probe is not None:
+        probe(llm)
     from atom_vllm.diagnostics import describe
 
     (what,) = llm.apply_model(describe)  # one worker

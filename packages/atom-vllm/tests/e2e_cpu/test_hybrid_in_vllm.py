@@ -19,10 +19,11 @@ def _apply_model_needs_pickle(monkeypatch):
 def test_hybrid_runs_atoms_gdn_layers_and_equals_transformers(case, tmp_path, capfd):
     """A ragged batch, the 40-token prompt prefilled in chunks of a 24-token step budget (its GDN states
     carried from chunk to chunk), then decoded. Qwen3.5's multimodal checkpoint keeps M-RoPE: vLLM hands
-    the model [3, T] positions."""
+    the model [3, T] positions; served text-only, an image is refused and the engine keeps serving."""
     ckpt, model = save_hybrid_checkpoint(case, tmp_path / "ckpt")
     expected = [greedy_by_recompute(model, p, STEPS) for p in PROMPTS]
-    runs, what, _ = run_vllm(ckpt.path, PROMPTS, block_size=None, enable_prefix_caching=False)
+    probe = _image_refused if case == "qwen3.5-conditional-generation" else None
+    runs, what, _ = run_vllm(ckpt.path, PROMPTS, block_size=None, enable_prefix_caching=False, probe=probe)
     assert what["model_class"] == "atom_vllm.hybrid.AtomHybridForCausalLM"
     assert what["atom_model_class"].endswith("." + ckpt.architecture)
     assert what["attention"] == ["VllmAttentionLayer:ATOM", "VllmGDNLayer:ATOM_GDN"]
@@ -51,6 +52,19 @@ def test_fp8_qwen3_5_moe_checkpoint_loads_into_atoms_layers(tmp_path, capfd):
     assert_fp16_greedy(reference, PROMPTS, runs[0])
     logs = capfd.readouterr()
     assert "runs Qwen3_5MoeForCausalLM" in logs.out + logs.err
+
+
+def _image_refused(llm) -> None:
+    from PIL import Image
+    from vllm import SamplingParams
+    from vllm.inputs import TokensPrompt
+
+    params = SamplingParams(temperature=0, max_tokens=2, detokenize=False)
+    image = {"prompt": "look: <|image_pad|>", "multi_modal_data": {"image": Image.new("RGB", (32, 32))}}
+    with pytest.raises(ValueError, match="not available for text-only models"):
+        llm.generate(image, params, use_tqdm=False)
+    (out,) = llm.generate(TokensPrompt(prompt_token_ids=PROMPTS[1]), params, use_tqdm=False)
+    assert len(out.outputs[0].token_ids) == 2
 
 
 def test_prefix_caching_is_refused_by_name(tmp_path, capfd):

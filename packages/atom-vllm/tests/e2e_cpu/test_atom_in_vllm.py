@@ -127,30 +127,13 @@ def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
     verifies k = 2 drafts a step through ATOM's MLA layers; the tokens equal transformers' greedy ones. The
     echoing MTP layer (vllm_support.save_mtp_checkpoint) gets drafts accepted where the output repeats a
     token and rejected elsewhere, so both paths (and the rejected rows' KV rollback) run."""
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
-    from vllm_support import save_mtp_checkpoint, transformers_greedy
+    from vllm_support import save_mtp_checkpoint, speculate, transformers_greedy
 
     ckpt = save_mtp_checkpoint(tmp_path / "ckpt")
     prompts, steps = [*PROMPTS, [100] * 5], 16  # the last one's greedy output ends in a run of one token
     expected = [transformers_greedy(ckpt.path, p, steps) for p in prompts]
-    llm = LLM(
-        model=str(ckpt.path),
-        dtype="float32",
-        max_model_len=128,
-        enforce_eager=True,
-        max_num_seqs=4,
-        block_size=16,
-        gpu_memory_utilization=0.1,
-        disable_log_stats=False,
-        speculative_config={"method": "mtp", "num_speculative_tokens": 2},
-    )
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, detokenize=False)
-    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in out] == expected
-    counters = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
-    metrics = {m.name: m.value for m in llm.get_metrics() if m.name in counters}
-    drafted, accepted = (metrics[name] for name in counters)
+    tokens, drafted, accepted, llm = speculate(ckpt.path, prompts, steps, block_size=16)
+    assert tokens == expected
     assert 0 < accepted < drafted
     (what,) = llm.apply_model(describe)
     assert what["atom_model_class"].endswith(".DeepseekV3ForCausalLM")

@@ -87,8 +87,7 @@ def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_pat
     language (tools/testing_models.successor_language) briefly, so many drafts are accepted and some
     rejected; the tokens equal transformers' greedy ones."""
     import torch
-    from vllm import LLM, SamplingParams
-    from vllm.inputs import TokensPrompt
+    from vllm_support import speculate
 
     from tools.testing_models import successor_language
 
@@ -98,23 +97,8 @@ def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_pat
     # two prompts in the language, one outside it (its first drafts are guesses)
     prompts, steps = [sample(1, n, gen)[0].tolist() for n in (19, 33)] + [PROMPTS[1]], 12
     expected = [greedy_by_recompute(model, p, steps) for p in prompts]
-    llm = LLM(
-        model=str(ckpt.path),
-        dtype="float32",
-        max_model_len=128,
-        enforce_eager=True,
-        max_num_seqs=4,
-        enable_prefix_caching=False,
-        gpu_memory_utilization=0.1,
-        disable_log_stats=False,
-        speculative_config={"method": "mtp", "num_speculative_tokens": 2},
-    )
-    params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, detokenize=False)
-    out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-    assert [list(o.outputs[0].token_ids) for o in out] == expected
-    counters = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")
-    metrics = {m.name: m.value for m in llm.get_metrics() if m.name in counters}
-    drafted, accepted = (metrics[name] for name in counters)
+    tokens, drafted, accepted, _ = speculate(ckpt.path, prompts, steps, enable_prefix_caching=False)
+    assert tokens == expected
     assert 0.2 * drafted < accepted < drafted
     logs = capfd.readouterr()
     assert (

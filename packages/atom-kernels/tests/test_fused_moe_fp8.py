@@ -1,4 +1,5 @@
-"""fused_experts with e4m3 expert weights and block scales against the reference on dequantized weights."""
+"""fused_experts with e4m3 expert weights and block scales against the reference on dequantized weights:
+weight-only, or W8A8 (activations quantized as the kernels quantize them) where the Triton path takes it."""
 
 import pytest
 import torch
@@ -6,8 +7,8 @@ import torch
 from atom_kernels import fused_experts
 from atom_kernels.fp8.ref import quantize_weight_ref
 from atom_kernels.moe import ExpertScales, TileConfig
-from atom_kernels.moe.fused import dequantize_experts
-from atom_kernels.moe.ref import fused_experts_ref
+from atom_kernels.moe.fused import dequantize_experts, experts_quantize_input
+from atom_kernels.moe.ref import fused_experts_ref, fused_experts_w8a8_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
@@ -33,14 +34,12 @@ def _case(tokens, experts, k, hidden, inter, block, dtype):
     return x, w13, w2, weights, ids, ExpertScales(s13, s2, block)
 
 
-def _reference(x, w13, w2, weights, ids, scales):
-    return fused_experts_ref(
-        x,
-        dequantize_experts(w13, scales.w13, scales.block, torch.float32),
-        dequantize_experts(w2, scales.w2, scales.block, torch.float32),
-        weights,
-        ids,
-    )
+def _reference(x, w13, w2, weights, ids, scales, *, w8a8=False):
+    w13 = dequantize_experts(w13, scales.w13, scales.block, torch.float32)
+    w2 = dequantize_experts(w2, scales.w2, scales.block, torch.float32)
+    if w8a8:
+        return fused_experts_w8a8_ref(x, w13, w2, weights, ids, scales.block[1])
+    return fused_experts_ref(x, w13, w2, weights, ids)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -49,7 +48,9 @@ def _reference(x, w13, w2, weights, ids, scales):
     [
         (1, 4, 2, 48, 32, (16, 16)),  # hidden 48: three k-blocks; decode-sized
         (9, 8, 2, 40, 24, (8, 16)),  # ragged: 40 = 2.5 blocks of 16; block_n 8 divides inter 24
-        (33, 6, 3, 64, 32, (32, 32)),
+        (33, 6, 3, 64, 32, (32, 32)),  # W8A8 on the Triton path
+        (5, 4, 2, 96, 64, (32, 64)),  # hidden 96: 1.5 k-blocks of 64, weight-only by default
+        (1, 4, 2, 64, 32, (32, 32)),  # one token of small experts: weight-only
     ],
 )
 @pytest.mark.parametrize("backend", ["triton", "torch"])
@@ -58,7 +59,8 @@ def test_fp8_experts_match_the_dequantized_reference(
 ):
     x, w13, w2, weights, ids, scales = _case(tokens, experts, k, hidden, inter, block, dtype)
     got = fused_experts(x, w13, w2, weights, ids, scales=scales, backend=backend)
-    want = _reference(x, w13, w2, weights, ids, scales)
+    w8a8 = backend == "triton" and experts_quantize_input(block, tokens, k, experts, hidden, inter)
+    want = _reference(x, w13, w2, weights, ids, scales, w8a8=w8a8)
     torch.testing.assert_close(got.float(), want.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
@@ -96,3 +98,30 @@ def test_bad_scales_are_named(change, message):
     bad = ExpertScales(scales.w13, s2, change.get("block", scales.block))
     with pytest.raises(ValueError, match=message):
         fused_experts(x, w13, w2, weights, ids, scales=bad)
+
+
+def test_weight_only_on_request_and_w8a8_refused_where_block_k_cannot():
+    x, w13, w2, weights, ids, scales = _case(12, 4, 2, 64, 32, (32, 32), torch.float32)
+    got = fused_experts(x, w13, w2, weights, ids, scales=scales, quantize_input=False, backend="triton")
+    torch.testing.assert_close(got, _reference(x, w13, w2, weights, ids, scales), rtol=2e-4, atol=2e-4)
+    x, w13, w2, weights, ids, scales = _case(3, 4, 2, 48, 32, (16, 16), torch.float32)
+    with pytest.raises(ValueError, match=r"block_k is a power of two >= 32; got block \(16, 16\)"):
+        fused_experts(x, w13, w2, weights, ids, scales=scales, quantize_input=True, backend="triton")
+
+
+def test_w8a8_where_it_was_faster():
+    block = (128, 128)
+    assert experts_quantize_input(block, 64, 8, 128, 2048, 768)  # Qwen3-30B-A3B, 64 tokens
+    assert not experts_quantize_input(block, 1, 8, 128, 2048, 768)  # one token of small experts
+    assert experts_quantize_input(block, 1, 8, 256, 7168, 2048)  # one token of DeepSeek-V3's
+    assert not experts_quantize_input(block, 4096, 8, 128, 2048, 768)  # tall tiles: weight-only
+    assert not experts_quantize_input((128, 96), 64, 8, 128, 2048, 768)  # block_k not a power of two
+    assert not experts_quantize_input((64, 64), 8, 2, 4, 64, 96)  # inter 96: a ragged 64-group
+    for hidden, inter, block in (
+        (64, 32, (32, 32)),
+        (96, 64, (32, 64)),
+    ):  # asked for: W8A8, ragged groups too
+        x, w13, w2, weights, ids, scales = _case(5, 4, 2, hidden, inter, block, torch.float32)
+        got = fused_experts(x, w13, w2, weights, ids, scales=scales, quantize_input=True, backend="triton")
+        want = _reference(x, w13, w2, weights, ids, scales, w8a8=True)
+        torch.testing.assert_close(got, want, rtol=2e-4, atol=2e-4)

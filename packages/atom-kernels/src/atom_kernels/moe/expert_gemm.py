@@ -6,9 +6,11 @@ all of its rows. Two uses, chosen at compile time:
   silu(gate) * up at the row's sorted position (no [pairs, 2I] intermediate in memory);
 - down: rows read that intermediate contiguously, scale by the pair's routing weight in fp32, and store
   at the pair's own row, for the combine over k to sum.
-Weights are in the activations' dtype, or e4m3 with block scales (fp8 checkpoints): each weight tile is
-multiplied by its scales as it is loaded and the product runs in the activations' dtype (weight-only:
-decode's expert GEMMs stream half the bytes).
+Weights are in the activations' dtype, or e4m3 with block scales (fp8 checkpoints). With e4m3 weights the
+activations are either in their dtype (weight-only: each weight tile is multiplied by its scales as it is
+loaded and the product runs in the activations' dtype) or e4m3 too, quantized per row and block_k group
+(W8A8: both tiles go to the MMA as loaded and each k-step's fp32 product is scaled by the rows' and the
+columns' scales, as the dense W8A8 GEMM does; no per-element conversion).
 """
 
 from __future__ import annotations
@@ -77,8 +79,18 @@ def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr):
 
 
 @triton.jit
+def _w8a8_step(a, w_ptrs, ws_ptrs, a_s, mask, col_ok):
+    """One k-step of the W8A8 product: e4m3 a [BM, BK] @ e4m3 w [BK, BN], scaled in fp32 by the rows'
+    activation scales a_s [BM] and the columns' weight scales."""
+    w = tl.load(w_ptrs, mask=mask, other=0.0)
+    w_s = tl.load(ws_ptrs, mask=col_ok[None, :], other=0.0)
+    return tl.dot(a, w) * a_s[:, None] * w_s
+
+
+@triton.jit
 def _expert_gemm_kernel(
     a_ptr,
+    as_ptr,
     w_ptr,
     ws_ptr,
     out_ptr,
@@ -91,6 +103,7 @@ def _expert_gemm_kernel(
     num_pairs,
     top_k,
     stride_am,
+    stride_as,
     stride_we,
     stride_wn,
     stride_om,
@@ -108,6 +121,7 @@ def _expert_gemm_kernel(
     GROUP_M: tl.constexpr,
     PRECISION: tl.constexpr,
     FP8_W: tl.constexpr,
+    FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] at as_ptr (W8A8; needs FP8_W)
 ):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -142,18 +156,31 @@ def _expert_gemm_kernel(
             k_ok = ks < K - k0
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w_mask = k_ok[:, None] & col_ok[None, :]
-        w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W)
-        acc = tl.dot(a, w, acc, input_precision=PRECISION)
-        if GATED:  # the up half of w13 sits N rows below the gate half
-            w_up = _load_weight(
-                w_ptrs + N * stride_wn,
-                ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
-                w_mask,
-                col_ok,
-                a.dtype,
-                FP8_W,
-            )
-            acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
+        if FP8_A:
+            a_s = tl.load(as_ptr + a_row * stride_as + k0 // SCALE_K, mask=valid, other=0.0)
+            acc += _w8a8_step(a, w_ptrs, ws_ptrs + k0 // SCALE_K, a_s, w_mask, col_ok)
+            if GATED:  # the up half of w13 sits N rows below the gate half
+                acc_up += _w8a8_step(
+                    a,
+                    w_ptrs + N * stride_wn,
+                    ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
+                    a_s,
+                    w_mask,
+                    col_ok,
+                )
+        else:
+            w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W)
+            acc = tl.dot(a, w, acc, input_precision=PRECISION)
+            if GATED:  # the up half of w13 sits N rows below the gate half
+                w_up = _load_weight(
+                    w_ptrs + N * stride_wn,
+                    ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
+                    w_mask,
+                    col_ok,
+                    a.dtype,
+                    FP8_W,
+                )
+                acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
     if GATED:
@@ -166,10 +193,23 @@ def _expert_gemm_kernel(
 
 
 def _launch(
-    a, w, out, order: ExpertOrder, pair_weights, n, k, top_k, cfg: TileConfig, *, gated: bool, scales=None
+    a,
+    w,
+    out,
+    order: ExpertOrder,
+    pair_weights,
+    n,
+    k,
+    top_k,
+    cfg: TileConfig,
+    *,
+    gated: bool,
+    scales=None,
+    a_scale=None,
 ):
     """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
-    for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step)."""
+    for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step).
+    a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32)."""
     tiles_m = order.sorted_pairs.numel() // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
     block_k, scale, (scale_n, scale_k) = cfg.block_k, w, (1, 1)
@@ -178,6 +218,7 @@ def _launch(
         block_k = min(block_k, scale_k)
     _expert_gemm_kernel[grid](
         a,
+        a_scale if a_scale is not None else scale,  # never read without FP8_A
         w,
         scale,
         out,
@@ -190,6 +231,7 @@ def _launch(
         order.num_pairs,
         top_k,
         a.stride(0),
+        a_scale.stride(0) if a_scale is not None else 0,
         w.stride(0),
         w.stride(1),
         out.stride(0),
@@ -207,18 +249,31 @@ def _launch(
         GROUP_M=cfg.group_m,
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not TF32
         FP8_W=scales is not None,
+        FP8_A=a_scale is not None,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
 
 
 def gate_up(
-    x: torch.Tensor, w13: torch.Tensor, order: ExpertOrder, top_k: int, cfg: TileConfig, scales=None
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    order: ExpertOrder,
+    top_k: int,
+    cfg: TileConfig,
+    scales=None,
+    *,
+    x_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """x: [T, H], w13: [E, 2I, H] -> [capacity, I]: silu(gate) * up at each pair's sorted row (padding unset)."""
+    """x: [T, H], w13: [E, 2I, H] -> [capacity, I]: silu(gate) * up at each pair's sorted row (padding unset).
+    x_scale: x is e4m3 with these per-token group scales (W8A8); out_dtype: then the output's dtype."""
     inter = w13.shape[1] // 2
-    out = torch.empty(order.sorted_pairs.numel(), inter, dtype=x.dtype, device=x.device)
-    _launch(x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales)
+    dtype = out_dtype or x.dtype
+    out = torch.empty(order.sorted_pairs.numel(), inter, dtype=dtype, device=x.device)
+    _launch(
+        x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales, a_scale=x_scale
+    )
     return out
 
 
@@ -229,8 +284,25 @@ def down(
     pair_weights: torch.Tensor,
     cfg: TileConfig,
     scales=None,
+    *,
+    h_scale: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
 ) -> torch.Tensor:
-    """h: [capacity, I] (gate_up's), w2: [E, H, I], pair_weights: [pairs] fp32 -> [pairs, H], weighted."""
-    out = torch.empty(order.num_pairs, w2.shape[1], dtype=h.dtype, device=h.device)
-    _launch(h, w2, out, order, pair_weights, w2.shape[1], w2.shape[2], 1, cfg, gated=False, scales=scales)
+    """h: [capacity, I] (gate_up's), w2: [E, H, I], pair_weights: [pairs] fp32 -> [pairs, H], weighted.
+    h_scale: h is e4m3 with these per-row group scales (W8A8); out_dtype: then the output's dtype."""
+    out = torch.empty(order.num_pairs, w2.shape[1], dtype=out_dtype or h.dtype, device=h.device)
+    _launch(
+        h,
+        w2,
+        out,
+        order,
+        pair_weights,
+        w2.shape[1],
+        w2.shape[2],
+        1,
+        cfg,
+        gated=False,
+        scales=scales,
+        a_scale=h_scale,
+    )
     return out

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.fp8.act_quant import quantize_act
 from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
 from atom_kernels.moe.align import order_by_expert
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
@@ -34,6 +35,32 @@ def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
         h = F.linear(x, w13[e])
         out += F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * dense[:, e, None]
     return out
+
+
+# One token's experts run weight-only below this many elements an expert (3 * hidden * inter): there the
+# two extra quantize launches cost more than the conversion W8A8 saves (bench_moe_fp8.py, H200: weight-only
+# ahead for Qwen3-30B-A3B's 4.7M, W8A8 for DeepSeek-V3's 44M)
+ONE_TOKEN_W8A8_MIN_ELEMENTS = 32 << 20
+# Rows per expert past which fused_experts takes its tall tiles, where the W8A8 step's scaled product
+# (not accumulated in the MMA) runs slower than weight-only (0.41-0.44x bf16 against 0.64-0.69x at 4096)
+W8A8_MAX_ROWS_PER_EXPERT = 96
+
+
+def experts_quantize_input(
+    block: tuple[int, int], tokens: int, top_k: int, experts: int, hidden: int, inter: int
+) -> bool:
+    """Whether fused_experts' kernels run e4m3 experts W8A8 (x and the intermediate quantized per row and
+    block_k group) or weight-only: W8A8 needs block_k a power of two >= 32 (the fp8 MMA's depth) dividing
+    hidden and inter (whole groups: a tensor-parallel shard that cuts the checkpoint's blocks gets a finer
+    grid, whose activation groups could not be the unsharded model's, so such models stay weight-only at
+    every size), and is taken where it was faster on the H200 (bench_moe_fp8.py): up to
+    W8A8_MAX_ROWS_PER_EXPERT rows an expert, and for a single token only with large experts."""
+    bk = block[1]
+    if bk < 32 or bk & (bk - 1) or hidden % bk or inter % bk:
+        return False
+    if tokens * top_k > W8A8_MAX_ROWS_PER_EXPERT * experts:
+        return False
+    return tokens > 1 or 3 * hidden * inter >= ONE_TOKEN_W8A8_MIN_ELEMENTS
 
 
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:
@@ -117,14 +144,20 @@ def fused_experts(
     config: TileConfig | None = None,
     down_config: TileConfig | None = None,
     scales: ExpertScales | None = None,
+    quantize_input: bool | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j].
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
-    With scales, w13 and w2 are e4m3 with block scales (ExpertScales): the product is weight-only (x is
-    not quantized), the Triton kernels dequantizing each tile as they load it.
+    With scales, w13 and w2 are e4m3 with block scales (ExpertScales). The Triton kernels then run W8A8
+    where experts_quantize_input says so (x, and silu(gate) * up before the down GEMM, quantized
+    per row and block_k group as quantize_act does, as the checkpoints' dynamic activation scheme says;
+    e4m3 tiles into the MMA), else weight-only (each weight tile dequantized as it is loaded); the torch
+    backend computes weight-only on dequantized weights. quantize_input=False keeps the Triton kernels
+    weight-only and True makes them W8A8 whatever the shape (benchmarks, tests; refused where block_k does
+    not allow it).
     config overrides the tile shape of both GEMMs, down_config the down GEMM's alone (same block_m;
     benchmark sweeps). The Triton path has no host sync and can be
     captured in a CUDA graph. Returns out.
@@ -144,9 +177,30 @@ def fused_experts(
         tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret
     )
     order = order_by_expert(topk_ids, experts, cfg.block_m)
-    h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
     down_cfg = down_config or down_tile_config(cfg)
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
-    y = down(h, w2, order, topk_weights.reshape(-1).float(), down_cfg, scales and (scales.w2, scales.block))
+    pair_weights = topk_weights.reshape(-1).float()
+    inter = w2.shape[2]
+    allowed = scales is not None and scales.block[1] >= 32 and scales.block[1] & (scales.block[1] - 1) == 0
+    if quantize_input and not allowed:
+        raise ValueError(
+            f"fused_experts runs W8A8 with e4m3 experts whose block_k is a power of two >= 32; got "
+            f"{'no scales' if scales is None else f'block {scales.block}'}"
+        )
+    if quantize_input is None:
+        quantize_input = allowed and experts_quantize_input(
+            scales.block, tokens, top_k, experts, hidden, inter
+        )
+    if quantize_input:
+        bk = scales.block[1]
+        xq, xs = quantize_act(x, bk, backend=Backend.TRITON)
+        h = gate_up(xq, w13, order, top_k, cfg, (scales.w13, scales.block), x_scale=xs, out_dtype=x.dtype)
+        hq, hs = quantize_act(h, bk, backend=Backend.TRITON)  # padded rows too: the down GEMM masks them
+        y = down(
+            hq, w2, order, pair_weights, down_cfg, (scales.w2, scales.block), h_scale=hs, out_dtype=x.dtype
+        )
+    else:
+        h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
+        y = down(h, w2, order, pair_weights, down_cfg, scales and (scales.w2, scales.block))
     return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)

@@ -65,3 +65,31 @@ def fused_experts_ref(
         h = F.silu(h[:, :inter]) * h[:, inter:]
         out.index_add_(0, token, (h @ w2[expert].float().t()) * topk_weights[token, slot, None].float())
     return out.to(x.dtype)
+
+
+def fused_experts_w8a8_ref(
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    group: int,
+) -> torch.Tensor:
+    """fused_experts_ref with the activations quantized as the W8A8 kernels quantize them: x per token and
+    `group` channels (quantize_act_ref), and silu(gate) * up, rounded to x's dtype, per row likewise.
+    w13 / w2: the dequantized expert weights."""
+    from atom_kernels.fp8.ref import expand_scale, quantize_act_ref
+
+    def fake_quant(t: torch.Tensor) -> torch.Tensor:
+        q, s = quantize_act_ref(t, group)
+        return q.float() * expand_scale(s, (1, group), tuple(t.shape))
+
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    inter = w2.shape[2]
+    xd = fake_quant(x)
+    for expert in topk_ids.unique().tolist():
+        token, slot = (topk_ids == expert).nonzero(as_tuple=True)
+        h = xd[token] @ w13[expert].float().t()
+        h = fake_quant((F.silu(h[:, :inter]) * h[:, inter:]).to(x.dtype))
+        out.index_add_(0, token, (h @ w2[expert].float().t()) * topk_weights[token, slot, None].float())
+    return out.to(x.dtype)

@@ -46,6 +46,11 @@ ONE_TOKEN_W8A8_MIN_ELEMENTS = 32 << 20
 W8A8_MAX_ROWS_PER_EXPERT = 96
 
 
+def _w8a8_block_k(block_k: int) -> bool:
+    """The W8A8 expert kernels' k-step is one scale group and at least the fp8 MMA's depth."""
+    return block_k >= 32 and block_k & (block_k - 1) == 0
+
+
 def experts_quantize_input(
     block: tuple[int, int], tokens: int, top_k: int, experts: int, hidden: int, inter: int
 ) -> bool:
@@ -56,7 +61,7 @@ def experts_quantize_input(
     every size), and is taken where it was faster on the H200 (bench_moe_fp8.py): up to
     W8A8_MAX_ROWS_PER_EXPERT rows an expert, and for a single token only with large experts."""
     bk = block[1]
-    if bk < 32 or bk & (bk - 1) or hidden % bk or inter % bk:
+    if not _w8a8_block_k(bk) or hidden % bk or inter % bk:
         return False
     if tokens * top_k > W8A8_MAX_ROWS_PER_EXPERT * experts:
         return False
@@ -182,7 +187,7 @@ def fused_experts(
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
     pair_weights = topk_weights.reshape(-1).float()
     inter = w2.shape[2]
-    allowed = scales is not None and scales.block[1] >= 32 and scales.block[1] & (scales.block[1] - 1) == 0
+    allowed = scales is not None and _w8a8_block_k(scales.block[1])
     if quantize_input and not allowed:
         raise ValueError(
             f"fused_experts runs W8A8 with e4m3 experts whose block_k is a power of two >= 32; got "

@@ -45,15 +45,28 @@ for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all exper
     DEEPSEEK_V2_TINY.pop(_key)
 
 
-def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None):
+def decisive_routing(model) -> None:
+    """Give a random DeepSeek model's routers decisive scores (and a non-zero correction bias), so that no
+    near-tie between experts flips with the summation order of another implementation."""
+    with torch.no_grad():
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight.normal_(0, 0.5)
+                if hasattr(layer.mlp.gate, "e_score_correction_bias"):
+                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
+
+
+def random_checkpoint(config, path: Path, *, seed: int = 0, max_shard_size=None, dtype=None, edit=None):
     """transformers' model of `config` (any model config) with random weights drawn after
-    torch.manual_seed(seed), saved to `path` (in shards of at most `max_shard_size` if given).
-    Returns (the model in eval mode, path)."""
+    torch.manual_seed(seed), changed by edit(model) if given, saved to `path` (in shards of at most
+    `max_shard_size` if given). Returns (the model in eval mode, path)."""
     import torch
     from transformers import AutoModelForCausalLM
 
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, **({} if dtype is None else {"dtype": dtype})).eval()
+    if edit is not None:
+        edit(model)
     model.save_pretrained(path, **({} if max_shard_size is None else {"max_shard_size": max_shard_size}))
     return model, path
 
@@ -84,3 +97,66 @@ def successor_language(vocab: int, seed: int = 0):
         return torch.stack(rows, 1)
 
     return succ, sample
+
+
+def random_deepseek_mtp_checkpoint(fields: dict, path: Path, *, seed: int = 0) -> Path:
+    """A random tiny DeepSeek-V3 (transformers config `fields`, decisive routing) with one random MTP layer,
+    saved as the published checkpoints are: model.layers.{L}.* (L = num_hidden_layers) holds a decoder layer
+    plus enorm, hnorm, eh_proj, shared_head.norm and the copies of the embedding and head;
+    num_nextn_predict_layers 1."""
+    import json
+
+    from safetensors.torch import load_file, save_file
+    from transformers import DeepseekV3Config
+
+    layers = fields["num_hidden_layers"]
+    random_checkpoint(
+        DeepseekV3Config(**{**fields, "num_hidden_layers": layers + 1}),
+        path,
+        seed=seed,
+        edit=decisive_routing,
+    )
+    tensors = load_file(path / "model.safetensors")
+    g = torch.Generator().manual_seed(seed + 1)
+    h, mtp = fields["hidden_size"], f"model.layers.{layers}"
+    for norm in ("enorm", "hnorm", "shared_head.norm"):
+        tensors[f"{mtp}.{norm}.weight"] = 1 + 0.1 * torch.randn(h, generator=g)
+    tensors[f"{mtp}.eh_proj.weight"] = torch.randn(h, 2 * h, generator=g) / (2 * h) ** 0.5
+    tensors[f"{mtp}.embed_tokens.weight"] = tensors["model.embed_tokens.weight"].clone()
+    tensors[f"{mtp}.shared_head.head.weight"] = tensors["lm_head.weight"].clone()
+    save_file(tensors, path / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((path / "config.json").read_text())
+    config.update(num_hidden_layers=layers, num_nextn_predict_layers=1)
+    (path / "config.json").write_text(json.dumps(config, indent=1))
+    return path
+
+
+def transformers_mtp_logits(path: Path, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    """transformers' own MTP (modeling_layers.MtpModel, DeepSeek-V3's MtpLayer), its weights loaded by
+    transformers from the checkpoint: row i reads Emb(t_{i+1}) and h_i (the target's final hidden state,
+    after its norm) -> logits [T - 1, V] predicting t_{i+2}. ids: [1, T]; hidden: [1, T, H]. Its MTP keys
+    are found by the target's pattern, which names layer 61 (the published model); ours is layer L."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    from transformers.modeling_layers import MtpModel
+
+    main = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
+    layers = main.config.num_hidden_layers
+    main._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}\..*"]
+    mtp_model = MtpModel.from_pretrained(main).eval()
+    saved = load_file(path / "model.safetensors")[f"model.layers.{layers}.eh_proj.weight"]
+    torch.testing.assert_close(mtp_model.layers[0].eh_proj.weight, saved, rtol=0, atol=0)  # it loaded ours
+    n = ids.shape[1] - 1
+    positions = torch.arange(1, n + 1)[None]  # the embedded token's positions; RoPE is relative, so any shift
+    embeds = mtp_model.embed_tokens(ids[:, 1:])
+    mask = torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
+    with torch.no_grad():
+        out = mtp_model.layers[0](
+            embeds,
+            hidden[:, :-1],
+            position_embeddings=mtp_model.rotary_emb(embeds, positions),
+            attention_mask=mask,
+            position_ids=positions,
+            past_key_values=None,
+        )
+        return mtp_model._project_to_logits(out)[0]

@@ -14,6 +14,7 @@ from atom_core.cache import StateCacheSpec
 from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V2_TINY,
     DEEPSEEK_V3_TINY,
+    decisive_routing,
     free_port,
     random_checkpoint,
     successor_language,
@@ -58,17 +59,7 @@ DSV2 = dict(
 def deepseek_checkpoint(path, config_cls, base: dict, overrides: dict):
     """A random tiny model whose routing is decisive (no near-ties between implementations) and whose
     e_score_correction_bias is not zero, saved as transformers saves it."""
-    torch.manual_seed(0)
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_config(config_cls(**{**base, **overrides})).eval()
-    with torch.no_grad():
-        for layer in model.model.layers:
-            if hasattr(layer.mlp, "gate"):
-                layer.mlp.gate.weight.normal_(0, 0.5)
-                if hasattr(layer.mlp.gate, "e_score_correction_bias"):
-                    layer.mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3)
-    model.save_pretrained(path)
+    model, _ = random_checkpoint(config_cls(**{**base, **overrides}), path, edit=decisive_routing)
     return model
 
 

@@ -11,7 +11,6 @@ import re
 import pytest
 import torch
 from core_support import (
-    causal_mask,
     deepseek_mtp_checkpoint,
     hf_main_hidden,
     save_word_tokenizer,
@@ -23,6 +22,7 @@ from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
 from atom_kernels import settings
 from atom_kernels.settings import Backend, Settings
+from tools.testing_models import transformers_mtp_logits
 
 VOCAB = 211
 
@@ -101,34 +101,6 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(unt
     got = torch.cat(logits)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
     torch.testing.assert_close(got, published, rtol=0, atol=1e-4 * published.abs().max().item())
-
-
-def transformers_mtp_logits(path, ids: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-    """transformers' own MTP (modeling_layers.MtpModel, DeepSeek-V3's MtpLayer), its weights loaded by
-    transformers from the checkpoint: row i reads Emb(t_{i+1}) and h_i -> logits [T - 1, V]. Its MTP keys
-    are found by the target's pattern, which names layer 61 (the published model); ours is layer L."""
-    from safetensors.torch import load_file
-    from transformers import AutoModelForCausalLM
-    from transformers.modeling_layers import MtpModel
-
-    main = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager", dtype=torch.float32)
-    layers = main.config.num_hidden_layers
-    main._keys_to_ignore_on_load_unexpected = [rf"model\.layers\.{layers}\..*"]
-    mtp_model = MtpModel.from_pretrained(main).eval()
-    saved = load_file(path / "model.safetensors")[f"model.layers.{layers}.eh_proj.weight"]
-    torch.testing.assert_close(mtp_model.layers[0].eh_proj.weight, saved, rtol=0, atol=0)  # it loaded ours
-    n = ids.shape[1] - 1
-    positions = torch.arange(1, n + 1)[None]  # the embedded token's positions; RoPE is relative, so any shift
-    embeds = mtp_model.embed_tokens(ids[:, 1:])
-    out = mtp_model.layers[0](
-        embeds,
-        hidden[:, :-1],
-        position_embeddings=mtp_model.rotary_emb(embeds, positions),
-        attention_mask=causal_mask(n),
-        position_ids=positions,
-        past_key_values=None,
-    )
-    return mtp_model._project_to_logits(out)[0]
 
 
 def run(path, prompts, params, **engine):

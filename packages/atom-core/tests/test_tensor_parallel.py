@@ -81,3 +81,47 @@ def test_deepseek_tp2_equals_tp1(tmp_path):
     )
     for rank in range(2):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+
+
+def _shared_vocab_rank(rank: int, world: int, port: int, path: str, out: str) -> None:
+    """A draft's view of the target's vocabulary on each rank: SharedVocab over the target's own shards."""
+    from atom_core.integration import SharedVocab
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        parallel = ParallelConfig(tp_size=world, tp_rank=rank, group=dist.group.WORLD)
+        config = ModelConfig.from_pretrained(path)
+        target = build_model(
+            config, BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=parallel)
+        )
+        load_checkpoint(target, path)
+        embed, head = target.model.embed_tokens.weight, target.lm_head.weight
+        shared = SharedVocab(embed, head, config.vocab_size, parallel)
+        assert shared.embed_tokens.weight is embed and shared.lm_head.weight is head  # nothing copied
+        ids = torch.tensor([0, 1, 150, 151, config.vocab_size - 1])  # both ranks' rows, the padded edge
+        hidden = torch.randn(5, config.hidden_size, generator=torch.Generator().manual_seed(0))
+        with torch.no_grad():
+            torch.testing.assert_close(
+                shared.embed_input_ids(ids), target.embed_input_ids(ids), rtol=0, atol=0
+            )
+            torch.testing.assert_close(
+                shared.compute_logits(hidden), target.compute_logits(hidden), rtol=0, atol=0
+            )
+        with pytest.raises(ValueError, match="this rank's"):
+            SharedVocab(embed[:-1], head, config.vocab_size, parallel)
+        torch.save(True, f"{out}.{rank}")
+        dist.barrier()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_draft_sees_the_targets_vocabulary_split_as_the_target_does(tmp_path):
+    _, path = random_checkpoint(
+        LlamaConfig(**{**TINY, "vocab_size": 301, "num_attention_heads": 8}), tmp_path / "ckpt"
+    )
+    out = str(tmp_path / "ok")
+    mp.start_processes(
+        _shared_vocab_rank, args=(2, free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
+    )
+    assert all(torch.load(f"{out}.{rank}") for rank in range(2))

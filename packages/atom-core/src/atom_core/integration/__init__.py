@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
     from atom_core.forward_context import ForwardContext, bind_forward_context, current_forward_context
     from atom_core.integration.build import build_for_engine
+    from atom_core.layers.embedding import SharedVocab
     from atom_core.loader import build_model, finish_loading, iter_checkpoint, load_checkpoint
     from atom_core.ops import (
         causal_conv1d,
@@ -79,6 +80,7 @@ _LAZY = {
     "current_forward_context": "atom_core.forward_context",
     "build_model": "atom_core.loader",
     "build_for_engine": "atom_core.integration.build",
+    "SharedVocab": "atom_core.layers.embedding",
     "finish_loading": "atom_core.loader",
     "iter_checkpoint": "atom_core.loader",
     "load_checkpoint": "atom_core.loader",
@@ -117,6 +119,7 @@ __all__ = [
     "PagedAttentionMetadata",
     "PagedKVSpec",
     "ParallelConfig",
+    "SharedVocab",
     "StateCacheSpec",
     "__version__",
     "allocate_caches",

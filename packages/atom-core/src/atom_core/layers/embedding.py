@@ -40,3 +40,38 @@ class ParallelLMHead(VocabParallelEmbedding):
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [T, H] -> [T, vocab_size]."""
         return all_gather_last_dim(linear(hidden, self.weight), self.parallel)[:, : self.vocab_size]
+
+
+class SharedVocab(nn.Module):
+    """A target's embedding and head as an engine hands them to the target's draft: this rank's rows of each
+    (the target's VocabParallelEmbedding / ParallelLMHead weights, shared storage, nothing copied). It is
+    what a draft's bind_target takes: embed_input_ids and compute_logits with the target's vocab split."""
+
+    def __init__(self, embed: torch.Tensor, head: torch.Tensor, vocab_size: int, parallel: ParallelConfig):
+        super().__init__()
+        rows = -(-vocab_size // parallel.tp_size)
+        for name, weight in (("embed", embed), ("head", head)):
+            if weight.dim() != 2 or weight.shape[0] != rows:
+                raise ValueError(
+                    f"the shared {name} must hold this rank's {rows} of {vocab_size} vocabulary rows "
+                    f"(tp {parallel.tp_rank}/{parallel.tp_size}), got {tuple(weight.shape)}"
+                )
+        with torch.device("meta"):  # no storage of their own: the target's weights are bound below
+            self.embed_tokens = VocabParallelEmbedding(
+                vocab_size, embed.shape[1], dtype=embed.dtype, parallel=parallel
+            )
+            self.lm_head = ParallelLMHead(vocab_size, head.shape[1], dtype=head.dtype, parallel=parallel)
+        self.embed_tokens.weight = _shared(embed)
+        self.lm_head.weight = _shared(head)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """input_ids: [T] -> [T, H]."""
+        return self.embed_tokens(input_ids)
+
+    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """hidden: [T, H] -> [T, vocab_size]."""
+        return self.lm_head.logits(hidden)
+
+
+def _shared(weight: torch.Tensor) -> nn.Parameter:
+    return weight if isinstance(weight, nn.Parameter) else nn.Parameter(weight, requires_grad=False)

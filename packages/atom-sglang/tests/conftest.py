@@ -25,7 +25,7 @@ def fresh_process(monkeypatch):
 def checkpoint_for(tmp_path_factory):
     """checkpoint_for(architecture, **overrides): a random transformers checkpoint saved once per session
     (overrides change the architecture's tiny config, e.g. to add attention windows)."""
-    from sglang_support import random_checkpoint, tiny_config
+    from sglang_support import decisive_routing, random_checkpoint, tiny_config
 
     made = {}
 
@@ -33,7 +33,8 @@ def checkpoint_for(tmp_path_factory):
         key = f"{architecture}{sorted(overrides.items())}"
         if key not in made:
             path = tmp_path_factory.mktemp(architecture.removesuffix("ForCausalLM"))
-            made[key] = random_checkpoint(tiny_config(architecture, **overrides), path)[1]
+            edit = decisive_routing if architecture.startswith("Deepseek") else None
+            made[key] = random_checkpoint(tiny_config(architecture, **overrides), path, edit=edit)[1]
         return made[key]
 
     return get

@@ -1,7 +1,7 @@
 """Drive ATOM inside SGLang's real runtime pieces on the CPU, the way SGLang's scheduler and ModelRunner do.
 
-Real: SGLang's ModelRunner subclass from its attention test kit (server args installed through SGLang's
-runtime context), ReqToTokenPool, MHATokenToKVPool, ForwardBatch/ForwardMode, the per-forward
+Real: SGLang's ModelRunner subclasses from its attention test kits (server args installed through SGLang's
+runtime context), ReqToTokenPool, MHATokenToKVPool / MLATokenToKVPool, ForwardBatch/ForwardMode, the per-forward
 ForwardContext that publishes the attention backend, LogitsProcessor, its safetensors weight iterator,
 and a world-size-1 gloo process group (SGLang's own helper for CPU layer tests). What this stands in for
 is SGLang's scheduler: it allocates page-aligned slots as SGLang's paged allocator does (a token at
@@ -13,10 +13,11 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 import torch
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.srt.model_loader.weight_utils import safetensors_weights_iterator
@@ -24,6 +25,11 @@ from sglang.test.kits.attention_unittest.attention_methods.dense_attention impor
     DenseAttentionCase,
     MockModelRunner,
     TinyModelConfig,
+)
+from sglang.test.kits.attention_unittest.attention_methods.mla_attention import (
+    MLAAttentionCase,
+    MockMLAModelRunner,
+    TinyMLAModelConfig,
 )
 from sglang.test.layer_ut_utils import init_single_process_dist
 from transformers import AutoConfig
@@ -50,8 +56,72 @@ class Request:
     pages: dict[int, int] = field(default_factory=dict)  # logical page -> physical page
 
 
+# SGLang's ModelConfig renames a target's architecture for its draft runner.
+DRAFT_NAMES = {"DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN"}
+
+
+def _mha_runner(c, head_dim, backend, page_size, max_reqs, max_context_len):
+    """The attention kit's MHA ModelRunner (its pool is replaced by the caller's, sized for the model)."""
+    case = DenseAttentionCase(
+        name="atom-model",
+        backend=backend,
+        forward_mode=ForwardMode.EXTEND,
+        num_heads=c.num_attention_heads,
+        num_kv_heads=c.num_key_value_heads,
+        page_size=page_size,
+        prefix_lens=(0,) * max_reqs,
+        extend_lens=(1,) * max_reqs,
+    )
+    tiny = TinyModelConfig(
+        num_heads=c.num_attention_heads,
+        num_kv_heads=c.num_key_value_heads,
+        head_dim=head_dim,
+        hidden_size=c.hidden_size,
+        context_len=max_context_len,
+    )
+    return MockModelRunner(
+        case=case,
+        model_config=tiny,
+        dtype=torch.float32,
+        device="cpu",
+        max_context_len=max_context_len,
+        head_dim=head_dim,
+    )
+
+
+def _mla_runner(c, backend, page_size, max_reqs, max_context_len, kv_dtype):
+    """The MLA kit's ModelRunner (use_mla_backend, as SGLang sets it for DeepSeek's architectures)."""
+    case = MLAAttentionCase(
+        name="atom-model",
+        backend=backend,
+        forward_mode=ForwardMode.EXTEND,
+        num_heads=c.num_attention_heads,
+        page_size=page_size,
+        prefix_lens=(0,) * max_reqs,
+        extend_lens=(1,) * max_reqs,
+    )
+    tiny = TinyMLAModelConfig(
+        num_heads=c.num_attention_heads,
+        kv_lora_rank=c.kv_lora_rank,
+        qk_rope_head_dim=c.qk_rope_head_dim,
+        hidden_size=c.hidden_size,
+        context_len=max_context_len,
+    )
+    return MockMLAModelRunner(
+        case=case,
+        model_config=tiny,
+        dtype=torch.float32,
+        device="cpu",
+        max_context_len=max_context_len,
+        kv_lora_rank=c.kv_lora_rank,
+        qk_rope_head_dim=c.qk_rope_head_dim,
+        fp8_kv_cache=kv_dtype == torch.float8_e4m3fn,
+    )
+
+
 class SglangHarness:
-    """One model on one backend with its own pools: a target, or a draft beside it."""
+    """One model on one backend with its own pools: a target, or (draft=True) the NextN draft SGLang builds
+    from the same checkpoint, whose forwards read the target's hidden states (draft_extend)."""
 
     def __init__(
         self,
@@ -62,50 +132,45 @@ class SglangHarness:
         max_reqs: int = 4,
         max_context_len: int = 128,
         seed: int = 0,
+        draft: bool = False,
+        kv_dtype: torch.dtype = torch.float32,
     ):
         from atom_sglang.models.atom import EntryClass
 
         init_single_process_dist()
         self.hf_config = AutoConfig.from_pretrained(checkpoint)
         c = self.hf_config
-        head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-        case = DenseAttentionCase(
-            name="atom-model",
-            backend=backend,
-            forward_mode=ForwardMode.EXTEND,
-            num_heads=c.num_attention_heads,
-            num_kv_heads=c.num_key_value_heads,
-            page_size=page_size,
-            prefix_lens=(0,) * max_reqs,
-            extend_lens=(1,) * max_reqs,
-        )
-        tiny = TinyModelConfig(
-            num_heads=c.num_attention_heads,
-            num_kv_heads=c.num_key_value_heads,
-            head_dim=head_dim,
-            hidden_size=c.hidden_size,
-            context_len=max_context_len,
-        )
-        self.runner = MockModelRunner(
-            case=case,
-            model_config=tiny,
-            dtype=torch.float32,
-            device="cpu",
-            max_context_len=max_context_len,
-            head_dim=head_dim,
-        )
+        if draft:  # what SGLang's ModelConfig does for a draft runner: rename, one pool layer per MTP layer
+            c.architectures = [DRAFT_NAMES[c.architectures[0]]]
+        layers = c.num_nextn_predict_layers if draft else c.num_hidden_layers
         self.num_pages = max_reqs * max_context_len // page_size + 1
-        self.runner.token_to_kv_pool = MHATokenToKVPool(
-            size=(self.num_pages - 1) * page_size,
-            page_size=page_size,
-            dtype=torch.float32,
-            head_num=c.num_key_value_heads,
-            head_dim=head_dim,
-            layer_num=c.num_hidden_layers,
-            device="cpu",
-            enable_memory_saver=False,
-            enable_alt_stream=False,
-        )
+        size = (self.num_pages - 1) * page_size
+        if getattr(c, "kv_lora_rank", None):
+            self.runner = _mla_runner(c, backend, page_size, max_reqs, max_context_len, kv_dtype)
+            self.runner.token_to_kv_pool = MLATokenToKVPool(
+                size=size,
+                page_size=page_size,
+                dtype=kv_dtype,
+                kv_lora_rank=c.kv_lora_rank,
+                qk_rope_head_dim=c.qk_rope_head_dim,
+                layer_num=layers,
+                device="cpu",
+                enable_memory_saver=False,
+            )
+        else:
+            head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+            self.runner = _mha_runner(c, head_dim, backend, page_size, max_reqs, max_context_len)
+            self.runner.token_to_kv_pool = MHATokenToKVPool(
+                size=size,
+                page_size=page_size,
+                dtype=kv_dtype,
+                head_num=c.num_key_value_heads,
+                head_dim=head_dim,
+                layer_num=layers,
+                device="cpu",
+                enable_memory_saver=False,
+                enable_alt_stream=False,
+            )
         self.backend = ATTENTION_BACKENDS[backend](self.runner)
         [cls] = [entry for entry in EntryClass if entry.__name__ == c.architectures[0]]
         with torch.device("cpu"):
@@ -132,6 +197,28 @@ class SglangHarness:
 
     def extend(self, chunks: list[tuple[Request, list[int]]]) -> torch.Tensor:
         """Each request's new tokens after what it has cached (a prompt, a chunk of one, a prefix hit)."""
+        return self.run(self._extend_batch(chunks, ForwardMode.EXTEND))
+
+    def extend_capturing(self, chunks: list[tuple[Request, list[int]]]):
+        """extend, keeping every token's hidden state (SGLang's CaptureHiddenMode.FULL, as its speculative
+        worker asks of a target): returns the LogitsProcessorOutput (hidden_states [tokens, H])."""
+        batch = self._extend_batch(chunks, ForwardMode.EXTEND)
+        batch.capture_hidden_mode = CaptureHiddenMode.FULL
+        return self.run_output(batch)
+
+    def draft_extend(
+        self, chunks: list[tuple[Request, list[int]]], hidden: torch.Tensor, mode=ForwardMode.EXTEND
+    ):
+        """A draft forward as SGLang's EAGLE worker runs one: the tokens with the target's hidden states
+        (hidden [tokens, H]) in spec_info; EXTEND after a target prefill, DRAFT_EXTEND_V2 after a verify
+        (every request the same number of tokens; all rows' logits come back). Returns the
+        LogitsProcessorOutput."""
+        batch = self._extend_batch(chunks, mode)
+        batch.spec_info = SimpleNamespace(hidden_states=hidden, select_index=None)
+        batch.capture_hidden_mode = CaptureHiddenMode.FULL
+        return self.run_output(batch)
+
+    def _extend_batch(self, chunks, mode) -> ForwardBatch:
         prefix = [len(r.tokens) for r, _ in chunks]
         new = [len(t) for _, t in chunks]
         positions, slots, ids = [], [], []
@@ -142,14 +229,14 @@ class SglangHarness:
                 ids.append(token)
             req.tokens += tokens
         seq_lens = [p + n for p, n in zip(prefix, new, strict=True)]
-        batch = self._batch(ForwardMode.EXTEND, [r for r, _ in chunks], ids, positions, slots, seq_lens)
+        batch = self._batch(mode, [r for r, _ in chunks], ids, positions, slots, seq_lens)
         batch.extend_prefix_lens = torch.tensor(prefix, dtype=torch.int32)
         batch.extend_prefix_lens_cpu = prefix
         batch.extend_seq_lens = torch.tensor(new, dtype=torch.int32)
         batch.extend_seq_lens_cpu = new
         batch.extend_num_tokens = sum(new)
         batch.extend_logprob_start_lens_cpu = list(new)
-        return self.run(batch)
+        return batch
 
     def decode(self, steps: list[tuple[Request, int]]) -> torch.Tensor:
         reqs = [r for r, _ in steps]
@@ -181,7 +268,10 @@ class SglangHarness:
     def run(self, batch: ForwardBatch) -> torch.Tensor:
         """What ModelRunner does per forward: publish the backend, prepare its metadata, call the model.
         Returns the next-token logits, [batch, vocab]."""
+        return self.run_output(batch).next_token_logits
+
+    def run_output(self, batch: ForwardBatch):
+        """One forward -> the model's LogitsProcessorOutput."""
         with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
             self.backend.init_forward_metadata(batch)
-            out = self.model(batch.input_ids, batch.positions, batch)
-        return out.next_token_logits
+            return self.model(batch.input_ids, batch.positions, batch)

@@ -9,7 +9,12 @@ from pathlib import Path
 
 import torch
 
-from tools.testing_models import random_checkpoint  # noqa: F401 (re-exported)
+from tools.testing_models import (  # noqa: F401 (re-exported)
+    DEEPSEEK_V2_TINY,
+    DEEPSEEK_V3_TINY,
+    decisive_routing,
+    random_checkpoint,
+)
 
 # The dimensions every architecture's tiny config shares.
 TINY = dict(
@@ -20,7 +25,8 @@ TINY = dict(
     max_position_embeddings=256,
 )
 # Tiny configs that cover each architecture's variants: GQA, head_dim != hidden / heads, tied embeddings,
-# q/k norms (Qwen3), routed experts (Qwen3-MoE) and a shared expert (Qwen2-MoE).
+# q/k norms (Qwen3), routed experts (Qwen3-MoE) and a shared expert (Qwen2-MoE); DeepSeek's MLA (a 32 + 16
+# latent row) with its grouped (V3) and greedy (V2, no q LoRA) routing.
 ARCHITECTURES = {
     "LlamaForCausalLM": dict(num_attention_heads=4, num_key_value_heads=2),
     "Qwen3ForCausalLM": dict(
@@ -43,6 +49,8 @@ ARCHITECTURES = {
         moe_intermediate_size=32,
         shared_expert_intermediate_size=48,
     ),
+    "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
+    "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,
 }
 
 

@@ -132,9 +132,7 @@ def test_tree_verify_is_refused_by_name():
         fx.backend.init_forward_metadata(_as_chain_verify(fx, topk=2))
 
 
-@pytest.mark.parametrize(
-    "mode", [ForwardMode.DRAFT_EXTEND_V2, ForwardMode.DLLM_EXTEND, ForwardMode.SPLIT_PREFILL]
-)
+@pytest.mark.parametrize("mode", [ForwardMode.DLLM_EXTEND, ForwardMode.SPLIT_PREFILL])
 def test_modes_it_does_not_run_are_refused_by_name(mode):
     fx = _fixture(CASES[0])
     with pytest.raises(UnsupportedForwardMode, match=mode.name):

@@ -53,8 +53,21 @@ def test_wrapper_matches_transformers_through_extend_and_decode(checkpoint_for, 
     checkpoint = checkpoint_for(architecture)
     h = SglangHarness(checkpoint, page_size=page_size)
     assert type(h.model).__name__ == architecture
+    mla = "Deepseek" in architecture  # SGLang's runner uses MLA for these: the factory picks the MLA backend
+    assert type(h.backend).__name__ == ("AtomMLAAttnBackend" if mla else "AtomAttnBackend")
     assert h.loaded == set(dict(h.model.named_parameters()))  # load_weights names every parameter it filled
     prompts = _prompts(seed=len(architecture) + page_size)
+    tokens, logits = _generate(h, prompts)
+    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+
+
+def test_deepseek_runs_on_sglangs_own_mla_backend_too(checkpoint_for):
+    # ATOM's MLA layer hands SGLang the latent as SGLang's DeepSeek does ([latent | rope] as k, the latent
+    # as v), so SGLang's built-in MLA backends serve it: torch_native is the one that runs on the CPU.
+    checkpoint = checkpoint_for("DeepseekV3ForCausalLM")
+    h = SglangHarness(checkpoint, page_size=1, backend="torch_native")
+    assert type(h.backend).__name__ == "TorchNativeAttnBackend"
+    prompts = _prompts(seed=5)
     tokens, logits = _generate(h, prompts)
     _assert_matches_transformers(checkpoint, prompts, tokens, logits)
 
@@ -88,8 +101,9 @@ def test_windowed_layers_match_transformers_past_the_window(checkpoint_for, arch
     ("architecture", "overrides"),
     [
         ("LlamaForCausalLM", {}),
-        ("Qwen3ForCausalLM", WINDOWED["Qwen3ForCausalLM"]),
-    ],  # the prefix outruns the window
+        ("Qwen3ForCausalLM", WINDOWED["Qwen3ForCausalLM"]),  # the prefix outruns the window
+        ("DeepseekV3ForCausalLM", {}),  # the shared latent rows
+    ],
 )
 def test_a_prefix_cached_request_matches_transformers(checkpoint_for, architecture, overrides):
     # SGLang's radix cache hands a new request the pages of a shared prefix: only the rest is extended.
@@ -139,21 +153,37 @@ def test_an_idle_batch_runs_no_model_and_returns_no_rows(checkpoint_for):
     assert h.run(batch).shape[0] == 0
 
 
-@pytest.mark.parametrize("architecture", ["LlamaForCausalLM", "Qwen3MoeForCausalLM"])
+@pytest.fixture
+def torch_kernels(monkeypatch):
+    """atom-kernels' torch path: Triton's CPU interpreter gets e4m3 arithmetic wrong, and the kernels' W8A8
+    (activations quantized too) is not the dequantized model these tests compare with."""
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+
+    monkeypatch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+
+
+@pytest.mark.parametrize(
+    ("architecture", "block", "projection"),
+    [
+        ("LlamaForCausalLM", (16, 16), "qkv_proj"),
+        ("Qwen3MoeForCausalLM", (16, 16), "qkv_proj"),
+        ("DeepseekV3ForCausalLM", (32, 32), "kv_a_proj_with_mqa"),  # 48 latent rows: a ragged last block
+    ],
+)
 def test_fp8_checkpoints_match_transformers_on_the_dequantized_weights(
-    checkpoint_for, architecture, tmp_path
+    checkpoint_for, architecture, block, projection, tmp_path, torch_kernels
 ):
-    """A block-quantized fp8 copy (16-wide blocks: several per tensor): SGLang hands the wrapper its own
-    Fp8Config, ATOM's layers load the e4m3 weights and scales from the checkpoint (dequantized on the CPU)."""
+    """A block-quantized fp8 copy (several blocks per tensor): SGLang hands the wrapper its own Fp8Config,
+    ATOM's layers load the e4m3 weights and scales from the checkpoint (dequantized on the CPU)."""
     from tools.testing_fp8 import dequantized_copy, quantize_checkpoint
 
     fp8, reference = tmp_path / "fp8", tmp_path / "dequantized"
-    quantize_checkpoint(checkpoint_for(architecture), fp8, (16, 16))
+    quantize_checkpoint(checkpoint_for(architecture), fp8, block)
     dequantized_copy(fp8, reference)
     h = SglangHarness(fp8, page_size=16)
-    assert (
-        type(h.model.atom.model.layers[0].self_attn.qkv_proj.quant_method).__name__ == "Fp8BlockLinearMethod"
-    )
+    attention = h.model.atom.model.layers[0].self_attn
+    assert type(getattr(attention, projection).quant_method).__name__ == "Fp8BlockLinearMethod"
     prompts = _prompts(seed=7)
     tokens, logits = _generate(h, prompts)
     _assert_matches_transformers(reference, prompts, tokens, logits)

@@ -62,7 +62,9 @@ def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
     # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
     # so an import error in any wrapper module fails the test.
     archs = served_architectures()
-    assert "DeepseekV3ForCausalLM" in supported_architectures() and "DeepseekV3ForCausalLM" not in archs
+    assert {"DeepseekV2ForCausalLM", "DeepseekV3ForCausalLM", "DeepseekV3ForCausalLMNextN"} <= set(archs)
+    # Gated DeltaNet hybrids stay SGLang's own models until the adapter builds GDN layers.
+    assert "Qwen3NextForCausalLM" in supported_architectures() and "Qwen3NextForCausalLM" not in archs
     proc = _python(
         RESOLVE.format(archs=archs), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
     )
@@ -70,6 +72,30 @@ def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
     lines = proc.stdout.strip().splitlines()[-len(archs) - 1 :]
     assert lines[0] == str(sorted(archs))
     assert lines[1:] == [f"{arch} atom_sglang.models.atom {arch}" for arch in archs]
+
+
+MODEL_CONFIG = (
+    "from sglang.srt.configs.model_config import AttentionArch, ModelConfig\n"
+    "from sglang.srt.models.registry import ModelRegistry\n"
+    "for draft in (False, True):\n"
+    "    config = ModelConfig({path!r}, is_draft_model=draft, speculative_algorithm='EAGLE')\n"
+    "    cls, arch = ModelRegistry.resolve_model_cls(config.hf_config.architectures)\n"
+    "    print(arch, cls.__module__, config.attention_arch == AttentionArch.MLA, config.kv_lora_rank)\n"
+)
+
+
+def test_sglangs_model_config_takes_deepseek_and_its_draft_to_atom_as_mla(checkpoint_for):
+    # SGLang decides MLA (and so the latent pool and `atom`'s MLA backend) and renames the draft from the
+    # checkpoint's architecture name; both names resolve to ATOM's wrappers.
+    path = str(checkpoint_for("DeepseekV3ForCausalLM", num_nextn_predict_layers=1))
+    proc = _python(
+        MODEL_CONFIG.format(path=path), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip().splitlines()[-2:] == [
+        "DeepseekV3ForCausalLM atom_sglang.models.atom True 32",
+        "DeepseekV3ForCausalLMNextN atom_sglang.models.atom True 32",
+    ]
 
 
 def test_switched_off_sglang_resolves_its_own_models():

@@ -3,8 +3,10 @@
 The wrapper in model.py has no per-model branches: it asks `adapter_spec(architecture)` how to prepare the
 config, which checkpoint tensors are the model's, how attention layers map to SGLang's KV-pool layers and
 what to install on the built wrapper. Every architecture in atom-core's registry gets the defaults; an
-entry in OVERRIDES changes only what differs (e.g. a later DeepseekV3ForCausalLMNextN draft: role "draft",
-its checkpoint prefix, its pool layer id after the target's layers).
+entry in OVERRIDES changes only what differs. Drafts are the names SGLang gives a target's MTP layer when it
+builds the speculative draft (DRAFTS): their spec is the target's, with role "draft". A draft's attention
+is layer 0 of the draft runner's own KV pool (SGLang sizes it num_nextn_predict_layers, from layer 0),
+which is the cache index atom-core's drafts use, so the default layer ids hold for them too.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ class SglangModelSpec:
     architecture: str  # the name SGLang resolves (the wrapper class is named after it)
     core: ModelSpec  # atom-core's declaration: the model class and its layer kinds
     role: str = "target"  # "target", or "draft" for MTP/NextN heads run by SGLang's speculative worker
+    draft_of: str | None = None  # a draft's target architecture (atom-core builds that target's MTP draft)
     prepare_config: Callable[[dict], dict] = _same  # SGLang's HF config dict -> what atom-core builds from
     checkpoint_prefix: str = ""  # only tensors under it are the model's, with it stripped
     layer_id: Callable[[int], int] = field(default=lambda index: index)  # attention index -> KV-pool layer
@@ -39,17 +42,28 @@ class SglangModelSpec:
 OVERRIDES: Mapping[str, Mapping[str, object]] = {}
 
 
+# SGLang's draft architecture names (its ModelConfig renames the target's for the draft runner) -> the
+# target whose MTP layer atom-core builds as the draft.
+DRAFTS: Mapping[str, str] = {"DeepseekV3ForCausalLMNextN": "DeepseekV3ForCausalLM"}
+
+
 def adapter_spec(architecture: str) -> SglangModelSpec:
-    """The SGLang-side spec of an architecture atom-core supports (raises naming the supported ones)."""
-    spec = SglangModelSpec(architecture, get_model_spec(architecture))
+    """The SGLang-side spec of an architecture atom-core supports, or of a draft named in DRAFTS (raises
+    naming the supported ones)."""
+    target = DRAFTS.get(architecture)
+    if target is not None:
+        spec = SglangModelSpec(architecture, get_model_spec(target), role="draft", draft_of=target)
+    else:
+        spec = SglangModelSpec(architecture, get_model_spec(architecture))
     return replace(spec, **OVERRIDES.get(architecture, {}))
 
 
-# The layer kinds ATOM's wrapper builds under SGLang; architectures with others (DeepSeek's MLA, for now)
-# stay SGLang's own models.
-LAYER_KINDS = frozenset({"mha", "sliding"})
+# The layer kinds ATOM's wrapper builds under SGLang; architectures with others (GDN, for now) stay
+# SGLang's own models.
+LAYER_KINDS = frozenset({"mha", "sliding", "mla"})
 
 
 def served_architectures() -> tuple[str, ...]:
-    """Every architecture the external model package exposes to SGLang."""
-    return supported_architectures(layer_kinds=LAYER_KINDS)
+    """Every architecture the external model package exposes to SGLang: targets, then their drafts."""
+    targets = supported_architectures(layer_kinds=LAYER_KINDS)
+    return targets + tuple(draft for draft, target in DRAFTS.items() if target in targets)

@@ -49,6 +49,35 @@ def checkpoint_config(hf: dict, quant_config, architecture: str) -> dict:
     return {**hf, "quantization_config": own}
 
 
+def build_atom(spec: SglangModelSpec, config, quant_config, prefix: str) -> nn.Module:
+    """The unloaded atom-core model (a draft's MTP model for role "draft") SGLang's loader instantiates,
+    with SGLang's tensor-parallel group, default dtype and device."""
+    hf_config = checkpoint_config(config.to_dict(), quant_config, spec.architecture)
+    parallel = get_parallel()
+    tp_size = parallel.tp_size
+    atom, _ = build_for_engine(
+        spec.prepare_config(hf_config),
+        attention_backend=CoreAttentionBackend(spec.layer_id),
+        dtype=torch.get_default_dtype(),
+        device=torch.get_default_device(),  # both set by SGLang's loader
+        tp_size=tp_size,
+        tp_rank=parallel.tp_rank,
+        tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
+        prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        draft_of=spec.draft_of,
+    )
+    logger.info(
+        "ATOM model %s.%s runs %s as %s (tp %d/%d)",
+        type(atom).__module__,
+        type(atom).__name__,
+        spec.architecture,
+        spec.role,
+        parallel.tp_rank,
+        tp_size,
+    )
+    return atom
+
+
 class AtomForCausalLM(nn.Module):
     """SGLang's causal-LM contract over an atom-core model: forward(input_ids, positions, forward_batch)
     returns SGLang's LogitsProcessorOutput (logprobs, extend pruning and TP gathering are SGLang's)."""
@@ -57,31 +86,10 @@ class AtomForCausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
-        hf_config = checkpoint_config(config.to_dict(), quant_config, self.spec.architecture)
-        parallel = get_parallel()
-        tp_size = parallel.tp_size
-        self.atom, _ = build_for_engine(
-            self.spec.prepare_config(hf_config),
-            attention_backend=CoreAttentionBackend(self.spec.layer_id),
-            dtype=torch.get_default_dtype(),
-            device=torch.get_default_device(),  # both set by SGLang's loader
-            tp_size=tp_size,
-            tp_rank=parallel.tp_rank,
-            tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
-            prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        )
+        self.atom = build_atom(self.spec, config, quant_config, prefix)
         self.config = config
         self.logits_processor = LogitsProcessor(config)
         self.spec.install(self)
-        logger.info(
-            "ATOM model %s.%s runs %s as %s (tp %d/%d)",
-            type(self.atom).__module__,
-            type(self.atom).__name__,
-            self.spec.architecture,
-            self.spec.role,
-            parallel.tp_rank,
-            tp_size,
-        )
 
     def get_input_embeddings(self) -> nn.Module:
         return self.atom.model.embed_tokens
@@ -123,11 +131,12 @@ class AtomForCausalLM(nn.Module):
         return {f"{ATOM_PREFIX}.{name}" for name in filled}
 
 
-def entry_class(architecture: str) -> type[AtomForCausalLM]:
-    """AtomForCausalLM under the architecture's name, as SGLang's registry needs."""
-    namespace = {
-        "spec": adapter_spec(architecture),
-        "__module__": "atom_sglang.models.atom",
-        "__qualname__": architecture,
-    }
-    return type(architecture, (AtomForCausalLM,), namespace)
+def entry_class(architecture: str) -> type[nn.Module]:
+    """The wrapper (AtomForCausalLM, or AtomDraftForCausalLM for a draft) under the architecture's name, as
+    SGLang's registry needs."""
+    from atom_sglang.draft import AtomDraftForCausalLM
+
+    spec = adapter_spec(architecture)
+    base = AtomDraftForCausalLM if spec.role == "draft" else AtomForCausalLM
+    namespace = {"spec": spec, "__module__": "atom_sglang.models.atom", "__qualname__": architecture}
+    return type(architecture, (base,), namespace)

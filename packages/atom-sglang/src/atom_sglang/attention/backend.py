@@ -2,75 +2,33 @@
 
 It serves any model whose attention goes through RadixAttention (ATOM's wrappers and SGLang's own
 models), for EXTEND, MIXED, DECODE, IDLE and chain TARGET_VERIFY batches, eagerly and in decode CUDA graphs.
-Responsibilities live beside it: metadata.py (ForwardBatch -> page tables), kv_cache.py (the pool as
-paged caches), graph_state.py (static buffers for graphs); the kernels are atom-core's ops.
+Responsibilities live beside it: base.py (metadata and graph buffers, shared with the MLA backend in
+mla_backend.py), kv_cache.py (the pool as paged caches); the kernels are atom-core's ops.
 """
 
 from __future__ import annotations
 
 import torch
-from sglang.srt.layers.attention.base_attn_backend import AttentionBackend
 from sglang.srt.layers.radix_attention import AttentionType
 
 from atom_core.integration import paged_attention
-from atom_sglang.attention.graph_state import DecodeGraphState
+from atom_sglang.attention.base import AtomBackendBase
 from atom_sglang.attention.kv_cache import layer_caches, pool_geometry
-from atom_sglang.attention.metadata import AtomForwardMetadata, UnsupportedForwardMode, build_metadata
 
 # RadixAttention keyword arguments this backend implements; any other one that is set is refused by name.
 HANDLED_KWARGS = frozenset({"sinks"})
 
 
-class AtomAttnBackend(AttentionBackend):
+class AtomAttnBackend(AtomBackendBase):
     def __init__(self, model_runner, kernel_backend: str | None = None):
-        super().__init__()
         if model_runner.use_mla_backend:
-            raise ValueError("the atom attention backend serves MHA/GQA models; this model uses MLA")
-        self.device = model_runner.device
-        self.req_to_token_pool = model_runner.req_to_token_pool
-        self.token_to_kv_pool = model_runner.token_to_kv_pool
-        self.geometry = pool_geometry(self.token_to_kv_pool)
-        self.kernel_backend = kernel_backend  # None: atom-kernels picks (Triton on GPUs, torch on the CPU)
-        self.data_type = getattr(model_runner, "dtype", None)
+            raise ValueError("AtomAttnBackend serves MHA/GQA models; MLA models get AtomMLAAttnBackend")
+        self.geometry = pool_geometry(model_runner.token_to_kv_pool)
+        super().__init__(model_runner, self.geometry.page_size, kernel_backend)
         self.kv_cache_dtype = self.geometry.dtype
-        self.forward_metadata: AtomForwardMetadata | None = None
-        self.graph_state: DecodeGraphState | None = None
         self._scales: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
 
-    # -- metadata ---------------------------------------------------------------------------------------
-    def init_forward_metadata(self, forward_batch):
-        if forward_batch.forward_mode.is_idle():
-            self.forward_metadata = None
-            return
-        req_to_token = self.req_to_token_pool.req_to_token
-        self.forward_metadata = build_metadata(forward_batch, req_to_token, self.geometry.page_size)
-
-    def init_cuda_graph_state(self, max_bs: int, max_num_tokens: int):
-        max_context_len = self.req_to_token_pool.req_to_token.shape[1]
-        self.graph_state = DecodeGraphState(
-            max_bs, max_num_tokens, max_context_len, self.geometry.page_size, self.device
-        )
-
-    def init_forward_metadata_out_graph(self, forward_batch, in_capture: bool = False):
-        mode = forward_batch.forward_mode
-        if not (mode.is_decode_or_idle() or mode.is_target_verify()):
-            raise UnsupportedForwardMode(
-                f"the atom attention backend captures DECODE and TARGET_VERIFY graphs, not {mode.name}"
-            )
-        if self.graph_state is None:
-            raise RuntimeError("init_cuda_graph_state must run before graph metadata is prepared")
-        self.forward_metadata = self.graph_state.update(forward_batch, self.req_to_token_pool.req_to_token)
-
-    def get_cuda_graph_seq_len_fill_value(self):
-        return 1
-
     # -- attention --------------------------------------------------------------------------------------
-    def forward_decode(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._attend(q, k, v, layer, save_kv_cache, kwargs)
-
-    def forward_extend(self, q, k, v, layer, forward_batch, save_kv_cache=True, **kwargs):
-        return self._attend(q, k, v, layer, save_kv_cache, kwargs)
-
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict) -> torch.Tensor:
         """q: [T, Hq * D] (or [T, Hq, D]); k, v: [T, Hkv * D] -> [T, Hq * D]. atom-core's paged_attention
         writes K/V (unless SGLang saved them already) and picks the kernel from the metadata."""

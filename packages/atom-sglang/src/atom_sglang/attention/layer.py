@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 
-from atom_core.integration import AttentionLayerSpec, current_forward_context
+from atom_core.integration import AttentionLayerSpec, MLALayerSpec, current_forward_context
 from atom_sglang.runtime import FORWARD_BATCH
 from atom_sglang.specs import LAYER_KINDS
 
@@ -24,9 +24,41 @@ class SglangAttentionLayer(RadixAttention):
         return out.view(t, self.tp_q_head_num, self.v_head_dim)
 
 
+class SglangMLALayer(RadixAttention):
+    """atom-core's MLALayer contract on RadixAttention: (q [T, H, R + P] absorbed, kv_c [T, R] normed latent,
+    k_pe [T, P] rotated) -> [T, H, R]. The latent is handed over as SGLang's DeepSeek does on most backends
+    (q and k as [latent | rope], v = the latent), which every SGLang MLA backend accepts; the selected
+    backend writes it into SGLang's latent pool. Absorbed always: SGLang's un-absorbed prefill is a
+    second attention layer of its own DeepSeek's."""
+
+    def __init__(self, spec: MLALayerSpec, layer_id: int):
+        super().__init__(
+            spec.num_heads,
+            spec.kv_lora_rank + spec.rope_dim,
+            spec.scale,
+            num_kv_heads=1,
+            layer_id=layer_id,
+            v_head_dim=spec.kv_lora_rank,
+            prefix=spec.prefix,
+        )
+
+    def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        forward_batch = current_forward_context().metadata_for(FORWARD_BATCH)
+        t = q.shape[0]
+        k = torch.cat([kv_c, k_pe], dim=-1)
+        out = super().forward(q.reshape(t, -1), k, kv_c, forward_batch)
+        return out.view(t, self.tp_q_head_num, self.v_head_dim)
+
+    def wants_unabsorbed(self) -> bool:
+        return False
+
+    def unabsorbed(self, *args):  # never asked for: wants_unabsorbed() is False
+        raise NotImplementedError("ATOM's MLA under SGLang runs absorbed only")
+
+
 class CoreAttentionBackend:
     """atom-core's AttentionBackend protocol under SGLang (given to build_for_engine): one
-    SglangAttentionLayer per AttentionLayerSpec.
+    SglangAttentionLayer per AttentionLayerSpec, one SglangMLALayer per MLALayerSpec.
 
     layer_ids maps an attention layer's index to its layer id in SGLang's KV pool (identity by default).
     """
@@ -49,3 +81,6 @@ class CoreAttentionBackend:
             sliding_window_size=window,
             prefix=spec.prefix,
         )
+
+    def make_mla_layer(self, spec: MLALayerSpec) -> SglangMLALayer:
+        return SglangMLALayer(spec, self.layer_ids(spec.layer_index))

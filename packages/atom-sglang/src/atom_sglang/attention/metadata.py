@@ -45,7 +45,8 @@ def verify_tokens_per_request(spec_info) -> int:
 
 
 def build_metadata(forward_batch, req_to_token: torch.Tensor, page_size: int) -> AtomForwardMetadata:
-    """One forward's metadata for decode, extend/mixed (chunked and prefix-cached) and chain target-verify."""
+    """One forward's metadata for decode, extend/mixed (chunked and prefix-cached), chain target-verify and
+    draft-extend."""
     fb, mode = forward_batch, forward_batch.forward_mode
     bs = fb.batch_size
     device = fb.seq_lens.device
@@ -56,7 +57,9 @@ def build_metadata(forward_batch, req_to_token: torch.Tensor, page_size: int) ->
         max_seq_len = host_max + (n if mode.is_target_verify() else 0)
         cu = torch.arange(0, (bs + 1) * n, n, dtype=torch.int32, device=device)
         max_query_len, query_len = n, n
-    elif mode.name in ("EXTEND", "MIXED"):
+    elif mode.name in ("EXTEND", "MIXED", "DRAFT_EXTEND_V2"):
+        # DRAFT_EXTEND_V2 (a draft re-reading a verify window): every request extends num_draft_tokens,
+        # seq_lens already count them; causal like any extend.
         seq_lens, max_seq_len = fb.seq_lens.to(torch.int32), host_max
         cu = torch.zeros(bs + 1, dtype=torch.int32, device=device)
         cu[1:] = torch.cumsum(fb.extend_seq_lens, 0)
@@ -64,7 +67,7 @@ def build_metadata(forward_batch, req_to_token: torch.Tensor, page_size: int) ->
     else:
         raise UnsupportedForwardMode(
             f"the atom attention backend does not run SGLang forward mode {mode.name}; "
-            "it runs EXTEND, MIXED, DECODE, IDLE and TARGET_VERIFY (chain drafts)"
+            "it runs EXTEND, MIXED, DECODE, IDLE, TARGET_VERIFY (chain drafts) and DRAFT_EXTEND_V2"
         )
     paged = PagedAttentionMetadata(
         cu_seqlens_q=cu,

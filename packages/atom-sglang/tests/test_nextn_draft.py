@@ -1,0 +1,114 @@
+"""DeepSeek-V3's MTP layer as SGLang's NextN draft (DeepseekV3ForCausalLMNextN): built in one process from
+the target's checkpoint as SGLang's EAGLE worker builds it, sharing the target's embedding and head, fed the
+target's captured hidden states through spec_info, against transformers' own MTP model."""
+
+import pytest
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_harness import SglangHarness
+from sglang_support import DEEPSEEK_V3_TINY, TINY
+from transformers import AutoModelForCausalLM
+
+from atom_core.integration import current_forward_context
+from tools.testing_models import random_deepseek_mtp_checkpoint, transformers_mtp_logits
+
+PROMPTS = ([7, 19, 33, 2, 250, 41, 90, 12, 5], [3, *range(100, 118), 4])
+WINDOW = 3  # tokens each request's draft re-reads after a verify (SGLang's num_draft_tokens)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    return random_deepseek_mtp_checkpoint({**TINY, **DEEPSEEK_V3_TINY}, tmp_path_factory.mktemp("dsv3-mtp"))
+
+
+def _sequences():
+    g = torch.Generator().manual_seed(3)
+    return [p + torch.randint(2, 300, (WINDOW + 1,), generator=g).tolist() for p in PROMPTS]
+
+
+def _reference(checkpoint, sequence):
+    """transformers' MTP logits for every row of one sequence (row i predicts token i + 2)."""
+    main = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
+    ids = torch.tensor([sequence])
+    with torch.no_grad():
+        hidden = main.model(ids).last_hidden_state
+    return transformers_mtp_logits(checkpoint, ids, hidden)
+
+
+@pytest.mark.parametrize("draft_backend", ["atom", "torch_native"])
+def test_the_draft_shares_the_targets_vocab_and_equals_transformers_mtp(checkpoint, draft_backend):
+    target = SglangHarness(checkpoint, page_size=16, seed=1)
+    draft = SglangHarness(checkpoint, page_size=16, seed=2, draft=True, backend=draft_backend)
+    assert type(draft.model).__name__ == "DeepseekV3ForCausalLMNextN"
+    assert draft.runner.token_to_kv_pool.layer_num == 1  # the draft runner's own pool: its MTP layer, id 0
+    # load_weights names what it filled: the MTP layer's tensors, nothing of the target's
+    assert draft.loaded and all(".layers.2." in name for name in draft.loaded)
+
+    # SGLang's EAGLE worker: embed, head = target.get_embed_and_head(); draft.set_embed_and_head(...)
+    embed, head = target.model.get_embed_and_head()
+    draft.model.set_embed_and_head(embed, head)
+    shared_embed, shared_head = draft.model.get_embed_and_head()
+    assert shared_embed is embed and shared_head is head  # the same storage, not copies
+
+    sequences = _sequences()
+    t_reqs = [target.add(s) for s in sequences]
+    d_reqs = [draft.add(s) for s in sequences]
+    # Target prefill of the prompts, capturing every hidden state (as for speculation).
+    out = target.extend_capturing([(r, p) for r, p in zip(t_reqs, PROMPTS, strict=True)])
+    hidden = out.hidden_states.split([len(p) for p in PROMPTS])
+    # Draft extend after the prefill: the prompt shifted by one plus the next (verified) token, each row
+    # with the target's hidden state at its position.
+    d_out = draft.draft_extend(
+        [(r, s[1 : len(p) + 1]) for r, s, p in zip(d_reqs, sequences, PROMPTS, strict=True)],
+        torch.cat(hidden),
+    )
+    prefill_rows = d_out.next_token_logits  # each request's last row
+    # Target "verify" of the next window, then the draft re-reads it (DRAFT_EXTEND_V2: WINDOW rows each).
+    out = target.extend_capturing(
+        [(r, s[len(p) : len(p) + WINDOW]) for r, s, p in zip(t_reqs, sequences, PROMPTS, strict=True)]
+    )
+    window_hidden = out.hidden_states
+    d_out = draft.draft_extend(
+        [
+            (r, s[len(p) + 1 : len(p) + 1 + WINDOW])
+            for r, s, p in zip(d_reqs, sequences, PROMPTS, strict=True)
+        ],
+        window_hidden,
+        mode=ForwardMode.DRAFT_EXTEND_V2,
+    )
+    window_rows = d_out.next_token_logits.split(WINDOW)
+    with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
+        current_forward_context()  # nothing leaked out of the forwards
+
+    for i, (sequence, prompt) in enumerate(zip(sequences, PROMPTS, strict=True)):
+        ref = _reference(checkpoint, sequence)
+        scale = float(ref.abs().max())
+        torch.testing.assert_close(prefill_rows[i], ref[len(prompt) - 1], atol=1e-4 * scale, rtol=1e-4)
+        rows = ref[len(prompt) : len(prompt) + WINDOW]
+        torch.testing.assert_close(window_rows[i], rows, atol=1e-4 * scale, rtol=1e-4)
+
+
+def test_a_draft_without_the_targets_vocab_says_so(checkpoint):
+    draft = SglangHarness(checkpoint, page_size=16, draft=True)
+    req = draft.add([5, 6, 7])
+    with pytest.raises(RuntimeError, match="set_embed_and_head before the first forward"):
+        draft.draft_extend([(req, [5, 6, 7])], torch.zeros(3, TINY["hidden_size"]))
+    embed = torch.zeros(TINY["vocab_size"], TINY["hidden_size"])
+    with pytest.raises(NotImplementedError, match="--speculative-token-map"):
+        draft.model.set_embed_and_head(embed, embed[:100])
+
+
+def test_sglangs_draft_backend_factory_builds_the_documented_draft_backends(checkpoint):
+    # The supported launch: target on `--attention-backend atom`, draft on a built-in backend through
+    # `--speculative-draft-attention-backend` (SGLang builds draft backends from a fixed table: `atom` is
+    # not in it). SGLang's own factory, unpatched, builds them for an MLA draft runner.
+    from sglang.srt.speculative.draft_utils import DraftBackendFactory
+
+    draft = SglangHarness(checkpoint, page_size=16, draft=True)
+    draft.runner.draft_attention_backend = "triton"
+    factory = DraftBackendFactory(draft.runner, topk=1, speculative_num_steps=3)
+    assert type(factory.create_decode_backend()).__name__ == "TritonMultiStepDraftBackend"
+    assert type(factory.create_draft_extend_backend()).__name__ == "TritonAttnBackend"
+    draft.runner.draft_attention_backend = None  # the target's `atom`: SGLang refuses it by name
+    with pytest.raises(ValueError, match="EAGLE is not supported in decode attention backend atom"):
+        DraftBackendFactory(draft.runner, topk=1, speculative_num_steps=3).create_decode_backend()

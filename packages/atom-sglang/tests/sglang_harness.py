@@ -10,12 +10,14 @@ position p sits at offset p % page_size of its page) and builds the batches.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 
 import torch
+from sglang.srt.configs.model_config import ModelConfig
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -119,6 +121,59 @@ def _mla_runner(c, backend, page_size, max_reqs, max_context_len, kv_dtype):
     )
 
 
+def is_gdn_hybrid(config) -> bool:
+    return getattr(config.get_text_config(), "linear_num_value_heads", None) is not None
+
+
+def _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dtype):
+    """A GDN hybrid's pools as SGLang's kv-cache configurator builds them: a HybridReqToTokenPool owning the
+    MambaPool (conv and recurrent state per linear layer; fp32 here, as the CPU tests run) and a
+    HybridLinearKVPool over the full-attention layers. The radix cache is off (ATOM's GDN layers require
+    it: they keep no prefix snapshots)."""
+    from sglang.srt.configs.mamba_utils import Mamba2StateDType
+    from sglang.srt.mem_cache.memory_pool import HybridLinearKVPool, HybridReqToTokenPool
+    from sglang.srt.runtime_context import get_context
+
+    text = c.get_text_config()
+    head_dim = text.head_dim
+    runner = _mha_runner(text, head_dim, backend, page_size, max_reqs, max_context_len)
+    kit_args = runner._server_args_override  # the kit's server args, with the radix cache off
+    kit_args.restore()
+    fields = {**kit_args._fields, "disable_radix_cache": True}
+    runner._server_args_override = get_context().override_server_args(**fields)
+    runner.server_args = runner._server_args_override.install()
+    params = dataclasses.replace(
+        text.mamba2_cache_params, dtype=Mamba2StateDType(conv=torch.float32, temporal=torch.float32)
+    )
+    runner.req_to_token_pool = HybridReqToTokenPool(
+        size=max_reqs,
+        mamba_size=max_reqs,
+        mamba_spec_state_size=max_reqs,
+        max_context_len=max_context_len,
+        device="cpu",
+        enable_memory_saver=False,
+        cache_params=params,
+        mamba_layer_ids=text.linear_layer_ids,
+        enable_mamba_extra_buffer=False,
+        enable_overlap_schedule=False,
+    )
+    runner.token_to_kv_pool = HybridLinearKVPool(
+        size=size,
+        dtype=kv_dtype,
+        page_size=page_size,
+        head_num=text.num_key_value_heads,
+        head_dim=head_dim,
+        full_attention_layer_ids=text.full_attention_layer_ids,
+        device="cpu",
+        mamba_pool=runner.req_to_token_pool.mamba_pool,
+    )
+    runner.init_kv_index_translator()
+    from sglang.srt.layers.attention.linear.utils import resolve_linear_attn_backends
+
+    runner.linear_attn_backends = resolve_linear_attn_backends()  # ModelRunner.initialize stamps these
+    return runner
+
+
 class SglangHarness:
     """One model on one backend with its own pools: a target, or (draft=True) the NextN draft SGLang builds
     from the same checkpoint, whose forwards read the target's hidden states (draft_extend)."""
@@ -139,13 +194,18 @@ class SglangHarness:
 
         init_single_process_dist()
         self.hf_config = AutoConfig.from_pretrained(checkpoint)
+        if is_gdn_hybrid(self.hf_config):  # SGLang loads these with its own config classes
+            self.hf_config = ModelConfig(str(checkpoint)).hf_config
         c = self.hf_config
         if draft:  # what SGLang's ModelConfig does for a draft runner: rename, one pool layer per MTP layer
             c.architectures = [DRAFT_NAMES[c.architectures[0]]]
-        layers = c.num_nextn_predict_layers if draft else c.num_hidden_layers
+        layers = c.num_nextn_predict_layers if draft else c.get_text_config().num_hidden_layers
         self.num_pages = max_reqs * max_context_len // page_size + 1
         size = (self.num_pages - 1) * page_size
-        if getattr(c, "kv_lora_rank", None):
+        self.gdn_hybrid = is_gdn_hybrid(c)
+        if self.gdn_hybrid:
+            self.runner = _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dtype)
+        elif getattr(c, "kv_lora_rank", None):
             self.runner = _mla_runner(c, backend, page_size, max_reqs, max_context_len, kv_dtype)
             self.runner.token_to_kv_pool = MLATokenToKVPool(
                 size=size,
@@ -172,6 +232,12 @@ class SglangHarness:
                 enable_alt_stream=False,
             )
         self.backend = ATTENTION_BACKENDS[backend](self.runner)
+        if self.gdn_hybrid:  # what SGLang's attn_backend_wrapper builds for hybrid GDN configs
+            from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+            from sglang.srt.layers.attention.linear.gdn_backend import GDNAttnBackend
+
+            full_ids = c.get_text_config().full_attention_layer_ids
+            self.backend = HybridLinearAttnBackend(self.backend, GDNAttnBackend(self.runner), full_ids)
         [cls] = [entry for entry in EntryClass if entry.__name__ == c.architectures[0]]
         with torch.device("cpu"):
             self.model = cls(self.hf_config, quant_config=sglang_quant_config(self.hf_config))
@@ -185,6 +251,10 @@ class SglangHarness:
     def add(self, prompt: list[int]) -> Request:
         req = Request(list(prompt), index=len(self.requests))
         self.requests.append(req)
+        if self.gdn_hybrid:  # HybridReqToTokenPool.alloc: a mamba state slot per request row
+            pool = self.runner.req_to_token_pool
+            [slot] = pool.mamba_allocator.alloc(1)
+            pool.req_index_to_mamba_index_mapping[req.index] = slot
         return req
 
     def _slot(self, req: Request, pos: int) -> int:
@@ -234,6 +304,7 @@ class SglangHarness:
         batch.extend_prefix_lens_cpu = prefix
         batch.extend_seq_lens = torch.tensor(new, dtype=torch.int32)
         batch.extend_seq_lens_cpu = new
+        batch.extend_start_loc = torch.tensor([0, *new[:-1]], dtype=torch.int32).cumsum(0).to(torch.int32)
         batch.extend_num_tokens = sum(new)
         batch.extend_logprob_start_lens_cpu = list(new)
         return batch
@@ -275,3 +346,20 @@ class SglangHarness:
         with torch.no_grad(), forward_context(ForwardContext(attn_backend=self.backend)):
             self.backend.init_forward_metadata(batch)
             return self.model(batch.input_ids, batch.positions, batch)
+
+
+def generate(h: SglangHarness, prompts: list[list[int]], steps: int = 6):
+    """Ragged batch; the longest prompt is prefilled in two chunks (the second rides with nothing else),
+    then greedy decode. Returns per request (generated tokens, next-token logits at each step)."""
+    reqs = [h.add(p) for p in prompts]
+    first = h.extend([(reqs[0], prompts[0]), (reqs[1], prompts[1]), (reqs[2], prompts[2][:20])])
+    last = [first[0], first[1], h.extend([(reqs[2], prompts[2][20:])])[0]]
+    tokens, logits = [[] for _ in reqs], [[row] for row in last]
+    for _ in range(steps):
+        step = [int(row.argmax()) for row in last]
+        for i, token in enumerate(step):
+            tokens[i].append(token)
+        last = list(h.decode(list(zip(reqs, step, strict=True))))
+        for i, row in enumerate(last):
+            logits[i].append(row)
+    return tokens, [torch.stack(rows[:-1]) for rows in logits]

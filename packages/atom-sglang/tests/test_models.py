@@ -4,7 +4,7 @@ real), through the adapter's "atom" attention backend, against transformers' log
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_harness import SglangHarness
+from sglang_harness import SglangHarness, generate
 from sglang_support import ARCHITECTURES, transformers_logits
 from transformers import AutoConfig
 
@@ -16,23 +16,6 @@ STEPS = 6
 def _prompts(seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, 300, (n,), generator=g).tolist() for n in (5, 19, 37)]
-
-
-def _generate(h: SglangHarness, prompts: list[list[int]], steps: int = STEPS):
-    """Ragged batch; the longest prompt is prefilled in two chunks (the second rides with nothing else),
-    then greedy decode. Returns per request (generated tokens, next-token logits at each step)."""
-    reqs = [h.add(p) for p in prompts]
-    first = h.extend([(reqs[0], prompts[0]), (reqs[1], prompts[1]), (reqs[2], prompts[2][:20])])
-    last = [first[0], first[1], h.extend([(reqs[2], prompts[2][20:])])[0]]
-    tokens, logits = [[] for _ in reqs], [[row] for row in last]
-    for _ in range(steps):
-        step = [int(row.argmax()) for row in last]
-        for i, token in enumerate(step):
-            tokens[i].append(token)
-        last = list(h.decode(list(zip(reqs, step, strict=True))))
-        for i, row in enumerate(last):
-            logits[i].append(row)
-    return tokens, [torch.stack(rows[:-1]) for rows in logits]
 
 
 def _assert_matches_transformers(checkpoint, prompts, tokens, logits):
@@ -57,7 +40,7 @@ def test_wrapper_matches_transformers_through_extend_and_decode(checkpoint_for, 
     assert type(h.backend).__name__ == ("AtomMLAAttnBackend" if mla else "AtomAttnBackend")
     assert h.loaded == set(dict(h.model.named_parameters()))  # load_weights names every parameter it filled
     prompts = _prompts(seed=len(architecture) + page_size)
-    tokens, logits = _generate(h, prompts)
+    tokens, logits = generate(h, prompts)
     _assert_matches_transformers(checkpoint, prompts, tokens, logits)
 
 
@@ -68,7 +51,7 @@ def test_deepseek_runs_on_sglangs_own_mla_backend_too(checkpoint_for):
     h = SglangHarness(checkpoint, page_size=1, backend="torch_native")
     assert type(h.backend).__name__ == "TorchNativeAttnBackend"
     prompts = _prompts(seed=5)
-    tokens, logits = _generate(h, prompts)
+    tokens, logits = generate(h, prompts)
     _assert_matches_transformers(checkpoint, prompts, tokens, logits)
 
 
@@ -93,7 +76,7 @@ def test_windowed_layers_match_transformers_past_the_window(checkpoint_for, arch
     sizes = [layer.self_attn.attn.sliding_window_size for layer in h.model.atom.model.layers]
     assert sizes == [-1 if w is None else w - 1 for w in windows] and any(w is not None for w in windows)
     prompts = _prompts(seed=11)
-    tokens, logits = _generate(h, prompts)
+    tokens, logits = generate(h, prompts)
     _assert_matches_transformers(checkpoint, prompts, tokens, logits)
 
 
@@ -185,7 +168,7 @@ def test_fp8_checkpoints_match_transformers_on_the_dequantized_weights(
     attention = h.model.atom.model.layers[0].self_attn
     assert type(getattr(attention, projection).quant_method).__name__ == "Fp8BlockLinearMethod"
     prompts = _prompts(seed=7)
-    tokens, logits = _generate(h, prompts)
+    tokens, logits = generate(h, prompts)
     _assert_matches_transformers(reference, prompts, tokens, logits)
 
 

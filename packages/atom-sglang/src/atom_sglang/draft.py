@@ -36,7 +36,7 @@ class AtomDraftForCausalLM(nn.Module):
         super().__init__()
         self.atom = build_atom(self.spec, config, quant_config, prefix)
         self.config = config
-        self.logits_processor = LogitsProcessor(config)
+        self.logits_processor = LogitsProcessor(config.get_text_config())  # multimodal configs nest it
         self.vocab: SharedVocab | None = None  # the target's embedding and head, from set_embed_and_head
         self.spec.install(self)
 

@@ -37,9 +37,31 @@ class SglangModelSpec:
     install: Callable[[object], None] = _nothing  # runs on the built wrapper (expose hooks SGLang reads)
 
 
-# Per-architecture differences from the defaults: {architecture: {field: value}}. Empty until a model
-# needs one; keys must name an architecture atom-core builds.
-OVERRIDES: Mapping[str, Mapping[str, object]] = {}
+def requires_no_radix_cache(wrapper) -> None:
+    """Gated DeltaNet hybrids: SGLang's mamba radix cache snapshots the recurrent state inside its own GDN
+    backend, which ATOM's GDN layers do not run, so a prefix hit would start from a state nobody saved."""
+    from sglang.srt.runtime_context import get_memory
+
+    if not get_memory().disable_radix_cache:
+        raise NotImplementedError(
+            f"ATOM's {wrapper.spec.architecture} under SGLang keeps no prefix-cache snapshots of its GDN "
+            "states: launch with --disable-radix-cache"
+        )
+
+
+HYBRIDS = (
+    "Qwen3NextForCausalLM",
+    "Qwen3_5ForCausalLM",
+    "Qwen3_5MoeForCausalLM",
+    "Qwen3_5ForConditionalGeneration",
+    "Qwen3_5MoeForConditionalGeneration",
+)
+
+# Per-architecture differences from the defaults: {architecture: {field: value}}; keys must name an
+# architecture atom-core builds.
+OVERRIDES: Mapping[str, Mapping[str, object]] = {
+    arch: {"install": requires_no_radix_cache} for arch in HYBRIDS
+}
 
 
 # SGLang's draft architecture names (its ModelConfig renames the target's for the draft runner) -> the
@@ -58,9 +80,8 @@ def adapter_spec(architecture: str) -> SglangModelSpec:
     return replace(spec, **OVERRIDES.get(architecture, {}))
 
 
-# The layer kinds ATOM's wrapper builds under SGLang; architectures with others (GDN, for now) stay
-# SGLang's own models.
-LAYER_KINDS = frozenset({"mha", "sliding", "mla"})
+# The layer kinds ATOM's wrapper builds under SGLang; architectures with others stay SGLang's own models.
+LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
 
 
 def served_architectures() -> tuple[str, ...]:

@@ -7,8 +7,10 @@ SGLang's registry keys model classes by class name, so each architecture gets a 
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable
+from pathlib import Path
 from typing import ClassVar
 
 import torch
@@ -49,10 +51,37 @@ def checkpoint_config(hf: dict, quant_config, architecture: str) -> dict:
     return {**hf, "quantization_config": own}
 
 
+def checkpoint_fields(config) -> dict:
+    """The model's config as atom-core reads it: the checkpoint's config.json, with SGLang's architecture
+    name (SGLang renames a draft's) and the user's --json-model-override-args on top. Not SGLang's config
+    object itself: its own classes fill fields the checkpoint does not have with their defaults (MoE
+    fields on a dense Qwen3.5) and drop ones they predate (transformers 5's `rope_parameters` and
+    `layer_types`). Without a config.json (a config built in memory) SGLang's dict is all there is."""
+    from sglang.srt.runtime_context import get_model
+
+    path = Path(getattr(config, "_name_or_path", "") or "") / "config.json"
+    if not path.is_file():
+        return config.to_dict()
+    fields = json.loads(path.read_text())
+    fields["architectures"] = list(config.architectures)
+    overrides = json.loads(get_model().json_model_override_args or "{}")
+    return _merged(fields, overrides)
+
+
+def _merged(base: dict, overrides: dict) -> dict:
+    """SGLang's override semantics: nested dicts (text_config) merge key by key."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = (
+            _merged(out[key], value) if isinstance(out.get(key), dict) and isinstance(value, dict) else value
+        )
+    return out
+
+
 def build_atom(spec: SglangModelSpec, config, quant_config, prefix: str) -> nn.Module:
     """The unloaded atom-core model (a draft's MTP model for role "draft") SGLang's loader instantiates,
     with SGLang's tensor-parallel group, default dtype and device."""
-    hf_config = checkpoint_config(config.to_dict(), quant_config, spec.architecture)
+    hf_config = checkpoint_config(checkpoint_fields(config), quant_config, spec.architecture)
     parallel = get_parallel()
     tp_size = parallel.tp_size
     atom, _ = build_for_engine(
@@ -88,7 +117,7 @@ class AtomForCausalLM(nn.Module):
         super().__init__()
         self.atom = build_atom(self.spec, config, quant_config, prefix)
         self.config = config
-        self.logits_processor = LogitsProcessor(config)
+        self.logits_processor = LogitsProcessor(config.get_text_config())  # multimodal configs nest it
         self.spec.install(self)
 
     def get_input_embeddings(self) -> nn.Module:
@@ -112,6 +141,11 @@ class AtomForCausalLM(nn.Module):
         if get_embedding or pp_proxy_tensors is not None:
             raise NotImplementedError(
                 "ATOM models under SGLang generate; no embeddings or pipeline parallelism"
+            )
+        if forward_batch.mm_inputs is not None and forward_batch.contains_mm_inputs():
+            raise NotImplementedError(
+                f"ATOM's {self.spec.architecture} under SGLang is served text-only; this batch carries image, "
+                "video or audio inputs"
             )
         if forward_batch.forward_mode.is_idle():  # no tokens on this rank: nothing to run
             hidden = torch.empty(

@@ -27,7 +27,10 @@ class PoolGeometry:
 
 
 def pool_geometry(pool) -> PoolGeometry:
-    """What the atom backend needs to know about a pool; refuses pools it cannot address."""
+    """What the atom backend needs to know about a pool; refuses pools it cannot address. A hybrid
+    (linear-attention) model's HybridLinearKVPool is described by its dense child, which holds only the
+    full-attention layers; the backend keeps reading through the hybrid pool, which maps global layer ids."""
+    pool = getattr(pool, "full_kv_pool", pool)
     name = type(pool).__name__
     if not hasattr(pool, "get_key_buffer") or getattr(pool, "v_head_dim", None) != getattr(
         pool, "head_dim", 0

@@ -6,7 +6,8 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 
-from atom_core.integration import AttentionLayerSpec, MLALayerSpec, current_forward_context
+from atom_core.integration import AttentionLayerSpec, GDNLayerSpec, MLALayerSpec, current_forward_context
+from atom_sglang.attention.gdn_layer import SglangGDNLayer
 from atom_sglang.runtime import FORWARD_BATCH
 from atom_sglang.specs import LAYER_KINDS
 
@@ -58,7 +59,8 @@ class SglangMLALayer(RadixAttention):
 
 class CoreAttentionBackend:
     """atom-core's AttentionBackend protocol under SGLang (given to build_for_engine): one
-    SglangAttentionLayer per AttentionLayerSpec, one SglangMLALayer per MLALayerSpec.
+    SglangAttentionLayer per AttentionLayerSpec, one SglangMLALayer per MLALayerSpec, one SglangGDNLayer per
+    GDNLayerSpec.
 
     layer_ids maps an attention layer's index to its layer id in SGLang's KV pool (identity by default).
     """
@@ -84,3 +86,6 @@ class CoreAttentionBackend:
 
     def make_mla_layer(self, spec: MLALayerSpec) -> SglangMLALayer:
         return SglangMLALayer(spec, self.layer_ids(spec.layer_index))
+
+    def make_gdn_layer(self, spec: GDNLayerSpec) -> SglangGDNLayer:
+        return SglangGDNLayer(spec, self.layer_ids(spec.layer_index))

@@ -1,0 +1,156 @@
+"""Qwen3-Next and Qwen3.5 (Gated DeltaNet beside gated full attention) inside SGLang's real hybrid pieces on
+the CPU: SGLang's own config classes, HybridReqToTokenPool with its MambaPool, HybridLinearKVPool, and the
+HybridLinearAttnBackend SGLang builds for these models (the `atom` backend on the full-attention layers,
+SGLang's GDN backend's metadata for ATOM's GDN layers), against transformers' logits and greedy tokens."""
+
+import pytest
+import torch
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang_harness import SglangHarness, generate
+
+from tools.testing_qwen import qwen3_next_checkpoint
+
+CASES = {
+    "qwen3-next": "Qwen3NextForCausalLM",
+    "qwen3.5": "Qwen3_5ForCausalLM",
+    "qwen3.5-moe": "Qwen3_5MoeForCausalLM",
+    "qwen3.5-conditional-generation": "Qwen3_5ForConditionalGeneration",
+}
+
+
+# SGLang 0.5.23's Qwen3-Next config places full attention by full_attention_interval (the published
+# checkpoints carry it); transformers' by layer_types. tools/testing_qwen's layers alternate: interval 2.
+SGLANG_FIELDS = dict(full_attention_interval=2)
+
+
+def _prompts(seed: int) -> list[list[int]]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randint(2, 200, (n,), generator=g).tolist() for n in (5, 19, 37)]
+
+
+def _reference_logits(model, tokens: list[int]) -> torch.Tensor:
+    with torch.no_grad():
+        return model(torch.tensor([tokens])).logits[0].float()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hybrid_wrapper_matches_transformers_through_extend_and_decode(case, tmp_path):
+    reference = qwen3_next_checkpoint(tmp_path, case, **SGLANG_FIELDS)
+    h = SglangHarness(tmp_path, page_size=16)
+    assert type(h.model).__name__ == CASES[case]
+    assert type(h.backend).__name__ == "HybridLinearAttnBackend"
+    assert type(h.backend.full_attn_backend).__name__ == "AtomAttnBackend"
+    assert h.loaded == set(dict(h.model.named_parameters()))
+    prompts = _prompts(seed=len(case))
+    tokens, logits = generate(h, prompts)
+    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
+        ref = _reference_logits(reference, prompt + generated)[
+            len(prompt) - 1 : len(prompt) - 1 + len(generated)
+        ]
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+        assert ref.argmax(-1).tolist() == generated
+
+
+def test_an_fp8_qwen3_5_moe_matches_transformers_on_the_dequantized_weights(tmp_path, monkeypatch):
+    """Qwen3.5-MoE's fp8 release format: 32-wide blocks over a 48-wide hidden (ragged), bf16 scales, the GDN
+    gate projections in modules_to_not_convert. atom-kernels' torch path (the CPU interpreter's e4m3 math is
+    wrong, and W8A8 is not the dequantized model)."""
+    from transformers import AutoModelForCausalLM
+
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+    from tools.testing_fp8 import dequantized_copy, quantize_checkpoint
+
+    monkeypatch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+    qwen3_next_checkpoint(tmp_path / "original", "qwen3.5-moe", **SGLANG_FIELDS)
+    fp8, dequantized = tmp_path / "fp8", tmp_path / "dequantized"
+    quantize_checkpoint(
+        tmp_path / "original", fp8, (32, 32), scale_dtype=torch.bfloat16, with_not_convert=True
+    )
+    dequantized_copy(fp8, dequantized)
+    reference = AutoModelForCausalLM.from_pretrained(dequantized, dtype=torch.float32).eval()
+    h = SglangHarness(fp8, page_size=16)
+    attention = h.model.atom.model.layers[1].self_attn
+    assert type(attention.qkv_proj.quant_method).__name__ == "Fp8BlockLinearMethod"
+    prompts = _prompts(seed=3)
+    tokens, logits = generate(h, prompts)
+    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
+        ref = _reference_logits(reference, prompt + generated)[
+            len(prompt) - 1 : len(prompt) - 1 + len(generated)
+        ]
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+        assert ref.argmax(-1).tolist() == generated
+
+
+def test_the_radix_cache_must_be_off(tmp_path):
+    # SGLang's mamba radix cache snapshots GDN states inside its own GDN kernels, which ATOM's layers
+    # replace: a prefix hit would resume from a state nobody saved. Refused at model construction.
+    from sglang.srt.runtime_context import get_context
+
+    qwen3_next_checkpoint(tmp_path, "qwen3-next", **SGLANG_FIELDS)
+    h = SglangHarness(tmp_path, page_size=16)
+    kit_args = h.runner._server_args_override
+    kit_args.restore()
+    radix_on = get_context().override_server_args(**{**kit_args._fields, "disable_radix_cache": False})
+    try:
+        with radix_on, pytest.raises(NotImplementedError, match="launch with --disable-radix-cache"):
+            type(h.model)(h.hf_config)
+    finally:
+        kit_args.install()
+
+
+def _bound(h, batch):
+    """A forward's scope as the wrapper opens it: SGLang's backend published, the batch bound for ATOM."""
+    import contextlib
+
+    from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
+
+    from atom_sglang.runtime import sglang_forward
+
+    stack = contextlib.ExitStack()
+    stack.enter_context(forward_context(ForwardContext(attn_backend=h.backend)))
+    stack.enter_context(sglang_forward(batch))
+    return stack
+
+
+def test_speculative_verify_of_a_hybrid_is_refused_by_name(tmp_path):
+    import dataclasses
+
+    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+    qwen3_next_checkpoint(tmp_path, "qwen3-next", **SGLANG_FIELDS)
+    h = SglangHarness(tmp_path, page_size=16)
+    req = h.add([5, 6, 7])
+    h.extend([(req, [5, 6, 7])])
+    layer = h.model.atom.model.layers[0].linear_attn.core
+    spec = layer.spec
+    decode = h._batch(ForwardMode.DECODE, [req], [8], [3], [h._slot(req, 3)], [4])
+    h.backend.init_forward_metadata(decode)  # metadata SGLang's GDN backend built for a batch of 1
+    verify = dataclasses.replace(decode, forward_mode=ForwardMode.TARGET_VERIFY)
+    mixed = torch.zeros(1, spec.conv_dim)
+    heads = torch.zeros(1, spec.num_v_heads)
+    weights = (
+        torch.zeros(spec.conv_dim, spec.conv_width),
+        torch.zeros(spec.num_v_heads),
+        torch.zeros(spec.num_v_heads),
+    )
+    with _bound(h, verify), pytest.raises(NotImplementedError, match="not TARGET_VERIFY"):
+        layer(mixed, heads, heads, *weights)
+
+
+def test_image_inputs_are_refused_by_name(tmp_path):
+    from types import SimpleNamespace
+
+    qwen3_next_checkpoint(tmp_path, "qwen3.5-conditional-generation", **SGLANG_FIELDS)
+    h = SglangHarness(tmp_path, page_size=16)
+    req = h.add([5, 6, 7])
+    batch = h._extend_batch([(req, [5, 6, 7])], ForwardMode.EXTEND)
+    # what SGLang's MultimodalInputs answers for a request with an image
+    image = SimpleNamespace(
+        contains_image_inputs=lambda: True,
+        contains_video_inputs=lambda: False,
+        contains_audio_inputs=lambda: False,
+    )
+    batch.mm_inputs = [image]
+    with pytest.raises(NotImplementedError, match="served text-only"):
+        h.run(batch)

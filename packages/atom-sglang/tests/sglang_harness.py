@@ -125,7 +125,7 @@ def is_gdn_hybrid(config) -> bool:
     return getattr(config.get_text_config(), "linear_num_value_heads", None) is not None
 
 
-def _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dtype):
+def _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dtype, verify_tokens):
     """A GDN hybrid's pools as SGLang's kv-cache configurator builds them: a HybridReqToTokenPool owning the
     MambaPool (conv and recurrent state per linear layer; fp32 here, as the CPU tests run) and a
     HybridLinearKVPool over the full-attention layers. The radix cache is off (ATOM's GDN layers require
@@ -140,6 +140,12 @@ def _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dt
     kit_args = runner._server_args_override  # the kit's server args, with the radix cache off
     kit_args.restore()
     fields = {**kit_args._fields, "disable_radix_cache": True}
+    if verify_tokens:  # chain speculation: SGLang sizes the verify scratch from these
+        fields.update(
+            speculative_eagle_topk=1,
+            speculative_num_draft_tokens=verify_tokens,
+            speculative_num_steps=verify_tokens - 1,
+        )
     runner._server_args_override = get_context().override_server_args(**fields)
     runner.server_args = runner._server_args_override.install()
     params = dataclasses.replace(
@@ -155,6 +161,8 @@ def _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dt
         cache_params=params,
         mamba_layer_ids=text.linear_layer_ids,
         enable_mamba_extra_buffer=False,
+        speculative_num_draft_tokens=verify_tokens,
+        speculative_eagle_topk=1 if verify_tokens else None,
         enable_overlap_schedule=False,
     )
     runner.token_to_kv_pool = HybridLinearKVPool(
@@ -189,6 +197,7 @@ class SglangHarness:
         seed: int = 0,
         draft: bool = False,
         kv_dtype: torch.dtype = torch.float32,
+        verify_tokens: int | None = None,
     ):
         from atom_sglang.models.atom import EntryClass
 
@@ -204,7 +213,9 @@ class SglangHarness:
         size = (self.num_pages - 1) * page_size
         self.gdn_hybrid = is_gdn_hybrid(c)
         if self.gdn_hybrid:
-            self.runner = _hybrid_runner(c, backend, page_size, max_reqs, max_context_len, size, kv_dtype)
+            self.runner = _hybrid_runner(
+                c, backend, page_size, max_reqs, max_context_len, size, kv_dtype, verify_tokens
+            )
         elif getattr(c, "kv_lora_rank", None):
             self.runner = _mla_runner(c, backend, page_size, max_reqs, max_context_len, kv_dtype)
             self.runner.token_to_kv_pool = MLATokenToKVPool(
@@ -287,6 +298,26 @@ class SglangHarness:
         batch.spec_info = SimpleNamespace(hidden_states=hidden, select_index=None)
         batch.capture_hidden_mode = CaptureHiddenMode.FULL
         return self.run_output(batch)
+
+    def verify(self, drafts: list[tuple[Request, list[int]]]):
+        """A chain TARGET_VERIFY step as SGLang's EAGLE worker runs it: every request's drafted tokens (the
+        same number each) after what it has cached; seq_lens exclude them. Returns the logits of every
+        drafted position, [requests * n, vocab]."""
+        n = len(drafts[0][1])
+        reqs = [r for r, _ in drafts]
+        prefix = [len(r.tokens) for r in reqs]
+        positions, slots, ids = [], [], []
+        for (req, tokens), start in zip(drafts, prefix, strict=True):
+            for offset, token in enumerate(tokens):
+                positions.append(start + offset)
+                slots.append(self._slot(req, start + offset))
+                ids.append(token)
+            req.tokens += tokens
+        batch = self._batch(ForwardMode.TARGET_VERIFY, reqs, ids, positions, slots, prefix)
+        batch.spec_info = SimpleNamespace(
+            draft_token_num=n, topk=1, num_tokens_per_req=n, ragged_verify_layout=None, custom_mask=None
+        )
+        return self.run_output(batch).next_token_logits
 
     def _extend_batch(self, chunks, mode) -> ForwardBatch:
         prefix = [len(r.tokens) for r, _ in chunks]

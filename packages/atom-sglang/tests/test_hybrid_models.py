@@ -3,6 +3,8 @@ the CPU: SGLang's own config classes, HybridReqToTokenPool with its MambaPool, H
 HybridLinearAttnBackend SGLang builds for these models (the `atom` backend on the full-attention layers,
 SGLang's GDN backend's metadata for ATOM's GDN layers), against transformers' logits and greedy tokens."""
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
@@ -113,10 +115,54 @@ def _bound(h, batch):
     return stack
 
 
-def test_speculative_verify_of_a_hybrid_is_refused_by_name(tmp_path):
-    import dataclasses
+@pytest.mark.parametrize("case", ["qwen3-next", "qwen3.5-moe"])
+def test_chain_verify_keeps_every_drafted_state_for_sglangs_commit(case, tmp_path):
+    # SGLang's EAGLE worker verifies n drafted tokens per request, then commits the state after the last
+    # accepted one from its speculative scratch (update_mamba_state_after_mtp_verify), then decodes on.
+    reference = qwen3_next_checkpoint(tmp_path, case, **SGLANG_FIELDS)
+    h = SglangHarness(tmp_path, page_size=16, verify_tokens=3)
+    prompts = _prompts(seed=9)[:2]
+    reqs = [h.add(p) for p in prompts]
+    last = h.extend([(r, p) for r, p in zip(reqs, prompts, strict=True)])
+    greedy = [int(row.argmax()) for row in last]
+    truth = [
+        _reference_logits(reference, [*p, g]).argmax(-1)[-1].item()
+        for p, g in zip(prompts, greedy, strict=True)
+    ]
+    # request 0 drafts its two greedy tokens then a wrong one (2 accepted); request 1 is wrong at once
+    drafts = [[greedy[0], truth[0], 3], [greedy[1], (truth[1] + 1) % 200 + 2, 4]]
+    rows = h.verify([(r, d) for r, d in zip(reqs, drafts, strict=True)]).view(2, 3, -1)
+    for prompt, draft, mine in zip(prompts, drafts, rows, strict=True):
+        ref = _reference_logits(reference, prompt + draft)[len(prompt) : len(prompt) + 3]
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+    accepted = [2, 1]  # drafted tokens each request keeps
+    _commit(h, torch.tensor([a - 1 for a in accepted]))
+    bonus = []
+    for req, prompt, draft, keep, mine in zip(reqs, prompts, drafts, accepted, rows, strict=True):
+        req.tokens = prompt + draft[:keep]
+        bonus.append(int(mine[keep - 1].argmax()))
+    after = h.decode(list(zip(reqs, bonus, strict=True)))
+    for prompt, draft, keep, token, mine in zip(prompts, drafts, accepted, bonus, after, strict=True):
+        ref = _reference_logits(reference, prompt + draft[:keep] + [token])[-1]
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
 
-    from sglang.srt.model_executor.forward_batch_info import ForwardMode
+
+def _commit(h, last_correct_step: torch.Tensor) -> None:
+    """SGLang's post-verify commit (HybridLinearAttnBackend.update_mamba_state_after_mtp_verify): every
+    layer's state slot <- its batch row's scratch state after the last accepted step. Its fused scatter
+    kernel is CUDA-only; this is the CPU form SGLang keeps beside it (_scatter_speculative_state_with_mask)."""
+    from sglang.srt.layers.attention.hybrid_linear_attn_backend import HybridLinearAttnBackend
+
+    scatter = HybridLinearAttnBackend._scatter_speculative_state_with_mask
+    caches = h.runner.req_to_token_pool.get_speculative_mamba2_params_all_layers()
+    slots = h.backend.linear_attn_backend.forward_metadata.mamba_cache_indices[: last_correct_step.numel()]
+    scatter(caches.temporal, caches.intermediate_ssm, slots, last_correct_step)
+    for conv, window in zip(caches.conv, caches.intermediate_conv_window, strict=True):
+        scatter(conv, window, slots, last_correct_step)
+
+
+def test_tree_verify_of_a_hybrid_is_refused_by_name(tmp_path):
+    import dataclasses
 
     qwen3_next_checkpoint(tmp_path, "qwen3-next", **SGLANG_FIELDS)
     h = SglangHarness(tmp_path, page_size=16)
@@ -127,6 +173,7 @@ def test_speculative_verify_of_a_hybrid_is_refused_by_name(tmp_path):
     decode = h._batch(ForwardMode.DECODE, [req], [8], [3], [h._slot(req, 3)], [4])
     h.backend.init_forward_metadata(decode)  # metadata SGLang's GDN backend built for a batch of 1
     verify = dataclasses.replace(decode, forward_mode=ForwardMode.TARGET_VERIFY)
+    verify.spec_info = SimpleNamespace(topk=2, draft_token_num=1)
     mixed = torch.zeros(1, spec.conv_dim)
     heads = torch.zeros(1, spec.num_v_heads)
     weights = (
@@ -134,13 +181,11 @@ def test_speculative_verify_of_a_hybrid_is_refused_by_name(tmp_path):
         torch.zeros(spec.num_v_heads),
         torch.zeros(spec.num_v_heads),
     )
-    with _bound(h, verify), pytest.raises(NotImplementedError, match="not TARGET_VERIFY"):
+    with _bound(h, verify), pytest.raises(NotImplementedError, match="chain drafts only"):
         layer(mixed, heads, heads, *weights)
 
 
 def test_image_inputs_are_refused_by_name(tmp_path):
-    from types import SimpleNamespace
-
     qwen3_next_checkpoint(tmp_path, "qwen3.5-conditional-generation", **SGLANG_FIELDS)
     h = SglangHarness(tmp_path, page_size=16)
     req = h.add([5, 6, 7])

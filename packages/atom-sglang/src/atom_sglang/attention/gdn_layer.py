@@ -4,7 +4,9 @@ SGLang keeps a hybrid model's per-request GDN state in the MambaPool of its Hybr
 [slots, conv_dim, W-1] and recurrent [slots, HV, Dv, Dk] per linear layer: atom-kernels' layouts) and builds
 the slot of every request in the linear-attention backend's metadata. SGLang always builds its own GDN
 backend for these models (inside HybridLinearAttnBackend, beside the selected full-attention backend); this
-layer reads that backend's per-forward metadata and computes the conv, gating and delta rule itself.
+layer reads that backend's per-forward metadata and computes the conv, gating and delta rule itself. A chain
+verify leaves the request's states alone and writes the state after every drafted token to SGLang's
+speculative scratch, from which SGLang's worker commits the accepted one.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ class SglangGDNLayer(nn.Module):
         linear = _linear_backend()
         meta = linear.forward_metadata
         cache = linear.req_to_token_pool.mamba2_layer_cache(self.layer_id)
-        conv_state, state = cache.conv[0], cache.temporal
+        state = cache.temporal
         if state.dtype != self.spec.state_dtype:
             raise NotImplementedError(
                 f"ATOM's GDN layer {self.spec.prefix} keeps its recurrent state in {self.spec.state_dtype}; "
@@ -51,17 +53,24 @@ class SglangGDNLayer(nn.Module):
             )
         bs = fb.batch_size
         slots = meta.mamba_cache_indices[:bs]
+        weights = (conv_weight, A_log, dt_bias)
+        if mode.is_target_verify():
+            return self._verify(mixed, b, a, weights, fb, cache, slots)
         if mode.is_decode():
             cu = meta.query_start_loc[: bs + 1]
             started, longest = torch.ones(bs, dtype=torch.bool, device=mixed.device), 1
-        elif mode.is_extend() and not mode.is_target_verify() and not mode.is_draft_extend_v2():
+        elif mode.is_extend() and not mode.is_draft_extend_v2():
             cu = meta.query_start_loc[: bs + 1]
             started, longest = fb.extend_prefix_lens[:bs] > 0, max(fb.extend_seq_lens_cpu)
         else:
             raise NotImplementedError(
-                f"ATOM's GDN layers under SGLang run EXTEND, MIXED and DECODE batches, not {mode.name} "
-                "(speculative decoding of hybrid models is not supported yet)"
+                f"ATOM's GDN layers under SGLang run EXTEND, MIXED, DECODE and chain TARGET_VERIFY batches, "
+                f"not {mode.name}"
             )
+        return self._mix(mixed, b, a, weights, cu, cache.conv[0], cache.temporal, slots, started, longest)
+
+    def _mix(self, mixed, b, a, weights, cu, conv_state, state, slots, started, longest, steps=None):
+        conv_weight, A_log, dt_bias = weights
         mixed = causal_conv1d(
             mixed,
             conv_weight,
@@ -71,11 +80,48 @@ class SglangGDNLayer(nn.Module):
             slots,
             has_initial_state=started,
             max_seqlen=longest,
+            step_state_indices=steps,
         )
         q, k, v = self.spec.split_heads(mixed)
         g, beta = gdn_gating(A_log, a, dt_bias, b)
+        if steps is not None:
+            rule = gated_delta_rule_recurrent
+            return rule(
+                q, k, v, g, beta, cu, state, slots, has_initial_state=started, step_state_indices=steps
+            )
         rule = gated_delta_rule_recurrent if longest == 1 else gated_delta_rule_chunked
         return rule(q, k, v, g, beta, cu, state, slots, has_initial_state=started)
+
+    def _verify(self, mixed, b, a, weights, fb, cache, slots):
+        """Chain verify: n drafted tokens per request, each request's states left as they were; the state
+        after every token goes to SGLang's speculative scratch (intermediate_ssm / intermediate_conv_window,
+        row = the request's batch row), from which SGLang commits the accepted step after verification."""
+        spec_info = fb.spec_info
+        if getattr(spec_info, "topk", 1) != 1:
+            raise NotImplementedError(
+                f"ATOM's GDN layers verify chain drafts only (speculative topk 1), got topk {spec_info.topk}"
+            )
+        bs, n = fb.batch_size, spec_info.draft_token_num
+        tokens = bs * n
+        conv_state, state = cache.conv[0], cache.temporal
+        ssm_out, conv_out = cache.intermediate_ssm, cache.intermediate_conv_window[0]
+        if ssm_out.shape[1] < n or ssm_out.shape[0] < bs:
+            raise RuntimeError(
+                f"SGLang's speculative scratch {tuple(ssm_out.shape)} holds fewer than {bs}x{n} states"
+            )
+        # Scratch: rows [0, bs) the requests' states, then one row per drafted token.
+        live = slots.clamp(min=0).long()
+        conv_rows = torch.cat([conv_state[live], conv_state.new_empty(tokens, *conv_state.shape[1:])])
+        state_rows = torch.cat([state[live], state.new_empty(tokens, *state.shape[1:])])
+        rows = torch.arange(bs, dtype=slots.dtype, device=slots.device)
+        rows = torch.where(slots >= 0, rows, torch.full_like(rows, -1))  # padding rows: no state
+        steps = torch.arange(bs, bs + tokens, dtype=slots.dtype, device=slots.device)
+        cu = torch.arange(0, tokens + 1, n, dtype=torch.int32, device=mixed.device)
+        started = torch.ones(bs, dtype=torch.bool, device=mixed.device)
+        out = self._mix(mixed, b, a, weights, cu, conv_rows, state_rows, rows, started, n, steps)
+        conv_out[:bs, :n] = conv_rows[bs:].view(bs, n, *conv_state.shape[1:])
+        ssm_out[:bs, :n] = state_rows[bs:].view(bs, n, *state.shape[1:])
+        return out
 
 
 def _linear_backend():

@@ -59,7 +59,19 @@ class Request:
 
 
 # SGLang's ModelConfig renames a target's architecture for its draft runner.
-DRAFT_NAMES = {"DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN"}
+DRAFT_NAMES = {
+    "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN",
+    "Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP",
+    **dict.fromkeys(
+        [
+            "Qwen3_5ForCausalLM",
+            "Qwen3_5MoeForCausalLM",
+            "Qwen3_5ForConditionalGeneration",
+            "Qwen3_5MoeForConditionalGeneration",
+        ],
+        "Qwen3_5ForCausalLMMTP",
+    ),
+}
 
 
 def _mha_runner(c, head_dim, backend, page_size, max_reqs, max_context_len):
@@ -208,10 +220,11 @@ class SglangHarness:
         c = self.hf_config
         if draft:  # what SGLang's ModelConfig does for a draft runner: rename, one pool layer per MTP layer
             c.architectures = [DRAFT_NAMES[c.architectures[0]]]
-        layers = c.num_nextn_predict_layers if draft else c.get_text_config().num_hidden_layers
+        layers = 1 if draft else c.get_text_config().num_hidden_layers  # a draft: its one MTP layer
         self.num_pages = max_reqs * max_context_len // page_size + 1
         size = (self.num_pages - 1) * page_size
-        self.gdn_hybrid = is_gdn_hybrid(c)
+        # a hybrid's draft (its MTP layer) is full attention only: a plain pool serves it here
+        self.gdn_hybrid = is_gdn_hybrid(c) and not draft
         if self.gdn_hybrid:
             self.runner = _hybrid_runner(
                 c, backend, page_size, max_reqs, max_context_len, size, kv_dtype, verify_tokens
@@ -229,13 +242,14 @@ class SglangHarness:
                 enable_memory_saver=False,
             )
         else:
-            head_dim = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
-            self.runner = _mha_runner(c, head_dim, backend, page_size, max_reqs, max_context_len)
+            text = c.get_text_config()
+            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+            self.runner = _mha_runner(text, head_dim, backend, page_size, max_reqs, max_context_len)
             self.runner.token_to_kv_pool = MHATokenToKVPool(
                 size=size,
                 page_size=page_size,
                 dtype=kv_dtype,
-                head_num=c.num_key_value_heads,
+                head_num=text.num_key_value_heads,
                 head_dim=head_dim,
                 layer_num=layers,
                 device="cpu",

@@ -35,6 +35,53 @@ def _reference(checkpoint, sequence):
     return transformers_mtp_logits(checkpoint, ids, hidden)
 
 
+def _draft_rows(target, draft, prompts, sequences):
+    """SGLang's EAGLE flow for each sequence (a prompt, then WINDOW + 1 more tokens): the target prefills
+    the prompts capturing every hidden state; the draft extends the prompts shifted by one (row i: token
+    i + 1 with the target's h_i); the target runs the next window and the draft re-reads it as
+    DRAFT_EXTEND_V2. Returns (each request's last prefill row, its WINDOW window rows) of draft logits."""
+    t_reqs = [target.add(s) for s in sequences]
+    d_reqs = [draft.add(s) for s in sequences]
+    out = target.extend_capturing([(r, p) for r, p in zip(t_reqs, prompts, strict=True)])
+    d_out = draft.draft_extend(
+        [(r, s[1 : len(p) + 1]) for r, s, p in zip(d_reqs, sequences, prompts, strict=True)],
+        out.hidden_states,
+    )
+    prefill_rows = d_out.next_token_logits
+    out = target.extend_capturing(
+        [(r, s[len(p) : len(p) + WINDOW]) for r, s, p in zip(t_reqs, sequences, prompts, strict=True)]
+    )
+    d_out = draft.draft_extend(
+        [
+            (r, s[len(p) + 1 : len(p) + 1 + WINDOW])
+            for r, s, p in zip(d_reqs, sequences, prompts, strict=True)
+        ],
+        out.hidden_states,
+        mode=ForwardMode.DRAFT_EXTEND_V2,
+    )
+    with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
+        current_forward_context()  # nothing leaked out of the forwards
+    return prefill_rows, d_out.next_token_logits.split(WINDOW)
+
+
+def _assert_rows(prompts, sequences, prefill_rows, window_rows, reference):
+    """reference(sequence) -> the independent MTP logits of every row (row i predicts token i + 2)."""
+    for i, (sequence, prompt) in enumerate(zip(sequences, prompts, strict=True)):
+        ref = reference(sequence)
+        scale = float(ref.abs().max())
+        torch.testing.assert_close(prefill_rows[i], ref[len(prompt) - 1], atol=1e-4 * scale, rtol=1e-4)
+        rows = ref[len(prompt) : len(prompt) + WINDOW]
+        torch.testing.assert_close(window_rows[i], rows, atol=1e-4 * scale, rtol=1e-4)
+
+
+def _share_vocab(target, draft):
+    """SGLang's EAGLE worker: embed, head = target.get_embed_and_head(); draft.set_embed_and_head(...)."""
+    embed, head = target.model.get_embed_and_head()
+    draft.model.set_embed_and_head(embed, head)
+    shared_embed, shared_head = draft.model.get_embed_and_head()
+    assert shared_embed is embed and shared_head is head  # the same storage, not copies
+
+
 @pytest.mark.parametrize("draft_backend", ["atom", "torch_native"])
 def test_the_draft_shares_the_targets_vocab_and_equals_transformers_mtp(checkpoint, draft_backend):
     target = SglangHarness(checkpoint, page_size=16, seed=1)
@@ -43,49 +90,43 @@ def test_the_draft_shares_the_targets_vocab_and_equals_transformers_mtp(checkpoi
     assert draft.runner.token_to_kv_pool.layer_num == 1  # the draft runner's own pool: its MTP layer, id 0
     # load_weights names what it filled: the MTP layer's tensors, nothing of the target's
     assert draft.loaded and all(".layers.2." in name for name in draft.loaded)
-
-    # SGLang's EAGLE worker: embed, head = target.get_embed_and_head(); draft.set_embed_and_head(...)
-    embed, head = target.model.get_embed_and_head()
-    draft.model.set_embed_and_head(embed, head)
-    shared_embed, shared_head = draft.model.get_embed_and_head()
-    assert shared_embed is embed and shared_head is head  # the same storage, not copies
-
+    _share_vocab(target, draft)
     sequences = _sequences()
-    t_reqs = [target.add(s) for s in sequences]
-    d_reqs = [draft.add(s) for s in sequences]
-    # Target prefill of the prompts, capturing every hidden state (as for speculation).
-    out = target.extend_capturing([(r, p) for r, p in zip(t_reqs, PROMPTS, strict=True)])
-    hidden = out.hidden_states.split([len(p) for p in PROMPTS])
-    # Draft extend after the prefill: the prompt shifted by one plus the next (verified) token, each row
-    # with the target's hidden state at its position.
-    d_out = draft.draft_extend(
-        [(r, s[1 : len(p) + 1]) for r, s, p in zip(d_reqs, sequences, PROMPTS, strict=True)],
-        torch.cat(hidden),
-    )
-    prefill_rows = d_out.next_token_logits  # each request's last row
-    # Target "verify" of the next window, then the draft re-reads it (DRAFT_EXTEND_V2: WINDOW rows each).
-    out = target.extend_capturing(
-        [(r, s[len(p) : len(p) + WINDOW]) for r, s, p in zip(t_reqs, sequences, PROMPTS, strict=True)]
-    )
-    window_hidden = out.hidden_states
-    d_out = draft.draft_extend(
-        [
-            (r, s[len(p) + 1 : len(p) + 1 + WINDOW])
-            for r, s, p in zip(d_reqs, sequences, PROMPTS, strict=True)
-        ],
-        window_hidden,
-        mode=ForwardMode.DRAFT_EXTEND_V2,
-    )
-    window_rows = d_out.next_token_logits.split(WINDOW)
-    with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
-        current_forward_context()  # nothing leaked out of the forwards
+    rows = _draft_rows(target, draft, PROMPTS, sequences)
+    _assert_rows(PROMPTS, sequences, *rows, lambda s: _reference(checkpoint, s))
 
-    for i, (sequence, prompt) in enumerate(zip(sequences, PROMPTS, strict=True)):
-        ref = _reference(checkpoint, sequence)
-        scale = float(ref.abs().max())
-        torch.testing.assert_close(prefill_rows[i], ref[len(prompt) - 1], atol=1e-4 * scale, rtol=1e-4)
-        rows = ref[len(prompt) : len(prompt) + WINDOW]
-        torch.testing.assert_close(window_rows[i], rows, atol=1e-4 * scale, rtol=1e-4)
+
+QWEN_DRAFTS = {
+    "qwen3-next": "Qwen3NextForCausalLMMTP",
+    "qwen3.5": "Qwen3_5ForCausalLMMTP",
+    "qwen3.5-moe": "Qwen3_5ForCausalLMMTP",
+    "qwen3.5-conditional-generation": "Qwen3_5ForCausalLMMTP",
+}
+
+
+@pytest.mark.parametrize("case", list(QWEN_DRAFTS))
+def test_qwen_mtp_drafts_beside_their_hybrid_target_equal_the_mtp_reference(case, tmp_path):
+    # SGLang names every Qwen3.5 draft Qwen3_5ForCausalLMMTP; the checkpoint's config.json says which
+    # target's MTP layer (dense or MoE, text or multimodal layout) ATOM builds.
+    from tools.testing_qwen import qwen_mtp_checkpoint
+
+    main, mtp = qwen_mtp_checkpoint(tmp_path, case, full_attention_interval=2)
+    target = SglangHarness(tmp_path, page_size=16, seed=1)
+    draft = SglangHarness(tmp_path, page_size=16, seed=2, draft=True)
+    assert type(draft.model).__name__ == QWEN_DRAFTS[case]
+    assert draft.loaded and all(".mtp." in f".{name}" for name in draft.loaded)
+    _share_vocab(target, draft)
+    prompts = ([7, 19, 33, 2, 150, 41, 90, 12, 5], [3, *range(100, 118), 4])
+    g = torch.Generator().manual_seed(4)
+    sequences = [p + torch.randint(2, 200, (WINDOW + 1,), generator=g).tolist() for p in prompts]
+    rows = _draft_rows(target, draft, prompts, sequences)
+
+    def reference(sequence):
+        ids = torch.tensor([sequence])
+        with torch.no_grad():
+            return mtp(ids, main.model(ids).last_hidden_state)[0]
+
+    _assert_rows(prompts, sequences, *rows, reference)
 
 
 def test_a_draft_without_the_targets_vocab_says_so(checkpoint):

@@ -62,8 +62,9 @@ def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
     # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
     # so an import error in any wrapper module fails the test.
     archs = served_architectures()
-    # every architecture atom-core builds (MHA, MLA and the GDN hybrids), and DeepSeek-V3's NextN draft
-    assert set(archs) == {*supported_architectures(), "DeepseekV3ForCausalLMNextN"}
+    # every architecture atom-core builds (MHA, MLA and the GDN hybrids), and SGLang's names of their drafts
+    drafts = {"DeepseekV3ForCausalLMNextN", "Qwen3NextForCausalLMMTP", "Qwen3_5ForCausalLMMTP"}
+    assert set(archs) == {*supported_architectures(), *drafts}
     proc = _python(
         RESOLVE.format(archs=archs), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
     )

@@ -30,7 +30,9 @@ class SglangModelSpec:
     architecture: str  # the name SGLang resolves (the wrapper class is named after it)
     core: ModelSpec  # atom-core's declaration: the model class and its layer kinds
     role: str = "target"  # "target", or "draft" for MTP/NextN heads run by SGLang's speculative worker
-    draft_of: str | None = None  # a draft's target architecture (atom-core builds that target's MTP draft)
+    # a draft's possible target architectures (atom-core builds the MTP draft of the one the checkpoint's
+    # config.json names; SGLang's draft name alone does not tell Qwen3.5's four apart)
+    draft_of: tuple[str, ...] = ()
     prepare_config: Callable[[dict], dict] = _same  # SGLang's HF config dict -> what atom-core builds from
     checkpoint_prefix: str = ""  # only tensors under it are the model's, with it stripped
     layer_id: Callable[[int], int] = field(default=lambda index: index)  # attention index -> KV-pool layer
@@ -65,16 +67,25 @@ OVERRIDES: Mapping[str, Mapping[str, object]] = {
 
 
 # SGLang's draft architecture names (its ModelConfig renames the target's for the draft runner) -> the
-# target whose MTP layer atom-core builds as the draft.
-DRAFTS: Mapping[str, str] = {"DeepseekV3ForCausalLMNextN": "DeepseekV3ForCausalLM"}
+# targets whose MTP layer atom-core builds as the draft.
+DRAFTS: Mapping[str, tuple[str, ...]] = {
+    "DeepseekV3ForCausalLMNextN": ("DeepseekV3ForCausalLM",),
+    "Qwen3NextForCausalLMMTP": ("Qwen3NextForCausalLM",),
+    "Qwen3_5ForCausalLMMTP": (
+        "Qwen3_5ForCausalLM",
+        "Qwen3_5MoeForCausalLM",
+        "Qwen3_5ForConditionalGeneration",
+        "Qwen3_5MoeForConditionalGeneration",
+    ),
+}
 
 
 def adapter_spec(architecture: str) -> SglangModelSpec:
     """The SGLang-side spec of an architecture atom-core supports, or of a draft named in DRAFTS (raises
     naming the supported ones)."""
-    target = DRAFTS.get(architecture)
-    if target is not None:
-        spec = SglangModelSpec(architecture, get_model_spec(target), role="draft", draft_of=target)
+    targets = DRAFTS.get(architecture)
+    if targets is not None:
+        spec = SglangModelSpec(architecture, get_model_spec(targets[0]), role="draft", draft_of=targets)
     else:
         spec = SglangModelSpec(architecture, get_model_spec(architecture))
     return replace(spec, **OVERRIDES.get(architecture, {}))
@@ -87,4 +98,4 @@ LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
 def served_architectures() -> tuple[str, ...]:
     """Every architecture the external model package exposes to SGLang: targets, then their drafts."""
     targets = supported_architectures(layer_kinds=LAYER_KINDS)
-    return targets + tuple(draft for draft, target in DRAFTS.items() if target in targets)
+    return targets + tuple(draft for draft, of in DRAFTS.items() if set(of) <= set(targets))

@@ -59,13 +59,33 @@ def checkpoint_fields(config) -> dict:
     `layer_types`). Without a config.json (a config built in memory) SGLang's dict is all there is."""
     from sglang.srt.runtime_context import get_model
 
-    path = Path(getattr(config, "_name_or_path", "") or "") / "config.json"
-    if not path.is_file():
+    fields = saved_config(config)
+    if not fields:
         return config.to_dict()
-    fields = json.loads(path.read_text())
     fields["architectures"] = list(config.architectures)
     overrides = json.loads(get_model().json_model_override_args or "{}")
     return _merged(fields, overrides)
+
+
+def saved_config(config) -> dict:
+    """The checkpoint's config.json ({} if SGLang's config was not read from a directory)."""
+    path = Path(getattr(config, "_name_or_path", "") or "") / "config.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def draft_target(spec: SglangModelSpec, config) -> str | None:
+    """A draft's target architecture: the one the checkpoint's config.json names (SGLang rewrote it)."""
+    if spec.role != "draft":
+        return None
+    saved = (saved_config(config).get("architectures") or [None])[0]
+    if saved in spec.draft_of:
+        return saved
+    if len(spec.draft_of) == 1:
+        return spec.draft_of[0]
+    raise NotImplementedError(
+        f"ATOM's {spec.architecture} drafts for {', '.join(spec.draft_of)}; the checkpoint's config.json "
+        f"names {saved!r}"
+    )
 
 
 def _merged(base: dict, overrides: dict) -> dict:
@@ -93,7 +113,7 @@ def build_atom(spec: SglangModelSpec, config, quant_config, prefix: str) -> nn.M
         tp_rank=parallel.tp_rank,
         tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
         prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
-        draft_of=spec.draft_of,
+        draft_of=draft_target(spec, config),
     )
     logger.info(
         "ATOM model %s.%s runs %s as %s (tp %d/%d)",

@@ -408,3 +408,29 @@ def generate(h: SglangHarness, prompts: list[list[int]], steps: int = 6):
         for i, row in enumerate(last):
             logits[i].append(row)
     return tokens, [torch.stack(rows[:-1]) for rows in logits]
+
+
+def assert_generation_matches(reference_logits, prompts, tokens, logits) -> None:
+    """generate()'s output against a reference: reference_logits(token list) -> [len, vocab] logits of one
+    sequence. Every step's logits to 1e-4 of their range, and the greedy tokens exactly."""
+    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
+        ref = reference_logits(prompt + generated)[len(prompt) - 1 : len(prompt) - 1 + len(generated)]
+        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+        assert ref.argmax(-1).tolist() == generated
+
+
+def padded_decode(fx, pad: int):
+    """An attention-kit fixture's decode batch as SGLang's decode graph runner replays it: the real rows,
+    then padding rows on request 0 with seq_len = the backend's fill value and slot 0 (the pool's padding
+    slot). Returns (batch, hidden inputs with random padding rows)."""
+    fb, fill = fx.forward_batch, fx.backend.get_cuda_graph_seq_len_fill_value()
+    cat = torch.cat
+    batch = dataclasses.replace(
+        fb,
+        batch_size=fb.batch_size + pad,
+        req_pool_indices=cat([fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype)]),
+        seq_lens=cat([fb.seq_lens, torch.full((pad,), fill, dtype=fb.seq_lens.dtype)]),
+        out_cache_loc=cat([fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype)]),
+        positions=cat([fb.positions, torch.zeros(pad, dtype=fb.positions.dtype)]),
+    )
+    return batch, cat([fx.input_hidden, torch.randn(pad, fx.input_hidden.shape[1])])

@@ -10,6 +10,7 @@ import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.test.kits.attention_unittest.attention_methods import dense_attention as kit
+from sglang_harness import padded_decode
 
 from atom_sglang.attention.kv_cache import UnsupportedKVPool, pool_geometry
 from atom_sglang.attention.metadata import UnsupportedForwardMode
@@ -55,23 +56,6 @@ def test_page_size_one_takes_any_slot_order():
     torch.testing.assert_close(_run(fx), kit.expected_dense_fixture_output(fx), atol=1e-5, rtol=1e-5)
 
 
-def _padded_decode(fx, pad: int):
-    """The batch SGLang's decode graph runner replays: real rows, then padding rows on request 0 with
-    seq_len = the backend's fill value and slot 0 (the pool's padding slot)."""
-    fb, fill = fx.forward_batch, fx.backend.get_cuda_graph_seq_len_fill_value()
-    cat = torch.cat
-    batch = dataclasses.replace(
-        fb,
-        batch_size=fb.batch_size + pad,
-        req_pool_indices=cat([fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype)]),
-        seq_lens=cat([fb.seq_lens, torch.full((pad,), fill, dtype=fb.seq_lens.dtype)]),
-        out_cache_loc=cat([fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype)]),
-        positions=cat([fb.positions, torch.zeros(pad, dtype=fb.positions.dtype)]),
-    )
-    hidden = cat([fx.input_hidden, torch.randn(pad, fx.input_hidden.shape[1])])
-    return batch, hidden
-
-
 @pytest.mark.parametrize("name", ["mha_decode_page_boundary", "gqa_decode_page_boundary"])
 def test_decode_graph_buffers_serve_capture_and_replay(name):
     [case] = [c for c in CASES if c.name == name]
@@ -79,11 +63,11 @@ def test_decode_graph_buffers_serve_capture_and_replay(name):
     expected = kit.expected_dense_fixture_output(fx)
     fx.backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
     # Capture on a padded batch, then replay: the metadata must view the same buffers both times.
-    capture_batch, capture_hidden = _padded_decode(fx, pad=8 - case.batch_size)
+    capture_batch, capture_hidden = padded_decode(fx, pad=8 - case.batch_size)
     fx.backend.init_forward_metadata_out_graph(capture_batch, in_capture=True)
     captured = fx.backend.forward_metadata.paged
     _run(fx, capture_batch, capture_hidden)
-    replay_batch, replay_hidden = _padded_decode(fx, pad=8 - case.batch_size)
+    replay_batch, replay_hidden = padded_decode(fx, pad=8 - case.batch_size)
     fx.backend.init_forward_metadata_out_graph(replay_batch)
     replayed = fx.backend.forward_metadata.paged
     for field in ("seq_lens", "block_tables", "slot_mapping", "cu_seqlens_q"):

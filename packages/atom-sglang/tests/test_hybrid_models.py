@@ -8,7 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_harness import SglangHarness, generate
+from sglang_harness import SglangHarness, assert_generation_matches, generate
 
 from tools.testing_qwen import qwen3_next_checkpoint
 
@@ -45,12 +45,7 @@ def test_hybrid_wrapper_matches_transformers_through_extend_and_decode(case, tmp
     assert h.loaded == set(dict(h.model.named_parameters()))
     prompts = _prompts(seed=len(case))
     tokens, logits = generate(h, prompts)
-    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
-        ref = _reference_logits(reference, prompt + generated)[
-            len(prompt) - 1 : len(prompt) - 1 + len(generated)
-        ]
-        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
-        assert ref.argmax(-1).tolist() == generated
+    assert_generation_matches(lambda t: _reference_logits(reference, t), prompts, tokens, logits)
 
 
 def test_an_fp8_qwen3_5_moe_matches_transformers_on_the_dequantized_weights(tmp_path, monkeypatch):
@@ -76,12 +71,7 @@ def test_an_fp8_qwen3_5_moe_matches_transformers_on_the_dequantized_weights(tmp_
     assert type(attention.qkv_proj.quant_method).__name__ == "Fp8BlockLinearMethod"
     prompts = _prompts(seed=3)
     tokens, logits = generate(h, prompts)
-    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
-        ref = _reference_logits(reference, prompt + generated)[
-            len(prompt) - 1 : len(prompt) - 1 + len(generated)
-        ]
-        torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
-        assert ref.argmax(-1).tolist() == generated
+    assert_generation_matches(lambda t: _reference_logits(reference, t), prompts, tokens, logits)
 
 
 def test_the_radix_cache_must_be_off(tmp_path):

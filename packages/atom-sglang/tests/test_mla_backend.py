@@ -13,6 +13,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang.srt.model_executor.forward_context import ForwardContext, forward_context
 from sglang.test.kits.attention_unittest.attention_methods import mla_attention as kit
 from sglang.test.kits.attention_unittest.runner_modes import speculative_target_verify_runner as verify_kit
+from sglang_harness import padded_decode
 
 from atom_sglang.attention.kv_cache import UnsupportedKVPool
 from atom_sglang.attention.metadata import UnsupportedForwardMode
@@ -110,27 +111,11 @@ def test_an_fp8_pool_is_read_and_written_in_fp8(name):
     assert 0 < err < 0.05 * float(expected.abs().max()), err
 
 
-def _padded_decode(fx, pad: int):
-    """SGLang's decode graph batch: the real rows, then padding rows on request 0 with the backend's fill
-    seq_len and slot 0 (the pool's padding slot)."""
-    fb, fill = fx.forward_batch, fx.backend.get_cuda_graph_seq_len_fill_value()
-    cat = torch.cat
-    batch = dataclasses.replace(
-        fb,
-        batch_size=fb.batch_size + pad,
-        req_pool_indices=cat([fb.req_pool_indices, torch.zeros(pad, dtype=fb.req_pool_indices.dtype)]),
-        seq_lens=cat([fb.seq_lens, torch.full((pad,), fill, dtype=fb.seq_lens.dtype)]),
-        out_cache_loc=cat([fb.out_cache_loc, torch.zeros(pad, dtype=fb.out_cache_loc.dtype)]),
-        positions=cat([fb.positions, torch.zeros(pad, dtype=fb.positions.dtype)]),
-    )
-    return batch, cat([fx.input_hidden, torch.randn(pad, fx.input_hidden.shape[1])])
-
-
 def test_decode_graph_buffers_serve_capture_and_replay():
     fx = _fixture(_case("mla_decode_page_boundary"))
     expected = kit.expected_mla_fixture_output(fx)
     fx.backend.init_cuda_graph_state(max_bs=8, max_num_tokens=8)
-    batch, hidden = _padded_decode(fx, pad=2)
+    batch, hidden = padded_decode(fx, pad=2)
     fx.backend.init_forward_metadata_out_graph(batch, in_capture=True)
     buffers = fx.backend.forward_metadata.paged.block_tables.data_ptr()
     fx.input_hidden = hidden
@@ -151,11 +136,11 @@ VERIFY = kit.MLAAttentionCase(
 )
 
 
-def test_chain_target_verify_matches_the_kit():
+def _verify(topk: int) -> None:
     verify_kit.run_mla_eagle_verify_case(
         unittest.TestCase(),
         VERIFY,
-        topk=1,
+        topk=topk,
         kv_lora_rank=RANK,
         qk_rope_head_dim=ROPE,
         device="cpu",
@@ -163,17 +148,13 @@ def test_chain_target_verify_matches_the_kit():
     )
 
 
+def test_chain_target_verify_matches_the_kit():
+    _verify(topk=1)
+
+
 def test_tree_verify_is_refused_by_name():
     with pytest.raises(UnsupportedForwardMode, match=r"chain drafts only .* got topk 2"):
-        verify_kit.run_mla_eagle_verify_case(
-            unittest.TestCase(),
-            VERIFY,
-            topk=2,
-            kv_lora_rank=RANK,
-            qk_rope_head_dim=ROPE,
-            device="cpu",
-            dtype=torch.float32,
-        )
+        _verify(topk=2)
 
 
 def test_sglangs_deepseek_takes_the_absorbed_path_under_atom():

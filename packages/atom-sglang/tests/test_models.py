@@ -1,10 +1,12 @@
 """ATOM's wrappers inside SGLang's real runtime pieces on the CPU (see sglang_harness.py for what is
 real), through the adapter's "atom" attention backend, against transformers' logits and greedy tokens."""
 
+from functools import partial
+
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
-from sglang_harness import SglangHarness, generate
+from sglang_harness import SglangHarness, assert_generation_matches, generate
 from sglang_support import ARCHITECTURES, transformers_logits
 from transformers import AutoConfig
 
@@ -16,16 +18,6 @@ STEPS = 6
 def _prompts(seed: int) -> list[list[int]]:
     g = torch.Generator().manual_seed(seed)
     return [torch.randint(2, 300, (n,), generator=g).tolist() for n in (5, 19, 37)]
-
-
-def _assert_matches_transformers(checkpoint, prompts, tokens, logits):
-    for prompt, generated, mine in zip(prompts, tokens, logits, strict=True):
-        ref = transformers_logits(checkpoint, prompt + generated)[
-            len(prompt) - 1 : len(prompt) - 1 + len(generated)
-        ]
-        scale = float(ref.abs().max())
-        torch.testing.assert_close(mine, ref, atol=1e-4 * scale, rtol=1e-4)
-        assert ref.argmax(-1).tolist() == generated
 
 
 @pytest.mark.parametrize(
@@ -41,7 +33,7 @@ def test_wrapper_matches_transformers_through_extend_and_decode(checkpoint_for, 
     assert h.loaded == set(dict(h.model.named_parameters()))  # load_weights names every parameter it filled
     prompts = _prompts(seed=len(architecture) + page_size)
     tokens, logits = generate(h, prompts)
-    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+    assert_generation_matches(partial(transformers_logits, checkpoint), prompts, tokens, logits)
 
 
 def test_deepseek_runs_on_sglangs_own_mla_backend_too(checkpoint_for):
@@ -52,7 +44,7 @@ def test_deepseek_runs_on_sglangs_own_mla_backend_too(checkpoint_for):
     assert type(h.backend).__name__ == "TorchNativeAttnBackend"
     prompts = _prompts(seed=5)
     tokens, logits = generate(h, prompts)
-    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+    assert_generation_matches(partial(transformers_logits, checkpoint), prompts, tokens, logits)
 
 
 # Windows shorter than the prompts: Qwen3 mixes full and windowed layers, Qwen3-MoE windows every layer,
@@ -77,7 +69,7 @@ def test_windowed_layers_match_transformers_past_the_window(checkpoint_for, arch
     assert sizes == [-1 if w is None else w - 1 for w in windows] and any(w is not None for w in windows)
     prompts = _prompts(seed=11)
     tokens, logits = generate(h, prompts)
-    _assert_matches_transformers(checkpoint, prompts, tokens, logits)
+    assert_generation_matches(partial(transformers_logits, checkpoint), prompts, tokens, logits)
 
 
 @pytest.mark.parametrize(
@@ -126,8 +118,12 @@ def test_target_and_draft_wrappers_interleave_without_sharing_state(checkpoint_f
         d_rows.append(d_last)
         with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
             current_forward_context()  # nothing leaks out of a forward
-    _assert_matches_transformers(target_ckpt, [prompt], [t_tokens], [torch.stack(t_rows[:-1])])
-    _assert_matches_transformers(draft_ckpt, [prompt], [d_tokens], [torch.stack(d_rows[:-1])])
+    assert_generation_matches(
+        partial(transformers_logits, target_ckpt), [prompt], [t_tokens], [torch.stack(t_rows[:-1])]
+    )
+    assert_generation_matches(
+        partial(transformers_logits, draft_ckpt), [prompt], [d_tokens], [torch.stack(d_rows[:-1])]
+    )
 
 
 def test_an_idle_batch_runs_no_model_and_returns_no_rows(checkpoint_for):
@@ -169,7 +165,7 @@ def test_fp8_checkpoints_match_transformers_on_the_dequantized_weights(
     assert type(getattr(attention, projection).quant_method).__name__ == "Fp8BlockLinearMethod"
     prompts = _prompts(seed=7)
     tokens, logits = generate(h, prompts)
-    _assert_matches_transformers(reference, prompts, tokens, logits)
+    assert_generation_matches(partial(transformers_logits, reference), prompts, tokens, logits)
 
 
 def test_another_quantization_is_refused_by_name(checkpoint_for):

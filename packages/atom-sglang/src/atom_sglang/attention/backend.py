@@ -12,7 +12,7 @@ import torch
 from sglang.srt.layers.radix_attention import AttentionType
 
 from atom_core.integration import paged_attention
-from atom_sglang.attention.base import AtomBackendBase
+from atom_sglang.attention.base import AtomBackendBase, refuse
 from atom_sglang.attention.kv_cache import layer_caches, pool_geometry
 
 # RadixAttention keyword arguments this backend implements; any other one that is set is refused by name.
@@ -84,12 +84,4 @@ def _refuse_unsupported(layer, kwargs: dict) -> None:
         problems.append(f"v_head_dim {layer.v_head_dim} != qk_head_dim {layer.qk_head_dim}")
     if layer.logit_cap and layer.logit_cap > 0 and layer.logit_capping_method != "tanh":
         problems.append(f"logit capping method {layer.logit_capping_method!r}")
-    problems += [
-        f"argument {name!r}"
-        for name, value in kwargs.items()
-        if value is not None and value is not False and name not in HANDLED_KWARGS
-    ]
-    if problems:
-        raise NotImplementedError(
-            f"the atom attention backend does not support {', '.join(problems)} (layer {layer.layer_id})"
-        )
+    refuse("atom attention", layer, problems, kwargs, HANDLED_KWARGS)

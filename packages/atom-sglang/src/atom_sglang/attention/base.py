@@ -57,3 +57,17 @@ class AtomBackendBase(AttentionBackend):
 
     def _attend(self, q, k, v, layer, save_kv_cache: bool, kwargs: dict):
         raise NotImplementedError
+
+
+def refuse(backend: str, layer, problems: list[str], kwargs: dict, handled: frozenset[str]) -> None:
+    """Fail loudly, naming every feature a layer or call asks for that the backend does not compute
+    (problems found by the backend, plus each set keyword argument outside `handled`)."""
+    problems = problems + [
+        f"argument {name!r}"
+        for name, value in kwargs.items()
+        if value is not None and value is not False and name not in handled
+    ]
+    if problems:
+        raise NotImplementedError(
+            f"the {backend} backend does not support {', '.join(problems)} (layer {layer.layer_id})"
+        )

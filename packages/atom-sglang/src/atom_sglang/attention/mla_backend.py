@@ -15,7 +15,7 @@ from __future__ import annotations
 import torch
 
 from atom_core.integration import mla_attention, write_latent
-from atom_sglang.attention.base import AtomBackendBase
+from atom_sglang.attention.base import AtomBackendBase, refuse
 from atom_sglang.attention.latent_cache import latent_cache, latent_geometry
 
 # Keywords SGLang's MLA callers may pass that this backend implements; any other set one is refused.
@@ -90,12 +90,4 @@ def _refuse_unsupported(layer, kwargs: dict, rank: int, rope: int) -> None:
         problems.append("cross attention or a sliding window")
     if layer.logit_cap and layer.logit_cap > 0:
         problems.append("logit capping")
-    problems += [
-        f"argument {name!r}"
-        for name, value in kwargs.items()
-        if value is not None and value is not False and name not in HANDLED_KWARGS
-    ]
-    if problems:
-        raise NotImplementedError(
-            f"the atom MLA backend does not support {', '.join(problems)} (layer {layer.layer_id})"
-        )
+    refuse("atom MLA", layer, problems, kwargs, HANDLED_KWARGS)

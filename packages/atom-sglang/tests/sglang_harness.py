@@ -355,15 +355,26 @@ class SglangHarness:
         return batch
 
     def decode(self, steps: list[tuple[Request, int]]) -> torch.Tensor:
+        return self.run(self._decode_batch(steps))
+
+    def draft_decode(self, steps: list[tuple[Request, int]], hidden: torch.Tensor):
+        """One of the draft's multi-step DECODE forwards (topk 1): each request's drafted token with the
+        hidden state it chains on (hidden [requests, H], the draft's own previous output) in spec_info.
+        Returns the LogitsProcessorOutput."""
+        batch = self._decode_batch(steps)
+        batch.spec_info = SimpleNamespace(hidden_states=hidden, select_index=None)
+        batch.capture_hidden_mode = CaptureHiddenMode.LAST
+        return self.run_output(batch)
+
+    def _decode_batch(self, steps: list[tuple[Request, int]]) -> ForwardBatch:
         reqs = [r for r, _ in steps]
         positions = [len(r.tokens) for r in reqs]
         slots = [self._slot(r, p) for r, p in zip(reqs, positions, strict=True)]
         for req, token in steps:
             req.tokens.append(token)
-        batch = self._batch(
+        return self._batch(
             ForwardMode.DECODE, reqs, [t for _, t in steps], positions, slots, [p + 1 for p in positions]
         )
-        return self.run(batch)
 
     def _batch(self, mode, reqs, ids, positions, slots, seq_lens) -> ForwardBatch:
         batch = ForwardBatch(

@@ -26,20 +26,31 @@ def _sequences():
     return [p + torch.randint(2, 300, (WINDOW + 1,), generator=g).tolist() for p in PROMPTS]
 
 
-def _reference(checkpoint, sequence):
-    """transformers' MTP logits for every row of one sequence (row i predicts token i + 2)."""
+def _reference(checkpoint, sequence, chained=None):
+    """transformers' MTP logits for every row of one sequence (row i predicts token i + 2 from token i + 1
+    and the target's h_i); chained: the hidden state the last row reads instead (a draft step's own)."""
     main = AutoModelForCausalLM.from_pretrained(checkpoint, dtype=torch.float32).eval()
     ids = torch.tensor([sequence])
     with torch.no_grad():
-        hidden = main.model(ids).last_hidden_state
+        hidden = _chain(main.model(ids).last_hidden_state, chained)
     return transformers_mtp_logits(checkpoint, ids, hidden)
+
+
+def _chain(hidden: torch.Tensor, chained: torch.Tensor | None) -> torch.Tensor:
+    """hidden [1, T, H] with row T - 2 (the last row an MTP reference reads) replaced by `chained`."""
+    if chained is not None:
+        hidden = hidden.clone()
+        hidden[0, -2] = chained
+    return hidden
 
 
 def _draft_rows(target, draft, prompts, sequences):
     """SGLang's EAGLE flow for each sequence (a prompt, then WINDOW + 1 more tokens): the target prefills
     the prompts capturing every hidden state; the draft extends the prompts shifted by one (row i: token
     i + 1 with the target's h_i); the target runs the next window and the draft re-reads it as
-    DRAFT_EXTEND_V2. Returns (each request's last prefill row, its WINDOW window rows) of draft logits."""
+    DRAFT_EXTEND_V2; then one draft DECODE step chains on the draft's own output. Returns each request's
+    draft logits: its last prefill row, its WINDOW window rows, and (the proposed tokens, the hidden states
+    they chained on, the decode rows)."""
     t_reqs = [target.add(s) for s in sequences]
     d_reqs = [draft.add(s) for s in sequences]
     out = target.extend_capturing([(r, p) for r, p in zip(t_reqs, prompts, strict=True)])
@@ -59,19 +70,29 @@ def _draft_rows(target, draft, prompts, sequences):
         out.hidden_states,
         mode=ForwardMode.DRAFT_EXTEND_V2,
     )
+    window_rows = d_out.next_token_logits.split(WINDOW)
+    # One multi-step DECODE: each request's drafted token, chained on the draft's own last hidden state.
+    chained = torch.stack([rows[-1] for rows in d_out.hidden_states.split(WINDOW)])
+    proposed = [int(rows[-1].argmax()) for rows in window_rows]
+    decode_rows = draft.draft_decode(list(zip(d_reqs, proposed, strict=True)), chained).next_token_logits
     with pytest.raises(RuntimeError, match="no ForwardContext is bound"):
         current_forward_context()  # nothing leaked out of the forwards
-    return prefill_rows, d_out.next_token_logits.split(WINDOW)
+    return prefill_rows, window_rows, (proposed, chained, decode_rows)
 
 
-def _assert_rows(prompts, sequences, prefill_rows, window_rows, reference):
-    """reference(sequence) -> the independent MTP logits of every row (row i predicts token i + 2)."""
+def _assert_rows(prompts, sequences, prefill_rows, window_rows, decode, reference):
+    """reference(sequence, chained) -> the independent MTP logits of every row (row i predicts token i + 2;
+    chained: the hidden state the last row reads instead of the target's)."""
+    proposed, chained, decode_rows = decode
     for i, (sequence, prompt) in enumerate(zip(sequences, prompts, strict=True)):
-        ref = reference(sequence)
+        ref = reference(sequence, None)
         scale = float(ref.abs().max())
         torch.testing.assert_close(prefill_rows[i], ref[len(prompt) - 1], atol=1e-4 * scale, rtol=1e-4)
         rows = ref[len(prompt) : len(prompt) + WINDOW]
         torch.testing.assert_close(window_rows[i], rows, atol=1e-4 * scale, rtol=1e-4)
+        m = len(prompt) + WINDOW  # the decode row: the proposed token, chained on the draft's row m - 1
+        ref = reference([*sequence[: m + 1], proposed[i]], chained[i])[m]
+        torch.testing.assert_close(decode_rows[i], ref, atol=1e-4 * scale, rtol=1e-4)
 
 
 def _share_vocab(target, draft):
@@ -93,7 +114,7 @@ def test_the_draft_shares_the_targets_vocab_and_equals_transformers_mtp(checkpoi
     _share_vocab(target, draft)
     sequences = _sequences()
     rows = _draft_rows(target, draft, PROMPTS, sequences)
-    _assert_rows(PROMPTS, sequences, *rows, lambda s: _reference(checkpoint, s))
+    _assert_rows(PROMPTS, sequences, *rows, lambda s, chained: _reference(checkpoint, s, chained))
 
 
 QWEN_DRAFTS = {
@@ -121,10 +142,10 @@ def test_qwen_mtp_drafts_beside_their_hybrid_target_equal_the_mtp_reference(case
     sequences = [p + torch.randint(2, 200, (WINDOW + 1,), generator=g).tolist() for p in prompts]
     rows = _draft_rows(target, draft, prompts, sequences)
 
-    def reference(sequence):
+    def reference(sequence, chained):
         ids = torch.tensor([sequence])
         with torch.no_grad():
-            return mtp(ids, main.model(ids).last_hidden_state)[0]
+            return mtp(ids, _chain(main.model(ids).last_hidden_state, chained))[0]
 
     _assert_rows(prompts, sequences, *rows, reference)
 

@@ -91,9 +91,10 @@ def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_pat
 
     from tools.testing_models import successor_language
 
-    # This process trains the checkpoint on OpenMP threads first; vLLM's default forked engine inherited
-    # that OpenMP runtime and then, in about one run of four, computed a wrong verify logit (Qwen3.5
-    # multimodal layout, never reproduced in a process that had not trained). Spawned, 5 of 5 passed.
+    # This process trains the checkpoint on OpenMP threads first. With vLLM's default forked engine, about
+    # one pytest run in four computed a wrong verify logit (Qwen3.5 multimodal layout); the same saved
+    # checkpoint replayed in a fresh process never did. Spawned, 5 of 5 passed. The cause in the forked
+    # process (an inherited OpenMP runtime) is inferred, not proven.
     monkeypatch.setenv("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
     ckpt, model = save_hybrid_checkpoint(case, tmp_path / "ckpt", mtp_train_steps=120)
     _, sample = successor_language(model.config.get_text_config().vocab_size)

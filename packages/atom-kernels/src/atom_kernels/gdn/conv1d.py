@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.gdn.inputs import unit_stride
 from atom_kernels.gdn.ref import causal_conv1d_ref
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -247,6 +248,9 @@ def causal_conv1d(
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:
         return out
+    cu_seqlens, state_indices, has_initial_state, step_state_indices = unit_stride(
+        cu_seqlens, state_indices, has_initial_state, step_state_indices
+    )
     max_len = max_seqlen or x.shape[0]  # a bound known without reading the lengths on the host
     block_t, block_d = min(32, triton.next_power_of_2(max_len)), min(128, triton.next_power_of_2(dim))
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices

@@ -37,6 +37,14 @@ def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None
         raise ValueError(f"head dims must be powers of two >= 16, got Dk={dk}, Dv={dv}")
 
 
+def unit_stride(*index_tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:
+    """The per-sequence / per-token index tensors (cu_seqlens, state slots, has_initial_state) as the
+    kernels read them: element i at offset i. Engines hand column views (vLLM's state slots are column 0
+    of its block table, stride = the table's width), which a kernel indexing with unit stride would read
+    as other requests' slots; a strided one is copied (S elements, on the device, capturable)."""
+    return tuple(t.contiguous() if t is not None else None for t in index_tensors)
+
+
 def gdn_entry(
     q,
     k,

@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.inputs import gdn_entry
+from atom_kernels.gdn.inputs import gdn_entry, unit_stride
 from atom_kernels.settings import Backend
 
 
@@ -140,6 +140,9 @@ def gated_delta_rule_recurrent(
     )
     if done:
         return out
+    cu_seqlens, state_indices, has_initial_state, step_state_indices = unit_stride(
+        cu_seqlens, state_indices, has_initial_state, step_state_indices
+    )
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
     if seqs == 0:
         return out

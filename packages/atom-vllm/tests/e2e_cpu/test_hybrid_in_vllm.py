@@ -78,27 +78,9 @@ def test_prefix_caching_is_refused_by_name(tmp_path, capfd):
     assert "enable_prefix_caching=False" in logs.out + logs.err
 
 
-# An open bug, not a tolerance: in about one pytest run in six, this case's out-of-language prompt gets a
-# wrong target argmax at its first verified position ([9, 260, ...] for transformers' [9, 241, ...]; the
-# same wrong tokens every time). The failing runs prefilled all three prompts in one step; the GDN state
-# blocks were not written between steps by anyone but their own layer (checked), and the same schedule
-# forced in a standalone engine (in-process twice, multiprocess three times) was right every time. Reported in
-# atom-vllm's README (known issues) until found.
-INTERMITTENT = pytest.mark.xfail(
-    reason="intermittent wrong verify logit for the Qwen3.5 multimodal layout under MTP (README: known issues)",
-    strict=False,
-)
-
-
-@pytest.mark.parametrize(
-    "case",
-    [
-        "qwen3-next",
-        "qwen3.5",
-        "qwen3.5-moe",
-        pytest.param("qwen3.5-conditional-generation", marks=INTERMITTENT),
-    ],
-)
+# The three prompts are often prefilled in one step, whose state slots vLLM hands as a column view of its
+# block table: the case that found atom-kernels' GDN kernels reading them with unit stride.
+@pytest.mark.parametrize("case", ["qwen3-next", "qwen3.5", "qwen3.5-moe", "qwen3.5-conditional-generation"])
 def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_path, capfd):
     """--speculative-config {"method": "mtp"} on ATOM's Qwen3-Next / Qwen3.5: vLLM resolves the draft
     architecture it writes (Qwen3NextMTP, Qwen3_5MTP, Qwen3_5MoeMTP) to ATOM's draft and verifies k = 2

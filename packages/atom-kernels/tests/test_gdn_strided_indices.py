@@ -53,8 +53,9 @@ def test_verify_reads_strided_resume_and_step_slots():
     g, beta = -torch.rand(tokens, HV, device=DEVICE) * 0.3, torch.rand(tokens, HV, device=DEVICE)
     cu = torch.tensor([0, 3, 6, 9], dtype=torch.int32, device=DEVICE)
     resume = _block_table_column([1, 6, 11])
-    steps = torch.arange(1, 19, dtype=torch.int32, device=DEVICE).view(9, 2)[:, 0]  # 1, 3, ..., 17
-    state = torch.randn(20, HV, DV, DK, device=DEVICE) * 0.1
+    # every token's state to its own slot, apart from the resume slots (programs run in parallel)
+    steps = torch.arange(20, 38, dtype=torch.int32, device=DEVICE).view(9, 2)[:, 0]  # 20, 22, ..., 36
+    state = torch.randn(40, HV, DV, DK, device=DEVICE) * 0.1
     want_state = state.clone()
     want = gated_delta_rule_ref(
         q, k, v, g, beta, cu, want_state, resume.contiguous(), step_state_indices=steps.contiguous()

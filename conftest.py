@@ -124,7 +124,8 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
-    for adapter in _delegated(config):
+    # background suites last: their items only wait, so everything else runs while they do
+    for adapter in sorted(_delegated(config), key=lambda a: a.background):
         item = DelegatedSuite.from_parent(
             session,
             name=f"{adapter.name}[delegated]",

@@ -160,3 +160,22 @@ def test_unsupported_configs_are_refused_by_name():
             prefix="x",
             grouped_projections=True,
         )
+
+
+def test_a_conv_activation_the_kernels_lack_is_refused_by_name():
+    from atom_core.attention.gdn import GDNLayerSpec
+
+    fields = dict(
+        layer_index=0,
+        num_k_heads=2,
+        num_v_heads=4,
+        head_k_dim=16,
+        head_v_dim=32,
+        conv_width=4,
+        state_dtype=torch.float32,
+        prefix="model.layers.0.linear_attn.core",
+    )
+    assert GDNLayerSpec(**fields).conv_silu  # the default: every Qwen3-Next / Qwen3.5 checkpoint
+    assert not GDNLayerSpec(**fields, conv_activation=None).conv_silu
+    with pytest.raises(ValueError, match=r"linear_attn.core: the GDN conv's activation .* got 'gelu'"):
+        GDNLayerSpec(**fields, conv_activation="gelu")

@@ -17,7 +17,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import torch
-from sglang.srt.configs.model_config import ModelConfig
+from sglang.srt.configs.model_config import ModelConfig, is_multimodal_model
 from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS
 from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool, MLATokenToKVPool
 from sglang.srt.model_executor.forward_batch_info import CaptureHiddenMode, ForwardBatch, ForwardMode
@@ -216,7 +216,9 @@ class SglangHarness:
         init_single_process_dist()
         self.hf_config = AutoConfig.from_pretrained(checkpoint)
         if is_gdn_hybrid(self.hf_config):  # SGLang loads these with its own config classes
-            self.hf_config = ModelConfig(str(checkpoint)).hf_config
+            # a multimodal layout (Qwen3.5's ConditionalGeneration) is served as the README says: text only
+            lm_only = is_multimodal_model(self.hf_config.architectures)
+            self.hf_config = ModelConfig(str(checkpoint), language_model_only=lm_only).hf_config
         c = self.hf_config
         if draft:  # what SGLang's ModelConfig does for a draft runner: rename, one pool layer per MTP layer
             c.architectures = [DRAFT_NAMES[c.architectures[0]]]

@@ -175,7 +175,36 @@ def test_tree_verify_of_a_hybrid_is_refused_by_name(tmp_path):
         layer(mixed, heads, heads, *weights)
 
 
-def test_image_inputs_are_refused_by_name(tmp_path):
+def test_a_multimodal_layout_needs_language_model_only(tmp_path):
+    from sglang.srt.configs.model_config import ModelConfig
+
+    from atom_sglang.wrapper import entry_class
+
+    qwen3_next_checkpoint(tmp_path, "qwen3.5-conditional-generation", **SGLANG_FIELDS)
+    config = ModelConfig(str(tmp_path)).hf_config  # launched without --language-model-only
+    with pytest.raises(ValueError, match="serves text only: launch with --language-model-only"):
+        entry_class("Qwen3_5ForConditionalGeneration")(config)
+
+
+def test_under_language_model_only_sglang_answers_an_image_request_with_a_400():
+    """SGLang's own request check under the required flag: a ValueError from the TokenizerManager, which
+    its HTTP and OpenAI routes answer with 400 before anything reaches the scheduler."""
+    import asyncio
+
+    from sglang.srt.managers.io_struct import GenerateReqInput
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+    from sglang.srt.runtime_context import get_context
+
+    request = GenerateReqInput(input_ids=[5, 6, 7], image_data="data:image/png;base64,AAAA")
+    refused = pytest.raises(
+        ValueError, match="Multimodal inputs are not supported when --language-model-only"
+    )
+    with get_context().override_server_args(language_model_only=True), refused:
+        asyncio.run(TokenizerManager._tokenize_one_request(SimpleNamespace(), request))
+
+
+def test_a_batch_with_images_is_still_refused_by_name(tmp_path):
+    """Unreachable under the required flag; the model never drops media it was handed."""
     qwen3_next_checkpoint(tmp_path, "qwen3.5-conditional-generation", **SGLANG_FIELDS)
     h = SglangHarness(tmp_path, page_size=16)
     req = h.add([5, 6, 7])

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import torch
+from sglang.srt.configs.model_config import is_multimodal_model
 from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
@@ -127,6 +128,18 @@ def build_atom(spec: SglangModelSpec, config, quant_config, prefix: str) -> nn.M
     return atom
 
 
+def refuse_media_serving(config, architecture: str) -> None:
+    """ATOM's models take text. For an architecture SGLang lists as multimodal, SGLang builds a media
+    processor and hands encoded images to the model unless it runs with --language-model-only; with that
+    flag its TokenizerManager answers a request carrying media with a 400 and keeps serving. So the flag is
+    required, and its absence is refused when the model is built, not when the first image arrives."""
+    if is_multimodal_model(config.architectures) and not getattr(config, "language_model_only", False):
+        raise ValueError(
+            f"ATOM's {architecture} under SGLang serves text only: launch with --language-model-only "
+            "(SGLang then answers requests carrying images, video or audio with a 400)"
+        )
+
+
 class AtomForCausalLM(nn.Module):
     """SGLang's causal-LM contract over an atom-core model: forward(input_ids, positions, forward_batch)
     returns SGLang's LogitsProcessorOutput (logprobs, extend pruning and TP gathering are SGLang's)."""
@@ -135,6 +148,7 @@ class AtomForCausalLM(nn.Module):
 
     def __init__(self, config, quant_config=None, prefix: str = ""):
         super().__init__()
+        refuse_media_serving(config, self.spec.architecture)
         self.atom = build_atom(self.spec, config, quant_config, prefix)
         self.config = config
         self.logits_processor = LogitsProcessor(config.get_text_config())  # multimodal configs nest it
@@ -163,6 +177,7 @@ class AtomForCausalLM(nn.Module):
                 "ATOM models under SGLang generate; no embeddings or pipeline parallelism"
             )
         if forward_batch.mm_inputs is not None and forward_batch.contains_mm_inputs():
+            # unreachable under --language-model-only (refuse_media_serving); kept so nothing is dropped
             raise NotImplementedError(
                 f"ATOM's {self.spec.architecture} under SGLang is served text-only; this batch carries image, "
                 "video or audio inputs"

@@ -2,7 +2,8 @@
 
 The frontend (layers/gdn.py) projects q|k|v, the output gate and b, a, and normalizes and projects the
 output. A backend's GDN layer runs what reads and writes per-sequence state: the depthwise causal conv
-continuing from the conv state (then SiLU), the gating, and the gated delta rule over the recurrent
+continuing from the conv state (then the spec's activation: SiLU in every
+checkpoint), the gating, and the gated delta rule over the recurrent
 state. The native engine keeps both states in its state slots (StateMetadata); an adapter keeps them
 where its engine allocates them.
 """
@@ -20,6 +21,8 @@ from atom_core.cache.specs import STATE, StateCacheSpec
 from atom_core.forward_context import current_forward_context
 from atom_core.ops import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
 
+CONV_ACTIVATIONS = ("silu", None)
+
 
 @dataclass(frozen=True, slots=True)
 class GDNLayerSpec:
@@ -31,6 +34,19 @@ class GDNLayerSpec:
     conv_width: int  # the depthwise conv's kernel size (linear_conv_kernel_dim)
     state_dtype: torch.dtype  # the recurrent state's (the conv state is in the model's dtype)
     prefix: str  # the module path, e.g. "model.layers.0.linear_attn.core"
+    conv_activation: str | None = "silu"  # after the conv: the config's hidden_act, or None (identity)
+
+    def __post_init__(self) -> None:
+        if self.conv_activation not in CONV_ACTIVATIONS:
+            raise ValueError(
+                f"{self.prefix}: the GDN conv's activation must be one of {CONV_ACTIVATIONS}, "
+                f"got {self.conv_activation!r}"
+            )
+
+    @property
+    def conv_silu(self) -> bool:
+        """Whether SiLU follows the conv (the argument atom-kernels' causal_conv1d takes)."""
+        return self.conv_activation == "silu"
 
     @property
     def key_dim(self) -> int:
@@ -111,6 +127,7 @@ class GDNSlotLayer:
             cache.states["conv"],
             meta.slots,
             has_initial_state=started,
+            activation=self.spec.conv_silu,
             max_seqlen=meta.max_query_len,
             step_state_indices=meta.step_slots,
         )

@@ -117,6 +117,7 @@ class GatedDeltaNet(nn.Module):
             conv_width=width,
             state_dtype=STATE_DTYPES[state_dtype],
             prefix=f"{prefix}.core",
+            conv_activation=hf.get("hidden_act", "silu"),  # transformers applies hidden_act after the conv
         )
         self.cache_spec = spec.cache_spec()
         self.core = ctx.attention_backend.make_gdn_layer(spec)

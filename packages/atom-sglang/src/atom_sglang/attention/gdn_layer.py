@@ -79,18 +79,18 @@ class SglangGDNLayer(nn.Module):
             conv_state,
             slots,
             has_initial_state=started,
+            activation=self.spec.conv_silu,
             max_seqlen=longest,
             step_state_indices=steps,
         )
         q, k, v = self.spec.split_heads(mixed)
         g, beta = gdn_gating(A_log, a, dt_bias, b)
-        if steps is not None:
-            rule = gated_delta_rule_recurrent
-            return rule(
-                q, k, v, g, beta, cu, state, slots, has_initial_state=started, step_state_indices=steps
-            )
-        rule = gated_delta_rule_recurrent if longest == 1 else gated_delta_rule_chunked
-        return rule(q, k, v, g, beta, cu, state, slots, has_initial_state=started)
+        if steps is None and longest > 1:  # prefill chunks: the chunked form
+            return gated_delta_rule_chunked(q, k, v, g, beta, cu, state, slots, has_initial_state=started)
+        # decode, or a verify keeping the state after every token: token by token
+        return gated_delta_rule_recurrent(
+            q, k, v, g, beta, cu, state, slots, has_initial_state=started, step_state_indices=steps
+        )
 
     def _verify(self, mixed, b, a, weights, fb, cache, slots):
         """Chain verify: n drafted tokens per request, each request's states left as they were; the state

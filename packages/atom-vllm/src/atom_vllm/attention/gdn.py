@@ -191,7 +191,9 @@ class VllmGDNLayer(nn.Module, MambaBase):
         # requests' windows (vLLM's CPU layout is [blocks, W-1, D]; padded requests share the null block)
         window = self._conv_buffer()[rows, :, : spec.conv_width - 1].contiguous()
         own = torch.arange(rows.numel(), dtype=torch.int32, device=mixed.device)
-        x = causal_conv1d(mixed, conv_weight, None, cu, window, own, has_initial_state=started)
+        x = causal_conv1d(
+            mixed, conv_weight, None, cu, window, own, has_initial_state=started, activation=spec.conv_silu
+        )
         self._conv_buffer()[rows, :, : spec.conv_width - 1] = window
         q, k, v = spec.split_heads(x)
         g, beta = gdn_gating(A_log, a, dt_bias, b)
@@ -220,7 +222,7 @@ class VllmGDNLayer(nn.Module, MambaBase):
         ]
         start_window = window.clone()
         own = torch.arange(count, dtype=torch.int32, device=mixed.device)
-        x = causal_conv1d(mixed, conv_weight, None, cu, window, own)
+        x = causal_conv1d(mixed, conv_weight, None, cu, window, own, activation=spec.conv_silu)
         # the buffer keeps the window's last W - 2 inputs, then the step's tokens, so that the next step's
         # window (accepted' - 1 columns in) ends at its last accepted token
         for i, (row, length, first) in enumerate(

@@ -2,8 +2,9 @@
 
 ATOM's model runs its GDN layers as the adapter's own mamba-type layer ("ATOM_GDN") over the state cache
 vLLM's hybrid allocator gives it, beside the "ATOM" attention layers, in fp32 and with 16-wide key heads
-(vLLM's own Qwen3-Next runs on the CPU only in bf16 with 128-wide heads). Prefix caching is off: ATOM's GDN
-layers keep one state per request (vLLM's mamba_cache_mode "none"), and say so when asked for more.
+(vLLM's own Qwen3-Next runs on the CPU only in bf16 with 128-wide heads). Most cases run with prefix
+caching off (mamba_cache_mode "none"); one runs it on (vLLM's "align" mode, states kept per block), and
+its combination with speculative decoding is refused by name.
 """
 
 import pytest
@@ -67,14 +68,45 @@ def _image_refused(llm) -> None:
     assert len(out.outputs[0].token_ids) == 2
 
 
-def test_prefix_caching_is_refused_by_name(tmp_path, capfd):
-    """vLLM turns prefix caching on by default, and with it mamba_cache_mode 'align' (states per block):
-    the engine does not start, and the worker's error says what to pass."""
+def test_prefix_caching_resumes_gdn_states_from_cached_blocks_and_equals_transformers(tmp_path, capfd):
+    """vLLM turns prefix caching on by default, and with it mamba_cache_mode 'align': the hybrid page makes
+    blocks 128 tokens, chunks end on block boundaries, and each block keeps the GDN states at its end. Two
+    prompts share a 200-token prefix; the second round finds every prompt's first block cached and resumes
+    its GDN states (and KV) from there. Both rounds equal transformers."""
+    import torch
+
+    ckpt, model = save_hybrid_checkpoint("qwen3-next", tmp_path / "ckpt")
+    g = torch.Generator().manual_seed(0)
+    shared = torch.randint(2, 250, (200,), generator=g).tolist()
+    prompts = [
+        [*shared, 5, 6, 7],
+        [*shared, 9, 10, 11, 12, 13],
+        torch.randint(2, 250, (50,), generator=g).tolist(),
+    ]
+    expected = [greedy_by_recompute(model, p, STEPS) for p in prompts]
+    runs, what, hits = run_vllm(
+        ckpt.path, prompts, rounds=2, block_size=None, max_model_len=256, max_num_batched_tokens=128
+    )
+    assert what["attention"] == ["VllmAttentionLayer:ATOM", "VllmGDNLayer:ATOM_GDN"]
+    assert runs == [expected, expected]
+    assert hits >= 2 * 128  # at least the second round's two shared blocks
+    logs = capfd.readouterr()
+    assert "Mamba cache mode is set to 'align'" in logs.out + logs.err
+
+
+def test_prefix_caching_with_speculative_decoding_is_refused_by_name(tmp_path, capfd):
+    """Align mode with drafts moves per-draft states with vLLM's fused Triton copies (absent from its CPU
+    build): not verified, so the engine does not start and the worker's error says what to pass."""
+    from vllm_support import speculate
+
     ckpt, _ = save_hybrid_checkpoint("qwen3.5", tmp_path / "ckpt")
     with pytest.raises(RuntimeError, match="initialization failed"):
-        run_vllm(ckpt.path, PROMPTS[:1], block_size=None)
+        speculate(ckpt.path, PROMPTS[:1], 2)
     logs = capfd.readouterr()
-    assert "keep one state per request (mamba_cache_mode 'none'); got 'align'" in logs.out + logs.err
+    assert (
+        "do not run prefix caching (mamba_cache_mode 'align') together with speculative"
+        in logs.out + logs.err
+    )
     assert "enable_prefix_caching=False" in logs.out + logs.err
 
 

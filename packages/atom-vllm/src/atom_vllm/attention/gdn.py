@@ -89,6 +89,23 @@ class AtomGDNBackend(AttentionBackend):
         return True
 
 
+def refuse_cache_mode(mode: str, num_spec: int) -> None:
+    """'none': one state per request; 'align' (vLLM's choice with prefix caching): states kept per block at
+    block-aligned chunk ends, which vLLM's runner copies between a request's blocks before the step, so the
+    layer still reads and writes one slot per request. With speculative decoding, align mode moves the
+    per-draft states with vLLM's fused Triton copy kernels, which its CPU build lacks: not verified here."""
+    if mode not in ("none", "align"):
+        raise NotImplementedError(
+            f"ATOM's GDN layers under vLLM support mamba_cache_mode 'none' and 'align', got {mode!r}"
+        )
+    if mode == "align" and num_spec:
+        raise NotImplementedError(
+            "ATOM's GDN layers under vLLM do not run prefix caching (mamba_cache_mode 'align') together with "
+            f"speculative decoding ({num_spec} speculative tokens): pass enable_prefix_caching=False "
+            "(--no-enable-prefix-caching)"
+        )
+
+
 class VllmGDNLayer(nn.Module, MambaBase):
     """atom-core's GDNLayer contract over vLLM's state cache: (mixed [T, conv_dim], b, a [T, HV], conv
     weight [conv_dim, W], A_log, dt_bias [HV]) -> o [T, HV, Dv]."""
@@ -97,16 +114,11 @@ class VllmGDNLayer(nn.Module, MambaBase):
         super().__init__()
         vllm_config = get_current_vllm_config()
         cache = vllm_config.cache_config
-        if cache.mamba_cache_mode != "none":
-            raise NotImplementedError(
-                f"ATOM's GDN layers under vLLM keep one state per request (mamba_cache_mode 'none'); got "
-                f"{cache.mamba_cache_mode!r}, which vLLM chooses with prefix caching: pass "
-                "enable_prefix_caching=False (--no-enable-prefix-caching)"
-            )
-        self.spec = spec
-        self.layer_name = spec.prefix
         spec_config = vllm_config.speculative_config
         self.num_spec = spec_config.num_speculative_tokens if spec_config is not None else 0
+        refuse_cache_mode(cache.mamba_cache_mode, self.num_spec)
+        self.spec = spec
+        self.layer_name = spec.prefix
         self._dtypes = vllm_state_dtypes(vllm_config)
         if self._dtypes[1] != spec.state_dtype:
             raise ValueError(

@@ -23,13 +23,25 @@ def _routing(tokens, experts, k, *, skew=False):
     return weights, ids
 
 
+@pytest.mark.parametrize("one_program", [True, False], ids=["one-launch", "multi-launch"])
 @pytest.mark.parametrize(
     ("tokens", "experts", "k", "block_m"),
-    [(1, 4, 2, 16), (37, 8, 3, 16), (20, 64, 8, 4), (50, 3, 1, 8), (9, 16, 4, 32)],
+    [
+        (1, 4, 2, 16),
+        (37, 8, 3, 16),
+        (20, 64, 8, 4),
+        (50, 3, 1, 8),
+        (9, 16, 4, 32),
+        (6, 256, 8, 16),
+        (0, 8, 2, 16),
+    ],
 )
-def test_order_by_expert_groups_every_pair_once(tokens, experts, k, block_m):
+def test_order_by_expert_groups_every_pair_once(tokens, experts, k, block_m, one_program):
+    """Both paths (one program for decode's few pairs, several launches beyond). In the one-program path
+    160 pairs over 64 experts run through five 32-pair blocks, and 256 experts (DeepSeek-V3's) 48 pairs
+    through two; no pairs at all leaves nothing in use."""
     _, ids = _routing(tokens, experts, k, skew=tokens > 30)
-    order = order_by_expert(ids, experts, block_m)
+    order = order_by_expert(ids, experts, block_m, one_program=one_program)
     pairs = tokens * k
     rows = order.sorted_pairs.cpu().tolist()
     used = int(order.num_padded)

@@ -1,12 +1,15 @@
 """Token-by-expert ordering for the grouped GEMM: each expert's (token, slot) pairs padded to whole tiles.
 
-Three small Triton launches (count with ranks, tile offsets, scatter) after one memset, with no host sync
-and shapes fixed by T, k, E and the tile height, so it can be captured in a CUDA graph; at decode sizes
-launch count is what costs, which is why this is not a chain of ~25 torch ops. Buffers are sized for
-the worst case and the GEMM reads how many rows are real from `num_padded`.
+No host sync, and shapes fixed by T, k, E and the tile height, so it can be captured in a CUDA graph; at
+decode sizes launch count is what costs, which is why this is not a chain of ~25 torch ops. Up to
+SMALL_ORDER_PAIRS pairs (decode), one program does it all in one launch: counts, tile offsets and ranks
+from one-hot comparisons held in registers. Beyond, three launches (count with ranks, tile offsets,
+scatter) after one memset spread the pairs over many programs. Buffers are sized for the worst case and
+the GEMM reads how many rows are real from `num_padded`.
 
-Within an expert, pairs are ordered by the atomic that counted them (not token order): each output row
-of the GEMMs depends on its own row alone, so the order never changes a result.
+Within an expert, the one-program path orders pairs by pair id; the multi-launch path by the atomic that
+counted them. Each output row of the GEMMs depends on its own row alone, so the order never changes a
+result.
 """
 
 from __future__ import annotations
@@ -32,6 +35,11 @@ class ExpertOrder:
     num_padded: torch.Tensor
     num_pairs: int
     block_m: int
+
+
+# Pairs (T * k) up to which one program orders them: bench_moe_order.py on the H200 has it 1.7-1.9x faster at
+# 8-32 pairs, about even at 128 and slower beyond (0.5x at 512, a B=64 decode of k=8)
+SMALL_ORDER_PAIRS = 64
 
 
 def order_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
@@ -70,6 +78,21 @@ def _tiles_kernel(
     tl.store(start_ptr + e, end - padded, mask=e < experts)
     tl.store(num_padded_ptr, tl.sum(padded, axis=0))
     end = tl.where(e < experts, end, 2**30)  # lanes past E never count as ended
+    _tile_layout(end, tile_expert_ptr, sorted_pairs_ptr, experts, num_pairs, capacity, BLOCK_M, BLOCK_T)
+
+
+@triton.jit
+def _tile_layout(
+    end,
+    tile_expert_ptr,
+    sorted_pairs_ptr,
+    experts,
+    num_pairs,
+    capacity,
+    BLOCK_M: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """Each tile's expert (from the experts' padded run ends), and every row marked as padding."""
     for t0 in range(0, capacity // BLOCK_M, BLOCK_T):
         tile = t0 + tl.arange(0, BLOCK_T)
         # A tile's expert is how many experts' padded runs end at or before the tile's first row.
@@ -81,6 +104,46 @@ def _tiles_kernel(
 
 
 @triton.jit
+def _order_small_kernel(
+    ids_ptr,
+    sorted_pairs_ptr,
+    tile_expert_ptr,
+    num_padded_ptr,
+    experts,
+    num_pairs,
+    capacity,
+    BLOCK_M: tl.constexpr,
+    BLOCK_E: tl.constexpr,
+    BLOCK_P: tl.constexpr,
+    BLOCK_T: tl.constexpr,
+):
+    """The whole ordering in one program: a [BLOCK_P, BLOCK_E] one-hot of each block of pairs gives the
+    counts, and on a second pass each pair's rank (pairs of its expert before it)."""
+    e = tl.arange(0, BLOCK_E)
+    counts = tl.zeros([BLOCK_E], dtype=tl.int32)
+    for p0 in range(0, num_pairs, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        expert = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+        counts += tl.sum((expert[:, None] == e[None, :]).to(tl.int32), axis=0)
+    padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
+    end = tl.cumsum(padded, axis=0)
+    start = end - padded
+    tl.store(num_padded_ptr, tl.sum(padded, axis=0))
+    end = tl.where(e < experts, end, 2**30)  # lanes past E never count as ended
+    _tile_layout(end, tile_expert_ptr, sorted_pairs_ptr, experts, num_pairs, capacity, BLOCK_M, BLOCK_T)
+    tl.debug_barrier()  # the padding marks above land before the pairs below overwrite their rows
+    seen = start  # the next free row of each expert's run
+    for p0 in range(0, num_pairs, BLOCK_P):
+        p = p0 + tl.arange(0, BLOCK_P)
+        expert = tl.load(ids_ptr + p, mask=p < num_pairs, other=-1).to(tl.int32)
+        hit = (expert[:, None] == e[None, :]).to(tl.int32)
+        earlier = tl.cumsum(hit, axis=0) - hit  # pairs of the same expert earlier in this block
+        row = tl.sum(hit * (earlier + seen[None, :]), axis=1)
+        tl.store(sorted_pairs_ptr + row, p.to(tl.int32), mask=p < num_pairs)
+        seen += tl.sum(hit, axis=0)
+
+
+@triton.jit
 def _scatter_kernel(ids_ptr, rank_ptr, start_ptr, sorted_pairs_ptr, num_pairs, BLOCK: tl.constexpr):
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_pairs
@@ -89,24 +152,46 @@ def _scatter_kernel(ids_ptr, rank_ptr, start_ptr, sorted_pairs_ptr, num_pairs, B
     tl.store(sorted_pairs_ptr + dest, offs.to(tl.int32), mask=mask)
 
 
-def order_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> ExpertOrder:
-    """topk_ids: [T, k] int32/int64 with values in [0, E) -> ExpertOrder (Triton; CUDA or the interpreter)."""
+def order_by_expert(
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, *, one_program: bool | None = None
+) -> ExpertOrder:
+    """topk_ids: [T, k] int32/int64 with values in [0, E) -> ExpertOrder (Triton; CUDA or the interpreter).
+    one_program: force the one-launch path (True) or the multi-launch one (False); default by pair count."""
     ids = topk_ids.reshape(-1)
     if not ids.is_contiguous():
         ids = ids.contiguous()
     pairs, device = ids.numel(), ids.device
     capacity = order_capacity(pairs, num_experts, block_m)
-    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
-    rank = torch.empty(pairs, dtype=torch.int32, device=device)
-    start = torch.empty(num_experts, dtype=torch.int32, device=device)
     sorted_pairs = torch.empty(capacity, dtype=torch.int32, device=device)
     tile_expert = torch.empty(capacity // block_m, dtype=torch.int32, device=device)
     num_padded = torch.empty(1, dtype=torch.int32, device=device)
+    block_e = triton.next_power_of_2(num_experts)
+    block_t = max(16, min(128, 8192 // block_e))
+    if one_program is None:
+        one_program = pairs <= SMALL_ORDER_PAIRS
+    if one_program:
+        _order_small_kernel[(1,)](
+            ids,
+            sorted_pairs,
+            tile_expert,
+            num_padded,
+            num_experts,
+            pairs,
+            capacity,
+            BLOCK_M=block_m,
+            BLOCK_E=block_e,
+            BLOCK_P=max(1, min(32, 8192 // block_e)),
+            BLOCK_T=block_t,
+            num_warps=4,
+        )
+        return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
+    rank = torch.empty(pairs, dtype=torch.int32, device=device)
+    start = torch.empty(num_experts, dtype=torch.int32, device=device)
     block = 1024
     grid = (triton.cdiv(pairs, block),)
     if pairs:
         _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block)
-    block_e = triton.next_power_of_2(num_experts)
     _tiles_kernel[(1,)](
         counts,
         start,
@@ -118,7 +203,7 @@ def order_by_expert(topk_ids: torch.Tensor, num_experts: int, block_m: int) -> E
         capacity,
         BLOCK_M=block_m,
         BLOCK_E=block_e,
-        BLOCK_T=max(16, min(128, 8192 // block_e)),
+        BLOCK_T=block_t,
         num_warps=4,
     )
     if pairs:

@@ -2,8 +2,8 @@
 
   PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/profile_engine_step.py
 
-Llama-3-8B shape (or --model qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py, routers
-re-drawn), dummy bf16 weights. For B=1 and B=64 sequences at ~600 tokens of context it reports the GPU
+Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, qwen3.5-35b-a3b / qwen3-next-80b-a3b
+from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences at ~600 tokens of context it reports the GPU
 time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode step of the
 engine, and the host's share of the step split into schedule / inputs / forward / sample.
 """
@@ -17,6 +17,7 @@ import time
 
 import torch
 from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
+from bench_fp8_engine import qwen3_30b_a3b
 from bench_qwen3_next import SHAPES, make_config, realistic_routers
 
 from atom_core.engine import LLM, SamplingParams
@@ -27,21 +28,30 @@ from atom_core.engine.sampler import sample
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
-    parser.add_argument("--model", choices=["llama3-8b", *sorted(SHAPES)], default="llama3-8b")
+    parser.add_argument(
+        "--model", choices=["llama3-8b", "qwen3-30b-a3b", *sorted(SHAPES)], default="llama3-8b"
+    )
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=1024)
     parser.add_argument(
         "--kernels", action="store_true", help="also list each replay's kernels (torch.profiler)"
     )
     args = parser.parse_args()
-    hybrid = args.model != "llama3-8b"
-    config = make_config(args.model, args.layers) if hybrid else llama3_8b(args.layers or 32)
+    hybrid = args.model in SHAPES
+    if hybrid:
+        config = make_config(args.model, args.layers)
+    elif args.model == "qwen3-30b-a3b":
+        config = qwen3_30b_a3b()
+        if args.layers:
+            config.num_hidden_layers = args.layers
+    else:
+        config = llama3_8b(args.layers or 32)
     rows = []
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len, max_num_seqs=64)
         engine = llm.engine
-        if hybrid:
+        if hybrid or args.model == "qwen3-30b-a3b":
             realistic_routers(engine.runner.model.named_parameters(), config.hidden_size)
         for batch in (1, 64):
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)

@@ -35,6 +35,21 @@ def test_topk_softmax_matches_reference(tokens, experts, k, renormalize, dtype):
     torch.testing.assert_close(weights, ref_w, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("round_to", [torch.bfloat16, torch.float16])
+def test_weights_rounded_to_the_models_dtype_stay_fp32(round_to, backend):
+    """What route() hands fused_experts: each weight exactly the reference's cast to the model's dtype,
+    stored in fp32 (no conversion launches either side)."""
+    logits = _distinct_logits(9, 64, torch.float32)
+    weights, ids = topk_softmax(logits, 6, True, round_to=round_to, backend=backend)
+    ref_w, ref_ids = topk_softmax_ref(logits, 6, True)
+    assert weights.dtype == torch.float32 and torch.equal(ids, ref_ids)
+    assert torch.equal(weights, ref_w.to(round_to).float())
+    assert not torch.equal(weights, ref_w)  # the rounding happened
+    with pytest.raises(ValueError, match="round_to must be one of"):
+        topk_softmax(logits, 6, True, round_to=torch.int32, backend=backend)
+
+
 def test_ties_go_to_the_lower_expert_id():
     logits = torch.zeros(2, 8, device=DEVICE)
     logits[1, 5] = 1.0

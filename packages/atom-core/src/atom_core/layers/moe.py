@@ -105,9 +105,9 @@ class SparseMoE(nn.Module):
             )
 
     def route(self, x: torch.Tensor):
-        """x: [T, H] -> (weights [T, k] in x's dtype, expert ids [T, k])."""
-        weights, ids = topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob)
-        return weights.to(x.dtype), ids  # rounded as transformers rounds them
+        """x: [T, H] -> (weights [T, k] fp32 rounded to x's dtype, as transformers rounds them; expert ids
+        [T, k]). The rounding happens in the routing kernel: no conversion launches around it."""
+        return topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob, round_to=x.dtype)
 
     def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """x: [T, H], the routing's weights and ids [T, k] -> the routed experts' sum [T, H] over all ranks."""

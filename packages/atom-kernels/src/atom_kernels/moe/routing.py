@@ -15,6 +15,15 @@ from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
+def _round_to_bf16(x):
+    """fp32 -> the nearest bf16 (ties to even), kept in fp32: by the bits, so that the CPU interpreter
+    (whose bf16 cast truncates) rounds as the GPU does. x is finite."""
+    bits = x.to(tl.uint32, bitcast=True)
+    bits = bits + 0x7FFF + ((bits >> 16) & 1)
+    return ((bits >> 16) << 16).to(tl.float32, bitcast=True)
+
+
+@triton.jit
 def _topk_softmax_kernel(
     logits_ptr,
     weights_ptr,
@@ -23,6 +32,7 @@ def _topk_softmax_kernel(
     stride_l,
     TOP_K: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    ROUND_TO: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
@@ -42,6 +52,10 @@ def _topk_softmax_kernel(
         p = tl.where(offs == idx, -1.0, p)  # probabilities are >= 0: -1 is never chosen again
     if RENORMALIZE:
         w = w / tl.sum(w, axis=0)
+    if ROUND_TO == 1:  # fp32 storage, the caller's rounding
+        w = _round_to_bf16(w)
+    elif ROUND_TO == 2:
+        w = w.to(tl.float16).to(tl.float32)
     tl.store(weights_ptr + row * TOP_K + slot, w, mask=slot < TOP_K)
     tl.store(ids_ptr + row * TOP_K + slot, ids, mask=slot < TOP_K)
 
@@ -104,6 +118,9 @@ def _grouped_topk_kernel(
     tl.store(ids_ptr + row * TOP_K + slot, ids, mask=slot < TOP_K)
 
 
+_ROUNDINGS = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}  # the kernel's ROUND_TO
+
+
 def _outputs(tokens: int, top_k: int, device, weights, ids):
     if weights is None:
         weights = torch.empty(tokens, top_k, dtype=torch.float32, device=device)
@@ -129,6 +146,7 @@ def topk_softmax(
     top_k: int,
     renormalize: bool,
     *,
+    round_to: torch.dtype = torch.float32,
     weights: torch.Tensor | None = None,
     ids: torch.Tensor | None = None,
     backend: Backend | str | None = None,
@@ -136,13 +154,18 @@ def topk_softmax(
     """Softmax over E router logits, then the k most probable experts (Mixtral, Qwen-MoE).
 
     logits: [T, E], any float dtype. renormalize: scale the k weights to sum 1 (norm_topk_prob).
+    round_to: each weight rounded through this dtype (bf16, fp16 or fp32) and kept in fp32, what a model
+    that casts its routing weights to its activations' dtype gets, without a conversion launch after
+    this one, nor one back to fp32 in fused_experts.
     Returns (weights [T, k] fp32, ids [T, k] int32), into the given tensors if passed.
     """
     _check_logits(logits, top_k)
+    if round_to not in _ROUNDINGS:
+        raise ValueError(f"round_to must be one of {list(_ROUNDINGS)}, got {round_to}")
     weights, ids = _outputs(logits.shape[0], top_k, logits.device, weights, ids)
     if resolve_backend(backend, logits.device) is Backend.TORCH:
         ref_w, ref_ids = topk_softmax_ref(logits, top_k, renormalize)
-        return weights.copy_(ref_w), ids.copy_(ref_ids)
+        return weights.copy_(ref_w.to(round_to)), ids.copy_(ref_ids)
     if logits.shape[0]:
         _topk_softmax_kernel[(logits.shape[0],)](
             logits,
@@ -152,6 +175,7 @@ def topk_softmax(
             logits.stride(0),
             TOP_K=top_k,
             RENORMALIZE=renormalize,
+            ROUND_TO=_ROUNDINGS[round_to],
             BLOCK_E=triton.next_power_of_2(logits.shape[1]),
             BLOCK_K=triton.next_power_of_2(top_k),
         )

@@ -69,6 +69,12 @@ def measure(config: PretrainedConfig, fp8: bool) -> dict[int, tuple[float, float
         config.quantization_config = dict(FP8_FORMAT)
     elif hasattr(config, "quantization_config"):
         del config.quantization_config
+    return engine_step_times(config, BATCHES, steps=16)
+
+
+def engine_step_times(config: PretrainedConfig, batches, steps: int) -> dict[int, tuple[float, float]]:
+    """{batch: (whole step ms, forward ms)} of config built in the engine with dummy weights (MoE routers
+    re-drawn), decoding after 512-token prompts."""
     with tempfile.TemporaryDirectory() as path:
         config.save_pretrained(path)
         llm = LLM(
@@ -80,7 +86,7 @@ def measure(config: PretrainedConfig, fp8: bool) -> dict[int, tuple[float, float
             max_num_batched_tokens=8192,
         )
         realistic_routers(llm, config.hidden_size)  # no-op for dense models
-        out = {b: step_ms(llm, config.vocab_size, b, steps=16) for b in BATCHES}
+        out = {b: step_ms(llm, config.vocab_size, b, steps=steps) for b in batches}
         llm.shutdown()
     del llm
     gc.collect()

@@ -13,16 +13,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
 import json
-import tempfile
 
 import torch
-from bench_deepseek import realistic_routers, step_ms  # sibling scripts
-from bench_fp8_engine import qwen3_30b_a3b
+from bench_fp8_engine import engine_step_times, qwen3_30b_a3b  # a sibling script
 
 import atom_kernels.moe.align as align
-from atom_core.engine import LLM
 
 BATCHES = (1, 8, 64)  # 8, 64 and 512 (token, expert) pairs a layer: the last takes the multi-launch path
 
@@ -32,24 +28,7 @@ def measure(small_order_pairs: int) -> dict[int, tuple[float, float]]:
     kept = align.SMALL_ORDER_PAIRS
     align.SMALL_ORDER_PAIRS = small_order_pairs  # read at each call; graphs are captured at startup
     try:
-        config = qwen3_30b_a3b()
-        with tempfile.TemporaryDirectory() as path:
-            config.save_pretrained(path)
-            llm = LLM(
-                path,
-                load_format="dummy",
-                dtype="bfloat16",
-                max_model_len=512 + 160,
-                max_num_seqs=64,
-                max_num_batched_tokens=8192,
-            )
-            realistic_routers(llm, config.hidden_size)
-            out = {b: step_ms(llm, config.vocab_size, b, steps=24) for b in BATCHES}
-            llm.shutdown()
-        del llm
-        gc.collect()
-        torch.cuda.empty_cache()
-        return out
+        return engine_step_times(qwen3_30b_a3b(), BATCHES, steps=24)
     finally:
         align.SMALL_ORDER_PAIRS = kept
 

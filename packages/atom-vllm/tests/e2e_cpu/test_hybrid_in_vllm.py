@@ -68,7 +68,7 @@ def _image_refused(llm) -> None:
     assert len(out.outputs[0].token_ids) == 2
 
 
-def test_prefix_caching_resumes_gdn_states_from_cached_blocks_and_equals_transformers(tmp_path, capfd):
+def test_prefix_caching_resumes_gdn_states_from_cached_blocks_and_equals_transformers(tmp_path):
     """vLLM turns prefix caching on by default, and with it mamba_cache_mode 'align': the hybrid page makes
     blocks 128 tokens, chunks end on block boundaries, and each block keeps the GDN states at its end. Two
     prompts share a 200-token prefix; the second round finds every prompt's first block cached and resumes
@@ -84,14 +84,20 @@ def test_prefix_caching_resumes_gdn_states_from_cached_blocks_and_equals_transfo
         torch.randint(2, 250, (50,), generator=g).tolist(),
     ]
     expected = [greedy_by_recompute(model, p, STEPS) for p in prompts]
+    modes = []
     runs, what, hits = run_vllm(
-        ckpt.path, prompts, rounds=2, block_size=None, max_model_len=256, max_num_batched_tokens=128
+        ckpt.path,
+        prompts,
+        rounds=2,
+        block_size=None,
+        max_model_len=256,
+        max_num_batched_tokens=128,
+        probe=lambda llm: modes.append(llm.llm_engine.vllm_config.cache_config.mamba_cache_mode),
     )
+    assert modes == ["align"]  # what vLLM chose with prefix caching on (its default)
     assert what["attention"] == ["VllmAttentionLayer:ATOM", "VllmGDNLayer:ATOM_GDN"]
     assert runs == [expected, expected]
     assert hits >= 2 * 128  # at least the second round's two shared blocks
-    logs = capfd.readouterr()
-    assert "Mamba cache mode is set to 'align'" in logs.out + logs.err
 
 
 def test_prefix_caching_with_speculative_decoding_is_refused_by_name(tmp_path, capfd):

@@ -99,12 +99,12 @@ def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", probe=N
 
 def speculate(path, prompts, steps: int, **llm_kwargs):
     """Greedy tokens of prompts from LLM(path) with ATOM's MTP draft proposing k = 2 tokens a step ->
-    (tokens per prompt, drafted tokens, accepted tokens, the LLM). llm_kwargs add to LLM(...)'s arguments."""
+    (tokens per prompt, drafted tokens, accepted tokens, the LLM). llm_kwargs override LLM(...)'s arguments
+    below."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
-    llm = LLM(
-        model=str(path),
+    options = dict(
         dtype="float32",
         max_model_len=128,
         enforce_eager=True,
@@ -112,8 +112,8 @@ def speculate(path, prompts, steps: int, **llm_kwargs):
         gpu_memory_utilization=0.1,
         disable_log_stats=False,
         speculative_config={"method": "mtp", "num_speculative_tokens": 2},
-        **llm_kwargs,
     )
+    llm = LLM(model=str(path), **{**options, **llm_kwargs})
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, detokenize=False)
     out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     counters = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")

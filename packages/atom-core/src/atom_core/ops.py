@@ -1,18 +1,11 @@
 """Kernel entry points as atom_core exposes them (backend chosen by atom_kernels' rules).
 
-Adapters' attention backends call these; they never import atom_kernels themselves.
+Adapters' attention backends call these; they never import atom_kernels themselves. The ops a model's
+forward calls outside its attention layers come from atom_kernels.opaque: eager calls go straight to the
+kernels, and under a graph compiler (vLLM's compiled path) each is one opaque op, so the kernel choices
+made from shapes stay per call instead of being frozen at the traced size.
 """
 
-from atom_kernels import (
-    apply_mrope,
-    apply_rotary,
-    fused_experts,
-    grouped_topk,
-    rms_norm,
-    rms_norm_gated,
-    silu_and_mul,
-    topk_softmax,
-)
 from atom_kernels.attention import (
     DecodePartition,
     paged_decode,
@@ -23,11 +16,21 @@ from atom_kernels.attention import (
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
-from atom_kernels.fp8 import fp8_linear
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
-from atom_kernels.linear import linear
 from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.moe import ExpertScales
+from atom_kernels.opaque import (
+    apply_mrope,
+    apply_rotary,
+    fp8_linear,
+    fused_experts,
+    grouped_topk,
+    linear,
+    rms_norm,
+    rms_norm_gated,
+    silu_and_mul,
+    topk_softmax,
+)
 
 __all__ = [
     "DecodePartition",

@@ -8,6 +8,7 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+from vllm.compilation.decorators import support_torch_compile
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.distributed.parallel_state import get_tp_group
 
@@ -38,8 +39,21 @@ def build_atom(vllm_config, prefix: str, draft_of: str | None = None, state_dtyp
     )
 
 
+def _compiles(vllm_config) -> bool:
+    """vLLM compiles ATOM's models on one rank: atom-core's tensor-parallel all-reduces are plain
+    torch.distributed calls, not vLLM's collective ops, and multi-rank tracing is untested; with tensor
+    parallelism the model runs eagerly."""
+    return vllm_config.parallel_config.tensor_parallel_size == 1
+
+
+# input_ids / inputs_embeds [T(, hidden)], positions [T] or M-RoPE's [3, T]: T is the traced graph's one
+# dynamic size. Kernel choices by T live inside atom_kernels' opaque ops and ATOM's attention ops.
+@support_torch_compile(
+    dynamic_arg_dims={"input_ids": 0, "positions": -1, "inputs_embeds": 0}, enable_if=_compiles
+)
 class AtomForCausalLM(nn.Module):
-    """vLLM's text-generation model contract over an atom-core model (any architecture in its registry)."""
+    """vLLM's text-generation model contract over an atom-core model (any architecture in its registry).
+    Under vLLM's compilation config its forward is traced and compiled like vLLM's own models'."""
 
     def __init__(self, *, vllm_config, prefix: str = "", state_dtype: str = "float32"):
         super().__init__()

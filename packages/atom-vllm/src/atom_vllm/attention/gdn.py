@@ -37,6 +37,7 @@ from atom_core.integration import (
     gated_delta_rule_recurrent,
     gdn_gating,
 )
+from atom_vllm.attention.opaque import GDN_OP, gdn_attention_op, split_graph_at
 
 GDN_BACKEND_NAME = "ATOM_GDN"
 STATE_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16"}  # what atom-core's GDN ops keep
@@ -141,6 +142,7 @@ class VllmGDNLayer(nn.Module, MambaBase):
         if spec.prefix in context:
             raise ValueError(f"duplicate layer name {spec.prefix!r} in vLLM's forward context")
         context[spec.prefix] = self
+        split_graph_at(vllm_config.compilation_config, GDN_OP)
 
     @property
     def mamba_type(self):
@@ -169,6 +171,15 @@ class VllmGDNLayer(nn.Module, MambaBase):
         return metadata.get(self.layer_name)
 
     def forward(self, mixed, b, a, conv_weight, A_log, dt_bias) -> torch.Tensor:
+        """One opaque op when vLLM compiles the model (opaque.py)."""
+        if torch.compiler.is_compiling():
+            return gdn_attention_op(
+                mixed, b, a, conv_weight, A_log, dt_bias, self.spec.head_v_dim, self.layer_name
+            )
+        return self.run(mixed, b, a, conv_weight, A_log, dt_bias)
+
+    def run(self, mixed, b, a, conv_weight, A_log, dt_bias) -> torch.Tensor:
+        """The step (forward's contract): requests without drafts, then those verifying drafts."""
         spec = self.spec
         out = mixed.new_zeros(mixed.shape[0], spec.num_v_heads, spec.head_v_dim)
         meta = self._metadata()

@@ -22,6 +22,7 @@ from vllm.v1.kv_cache_interface import MLAAttentionSpec
 from atom_core.integration import MLALayerSpec, mla_attention, write_latent
 from atom_vllm.attention.backend import AtomAttentionBackend
 from atom_vllm.attention.metadata import AtomAttentionMetadata
+from atom_vllm.attention.opaque import MLA_OP, mla_attention_op, split_graph_at
 
 MLA_BACKEND_NAME = "ATOM_MLA"
 
@@ -82,6 +83,7 @@ class VllmMLALayer(nn.Module, AttentionLayerBase):
         if spec.prefix in context:
             raise ValueError(f"duplicate layer name {spec.prefix!r} in vLLM's forward context")
         context[spec.prefix] = self
+        split_graph_at(vllm_config.compilation_config, MLA_OP)
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return AtomMLABackend
@@ -107,7 +109,14 @@ class VllmMLALayer(nn.Module, AttentionLayerBase):
         return metadata.get(self.layer_name)
 
     def forward(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
-        """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R]."""
+        """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R].
+        One opaque op when vLLM compiles the model (opaque.py)."""
+        if torch.compiler.is_compiling():
+            return mla_attention_op(q, kv_c, k_pe, self.layer_name)
+        return self.run(q, kv_c, k_pe)
+
+    def run(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
+        """The step: write the latent rows, attend over the cache (forward's contract)."""
         meta = self._metadata()
         out = q.new_zeros(q.shape[0], self.num_heads, self.spec.kv_lora_rank)
         if meta is None:  # vLLM's profiling and dummy runs

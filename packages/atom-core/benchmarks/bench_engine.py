@@ -75,6 +75,10 @@ def main():
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline (e.g. for TP runs)")
+    parser.add_argument("--skip-eager", action="store_true", help="no eager-engine ablation")
+    parser.add_argument(
+        "--disable-custom-all-reduce", action="store_true", help="TP: NCCL for every all-reduce"
+    )
     args = parser.parse_args()
     config = llama3_8b(args.layers)
     prompt, new = 512, 128
@@ -96,7 +100,8 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         atom = {}
-        for eager in (False, True):  # CUDA graphs for decode (the default), then eager as the ablation
+        # CUDA graphs for decode (the default), then eager as the ablation
+        for eager in (False,) if args.skip_eager else (False, True):
             start = time.perf_counter()
             llm = LLM(
                 d,
@@ -106,6 +111,7 @@ def main():
                 max_num_seqs=64,
                 enforce_eager=eager,
                 tensor_parallel_size=args.tensor_parallel_size,
+                disable_custom_all_reduce=args.disable_custom_all_reduce,
             )
             startup = time.perf_counter() - start
             atom[eager] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
@@ -119,7 +125,7 @@ def main():
     hf = {b: None if args.skip_hf else hf_tok_s(config, b, prompt, new) for b in (1, 64)}
     roofline_b1 *= args.tensor_parallel_size  # each rank reads its shard of the weights (all-reduces ignored)
     for b in (1, 64):
-        graphs, eager = atom[False][b], atom[True][b]
+        graphs, eager = atom[False][b], atom[True][b] if True in atom else None
         rows.append(
             dict(
                 batch=b,
@@ -138,6 +144,7 @@ def main():
         date=datetime.date.today().isoformat(),
         layers=args.layers,
         tensor_parallel_size=args.tensor_parallel_size,
+        custom_all_reduce=args.tensor_parallel_size > 1 and not args.disable_custom_all_reduce,
         weight_gb=weight_bytes / 1e9,
         copy_tb_s=copy_bw / 1e12,
         cuda_graphs=True,
@@ -156,7 +163,7 @@ def main():
     for r in rows:
         hf_s = f"{r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f}" if r["hf_tok_s"] else f"{'-':>10} {'-':>7}"
         print(
-            f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s']:>8.1f} {hf_s} "
+            f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s'] or float('nan'):>8.1f} {hf_s} "
             f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%"
         )
 

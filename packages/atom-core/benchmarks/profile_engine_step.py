@@ -25,6 +25,19 @@ from atom_core.engine.model_runner import ModelRunner
 from atom_core.engine.sampler import sample
 
 
+def _print_kernels(prof, batch: int, per: int) -> None:
+    """The profiled kernels per step (or replay): total, launches, and the top 30 by time."""
+    events = prof.key_averages()
+    total = sum(e.device_time_total for e in events) / per / 1000
+    launches = sum(e.count for e in events) // per
+    print(
+        f"\nB={batch}: {total:.2f} ms of kernels in {launches} launches per step; "
+        "top kernels (ms per step, calls per step):"
+    )
+    for e in sorted(events, key=lambda e: -e.device_time_total)[:30]:
+        print(f"  {e.device_time_total / per / 1000:7.3f} {e.count // per:5d}  {e.key[:90]}")
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
@@ -36,7 +49,10 @@ def main():
     parser.add_argument(
         "--kernels", action="store_true", help="also list each replay's kernels (torch.profiler)"
     )
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--disable-custom-all-reduce", action="store_true", help="TP: NCCL all-reduces")
     args = parser.parse_args()
+    tp = args.tensor_parallel_size
     hybrid = args.model in SHAPES
     if hybrid:
         config = make_config(args.model, args.layers)
@@ -49,10 +65,20 @@ def main():
     rows = []
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
-        llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=args.max_model_len, max_num_seqs=64)
+        llm = LLM(
+            d,
+            load_format="dummy",
+            dtype="bfloat16",
+            max_model_len=args.max_model_len,
+            max_num_seqs=64,
+            tensor_parallel_size=tp,
+            disable_custom_all_reduce=args.disable_custom_all_reduce,
+        )
         engine = llm.engine
+        # rank 0's runner (with TP, the other ranks follow its steps; a lone replay there would wait)
+        runner = engine.runner.runner if tp > 1 else engine.runner
         if hybrid or args.model == "qwen3-30b-a3b":
-            realistic_routers(engine.runner.model.named_parameters(), config.hidden_size)
+            realistic_routers(runner.model.named_parameters(), config.hidden_size)
         for batch in (1, 64):
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             ids = [
@@ -65,15 +91,17 @@ def main():
                 engine.step()  # prefill
             for _ in range(5):
                 engine.step()  # decode warm-up
-            graphs = engine.runner.graphs
-            size = graphs.size_for(batch)
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            for _ in range(50):
-                graphs.graphs[size].replay()
-            end.record()
-            torch.cuda.synchronize()
-            replay_ms = start.elapsed_time(end) / 50
+            replay_ms = None
+            if tp == 1:
+                graphs = engine.runner.graphs
+                size = graphs.size_for(batch)
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                for _ in range(50):
+                    graphs.graphs[size].replay()
+                end.record()
+                torch.cuda.synchronize()
+                replay_ms = start.elapsed_time(end) / 50
             parts = {"schedule": 0.0, "inputs": 0.0, "forward": 0.0, "sample": 0.0}
             steps = 30
             t_all = time.perf_counter()
@@ -103,9 +131,15 @@ def main():
                     **{f"{k}_ms": v for k, v in parts.items()},
                 )
             )
+            if args.kernels and tp > 1:  # rank 0's kernels over whole steps (replays need every rank)
+                with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+                    for _ in range(10):
+                        engine.step()
+                    torch.cuda.synchronize()
+                _print_kernels(prof, batch, per=10)
             for r in ids:
                 engine.abort(r)
-        if args.kernels:  # last: CUPTI left active afterwards slows the host's launches
+        if args.kernels and tp == 1:  # last: CUPTI left active afterwards slows the host's launches
             graphs = engine.runner.graphs
             for batch in (1, 64):  # replays need only the graph's static buffers
                 size = graphs.size_for(batch)
@@ -113,29 +147,27 @@ def main():
                     for _ in range(10):
                         graphs.graphs[size].replay()
                     torch.cuda.synchronize()
-                events = prof.key_averages()
-                total = sum(e.device_time_total for e in events) / 10 / 1000
-                launches = sum(e.count for e in events) // 10
-                print(
-                    f"\nB={batch}: {total:.2f} ms of kernels in {launches} launches per replay; "
-                    "top kernels (ms per step, calls per step):"
-                )
-                for e in sorted(events, key=lambda e: -e.device_time_total)[:30]:
-                    print(f"  {e.device_time_total / 10 / 1000:7.3f} {e.count // 10:5d}  {e.key[:90]}")
+                _print_kernels(prof, batch, per=10)
         llm.shutdown()
     layers = config.num_hidden_layers
-    print(f"\n{torch.cuda.get_device_name()}  {args.model} shape, {layers} layers, context ~600")
+    print(f"\n{torch.cuda.get_device_name()} x TP {tp}  {args.model} shape, {layers} layers, context ~600")
     print(
         f"{'B':>4} {'replay ms':>10} {'step ms':>8} {'schedule':>9} {'inputs':>7} {'forward':>8} {'sample':>7}"
     )
     for r in rows:
         print(
-            f"{r['batch']:>4} {r['replay_ms']:>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
+            f"{r['batch']:>4} {r['replay_ms'] or float('nan'):>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
             f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}"
         )
     if args.out:
         with open(args.out, "w") as f:
-            json.dump(dict(device=torch.cuda.get_device_name(), rows=rows), f, indent=1)
+            record = dict(
+                device=torch.cuda.get_device_name(),
+                tensor_parallel_size=tp,
+                custom_all_reduce=tp > 1 and not args.disable_custom_all_reduce,
+                rows=rows,
+            )
+            json.dump(record, f, indent=1)
 
 
 if __name__ == "__main__":

@@ -139,7 +139,11 @@ ENGINE_OPTIONS = {  # every engine option, each away from its default
     "--state-snapshots": "3",
     "--state-cache-dtype": "bfloat16",
 }
-ENGINE_FLAGS = [*(part for pair in ENGINE_OPTIONS.items() for part in pair), "--enforce-eager"]
+ENGINE_FLAGS = [
+    *(part for pair in ENGINE_OPTIONS.items() for part in pair),
+    "--enforce-eager",
+    "--disable-custom-all-reduce",
+]
 
 
 def test_generate_serve_and_bench_accept_every_engine_option_alike():

@@ -218,18 +218,23 @@ def test_a_cache_smaller_than_the_models_context_lowers_max_model_len(checkpoint
 
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallel on GPUs needs two of them")
-def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint):
+@pytest.mark.parametrize("peer_all_reduce", [True, False])
+def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint, peer_all_reduce):
+    """fp32, Triton kernels, CUDA graphs for decode; the layers' all-reduces through the one-shot kernel
+    over peer memory (captured in the graphs), or NCCL for all; step inputs through shared memory."""
     _, path = checkpoint
     prompts = [{"prompt_token_ids": p} for p in _prompts()]
-    # fp32, Triton kernels, CUDA graphs for decode, NCCL all-reduces; step inputs through shared memory.
     kw = dict(device="cuda", kernel_backend="triton", block_size=16, num_kv_blocks=64)
     single = [o.outputs[0].token_ids for o in _llm(path, **kw).generate(prompts, GREEDY)]
-    for _ in range(2):  # the second engine starts after the first one's shutdown, in the same process
-        tp = _llm(path, tensor_parallel_size=2, **kw)
+    for second in (False, True):  # the second engine starts after the first one's shutdown, same process
+        tp = _llm(path, tensor_parallel_size=2, disable_custom_all_reduce=not peer_all_reduce, **kw)
         workers = tp.engine.runner.workers
         try:
             assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
             assert tp.engine.runner.runner.graphs.replays > 0
+            # a process sets up peer memory once (engine/peer_all_reduce.py): its second engine uses NCCL
+            peer = tp.engine.runner.runner.parallel.peer_all_reduce is not None
+            assert peer == (peer_all_reduce and not second)
         finally:
             tp.shutdown()
         assert not workers[0].is_alive()

@@ -15,6 +15,8 @@ from atom_kernels.attention import (
     varlen_causal_attention,
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
+from atom_kernels.comm import one_shot_all_reduce
+from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
 from atom_kernels.mla import mla_attention, write_latent
@@ -49,9 +51,11 @@ __all__ = [
     "kv_cache_shapes",
     "linear",
     "mla_attention",
+    "one_shot_all_reduce",
     "paged_decode",
     "paged_decode_persistent",
     "paged_prefill",
+    "peer_pad_slots",
     "plan_decode",
     "rms_norm",
     "rms_norm_gated",

@@ -38,6 +38,9 @@ class EngineConfig:
     kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
     gpu_memory_utilization: float = 0.9  # the share of free GPU memory the KV cache may take
     enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
+    disable_custom_all_reduce: bool = (
+        False  # tensor parallel: NCCL for every all-reduce (no peer-memory kernel)
+    )
     # {"method": "mtp", "num_speculative_tokens": k} (or its JSON): the checkpoint's MTP layer drafts k tokens
     speculative_config: SpeculativeConfig | dict | str | None = None
     # models with state layers (GDN): states kept at block boundaries for prefix caching; each takes one
@@ -133,6 +136,11 @@ class EngineConfig:
         )
         group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
         group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+        group.add_argument(
+            "--disable-custom-all-reduce",
+            action="store_true",
+            help="tensor parallel: NCCL for every all-reduce, not the peer-memory kernel for small ones",
+        )
         group.add_argument(
             "--state-snapshots",
             type=int,

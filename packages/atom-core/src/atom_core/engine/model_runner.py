@@ -22,6 +22,7 @@ from atom_core.cache import (
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
+from atom_core.engine.peer_all_reduce import with_peer_all_reduce
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
@@ -80,6 +81,10 @@ class ModelRunner:
         control_group=None,
     ):
         self.config, self.cache, self.device = model_config, engine.cache_config(), device
+        # small all-reduces over peer memory where the GPUs allow (collective: every rank is here now)
+        self.parallel = parallel = with_peer_all_reduce(
+            parallel, device, enabled=not engine.disable_custom_all_reduce
+        )
         backend = PagedAttentionBackend(layout=self.cache.layout, kernel_backend=engine.kernel_backend)
         if engine.speculative_config is not None:
             draft_class_for(model_config)  # refuse before loading a target that could not be speculated with

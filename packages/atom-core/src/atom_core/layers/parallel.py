@@ -9,8 +9,14 @@ from atom_core.config import ParallelConfig
 
 
 def all_reduce(x: torch.Tensor, parallel: ParallelConfig) -> torch.Tensor:
-    if parallel.tp_size > 1:
-        dist.all_reduce(x, group=parallel.group)
+    """x summed over the tensor-parallel ranks: the peer-memory kernel for the small messages it takes
+    (a new tensor), else NCCL in place. Use the returned tensor."""
+    if parallel.tp_size == 1:
+        return x
+    peer = parallel.peer_all_reduce
+    if peer is not None and peer.takes(x):
+        return peer(x)
+    dist.all_reduce(x, group=parallel.group)
     return x
 
 

@@ -1,0 +1,83 @@
+"""The engine's all-reduce for small messages: atom-kernels' one-shot kernel over peer memory.
+
+A decode step all-reduces twice a layer, a few KB to a few hundred KB each. On two NVLinked H200s inside
+CUDA graphs NCCL takes 18 us for 8 KB and the one-shot kernel 8; at 256 KB 17 and 15 (atom-kernels'
+bench_all_reduce.py). Larger messages (prefill, big batches) stay with NCCL. Built once per rank, collectively, before the CUDA graphs are captured:
+the kernel and its buffer addresses are then part of every graph.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+import torch.distributed as dist
+
+from atom_core.config import ParallelConfig
+from atom_core.ops import one_shot_all_reduce, peer_pad_slots
+
+logger = logging.getLogger("atom_core.engine")
+
+# Beyond this NCCL is as fast on two NVLinked H200s (bench_all_reduce.py: 15 vs 17 us at 256 KB, 19-22
+# vs 19 at 512 KB): decode up to B = 32 at hidden 4096 in bf16
+DEFAULT_MAX_BYTES = 256 * 1024
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+# torch's symmetric memory keeps per-process state for a group name past the group's end: a second TP
+# engine in one process (a new group of the same name) waited forever in its rendezvous on the H200s.
+# So a process rendezvouses once; a later engine in it uses NCCL (all ranks agree, see below).
+_rendezvous_done = False
+
+
+class PeerAllReduce:
+    """Sums a tensor over the group's ranks through a buffer every rank can address (torch's symmetric
+    memory: CUDA IPC), for contiguous CUDA tensors of at most max_bytes; `takes(x)` says which."""
+
+    def __init__(self, group, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES):
+        import torch.distributed._symmetric_memory as symm_mem
+
+        global _rendezvous_done
+        self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
+        self.max_bytes = max_bytes
+        pad_bytes = peer_pad_slots(self.world) * 4
+        # One symmetric allocation per rank: the data buffer, then the barrier flags (zero at rest).
+        self._storage = symm_mem.empty(max_bytes + pad_bytes, dtype=torch.uint8, device=device)
+        self._storage[max_bytes:].zero_()
+        handle = symm_mem.rendezvous(self._storage, group.group_name)
+        _rendezvous_done = True
+        bases = [int(p) for p in handle.buffer_ptrs]
+        self.buffers = torch.tensor(bases, dtype=torch.int64, device=device)
+        self.pads = torch.tensor([b + max_bytes for b in bases], dtype=torch.int64, device=device)
+        torch.cuda.synchronize(device)  # every rank's flags are zero before any rank raises one
+        dist.barrier(group=group)
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return x.is_cuda and x.is_contiguous() and x.dtype in DTYPES and x.nbytes <= self.max_bytes
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        """x: this rank's part, any shape -> the sum over ranks (a new tensor, x's shape and dtype)."""
+        return one_shot_all_reduce(x, self.buffers, self.pads, self.rank)
+
+
+def peers_reachable(world: int) -> bool:
+    """Whether every GPU of the group can address every other's memory (NVLink or PCIe P2P)."""
+    return all(torch.cuda.can_device_access_peer(a, b) for a in range(world) for b in range(world) if a != b)
+
+
+def with_peer_all_reduce(parallel: ParallelConfig, device: torch.device, enabled: bool) -> ParallelConfig:
+    """parallel with a PeerAllReduce for its small all-reduces, where tensor parallelism runs on GPUs
+    that reach each other's memory; else parallel as given (NCCL for every all-reduce). Collective: every
+    rank calls it at the same point, and decides the same way (the checks read only the host's GPUs)."""
+    if not enabled or parallel.tp_size == 1 or device.type != "cuda":
+        return parallel
+    if not peers_reachable(parallel.tp_size):
+        logger.info("GPUs without peer access to each other: every all-reduce goes through NCCL")
+        return parallel
+    # every rank must take the same path: a fresh worker beside a rank 0 that ran an engine before
+    fresh = torch.tensor([0 if _rendezvous_done else 1], device=device)
+    dist.all_reduce(fresh, op=dist.ReduceOp.MIN, group=parallel.group)
+    if not int(fresh):
+        logger.info("a tensor-parallel engine ran in this process before: every all-reduce goes through NCCL")
+        return parallel
+    peer = PeerAllReduce(parallel.group, device)
+    return dataclasses.replace(parallel, peer_all_reduce=peer)

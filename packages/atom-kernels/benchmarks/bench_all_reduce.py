@@ -1,0 +1,134 @@
+"""All-reduce of decode-sized messages on one host's GPUs: atom-kernels' one-shot kernel over peer
+memory against NCCL and against torch's symmetric-memory one-shot op, each timed inside a CUDA graph of
+50 back-to-back calls (as a decode step replays them).
+
+  PYTHONPATH=packages/atom-kernels/src python3 -m torch.distributed.run --nproc_per_node 2 \
+      packages/atom-kernels/benchmarks/bench_all_reduce.py [--out results.json]
+
+Messages: rows x hidden bf16 (hidden 4096: Llama-3-8B; 7168: DeepSeek-V3). Bus bandwidth as NCCL reports
+it for an all-reduce: 2 (world - 1) / world x bytes / time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import time
+
+import torch
+import torch.distributed as dist
+import torch.distributed._symmetric_memory as symm_mem
+
+from atom_kernels.comm import all_reduce_ref, one_shot_all_reduce, pad_slots
+
+CALLS, REPLAYS = 50, 20
+SHAPES = [(1, 4096), (8, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096), (1, 7168), (64, 7168)]
+
+
+def graph_time_us(fn) -> float:
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(CALLS):
+            fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    dist.barrier()
+    start = time.perf_counter()
+    for _ in range(REPLAYS):
+        graph.replay()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) / (REPLAYS * CALLS) * 1e6
+
+
+GROUP = "0"  # the default group's name (symmetric memory addresses groups by name)
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--sweep", action="store_true", help="also time the kernel's other block sizes")
+    args = parser.parse_args()
+    dist.init_process_group("nccl")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    device = torch.device("cuda", rank)
+    torch.cuda.set_device(device)
+    dist.barrier(device_ids=[rank])
+    largest = max(r * h for r, h in SHAPES) * 2
+    storage = symm_mem.empty(largest + pad_slots(world) * 4, dtype=torch.uint8, device=device)
+    storage[largest:].zero_()
+    assert dist.group.WORLD.group_name == GROUP
+    handle = symm_mem.rendezvous(storage, GROUP)
+    buffers = torch.tensor(list(handle.buffer_ptrs), dtype=torch.int64, device=device)
+    pads = torch.tensor([p + largest for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
+    torch_in = symm_mem.empty(largest // 2, dtype=torch.bfloat16, device=device)
+    symm_mem.rendezvous(torch_in, GROUP)
+    torch.cuda.synchronize()
+    dist.barrier()
+    rows = []
+    for tokens, hidden in SHAPES:
+        n = tokens * hidden
+        x = torch.randn(n, device=device, dtype=torch.bfloat16) * (rank + 1)
+        parts = [torch.empty_like(x) for _ in range(world)]
+        dist.all_gather(parts, x)
+        expected = all_reduce_ref(parts)
+        got = one_shot_all_reduce(x, buffers, pads, rank)
+        torch.cuda.synchronize()
+        exact = torch.equal(got, expected)
+        nccl_buf = x.clone()
+        peer_in = torch_in[:n]
+        peer_in.copy_(x)
+        calls = {
+            "nccl": lambda b=nccl_buf: dist.all_reduce(b),
+            "torch_symm_mem_one_shot": lambda b=peer_in: torch.ops.symm_mem.one_shot_all_reduce(
+                b, "sum", GROUP
+            ),
+            "atom_one_shot": lambda b=x: one_shot_all_reduce(b, buffers, pads, rank),
+        }
+        if args.sweep:  # the kernel's other tile sizes (the default: block 2048)
+            for block in (512, 1024, 4096):
+                calls[f"atom_block_{block}"] = lambda b=x, k=block: one_shot_all_reduce(
+                    b, buffers, pads, rank, block=k
+                )
+        times = {name: graph_time_us(call) for name, call in calls.items()}
+        nbytes = n * 2
+        bus = {k: 2 * (world - 1) / world * nbytes / (t * 1e-6) / 1e9 for k, t in times.items()}
+        rows.append(dict(tokens=tokens, hidden=hidden, bytes=nbytes, exact=exact, us=times, bus_gb_s=bus))
+    if rank == 0:
+        record = dict(
+            device=f"{world}x {torch.cuda.get_device_name()}",
+            date=datetime.date.today().isoformat(),
+            calls_per_graph=CALLS,
+            rows=rows,
+        )
+        print(f"\n{record['device']}: all-reduce of bf16 [tokens, hidden], us per call (CUDA graph)")
+        print(
+            f"{'tokens':>6} {'hidden':>6} {'KB':>6} {'NCCL':>7} {'torch 1-shot':>12} {'ATOM 1-shot':>11} "
+            f"{'x NCCL':>7} {'ATOM GB/s':>9} {'exact':>5}"
+        )
+        for r in rows:
+            t = r["us"]
+            print(
+                f"{r['tokens']:>6} {r['hidden']:>6} {r['bytes'] / 1024:>6.0f} {t['nccl']:>7.2f} "
+                f"{t['torch_symm_mem_one_shot']:>12.2f} {t['atom_one_shot']:>11.2f} "
+                f"{t['nccl'] / t['atom_one_shot']:>7.2f} {r['bus_gb_s']['atom_one_shot']:>9.1f} {r['exact']!s:>5}"
+            )
+        if args.sweep:
+            for r in rows:
+                sweep = {k: round(v, 2) for k, v in r["us"].items() if k.startswith("atom_block")}
+                print(f"  tokens {r['tokens']} hidden {r['hidden']}: {sweep}")
+        if args.out:
+            with open(args.out, "w") as f:
+                json.dump(record, f, indent=1)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

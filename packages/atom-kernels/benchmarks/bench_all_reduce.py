@@ -91,10 +91,10 @@ def main():
             ),
             "atom_one_shot": lambda b=x: one_shot_all_reduce(b, buffers, pads, rank),
         }
-        if args.sweep:  # the kernel's other tile sizes (the default: block 2048)
-            for block in (512, 1024, 4096):
-                calls[f"atom_block_{block}"] = lambda b=x, k=block: one_shot_all_reduce(
-                    b, buffers, pads, rank, block=k
+        if args.sweep:  # other tiles and grids (the default: see one_shot_all_reduce)
+            for block, programs in ((256, None), (1024, None), (2048, None), (512, 64), (2048, 64)):
+                calls[f"atom_block_{block}_programs_{programs or 'auto'}"] = lambda b=x, k=block, p=programs: (
+                    one_shot_all_reduce(b, buffers, pads, rank, block=k, programs=p)
                 )
         times = {name: graph_time_us(call) for name, call in calls.items()}
         nbytes = n * 2
@@ -121,7 +121,9 @@ def main():
             )
         if args.sweep:
             for r in rows:
-                sweep = {k: round(v, 2) for k, v in r["us"].items() if k.startswith("atom_block")}
+                sweep = {
+                    k[len("atom_") :]: round(v, 2) for k, v in r["us"].items() if k.startswith("atom_block")
+                }
                 print(f"  tokens {r['tokens']} hidden {r['hidden']}: {sweep}")
         if args.out:
             with open(args.out, "w") as f:

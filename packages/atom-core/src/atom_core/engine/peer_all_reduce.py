@@ -1,8 +1,9 @@
 """The engine's all-reduce for small messages: atom-kernels' one-shot kernel over peer memory.
 
-A decode step all-reduces twice a layer, a few KB to a few hundred KB each. On two NVLinked H200s inside
-CUDA graphs NCCL takes 18 us for 8 KB and the one-shot kernel 8; at 256 KB 17 and 15 (atom-kernels'
-bench_all_reduce.py). Larger messages (prefill, big batches) stay with NCCL. Built once per rank, collectively, before the CUDA graphs are captured:
+A decode step all-reduces twice a layer, a few KB to a few hundred KB each. On two NVLinked H200s, in a
+CUDA graph of back-to-back calls, NCCL takes 18 us for 8 KB and the one-shot kernel 8 (atom-kernels'
+bench_all_reduce.py); inside the engine's steps NCCL is faster than that, and the engine gains little
+(see the README). Larger messages (prefill, big batches) stay with NCCL. Built once per rank, collectively, before the CUDA graphs are captured:
 the kernel and its buffer addresses are then part of every graph.
 """
 
@@ -19,9 +20,11 @@ from atom_core.ops import one_shot_all_reduce, peer_pad_slots
 
 logger = logging.getLogger("atom_core.engine")
 
-# Beyond this NCCL is as fast on two NVLinked H200s (bench_all_reduce.py: 15 vs 17 us at 256 KB, 19-22
-# vs 19 at 512 KB): decode up to B = 32 at hidden 4096 in bf16
-DEFAULT_MAX_BYTES = 256 * 1024
+# In CUDA graphs of back-to-back calls on two H200s the kernel beat NCCL up to 2 MB (bench_all_reduce.py:
+# 8 vs 18 us at 8 KB, 17 vs 19 at 512 KB), but inside the engine's decode steps NCCL's all-reduce is
+# faster than there (~15 us at 512 KB), and with peer all-reduces up to 2 MB a B=64 step was no faster
+# (6,381 vs 6,473 tok/s). So the peer path takes decode up to B = 32 at hidden 4096 in bf16.
+DEFAULT_MAX_BYTES = 256 << 10
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # torch's symmetric memory keeps per-process state for a group name past the group's end: a second TP
 # engine in one process (a new group of the same name) waited forever in its rendezvous on the H200s.

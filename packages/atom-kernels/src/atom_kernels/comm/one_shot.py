@@ -13,8 +13,12 @@ import torch
 import triton
 import triton.language as tl
 
-MAX_PROGRAMS = 64  # persistent grid: each program's flags are its own slots in the pads
-SMALL_MESSAGE = 8192  # elements: up to here one block of 2048 a program, beyond 512
+# Each program's flags are its own slots in the pads, and every program of the grid must be resident at
+# once (a program spins until its peers' same program arrives): 512 small programs fit an H100/H200
+# many times over. Many programs, one chunk each, keep many remote loads in flight: one program looping
+# over chunks pays NVLink's latency per chunk.
+MAX_PROGRAMS = 512
+SMALL_MESSAGE = 8192  # elements: up to here blocks of 2048 elements a program, beyond 256
 PAD_SLOTS_PER_RANK = 2 * MAX_PROGRAMS  # int32 flags a rank's pad holds per peer: start and end barriers
 
 
@@ -98,8 +102,8 @@ def one_shot_all_reduce(
         raise ValueError(f"rank {rank} of {world} buffers and {pads.numel()} pads")
     out = torch.empty_like(x) if out is None else out
     n = x.numel()
-    if block is None:  # H200 x2 (bench_all_reduce.py --sweep): big tiles for a few rows, then small ones
-        block = 2048 if n <= SMALL_MESSAGE else 512
+    if block is None:  # H200 x2 (bench_all_reduce.py --sweep): one big tile for a row, then small ones
+        block = 2048 if n <= SMALL_MESSAGE else 256
     if programs is None:
         programs = min(MAX_PROGRAMS, triton.cdiv(n, block))
     if not 1 <= programs <= MAX_PROGRAMS:

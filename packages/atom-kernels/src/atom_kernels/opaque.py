@@ -24,37 +24,54 @@ from atom_kernels.moe import ExpertScales
 Tensor = torch.Tensor
 
 
-def _compiling() -> bool:
-    return torch.compiler.is_compiling()
+def _opaque(name: str, impl, fake, mutates: tuple[str, ...] = ()):
+    """impl registered as the custom op atom_kernels::<name> (fake: its outputs' shapes) -> the op. impl
+    stays a plain function, the eager path."""
+    op = torch.library.custom_op(f"atom_kernels::{name}", mutates_args=mutates)(impl)
+    op.register_fake(fake)
+    return op
 
 
-@torch.library.custom_op("atom_kernels::linear", mutates_args=())
-def _linear_op(x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool) -> Tensor:
+def _pick(op, impl):
+    """The op while Dynamo traces, else the plain function (no dispatcher on the eager path)."""
+    return op if torch.compiler.is_compiling() else impl
+
+
+def _like_x(x: Tensor, *args) -> Tensor:
+    return torch.empty_like(x, memory_format=torch.contiguous_format)
+
+
+def _routing_fake(logits: Tensor, top_k: int, *args) -> tuple[Tensor, Tensor]:
+    rows = logits.shape[0]
+    return (
+        logits.new_empty((rows, top_k), dtype=torch.float32),
+        logits.new_empty((rows, top_k), dtype=torch.int32),
+    )
+
+
+def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool) -> Tensor:
     return _linear(x, weight, bias, gated_input=gated_input)
 
 
-@_linear_op.register_fake
-def _(x, weight, bias, gated_input):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+_linear_op = _opaque(
+    "linear", _linear_impl, lambda x, weight, *args: x.new_empty((*x.shape[:-1], weight.shape[0]))
+)
 
 
 def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated_input: bool = False) -> Tensor:
     """atom_kernels.linear.linear: x [..., K] (or [..., 2K] with gated_input), weight [N, K] -> [..., N]."""
-    if _compiling():
-        return _linear_op(x, weight, bias, gated_input)
-    return _linear(x, weight, bias, gated_input=gated_input)
+    return _pick(_linear_op, _linear_impl)(x, weight, bias, gated_input)
 
 
-@torch.library.custom_op("atom_kernels::fp8_linear", mutates_args=())
-def _fp8_linear_op(
+def _fp8_linear_impl(
     x: Tensor, weight: Tensor, scale: Tensor, block: list[int], bias: Tensor | None, pow2_scales: bool
 ) -> Tensor:
     return _fp8_linear(x, weight, scale, (block[0], block[1]), bias, pow2_scales=pow2_scales)
 
 
-@_fp8_linear_op.register_fake
-def _(x, weight, scale, block, bias, pow2_scales):
-    return x.new_empty((*x.shape[:-1], weight.shape[0]))
+_fp8_linear_op = _opaque(
+    "fp8_linear", _fp8_linear_impl, lambda x, weight, *args: x.new_empty((*x.shape[:-1], weight.shape[0]))
+)
 
 
 def fp8_linear(
@@ -67,91 +84,67 @@ def fp8_linear(
     pow2_scales: bool = False,
 ) -> Tensor:
     """atom_kernels.fp8.fp8_linear: x [..., K], e4m3 weight [N, K] with block scales -> [..., N]."""
-    if _compiling():
-        return _fp8_linear_op(x, weight, scale, list(block), bias, pow2_scales)
-    return _fp8_linear(x, weight, scale, block, bias, pow2_scales=pow2_scales)
+    return _pick(_fp8_linear_op, _fp8_linear_impl)(x, weight, scale, list(block), bias, pow2_scales)
 
 
-@torch.library.custom_op("atom_kernels::rms_norm", mutates_args=())
-def _rms_norm_op(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
+def _rms_norm_impl(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:
     return norm.rms_norm(x, weight, eps, weight_offset=weight_offset)
 
 
-@_rms_norm_op.register_fake
-def _(x, weight, eps, weight_offset):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-@torch.library.custom_op("atom_kernels::rms_norm_residual", mutates_args=())
-def _rms_norm_residual_op(
+def _rms_norm_residual_impl(
     x: Tensor, weight: Tensor, eps: float, residual: Tensor, weight_offset: float
 ) -> tuple[Tensor, Tensor]:
     return norm.rms_norm(x, weight, eps, residual, weight_offset=weight_offset)
 
 
-@_rms_norm_residual_op.register_fake
-def _(x, weight, eps, residual, weight_offset):
-    return (
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-        torch.empty_like(x, memory_format=torch.contiguous_format),
-    )
+_rms_norm_op = _opaque("rms_norm", _rms_norm_impl, _like_x)
+_rms_norm_residual_op = _opaque(
+    "rms_norm_residual", _rms_norm_residual_impl, lambda x, *args: (_like_x(x), _like_x(x))
+)
 
 
 def rms_norm(
     x: Tensor, weight: Tensor, eps: float, residual: Tensor | None = None, *, weight_offset: float = 0.0
 ) -> Tensor | tuple[Tensor, Tensor]:
     """atom_kernels.rms_norm: x [T, H] -> out [T, H], or (out, x + residual) with a residual."""
-    if _compiling():
-        if residual is None:
-            return _rms_norm_op(x, weight, eps, weight_offset)
-        return _rms_norm_residual_op(x, weight, eps, residual, weight_offset)
-    return norm.rms_norm(x, weight, eps, residual, weight_offset=weight_offset)
+    if residual is None:
+        return _pick(_rms_norm_op, _rms_norm_impl)(x, weight, eps, weight_offset)
+    return _pick(_rms_norm_residual_op, _rms_norm_residual_impl)(x, weight, eps, residual, weight_offset)
 
 
-@torch.library.custom_op("atom_kernels::rms_norm_gated", mutates_args=())
-def _rms_norm_gated_op(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
+def _rms_norm_gated_impl(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     return norm.rms_norm_gated(x, gate, weight, eps)
 
 
-@_rms_norm_gated_op.register_fake
-def _(x, gate, weight, eps):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+_rms_norm_gated_op = _opaque("rms_norm_gated", _rms_norm_gated_impl, _like_x)
 
 
 def rms_norm_gated(x: Tensor, gate: Tensor, weight: Tensor, eps: float) -> Tensor:
     """atom_kernels.rms_norm_gated: x, gate [N, D] -> [N, D]."""
-    if _compiling():
-        return _rms_norm_gated_op(x, gate, weight, eps)
-    return norm.rms_norm_gated(x, gate, weight, eps)
+    return _pick(_rms_norm_gated_op, _rms_norm_gated_impl)(x, gate, weight, eps)
 
 
-@torch.library.custom_op("atom_kernels::silu_and_mul", mutates_args=())
-def _silu_and_mul_op(x: Tensor) -> Tensor:
+def _silu_and_mul_impl(x: Tensor) -> Tensor:
     return activation.silu_and_mul(x)
 
 
-@_silu_and_mul_op.register_fake
-def _(x):
-    return x.new_empty((x.shape[0], x.shape[1] // 2))
+_silu_and_mul_op = _opaque(
+    "silu_and_mul", _silu_and_mul_impl, lambda x: x.new_empty((x.shape[0], x.shape[1] // 2))
+)
 
 
 def silu_and_mul(x: Tensor) -> Tensor:
     """atom_kernels.silu_and_mul: x [T, 2I] -> [T, I]."""
-    if _compiling():
-        return _silu_and_mul_op(x)
-    return activation.silu_and_mul(x)
+    return _pick(_silu_and_mul_op, _silu_and_mul_impl)(x)
 
 
-@torch.library.custom_op("atom_kernels::apply_rotary", mutates_args=("q", "k"))
-def _apply_rotary_op(
+def _apply_rotary_impl(
     positions: Tensor, q: Tensor, k: Tensor, inv_freq: Tensor, rotary_dim: int, scaling: float, neox: bool
 ) -> None:
     rotary.apply_rotary(positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox)
 
 
-@_apply_rotary_op.register_fake
-def _(positions, q, k, inv_freq, rotary_dim, scaling, neox):
-    return None
+_apply_rotary_op = _opaque("apply_rotary", _apply_rotary_impl, lambda *args: None, mutates=("q", "k"))
 
 
 def apply_rotary(
@@ -165,14 +158,11 @@ def apply_rotary(
     neox: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """atom_kernels.apply_rotary: rotates q [T, Hq, D] and k [T, Hkv, D] in place; returns (q, k)."""
-    if _compiling():
-        _apply_rotary_op(positions, q, k, inv_freq, rotary_dim, scaling, neox)
-        return q, k
-    return rotary.apply_rotary(positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox)
+    _pick(_apply_rotary_op, _apply_rotary_impl)(positions, q, k, inv_freq, rotary_dim, scaling, neox)
+    return q, k
 
 
-@torch.library.custom_op("atom_kernels::apply_mrope", mutates_args=("q", "k"))
-def _apply_mrope_op(
+def _apply_mrope_impl(
     positions: Tensor,
     q: Tensor,
     k: Tensor,
@@ -196,9 +186,7 @@ def _apply_mrope_op(
     )
 
 
-@_apply_mrope_op.register_fake
-def _(positions, q, k, inv_freq, rotary_dim, section, interleaved, scaling, neox):
-    return None
+_apply_mrope_op = _opaque("apply_mrope", _apply_mrope_impl, lambda *args: None, mutates=("q", "k"))
 
 
 def apply_mrope(
@@ -214,53 +202,28 @@ def apply_mrope(
     neox: bool = True,
 ) -> tuple[Tensor, Tensor]:
     """atom_kernels.apply_mrope: rotates q and k in place by positions [3, T]; returns (q, k)."""
-    if _compiling():
-        _apply_mrope_op(positions, q, k, inv_freq, rotary_dim, list(section), interleaved, scaling, neox)
-        return q, k
-    return rotary.apply_mrope(
-        positions,
-        q,
-        k,
-        inv_freq,
-        rotary_dim=rotary_dim,
-        section=section,
-        interleaved=interleaved,
-        scaling=scaling,
-        neox=neox,
-    )
+    args = (positions, q, k, inv_freq, rotary_dim, list(section), interleaved, scaling, neox)
+    _pick(_apply_mrope_op, _apply_mrope_impl)(*args)
+    return q, k
 
 
-@torch.library.custom_op("atom_kernels::topk_softmax", mutates_args=())
-def _topk_softmax_op(
+def _topk_softmax_impl(
     logits: Tensor, top_k: int, renormalize: bool, round_to: torch.dtype
 ) -> tuple[Tensor, Tensor]:
     return moe.topk_softmax(logits, top_k, renormalize, round_to=round_to)
 
 
-def _routing_fake(logits: Tensor, top_k: int) -> tuple[Tensor, Tensor]:
-    rows = logits.shape[0]
-    return (
-        logits.new_empty((rows, top_k), dtype=torch.float32),
-        logits.new_empty((rows, top_k), dtype=torch.int32),
-    )
-
-
-@_topk_softmax_op.register_fake
-def _(logits, top_k, renormalize, round_to):
-    return _routing_fake(logits, top_k)
+_topk_softmax_op = _opaque("topk_softmax", _topk_softmax_impl, _routing_fake)
 
 
 def topk_softmax(
     logits: Tensor, top_k: int, renormalize: bool, *, round_to: torch.dtype = torch.float32
 ) -> tuple[Tensor, Tensor]:
     """atom_kernels.topk_softmax: logits [T, E] -> (weights [T, k] fp32, ids [T, k] int32)."""
-    if _compiling():
-        return _topk_softmax_op(logits, top_k, renormalize, round_to)
-    return moe.topk_softmax(logits, top_k, renormalize, round_to=round_to)
+    return _pick(_topk_softmax_op, _topk_softmax_impl)(logits, top_k, renormalize, round_to)
 
 
-@torch.library.custom_op("atom_kernels::grouped_topk", mutates_args=())
-def _grouped_topk_op(
+def _grouped_topk_impl(
     logits: Tensor,
     top_k: int,
     num_groups: int,
@@ -282,9 +245,7 @@ def _grouped_topk_op(
     )
 
 
-@_grouped_topk_op.register_fake
-def _(logits, top_k, num_groups, topk_groups, bias, scoring, renormalize, scaling):
-    return _routing_fake(logits, top_k)
+_grouped_topk_op = _opaque("grouped_topk", _grouped_topk_impl, _routing_fake)
 
 
 def grouped_topk(
@@ -299,22 +260,11 @@ def grouped_topk(
     scaling: float = 1.0,
 ) -> tuple[Tensor, Tensor]:
     """atom_kernels.grouped_topk: logits [T, E] -> (weights [T, k] fp32, ids [T, k] int32)."""
-    if _compiling():
-        return _grouped_topk_op(logits, top_k, num_groups, topk_groups, bias, scoring, renormalize, scaling)
-    return moe.grouped_topk(
-        logits,
-        top_k,
-        num_groups=num_groups,
-        topk_groups=topk_groups,
-        bias=bias,
-        scoring=scoring,
-        renormalize=renormalize,
-        scaling=scaling,
-    )
+    args = (logits, top_k, num_groups, topk_groups, bias, scoring, renormalize, scaling)
+    return _pick(_grouped_topk_op, _grouped_topk_impl)(*args)
 
 
-@torch.library.custom_op("atom_kernels::fused_experts", mutates_args=())
-def _fused_experts_op(
+def _fused_experts_impl(
     x: Tensor,
     w13: Tensor,
     w2: Tensor,
@@ -324,20 +274,13 @@ def _fused_experts_op(
     w2_scale: Tensor | None,
     scale_block: list[int] | None,
 ) -> Tensor:
-    return moe.fused_experts(
-        x, w13, w2, topk_weights, topk_ids, scales=_scales(w13_scale, w2_scale, scale_block)
-    )
+    scales = None
+    if w13_scale is not None and w2_scale is not None and scale_block is not None:
+        scales = ExpertScales(w13_scale, w2_scale, (scale_block[0], scale_block[1]))
+    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
 
 
-@_fused_experts_op.register_fake
-def _(x, w13, w2, topk_weights, topk_ids, w13_scale, w2_scale, scale_block):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
-
-
-def _scales(w13: Tensor | None, w2: Tensor | None, block: list[int] | None) -> ExpertScales | None:
-    if w13 is None or w2 is None or block is None:
-        return None
-    return ExpertScales(w13, w2, (block[0], block[1]))
+_fused_experts_op = _opaque("fused_experts", _fused_experts_impl, _like_x)
 
 
 def fused_experts(
@@ -350,13 +293,8 @@ def fused_experts(
     scales: ExpertScales | None = None,
 ) -> Tensor:
     """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]."""
-    if _compiling():
-        if scales is None:
-            return _fused_experts_op(x, w13, w2, topk_weights, topk_ids, None, None, None)
-        return _fused_experts_op(
-            x, w13, w2, topk_weights, topk_ids, scales.w13, scales.w2, list(scales.block)
-        )
-    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
+    flat = (None, None, None) if scales is None else (scales.w13, scales.w2, list(scales.block))
+    return _pick(_fused_experts_op, _fused_experts_impl)(x, w13, w2, topk_weights, topk_ids, *flat)
 
 
 __all__ = [

@@ -27,6 +27,9 @@ SHAPES = [(1, 4096), (8, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096)
 
 
 def graph_time_us(fn) -> float:
+    """us per call of fn, CALLS of them captured in one graph and replayed REPLAYS times. Not
+    graph_timing.graph_ms: it sizes each graph from the rank's own eager timing, and ranks whose graphs
+    hold different numbers of calls would wait at the kernel's barriers forever."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):

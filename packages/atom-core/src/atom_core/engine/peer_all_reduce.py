@@ -3,8 +3,9 @@
 A decode step all-reduces twice a layer, a few KB to a few hundred KB each. On two NVLinked H200s, in a
 CUDA graph of back-to-back calls, NCCL takes 18 us for 8 KB and the one-shot kernel 8 (atom-kernels'
 bench_all_reduce.py); inside the engine's steps NCCL is faster than that, and the engine gains little
-(see the README). Larger messages (prefill, big batches) stay with NCCL. Built once per rank, collectively, before the CUDA graphs are captured:
-the kernel and its buffer addresses are then part of every graph.
+(see the README). Larger messages (prefill, big batches) stay with NCCL. Built once per rank,
+collectively, before the CUDA graphs are captured: the kernel and its buffer addresses are then part of
+every graph.
 """
 
 from __future__ import annotations

@@ -6,8 +6,10 @@
 Llama-3-8B's projections and DeepSeek-V3's attention projections, from decode's single row to prefill's
 16384. At 1..16 rows fp8_linear reads the weight once (the W8A8 skinny kernel, or the weight-only GEMV for
 one row of a small weight), so its roofline is the bytes read (e4m3 weight + fp32 scales + bf16 x) at the
-copy bandwidth measured in the same run; beyond, it runs the W8A8 GEMM, whose ceiling is the tensor
-cores' rate (x's quantization is timed with either). rel err: against the fp32 reference of the path
+copy bandwidth measured in the same run; up to 64 rows the W8A8 skinny kernel; beyond, a W8A8 GEMM
+(cuBLAS's blockwise-scaled one on Hopper, else the Triton kernel), whose ceiling is the tensor cores' rate
+(x's quantization is timed with each). triton ms: the Triton W8A8 GEMM on the same rows, in the same run,
+where fp8_linear takes cuBLAS. rel err: against the fp32 reference of the path
 taken (the table in results/ from before the rel err reference followed quantizes_input shows the W8A8
 rows' error against the weight-only reference: ~2.5e-2, e4m3's rounding of x). Weights rotate over
 copies that exceed the L2, as in a decode step where every layer's weights stream.
@@ -27,8 +29,12 @@ import triton
 from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
 from graph_timing import graph_ms, rotation
 
-from atom_kernels.fp8 import fp8_linear, fp8_linear_ref, quantize_weight_ref
+from atom_kernels.activation import silu_and_mul
+from atom_kernels.fp8 import fp8_linear, fp8_linear_ref, quantize_act, quantize_weight_ref
+from atom_kernels.fp8.cublas_blockwise import ROW_ALIGN, blockwise_mm, cublas_blockwise_supported
+from atom_kernels.fp8.gemm import w8a8_gemm
 from atom_kernels.fp8.linear import quantizes_input
+from atom_kernels.fp8.skinny_w8a8 import MAX_ROWS as SKINNY_W8A8_MAX_ROWS
 
 SHAPES = {  # name: (N, K)
     "llama3-8b/qkv": (6144, 4096),
@@ -40,7 +46,8 @@ SHAPES = {  # name: (N, K)
     "dsv3/o": (7168, 16384),
     "dsv3/q_a+kv_a": (2112, 7168),
 }
-ROWS = (1, 2, 4, 8, 16, 64, 256, 1024, 4096, 16384)
+GATED = ("llama3-8b/down",)  # also timed from the MLP's gate_up, the activation fused into x's quantization
+ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
 BLOCK = (128, 128)
 CHECK_ROWS = (
     4096  # the fp32 reference is checked up to this many rows (beyond, it costs more than the timing)
@@ -60,6 +67,35 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         fp8_ms = graph_ms([lambda qc=qc, sc=sc, x=x: fp8_linear(x, qc, sc, BLOCK) for qc, sc in fp8_weights])
         bf16_ms = graph_ms([lambda wc=wc, x=x: F.linear(x, wc) for wc in bf16_weights])
+        triton_ms = gemm_ms = gated_fp8_ms = gated_bf16_ms = math.nan
+        on_cublas = rows > SKINNY_W8A8_MAX_ROWS and cublas_blockwise_supported(n, k, BLOCK, x.dtype, x.device)
+        if on_cublas:
+
+            def triton_gemm(qc, sc, x=x):
+                xq, xs = quantize_act(x, BLOCK[1])
+                return w8a8_gemm(xq, xs, qc, sc, BLOCK, out_dtype=x.dtype)
+
+            triton_ms = graph_ms([lambda qc=qc, sc=sc: triton_gemm(qc, sc) for qc, sc in fp8_weights])
+            # cuBLAS's GEMM alone, x quantized once outside the graph: the GEMM's own rate against bf16's
+            xq, xs = quantize_act(x, BLOCK[1], token_major_scales=True, pad_rows_to=ROW_ALIGN)
+            gemm_ms = graph_ms(
+                [
+                    lambda qc=qc, sc=sc, xq=xq, xs=xs: blockwise_mm(xq, xs, qc, sc, torch.bfloat16)
+                    for qc, sc in fp8_weights
+                ]
+            )
+        if name in GATED:  # the MLP's down projection: bf16 runs silu_and_mul then the GEMM
+            gate_up = torch.randn(rows, 2 * k, device="cuda", dtype=torch.bfloat16)
+            gated_fp8_ms = graph_ms(
+                [
+                    lambda qc=qc, sc=sc, gate_up=gate_up: fp8_linear(gate_up, qc, sc, BLOCK, gated_input=True)
+                    for qc, sc in fp8_weights
+                ]
+            )
+            gated_bf16_ms = graph_ms(
+                [lambda wc=wc, gate_up=gate_up: F.linear(silu_and_mul(gate_up), wc) for wc in bf16_weights]
+            )
+            del gate_up
         flop = 2 * rows * n * k
         nbytes = fp8_bytes + x.numel() * x.element_size()
         err = math.nan
@@ -75,6 +111,13 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
                 rows=rows,
                 fp8_ms=fp8_ms,
                 bf16_ms=bf16_ms,
+                path="cublas" if on_cublas else "triton",
+                triton_ms=triton_ms,
+                cublas_gemm_only_ms=gemm_ms,
+                cublas_gemm_only_x_bf16=bf16_ms / gemm_ms,
+                gated_fp8_ms=gated_fp8_ms,
+                gated_bf16_ms=gated_bf16_ms,
+                gated_speedup=gated_bf16_ms / gated_fp8_ms,
                 fp8_tflops=flop / (fp8_ms * 1e-3) / 1e12,
                 bf16_tflops=flop / (bf16_ms * 1e-3) / 1e12,
                 speedup=bf16_ms / fp8_ms,
@@ -86,7 +129,8 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
         r = out[-1]
         print(
             f"{name:18} {rows:6} {fp8_ms:9.4f} {bf16_ms:9.4f} {r['fp8_tflops']:8.1f} {r['bf16_tflops']:8.1f} "
-            f"{r['speedup']:6.2f} {r['fp8_gb_s']:8.0f} {r['fp8_pct_copy']:6.1f} {err:9.1e}",
+            f"{r['speedup']:6.2f} {r['fp8_gb_s']:8.0f} {r['fp8_pct_copy']:6.1f} {err:9.1e} {triton_ms:9.4f} {bf16_ms / gemm_ms:7.2f} "
+            f"{gated_bf16_ms / gated_fp8_ms:7.2f}",
             flush=True,
         )
         del x
@@ -109,12 +153,16 @@ def main():
     )
     print(
         f"{'shape':18} {'M':>6} {'fp8 ms':>9} {'bf16 ms':>9} {'fp8 TF/s':>8} {'bf16 TF':>8} {'x':>6} "
-        f"{'fp8 GB/s':>8} {'% copy':>6} {'rel err':>9}"
+        f"{'fp8 GB/s':>8} {'% copy':>6} {'rel err':>9} {'triton ms':>9} {'gemm x':>7} {'gated x':>7}"
     )
     rows_out = []
     for name in args.names:
         rows_out += bench_shape(name, *SHAPES[name], args.rows, copy_bw)
-    print("x: bf16 ms / fp8 ms. fp8 GB/s: (e4m3 weight + fp32 scales + bf16 x) bytes / time.")
+    print(
+        "x: bf16 ms / fp8 ms. fp8 GB/s: (e4m3 weight + fp32 scales + bf16 x) bytes / time. gemm x: bf16 over "
+        "cuBLAS's blockwise GEMM alone (x quantized outside). gated x: the down projection from gate_up, "
+        "bf16 silu_and_mul + GEMM over fp8_linear(gated_input=True)."
+    )
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(

@@ -1,11 +1,13 @@
 """Decode's few rows on the H200: the W8A8 skinny kernel (x quantized, e4m3 tiles straight into the MMA)
 against the weight-only streaming kernels and bf16, with a tile sweep for the W8A8 kernel.
 
-  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 sweep_fp8_skinny.py [--out FILE]
+  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 sweep_fp8_skinny.py [--rows 1 4 16] [--out FILE]
 
 Every call is timed as CUDA-graph replays over weight copies that miss the L2 (graph_timing). The W8A8
 time includes quantize_act of x (its own launch). % copy: the e4m3 weight and fp32 scales over the copy
-bandwidth measured in the same run; x bf16: bf16's time over this one (x @ W^T, torch).
+bandwidth measured in the same run; x bf16: bf16's time over this one (x @ W^T, torch). cuBLAS ms: the
+blockwise-scaled cuBLAS GEMM that fp8_linear takes past the skinny kernel's rows (its quantize_act
+included), where it runs the shape: the two meet at the row count this sweep sets.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from ceilings import measure_ceilings
 from graph_timing import graph_ms, rotation
 
 from atom_kernels.fp8 import fp8_linear_ref, quantize_act, quantize_weight_ref
+from atom_kernels.fp8.cublas_blockwise import cublas_blockwise_supported, cublas_w8a8
 from atom_kernels.fp8.skinny_w8a8 import SkinnyTiles, skinny_tiles, w8a8_skinny
 from atom_kernels.fp8.stream import run_stream
 
@@ -35,6 +38,7 @@ CANDIDATES = [
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
+    parser.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
     parser.add_argument("names", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
     copy_bw, _ = measure_ceilings()
@@ -49,7 +53,7 @@ def main() -> None:
         copies = [(q.clone(), s.clone()) for _ in range(rotation(q.numel()))]
         bf_copies = [wb.clone() for _ in range(rotation(2 * wb.numel()))]
         fp8_bytes = q.numel() + 4 * s.numel()
-        for rows in ROWS:
+        for rows in args.rows:
             x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
             y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
             bf16_ms = graph_ms([lambda c=c, x=x: torch.mm(x, c.t()) for c in bf_copies])
@@ -57,8 +61,11 @@ def main() -> None:
                 [lambda qc=qc, sc=sc, x=x, y=y: run_stream(x, qc, sc, BLOCK, None, y) for qc, sc in copies]
             )
             want = fp8_linear_ref(x, q, s, BLOCK, quantize_input=True).float()
+            cublas_ms = float("nan")
+            if cublas_blockwise_supported(n, k, BLOCK, x.dtype, x.device):
+                cublas_ms = graph_ms([lambda qc=qc, sc=sc, x=x: cublas_w8a8(x, qc, sc) for qc, sc in copies])
             timed = []
-            for t in [skinny_tiles(n, k, BLOCK[1]), *CANDIDATES]:
+            for t in [skinny_tiles(n, k, BLOCK[1], rows), *CANDIDATES]:
 
                 def call(qc, sc, t=t, x=x):
                     xq, xs = quantize_act(x, BLOCK[1])
@@ -80,6 +87,7 @@ def main() -> None:
                 bf16_ms=bf16_ms,
                 stream_ms=stream_ms,
                 stream_pct_copy=100 * fp8_bytes / (stream_ms * 1e-3) / copy_bw,
+                cublas_ms=cublas_ms,
                 default=str(timed[0][1]),
                 default_ms=timed[0][0],
                 best=str(best),
@@ -95,13 +103,13 @@ def main() -> None:
     print(f"\ncopy {copy_bw / 1e12:.2f} TB/s")
     print(
         f"{'shape':<18} {'M':>3} {'bf16 ms':>8} {'stream ms':>9} {'%copy':>6} {'w8a8 ms':>8} {'%copy':>6} "
-        f"{'x bf16':>7} {'x strm':>7}  best tile"
+        f"{'x bf16':>7} {'x strm':>7} {'cuBLAS':>8}  best tile"
     )
     for r in results:
         print(
             f"{r['shape']:<18} {r['rows']:>3} {r['bf16_ms']:>8.4f} {r['stream_ms']:>9.4f} "
             f"{r['stream_pct_copy']:>6.1f} {r['best_ms']:>8.4f} {r['best_pct_copy']:>6.1f} "
-            f"{r['best_x_bf16']:>7.2f} {r['best_x_stream']:>7.2f}  {r['best']}"
+            f"{r['best_x_bf16']:>7.2f} {r['best_x_stream']:>7.2f} {r['cublas_ms']:>8.4f}  {r['best']}"
         )
     if args.out:
         with open(args.out, "w") as f:

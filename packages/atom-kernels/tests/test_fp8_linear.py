@@ -4,9 +4,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.activation import silu_and_mul
+from atom_kernels.activation.ref import silu_and_mul_ref
 from atom_kernels.fp8 import (
     E4M3,
     E4M3_MAX,
+    cublas_blockwise,
     dequantize_weight_ref,
     fp8_linear,
     fp8_linear_ref,
@@ -15,13 +18,16 @@ from atom_kernels.fp8 import (
     quantize_weight_ref,
     scale_grid,
 )
+from atom_kernels.fp8.cublas_blockwise import cublas_blockwise_supported, cublas_w8a8
 from atom_kernels.fp8.gemm import GemmTiles, w8a8_gemm
 from atom_kernels.fp8.linear import quantizes_input
+from atom_kernels.fp8.skinny_w8a8 import MAX_ROWS as SKINNY_W8A8_MAX_ROWS
 from atom_kernels.fp8.skinny_w8a8 import SkinnyTiles, w8a8_skinny
 from atom_kernels.fp8.stream import MAX_SKINNY_ROWS, run_stream
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEVICE == "cuda"
+HOPPER = GPU and torch.version.cuda is not None and torch.cuda.get_device_capability() == (9, 0)
 # The CPU interpreter's bf16 math is wrong: bf16 runs on the GPU only.
 DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if GPU else [])
 # Largest |error| allowed, relative to the output's largest |value|. fp32 outputs differ from the reference
@@ -106,6 +112,38 @@ def test_quantize_act_matches_reference_bit_for_bit(m, k, group, pow2, dtype):
     assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
 
 
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize(("m", "pad"), [(5, 4), (8, 4), (3, 1), (0, 4)])
+def test_quantize_act_token_major_padded_scales(m, pad, backend):
+    """The layout cuBLAS's blockwise scaling reads: xs strides (1, M_pad), M rounded up to `pad`; rows
+    below M hold quantize_act_ref's values exactly."""
+    x = _x(m, 100, torch.float32) * 5
+    xq, xs = quantize_act(x, 32, token_major_scales=True, pad_rows_to=pad, backend=backend)
+    m_pad = -(-m // pad) * pad
+    assert xq.shape == (m_pad, 100) and xs.shape == (m_pad, 4)
+    assert xq.is_contiguous() and (m_pad == 0 or xs.stride() == (1, m_pad))
+    rq, rs = quantize_act_ref(x, 32)
+    assert torch.equal(xs[:m], rs)
+    assert torch.equal(xq[:m].view(torch.uint8), rq.view(torch.uint8))
+    with pytest.raises(ValueError, match="pad_rows_to"):
+        quantize_act(x, 32, pad_rows_to=0)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("dtype", ACT_DTYPES)
+def test_quantize_act_gated_input_is_silu_and_mul_then_quantize(dtype, backend):
+    """The down projection's input formed inside the quantization: the same e4m3 values and scales as
+    silu_and_mul (in x's dtype) followed by quantize_act, bit for bit."""
+    gate_up = (_x(7, 2 * 80, torch.float32) * 4).to(dtype)
+    xq, xs = quantize_act(gate_up, 32, gated_input=True, backend=backend)
+    rq, rs = quantize_act(silu_and_mul(gate_up, backend=backend), 32, backend=backend)
+    assert xq.shape == (7, 80) and xs.shape == (7, 3)
+    assert torch.equal(xs, rs)
+    assert torch.equal(xq.view(torch.uint8), rq.view(torch.uint8))
+    with pytest.raises(ValueError, match=r"\[M, 2K\]"):
+        quantize_act(gate_up[:, :-1], 32, gated_input=True, backend=backend)
+
+
 def test_quantize_act_rounds_every_e4m3_value_and_tie():
     grid = torch.arange(256, dtype=torch.uint8).view(E4M3).float()
     grid = grid[grid.isfinite()].unique()
@@ -182,16 +220,24 @@ SKINNY_CASES = [
     (3, 130, 200, (128, 128)),
     (16, 37, 100, (32, 16)),
     (5, 40, 128, (5, 64)),
+    (27, 40, 72, (16, 16)),  # 32-row MMA columns
+    (SKINNY_W8A8_MAX_ROWS, 24, 64, (16, 32)),  # 64-row columns, full
 ]
 if GPU:
-    SKINNY_CASES += [(1, 6144, 4096, (128, 128)), (8, 576, 7168, (128, 128)), (16, 700, 900, (64, 64))]
+    SKINNY_CASES += [
+        (1, 6144, 4096, (128, 128)),
+        (8, 576, 7168, (128, 128)),
+        (16, 700, 900, (64, 64)),
+        (40, 4096, 1024, (128, 128)),
+        (64, 2112, 7168, (128, 128)),
+    ]
 
 
 @pytest.mark.parametrize("split_k", [1, 3])
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(("m", "n", "k", "block"), SKINNY_CASES)
 def test_skinny_w8a8_matches_reference(m, n, k, block, dtype, split_k):
-    """The operand-swapped W8A8 product for <= 16 rows, its k-steps in one program or split over three
+    """The operand-swapped W8A8 product for <= 64 rows, its k-steps in one program or split over three
     (partials summed after; the bias added once)."""
     q, s = _weight(n, k, block)
     x, b = _x(m, k, dtype), _bias(n, dtype)
@@ -252,10 +298,28 @@ def test_one_row_of_a_large_weight_quantizes_x(monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_many_rows_quantize_then_gemm(dtype, pow2):
     q, s = _weight(40, 96, (32, 32))
-    x = _x(MAX_SKINNY_ROWS + 3, 96, dtype)
+    x = _x(SKINNY_W8A8_MAX_ROWS + 3, 96, dtype)
     got = fp8_linear(x, q, s, (32, 32), pow2_scales=pow2, backend="triton")
     want = fp8_linear_ref(x, q, s, (32, 32), quantize_input=True, pow2_scales=pow2)
     _assert_close(got, want, dtype)
+
+
+@pytest.mark.parametrize("rows", [1, 5, SKINNY_W8A8_MAX_ROWS + 3])
+def test_gated_input_is_the_down_projection_of_silu_and_mul(rows):
+    """fp8_linear(gate_up, gated_input=True) on every path (weight-only at one row of a small weight,
+    skinny W8A8, the GEMM) equals the layer applied to silu_and_mul's output."""
+    q, s = _weight(40, 96, (32, 32))
+    gate_up = _x(rows, 192, torch.float16)
+    got = fp8_linear(gate_up, q, s, (32, 32), backend="triton", gated_input=True)
+    want = fp8_linear(silu_and_mul(gate_up, backend="triton"), q, s, (32, 32), backend="triton")
+    assert got.shape == (rows, 40)
+    assert torch.equal(got, want)
+    ref = fp8_linear_ref(silu_and_mul_ref(gate_up), q, s, (32, 32), quantize_input=rows > 1)
+    _assert_close(got, ref, torch.float16)
+    torch_path = fp8_linear(gate_up, q, s, (32, 32), backend="torch", gated_input=True)
+    _assert_close(torch_path, fp8_linear_ref(silu_and_mul_ref(gate_up), q, s, (32, 32)), torch.float16)
+    with pytest.raises(ValueError, match=r"\[\.\.\., 2K\] \(gate then up\) with 2K=192"):
+        fp8_linear(gate_up[:, :96], q, s, (32, 32), gated_input=True)
 
 
 def test_leading_dims_strided_rows_and_empty():
@@ -321,3 +385,61 @@ def test_skinny_steps_of_several_scale_segments(k):
     y = torch.empty(5, 48, device=DEVICE, dtype=torch.float16)
     run_stream(x, q, s, (16, 32), None, y, tiles=StreamTiles(16, 32, 2, True, 4, 1))
     torch.testing.assert_close(y.float(), fp8_linear_ref(x, q, s, (16, 32)).float(), rtol=2e-3, atol=2e-3)
+
+
+# --- cuBLAS's blockwise-scaled GEMM (Hopper): the checkpoints' 128x128 format at prefill's rows ---
+
+
+def test_cublas_blockwise_takes_only_the_format_it_runs():
+    cpu, gpu = torch.device("cpu"), torch.device("cuda", 0)
+    assert not cublas_blockwise_supported(4096, 4096, (128, 128), torch.bfloat16, cpu)
+    # the shape rules hold before any GPU is asked about
+    assert not cublas_blockwise_supported(4096, 4096, (64, 64), torch.bfloat16, gpu)
+    assert not cublas_blockwise_supported(4096, 4000, (128, 128), torch.bfloat16, gpu)  # K % 128
+    assert not cublas_blockwise_supported(4096, 1152, (128, 128), torch.bfloat16, gpu)  # 9 scale columns
+    assert not cublas_blockwise_supported(4100, 4096, (128, 128), torch.bfloat16, gpu)  # N % 16
+    assert not cublas_blockwise_supported(4096, 4096, (128, 128), torch.float32, gpu)
+    if HOPPER:
+        assert cublas_blockwise_supported(576, 7168, (128, 128), torch.bfloat16, gpu)
+
+
+CUBLAS_CASES = [(17, 576, 7168), (65, 2112, 512), (300, 1024, 1536), (1000, 1536, 1024)]
+
+
+@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+@pytest.mark.parametrize("bias", [False, True])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(("m", "n", "k"), CUBLAS_CASES)
+def test_cublas_w8a8_matches_reference(m, n, k, dtype, bias):
+    """Ragged N (576, 2112: half a scale block), rows not a multiple of 4 (padded), bias added after."""
+    q, s = _weight(n, k, (128, 128))
+    x, b = _x(m, k, dtype), _bias(n, dtype) if bias else None
+    got = cublas_w8a8(x, q, s, b)
+    assert got.shape == (m, n) and got.dtype == dtype and got.is_contiguous()
+    _assert_close(got, fp8_linear_ref(x, q, s, (128, 128), b, quantize_input=True), dtype)
+
+
+@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+def test_cublas_w8a8_gated_input_quantizes_silu_and_mul():
+    q, s = _weight(1024, 512, (128, 128))
+    gate_up = _x(70, 1024, torch.bfloat16)
+    got = cublas_w8a8(gate_up, q, s, gated_input=True)
+    assert torch.equal(got, cublas_w8a8(silu_and_mul(gate_up), q, s))
+
+
+@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+def test_fp8_linear_takes_cublas_past_the_skinny_rows(monkeypatch):
+    calls = []
+    real = cublas_blockwise.cublas_w8a8
+    monkeypatch.setattr(
+        "atom_kernels.fp8.linear.cublas_w8a8", lambda *a, **kw: calls.append(a[0].shape) or real(*a, **kw)
+    )
+    q, s = _weight(1024, 512, (128, 128))
+    for rows in (SKINNY_W8A8_MAX_ROWS, SKINNY_W8A8_MAX_ROWS + 1):
+        x = _x(rows, 512, torch.bfloat16)
+        got = fp8_linear(x, q, s, (128, 128))
+        _assert_close(got, fp8_linear_ref(x, q, s, (128, 128), quantize_input=True), torch.bfloat16)
+    assert calls == [(SKINNY_W8A8_MAX_ROWS + 1, 512)]
+    q, s = _weight(1024, 512, (64, 64))  # another block: the Triton GEMM
+    fp8_linear(_x(100, 512, torch.bfloat16), q, s, (64, 64))
+    assert len(calls) == 1

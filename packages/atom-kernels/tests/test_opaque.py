@@ -94,7 +94,13 @@ FP8_CHECKS = ("test_autograd_registration", "test_faketensor", "test_aot_dispatc
 def test_opcheck_fp8_ops():
     wq, ws = _fp8_weight()
     x = torch.randn(5, 64)
-    torch.library.opcheck(opaque._fp8_linear_op, (x, wq, ws, [16, 32], None, False), test_utils=FP8_CHECKS)
+    torch.library.opcheck(
+        opaque._fp8_linear_op, (x, wq, ws, [16, 32], None, False, False), test_utils=FP8_CHECKS
+    )
+    gate_up = torch.randn(5, 128)
+    torch.library.opcheck(
+        opaque._fp8_linear_op, (gate_up, wq, ws, [16, 32], None, False, True), test_utils=FP8_CHECKS
+    )
     q13, q2, scales = _fp8_experts()
     args = (torch.randn(5, 64), q13, q2, torch.rand(5, 2), torch.randint(0, 4, (5, 2), dtype=torch.int32))
     torch.library.opcheck(

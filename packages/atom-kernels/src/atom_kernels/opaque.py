@@ -64,9 +64,16 @@ def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated_input
 
 
 def _fp8_linear_impl(
-    x: Tensor, weight: Tensor, scale: Tensor, block: list[int], bias: Tensor | None, pow2_scales: bool
+    x: Tensor,
+    weight: Tensor,
+    scale: Tensor,
+    block: list[int],
+    bias: Tensor | None,
+    pow2_scales: bool,
+    gated_input: bool,
 ) -> Tensor:
-    return _fp8_linear(x, weight, scale, (block[0], block[1]), bias, pow2_scales=pow2_scales)
+    blk = (block[0], block[1])
+    return _fp8_linear(x, weight, scale, blk, bias, pow2_scales=pow2_scales, gated_input=gated_input)
 
 
 _fp8_linear_op = _opaque(
@@ -82,9 +89,12 @@ def fp8_linear(
     bias: Tensor | None = None,
     *,
     pow2_scales: bool = False,
+    gated_input: bool = False,
 ) -> Tensor:
-    """atom_kernels.fp8.fp8_linear: x [..., K], e4m3 weight [N, K] with block scales -> [..., N]."""
-    return _pick(_fp8_linear_op, _fp8_linear_impl)(x, weight, scale, list(block), bias, pow2_scales)
+    """atom_kernels.fp8.fp8_linear: x [..., K] (or [..., 2K], gate | up, with gated_input), e4m3 weight
+    [N, K] with block scales -> [..., N]."""
+    op = _pick(_fp8_linear_op, _fp8_linear_impl)
+    return op(x, weight, scale, list(block), bias, pow2_scales, gated_input)
 
 
 def _rms_norm_impl(x: Tensor, weight: Tensor, eps: float, weight_offset: float) -> Tensor:

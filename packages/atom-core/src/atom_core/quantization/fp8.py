@@ -180,6 +180,18 @@ class Fp8BlockLinearMethod:
             x, layer.weight, layer.weight_scale_inv, layer.scale_block, bias, pow2_scales=self.pow2_act_scales
         )
 
+    def apply_silu_and_mul(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        """x: [T, 2 * in_local] (gate | up) -> layer(silu(gate) * up): on the W8A8 paths the activation is
+        formed inside x's quantization (one read of gate_up, no [T, in_local] tensor in between)."""
+        return fp8_linear(
+            x,
+            layer.weight,
+            layer.weight_scale_inv,
+            layer.scale_block,
+            pow2_scales=self.pow2_act_scales,
+            gated_input=True,
+        )
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         """Layers that also multiply by the plain matrix (MLA's absorbed kv_b_proj) set `keep_dense_weight`:
         they get it dequantized once, in the model's dtype."""

@@ -1,4 +1,6 @@
 """Dynamic activation quantization: x [M, K] -> e4m3 values and one fp32 scale per token per `group` channels.
+With gated_input, x is a gated MLP's [M, 2K] (gate | up) and silu(gate) * up is formed in the same pass, so
+the down projection's input is read once and never written in x's dtype.
 
 One program takes BLOCK_M rows of one group: it reads the tile once, reduces |x| per row, and writes the
 e4m3 tile and the rows' scales. The arithmetic is quantize_act_ref's, operation for operation, with
@@ -14,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.activation.ref import silu_and_mul_ref
 from atom_kernels.fp8.ref import ACT_EPS, E4M3, E4M3_MAX, quantize_act_ref
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -47,11 +50,13 @@ def _quantize_act_kernel(
     K,
     stride_x,
     stride_xq,
-    stride_xs,
+    stride_xs,  # between tokens' scales
+    stride_xs_g,  # between a token's groups: 1 for [M, G] rows, M_pad for cuBLAS's token-major columns
     group,
     BLOCK_M: tl.constexpr,
     BLOCK_G: tl.constexpr,
     POW2: tl.constexpr,
+    GATED: tl.constexpr,  # x is [M, 2K], gate then up: quantize silu(gate) * up
 ):
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1)
@@ -60,6 +65,10 @@ def _quantize_act_kernel(
     mask = (rm[:, None] < M) & (c[None, :] < group) & (cols[None, :] < K)  # the last group may be ragged
     rows = rm[:, None].to(tl.int64)
     x = tl.load(x_ptr + rows * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    if GATED:
+        up = tl.load(x_ptr + rows * stride_x + K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+        # silu_and_mul's arithmetic, rounded to x's dtype as its output is: the same e4m3 values after
+        x = (x / (1.0 + tl.exp(-x)) * up).to(x_ptr.dtype.element_ty).to(tl.float32)
     amax = tl.max(tl.abs(x), axis=1)
     xs = tl.math.div_rn(tl.maximum(amax, _EPS), _MAX)
     if POW2:
@@ -68,16 +77,26 @@ def _quantize_act_kernel(
         xs = ((bits + 0x7FFFFF) & 0x7F800000).to(tl.float32, bitcast=True)
     q = _round_to_e4m3(tl.clamp(tl.math.div_rn(x, xs[:, None]), -_MAX, _MAX))
     tl.store(xq_ptr + rows * stride_xq + cols[None, :], q.to(xq_ptr.dtype.element_ty), mask=mask)
-    tl.store(xs_ptr + rm.to(tl.int64) * stride_xs + g, xs, mask=rm < M)
+    tl.store(xs_ptr + rm.to(tl.int64) * stride_xs + g * stride_xs_g, xs, mask=rm < M)
 
 
 def quantize_act(
-    x: torch.Tensor, group: int, *, pow2_scales: bool = False, backend: Backend | str | None = None
+    x: torch.Tensor,
+    group: int,
+    *,
+    pow2_scales: bool = False,
+    backend: Backend | str | None = None,
+    token_major_scales: bool = False,
+    pad_rows_to: int = 1,
+    gated_input: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """x: [M, K] fp16/bf16/fp32 -> (xq [M, K] e4m3, xs [M, ceil(K/group)] fp32), quantize_act_ref's result.
+    With gated_input, x is [M, 2K] and what is quantized is silu_and_mul(x) (in x's dtype).
 
     Each token's channels are quantized in groups of `group` (the last one may be shorter):
     xs = max(absmax, 1e-4) / 448, rounded up to a power of two with pow2_scales, and xq = x / xs.
+    token_major_scales stores xs with the tokens adjacent (strides (1, M)), the layout cuBLAS's blockwise
+    scaling reads; pad_rows_to rounds M up (xq and xs get rows past M, left unwritten), for its alignment.
     The kernel runs on a GPU, or on the CPU interpreter when backend="triton" is passed; else torch.
     """
     if x.dim() != 2:
@@ -86,13 +105,27 @@ def quantize_act(
         raise ValueError(f"quantize_act expects x in float16, bfloat16 or float32, got {x.dtype}")
     if group < 1:
         raise ValueError(f"quantize_act expects a group of at least 1 channel, got {group}")
+    if pad_rows_to < 1:
+        raise ValueError(f"quantize_act expects pad_rows_to >= 1, got {pad_rows_to}")
+    if gated_input and x.shape[1] % 2:
+        raise ValueError(f"quantize_act with gated_input expects x [M, 2K], got shape {tuple(x.shape)}")
     chosen = resolve_backend(backend, x.device)
-    if chosen is Backend.TORCH or not (x.is_cuda or backend is not None):
-        return quantize_act_ref(x, group, pow2_scales=pow2_scales)
-    m, k = x.shape
+    m, k = x.shape[0], x.shape[1] // 2 if gated_input else x.shape[1]
     groups = math.ceil(k / group)
-    xq = torch.empty(m, k, dtype=E4M3, device=x.device)
-    xs = torch.empty(m, groups, dtype=torch.float32, device=x.device)
+    m_pad = -(-m // pad_rows_to) * pad_rows_to
+    on_torch = chosen is Backend.TORCH or not (x.is_cuda or backend is not None)
+    if on_torch:
+        x = silu_and_mul_ref(x) if gated_input else x
+        if m_pad == m and not token_major_scales:
+            return quantize_act_ref(x, group, pow2_scales=pow2_scales)
+    xq = torch.empty(m_pad, k, dtype=E4M3, device=x.device)
+    if token_major_scales:
+        xs = torch.empty(groups, m_pad, dtype=torch.float32, device=x.device).t()
+    else:
+        xs = torch.empty(m_pad, groups, dtype=torch.float32, device=x.device)
+    if on_torch:
+        xq[:m], xs[:m] = quantize_act_ref(x, group, pow2_scales=pow2_scales)
+        return xq, xs
     if m == 0 or k == 0:
         return xq, xs
     if x.stride(-1) != 1:
@@ -109,10 +142,12 @@ def quantize_act(
         x.stride(0),
         xq.stride(0),
         xs.stride(0),
+        xs.stride(1),
         group,
         BLOCK_M=block_m,
         BLOCK_G=block_g,
         POW2=pow2_scales,
+        GATED=gated_input,
         num_warps=4 if block_m * block_g >= 1024 else 1,
     )
     return xq, xs

@@ -20,7 +20,7 @@ import triton.language as tl
 
 from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
 
-MAX_ROWS = 16  # one MMA column tile
+MAX_ROWS = 64  # x rows on the MMA's N side, padded to 16, 32 or 64
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,13 +31,24 @@ class SkinnyTiles:
     num_stages: int = 4
 
 
-def skinny_tiles(n: int, k: int, block_k: int) -> SkinnyTiles:
-    """From benchmarks/sweep_fp8_skinny.py on the H200 (1, 4 and 16 rows of Llama-3-8B's and DeepSeek-V3's
-    projections): 64-row tiles of one warpgroup everywhere; long K (down_proj, DeepSeek's o_proj, q_a/kv_a:
-    7168-16384) cut in four, with five stages."""
+def skinny_tiles(n: int, k: int, block_k: int, rows: int = 16) -> SkinnyTiles:
+    """From benchmarks/sweep_fp8_skinny.py on the H200 (Llama-3-8B's and DeepSeek-V3's projections).
+    1..16 rows: 64-row tiles of one warpgroup everywhere; long K (down_proj, DeepSeek's o_proj, q_a/kv_a:
+    7168-16384) cut in four, with five stages. 17..64 rows (results/sweep_fp8_skinny_rows32_64_h200.log):
+    the largest weights and short ones (o_proj) take 128-row tiles, whose x^T operand is then shared by
+    twice the weight rows; fewer stages at 64 rows, where each stage holds a wider x tile."""
+    if rows <= 16:
+        if k >= 6144:
+            return SkinnyTiles(64, 4, 4, 5)
+        return SkinnyTiles(64, 1, 4, 4)
+    stages = 5 if rows <= 32 else 3
+    if n * k >= 64 << 20:
+        return SkinnyTiles(128, 4 if k >= 6144 else 1, 4, stages)
     if k >= 6144:
         return SkinnyTiles(64, 4, 4, 5)
-    return SkinnyTiles(64, 1, 4, 4)
+    if n <= 4096:
+        return SkinnyTiles(128, 4, 4, stages)
+    return SkinnyTiles(64, 1, 4, stages)
 
 
 @triton.jit
@@ -109,7 +120,7 @@ def w8a8_skinny(
     out_dtype: torch.dtype = torch.bfloat16,
     tiles: SkinnyTiles | None = None,
 ) -> torch.Tensor:
-    """The kernel without checks (fp8_linear validates): xq [M, K] e4m3 with M <= 16 and xs [M, ceil(K/bk)]
+    """The kernel without checks (fp8_linear validates): xq [M, K] e4m3 with M <= MAX_ROWS and xs [M, ceil(K/bk)]
     fp32 (quantize_act with group bk), weight [N, K] e4m3, scale [ceil(N/bn), ceil(K/bk)] fp32, every last
     dim contiguous; bk a power of two >= 16. Returns [M, N] in out_dtype."""
     bn, bk = block
@@ -117,7 +128,7 @@ def w8a8_skinny(
     n = weight.shape[0]
     if m > MAX_ROWS:
         raise ValueError(f"w8a8_skinny takes at most {MAX_ROWS} rows, got {m}")
-    t = tiles or skinny_tiles(n, k, bk)
+    t = tiles or skinny_tiles(n, k, bk, m)
     steps = triton.cdiv(k, bk)
     split = max(1, min(t.split_k, steps))
     per_split = triton.cdiv(steps, split)
@@ -151,7 +162,7 @@ def w8a8_skinny(
         BLOCK_N=t.block_n,
         BLOCK_K=bk,
         DOT_K=max(bk, MIN_FP8_DOT_K),
-        BLOCK_M=MAX_ROWS,
+        BLOCK_M=max(16, triton.next_power_of_2(m)),
         EVEN_K=k % bk == 0,
         HAS_BIAS=bias is not None,
         num_warps=t.num_warps,

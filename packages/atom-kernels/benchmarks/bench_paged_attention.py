@@ -1,7 +1,9 @@
 """Paged attention and KV-write benchmarks (DESIGN.md §7), run on the GPU machine.
 
   PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_paged_attention.py \
-      [--out results.json] [--quick]
+      [--out results.json] [--quick] [--only write decode long splits persistent prefill]
+
+(`--only long`: decode at B=1 with 32k-128k tokens and B=256 with 2k, not in the default run.)
 
 Per shape: median time (decode: CUDA-graph replays over rotated cache copies, graph_timing.py, as an engine
 runs decode, and KV writes, whose ~40 us would otherwise time the host; prefill: triton.testing.do_bench, L2
@@ -81,21 +83,31 @@ def paged_cache(batch: int, seq_len: int, block_size: int, layout: KVLayout, dty
     )
 
 
-def decode_rows(copy_bw: float, quick: bool) -> list[dict]:
+DECODE_VARIANTS = [  # (layout, fp8 scales, the generic tile kernel)
+    (KVLayout.FLASH, None, False),
+    (KVLayout.SHUFFLE, None, False),
+    (KVLayout.FLASH, "tensor", False),
+    (KVLayout.FLASH, "token", False),
+    (KVLayout.FLASH, "tensor", True),
+    (KVLayout.SHUFFLE, "tensor", False),
+]
+# Long contexts and a big batch (atom-core's engine-speed issue): B=1 at 32k-128k, B=256 at 2k
+LONG_SHAPES = [(1, 32768, 16), (1, 65536, 16), (1, 131072, 16), (256, 2048, 16)]
+LONG_VARIANTS = [
+    (KVLayout.FLASH, None, False),
+    (KVLayout.SHUFFLE, None, False),
+    (KVLayout.FLASH, "tensor", False),
+]
+
+
+def decode_rows(copy_bw: float, quick: bool, shapes=None, variants=DECODE_VARIANTS) -> list[dict]:
     """Timed as CUDA-graph replays over rotated cache copies (graph_timing.py), for ours and SDPA alike."""
     rows = []
-    shapes = [(64, 8192, 16), (64, 8192, 64)] + (
+    shapes = shapes or [(64, 8192, 16), (64, 8192, 64)] + (
         [] if quick else [(1, 32768, 16), (4, 32768, 16), (8, 32768, 16)]
     )
     for batch, seq_len, block_size in shapes:
-        for layout, fp8, generic in [
-            (KVLayout.FLASH, None, False),
-            (KVLayout.SHUFFLE, None, False),
-            (KVLayout.FLASH, "tensor", False),
-            (KVLayout.FLASH, "token", False),
-            (KVLayout.FLASH, "tensor", True),
-            (KVLayout.SHUFFLE, "tensor", False),
-        ]:
+        for layout, fp8, generic in variants:
             if quick and (layout is KVLayout.SHUFFLE or generic) and batch != 64:
                 continue
             kv_bytes = batch * seq_len * HKV * D * 2 * (1 if fp8 else 2) + (
@@ -467,18 +479,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--quick", action="store_true")
-    parser.add_argument("--only", nargs="+", choices=["write", "decode", "splits", "persistent", "prefill"])
+    parser.add_argument(
+        "--only", nargs="+", choices=["write", "decode", "long", "splits", "persistent", "prefill"]
+    )
     args = parser.parse_args()
     torch.manual_seed(0)
     copy_bw, mm_rate = measure_ceilings()
     groups = {
         "write": lambda: write_rows(copy_bw, args.quick),
         "decode": lambda: decode_rows(copy_bw, args.quick),
+        "long": lambda: decode_rows(copy_bw, False, LONG_SHAPES, LONG_VARIANTS),
         "splits": lambda: split_rows(copy_bw),
         "persistent": lambda: persistent_rows(copy_bw),
         "prefill": lambda: prefill_rows(mm_rate, args.quick),
     }
-    rows = [row for name in (args.only or list(groups)) for row in groups[name]()]
+    default = [name for name in groups if name != "long"]  # --only long: issue shapes, not the default table
+    rows = [row for name in (args.only or default) for row in groups[name]()]
     for r in rows:
         assert all(math.isfinite(x) for x in (r["ms"], r["value"], r["baseline_ms"]))
     if args.out:

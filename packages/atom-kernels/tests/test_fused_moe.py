@@ -5,6 +5,7 @@ import torch
 
 from atom_kernels import fused_experts
 from atom_kernels.moe import TileConfig, order_by_expert
+from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.fused import _experts_static
 from atom_kernels.moe.ref import fused_experts_ref
 
@@ -21,6 +22,23 @@ def _routing(tokens, experts, k, *, skew=False):
     ids = scores.topk(k, dim=-1).indices.to(torch.int32)
     weights = torch.softmax(torch.randn(tokens, k, device=DEVICE), dim=-1)
     return weights, ids
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize(("tokens", "k", "hidden"), [(1, 8, 64), (5, 3, 100), (3, 2, 2100), (0, 4, 32)])
+def test_combine_sums_each_tokens_expert_rows(tokens, k, hidden, dtype):
+    """fp32 sums in pair order, one rounding: the fp32 sum of the same rows, within one rounding to the
+    output dtype (and fp32's summation-order error); a strided out (a view into a wider buffer) gets only
+    its columns."""
+    y = torch.randn(tokens * k, hidden, device=DEVICE).to(dtype)
+    wide = torch.full((tokens, hidden + 7), 5.0, device=DEVICE, dtype=dtype)
+    out = combine_topk(y, k, wide[:, :hidden])
+    want = y.view(tokens, k, hidden).float().sum(1)
+    eps = torch.finfo(dtype).eps
+    torch.testing.assert_close(out.float(), want, rtol=eps, atol=4 * k * eps)
+    assert (wide[:, hidden:] == 5).all()
+    with pytest.raises(ValueError, match=r"y \[T \* 3, H\]"):
+        combine_topk(torch.randn(4, 8, device=DEVICE), 3, torch.empty(1, 8, device=DEVICE))
 
 
 @pytest.mark.parametrize("one_program", [True, False], ids=["one-launch", "multi-launch"])

@@ -10,6 +10,7 @@ import torch.nn.functional as F
 from atom_kernels.fp8.act_quant import quantize_act
 from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
 from atom_kernels.moe.align import order_by_expert
+from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.ref import fused_experts_ref
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
@@ -208,4 +209,4 @@ def fused_experts(
     else:
         h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
         y = down(h, w2, order, pair_weights, down_cfg, scales and (scales.w2, scales.block))
-    return torch.sum(y.view(tokens, top_k, hidden), dim=1, out=out)
+    return combine_topk(y, top_k, out)

@@ -309,11 +309,6 @@ def paged_attention_kernel(
     head, row_ok, q_pos, t_idx = _tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
     io_mask = row_ok[:, None] & (d[None, :] < HEAD_DIM)
-    q = tl.load(
-        q_ptr + t_idx[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
-    )
-    if FP16_COMPUTE:
-        q = q.to(tl.float16)  # e4m3 -> fp16 is one packed instruction per two values; -> bf16 is not
 
     # This tile's KV positions [kv_start, kv_end), this split's share of them, and the part of that
     # share every row sees (no masks needed there).
@@ -327,6 +322,16 @@ def paged_attention_kernel(
     per_split = tl.cdiv(tl.cdiv(kv_end - kv_start, BLOCK_N), NUM_SPLITS) * BLOCK_N
     n_start = kv_start + split * per_split
     n_end = tl.minimum(n_start + per_split, kv_end)
+    if NUM_SPLITS > 1:  # noqa: SIM102 (a compile-time branch: one split has no partials)
+        if n_start >= n_end:  # a split past a short sequence's end: an empty share, and no o to write
+            part = (t_idx * num_q_heads + head) * NUM_SPLITS + split
+            tl.store(part_lse_ptr + part, tl.full((BLOCK_M,), float("-inf"), tl.float32), mask=row_ok)
+            return
+    q = tl.load(
+        q_ptr + t_idx[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
+    )
+    if FP16_COMPUTE:
+        q = q.to(tl.float16)  # e4m3 -> fp16 is one packed instruction per two values; -> bf16 is not
     if HAS_WINDOW:
         full_end = n_start
     else:
@@ -451,7 +456,8 @@ def combine_splits_kernel(
     denom = tl.sum(w, 0)
     if HAS_SINKS:
         denom += tl.exp2(sink - m)
-    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
+    # empty splits (lse -inf) wrote no o: it is neither read nor weighed
+    mask = (s[:, None] < NUM_SPLITS) & (lse[:, None] > float("-inf")) & (d[None, :] < HEAD_DIM)
     o = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
     out = tl.sum(w[:, None] * o, 0) / denom
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)

@@ -4,6 +4,8 @@
       [--out results.json] [--layers 32]
 
 B=1 and B=64, prompt 512, 128 new tokens, greedy. Roofline: each decode step reads every weight once.
+Ablations in the same run: synchronous steps (--no-async-scheduling: the host's work between steps not
+overlapped with the GPU's) and eager (no CUDA graphs).
 """
 
 from __future__ import annotations
@@ -100,8 +102,11 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         atom = {}
-        # CUDA graphs for decode (the default), then eager as the ablation
-        for eager in (False,) if args.skip_eager else (False, True):
+        # CUDA graphs and async scheduling (the defaults), then the ablations
+        variants = {"graphs": {}, "sync": dict(async_scheduling=False), "eager": dict(enforce_eager=True)}
+        if args.skip_eager:
+            del variants["eager"]
+        for name, variant in variants.items():
             start = time.perf_counter()
             llm = LLM(
                 d,
@@ -109,29 +114,27 @@ def main():
                 dtype="bfloat16",
                 max_model_len=prompt + new + 16,
                 max_num_seqs=64,
-                enforce_eager=eager,
                 tensor_parallel_size=args.tensor_parallel_size,
                 disable_custom_all_reduce=args.disable_custom_all_reduce,
+                **variant,
             )
             startup = time.perf_counter() - start
-            atom[eager] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
-            print(
-                f"ATOM {'eager' if eager else 'CUDA graphs'}: start {startup:.1f} s, {atom[eager]}",
-                flush=True,
-            )
+            atom[name] = {b: atom_tok_s(llm, config.vocab_size, b, prompt, new) for b in (1, 64)}
+            print(f"ATOM {name}: start {startup:.1f} s, {atom[name]}", flush=True)
             llm.shutdown()
             del llm
             torch.cuda.empty_cache()
     hf = {b: None if args.skip_hf else hf_tok_s(config, b, prompt, new) for b in (1, 64)}
     roofline_b1 *= args.tensor_parallel_size  # each rank reads its shard of the weights (all-reduces ignored)
     for b in (1, 64):
-        graphs, eager = atom[False][b], atom[True][b] if True in atom else None
+        graphs, eager = atom["graphs"][b], atom["eager"][b] if "eager" in atom else None
         rows.append(
             dict(
                 batch=b,
                 prompt=prompt,
                 new_tokens=new,
                 atom_tok_s=graphs,
+                atom_sync_tok_s=atom["sync"][b],
                 atom_eager_tok_s=eager,
                 hf_tok_s=hf[b],
                 x_hf=graphs / hf[b] if hf[b] else None,
@@ -148,6 +151,7 @@ def main():
         weight_gb=weight_bytes / 1e9,
         copy_tb_s=copy_bw / 1e12,
         cuda_graphs=True,
+        async_scheduling=True,
         rows=rows,
     )
     if args.out:
@@ -158,12 +162,14 @@ def main():
         f"copy {record['copy_tb_s']:.2f} TB/s per GPU"
     )
     print(
-        f"{'B':>4} {'ATOM tok/s':>12} {'eager':>8} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} {'% roof':>7}"
+        f"{'B':>4} {'ATOM tok/s':>12} {'sync':>8} {'eager':>8} {'HF tok/s':>10} {'x HF':>7} {'roofline':>10} "
+        f"{'% roof':>7}"
     )
     for r in rows:
         hf_s = f"{r['hf_tok_s']:>10.1f} {r['x_hf']:>7.2f}" if r["hf_tok_s"] else f"{'-':>10} {'-':>7}"
         print(
-            f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_eager_tok_s'] or float('nan'):>8.1f} {hf_s} "
+            f"{r['batch']:>4} {r['atom_tok_s']:>12.1f} {r['atom_sync_tok_s']:>8.1f} "
+            f"{r['atom_eager_tok_s'] or float('nan'):>8.1f} {hf_s} "
             f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%"
         )
 

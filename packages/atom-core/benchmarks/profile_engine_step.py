@@ -5,7 +5,8 @@
 Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, qwen3.5-35b-a3b / qwen3-next-80b-a3b
 from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences at ~600 tokens of context it reports the GPU
 time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode step of the
-engine, and the host's share of the step split into schedule / inputs / forward / sample.
+engine with async scheduling (the default: the host's work overlaps the GPU's) and without, and the host's
+share of a synchronous step split into schedule / inputs / forward / sample.
 """
 
 from __future__ import annotations
@@ -102,8 +103,19 @@ def main():
                 end.record()
                 torch.cuda.synchronize()
                 replay_ms = start.elapsed_time(end) / 50
-            parts = {"schedule": 0.0, "inputs": 0.0, "forward": 0.0, "sample": 0.0}
             steps = 30
+            whole = {}
+            for asynchronous in (True, False):
+                engine.async_scheduling = asynchronous  # turning it off settles the step in flight
+                for _ in range(3):
+                    engine.step()
+                torch.cuda.synchronize()
+                t = time.perf_counter()
+                for _ in range(steps):
+                    engine.step()
+                torch.cuda.synchronize()
+                whole[asynchronous] = (time.perf_counter() - t) * 1000 / steps
+            parts = {"schedule": 0.0, "inputs": 0.0, "forward": 0.0, "sample": 0.0}
             t_all = time.perf_counter()
             for _ in range(steps):
                 t0 = time.perf_counter()
@@ -127,6 +139,8 @@ def main():
                 dict(
                     batch=batch,
                     replay_ms=replay_ms,
+                    async_step_ms=whole[True],
+                    sync_step_ms=whole[False],
                     step_ms=step_ms,
                     **{f"{k}_ms": v for k, v in parts.items()},
                 )
@@ -137,6 +151,7 @@ def main():
                         engine.step()
                     torch.cuda.synchronize()
                 _print_kernels(prof, batch, per=10)
+            engine.async_scheduling = True
             for r in ids:
                 engine.abort(r)
         if args.kernels and tp == 1:  # last: CUPTI left active afterwards slows the host's launches
@@ -152,11 +167,13 @@ def main():
     layers = config.num_hidden_layers
     print(f"\n{torch.cuda.get_device_name()} x TP {tp}  {args.model} shape, {layers} layers, context ~600")
     print(
-        f"{'B':>4} {'replay ms':>10} {'step ms':>8} {'schedule':>9} {'inputs':>7} {'forward':>8} {'sample':>7}"
+        f"{'B':>4} {'replay ms':>10} {'async step':>10} {'sync step':>9} {'parts:':>7} {'step ms':>8} "
+        f"{'schedule':>9} {'inputs':>7} {'forward':>8} {'sample':>7}"
     )
     for r in rows:
         print(
-            f"{r['batch']:>4} {r['replay_ms'] or float('nan'):>10.2f} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
+            f"{r['batch']:>4} {r['replay_ms'] or float('nan'):>10.2f} {r['async_step_ms']:>10.2f} "
+            f"{r['sync_step_ms']:>9.2f} {'':>7} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
             f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}"
         )
     if args.out:

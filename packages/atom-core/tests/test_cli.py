@@ -143,6 +143,7 @@ ENGINE_FLAGS = [
     *(part for pair in ENGINE_OPTIONS.items() for part in pair),
     "--enforce-eager",
     "--disable-custom-all-reduce",
+    "--no-async-scheduling",
 ]
 
 

@@ -39,17 +39,27 @@ def test_graph_replays_equal_eager_steps(tmp_path, cls, kw):
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     outputs = {}
-    for eager in (True, False):
-        llm = LLM(path, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=eager)
-        outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
+    # eager and synchronous; graphs and synchronous; graphs with async scheduling (the default): each
+    # replay's ids fed from the last one's argmax on the device, also as the batch shrinks
+    for eager, asynchronous in ((True, False), (False, False), (False, True)):
+        llm = LLM(
+            path,
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=8,
+            enforce_eager=eager,
+            async_scheduling=asynchronous,
+        )
+        outputs[eager, asynchronous] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         graphs = llm.engine.runner.graphs
         if eager:
             assert graphs is None
         else:
             assert graphs.sizes == [1, 2, 4, 8] and graphs.replays >= max(MAX_TOKENS) - 1
+        assert (llm.engine.num_async_steps >= max(MAX_TOKENS) - 2) == asynchronous
         llm.shutdown()
-    assert outputs[False] == outputs[True]
-    assert [len(t) for t in outputs[False]] == MAX_TOKENS
+    assert outputs[False, False] == outputs[True, False] == outputs[False, True]
+    assert [len(t) for t in outputs[False, True]] == MAX_TOKENS
 
 
 def test_a_state_layer_replays_in_graphs_as_it_runs_eagerly(tmp_path, with_token_counter):

@@ -172,9 +172,11 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     prompts = [{"prompt_token_ids": p} for p in _prompts()]
     # On the CPU everywhere (gloo); on a machine with GPUs, TP=2 would need two of them.
     single = [o.outputs[0].token_ids for o in _llm(path, device="cpu").generate(prompts, GREEDY)]
-    tp = _llm(path, tensor_parallel_size=2, device="cpu")
+    # async scheduling (as on GPUs by default): the workers feed each step their own last argmax
+    tp = _llm(path, tensor_parallel_size=2, device="cpu", async_scheduling=True)
     try:
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
+        assert tp.engine.num_async_steps > 0
         workers = tp.engine.runner.workers
         assert len(workers) == 1 and workers[0].is_alive()
         for pid in (os.getpid(), workers[0].pid):  # the rendezvous and gloo listen on loopback only

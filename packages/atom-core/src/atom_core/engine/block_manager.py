@@ -102,7 +102,8 @@ class BlockManager:
         if not self.prefix_caching:
             return
         b = self.block_size
-        full = seq.num_computed_tokens // b
+        # a block is keyed by its token ids: only those the host knows (async scheduling computes one ahead)
+        full = min(seq.num_computed_tokens, len(seq.token_ids)) // b
         parent = (
             self.content_id.get(seq.block_table[seq.num_hashed_blocks - 1], 0) if seq.num_hashed_blocks else 0
         )

@@ -47,6 +47,9 @@ class EngineConfig:
     # sequence's state memory (0: no prefix caching for them); None: max_num_seqs
     state_snapshots: int | None = None
     state_cache_dtype: str = "float32"  # GDN recurrent state: float32 (as transformers) or bfloat16
+    # launch decode step k+1 before reading step k's greedy tokens (engine/async_scheduling.py), so the
+    # host's work between steps overlaps the GPU's; None: on for CUDA devices
+    async_scheduling: bool | None = None
 
     def __post_init__(self):
         from atom_core.config import ConfigError
@@ -85,6 +88,8 @@ class EngineConfig:
             or self.max_model_len < 1
         ):
             raise ConfigError(f"max_model_len must be a positive integer, got {self.max_model_len!r}")
+        if self.async_scheduling not in (None, True, False):
+            raise ConfigError(f"async_scheduling must be True, False or None, got {self.async_scheduling!r}")
         try:
             object.__setattr__(self, "speculative_config", SpeculativeConfig.parse(self.speculative_config))
         except ValueError as err:
@@ -106,6 +111,12 @@ class EngineConfig:
         from atom_core.engine.scheduler import SchedulerConfig
 
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
+
+    def async_scheduling_on(self) -> bool:
+        """async_scheduling as asked, or by device when not asked."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return self.torch_device().type == "cuda"
 
     def torch_device(self) -> torch.device:
         import torch
@@ -152,6 +163,12 @@ class EngineConfig:
             default=d.state_cache_dtype,
             choices=STATE_CACHE_DTYPES,
             help="GDN models: the recurrent state's dtype",
+        )
+        group.add_argument(
+            "--async-scheduling",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="launch each decode step before the last one's tokens reach the host (default: on for CUDA)",
         )
         group.add_argument(
             "--speculative-config",

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
 from atom_core.attention import PagedAttentionMetadata
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import PAGED, STATE
+from atom_core.engine.async_scheduling import feed_sampled
 from atom_core.forward_context import ForwardContext, bind_forward_context
 
 DEFAULT_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
@@ -144,9 +145,14 @@ class DecodeGraphs:
         i = bisect.bisect_left(self.sizes, batch)
         return self.sizes[i] if i < len(self.sizes) else None
 
-    def run(self, inputs: StepInputs, hidden_in: torch.Tensor | None = None) -> torch.Tensor:
+    def run(
+        self,
+        inputs: StepInputs,
+        hidden_in: torch.Tensor | None = None,
+        sampled: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         """One step of len(inputs.query_lens) sequences -> logits [batch * query_len, V] (a view of the
-        graph's output)."""
+        graph's output). sampled: the last step's tokens on the device, for inputs.fed_rows."""
         ids, positions, seq_lens, block_tables = (
             inputs.ids,
             inputs.positions,
@@ -183,6 +189,8 @@ class DecodeGraphs:
             self.host_lens_tables[: n + size * width], non_blocking=True
         )
         self.copied.record()
+        if sampled is not None and inputs.fed_rows:  # (a draft's inputs feed on nothing)
+            feed_sampled(self.ids, inputs.fed_rows, inputs.fed_from, sampled)
         if hidden_in is not None:
             self.hidden_in[: hidden_in.shape[0]].copy_(hidden_in)
         self.graphs[size].replay()

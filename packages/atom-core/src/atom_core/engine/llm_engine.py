@@ -9,13 +9,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
+from atom_core.engine.async_scheduling import HostTokens, InFlightStep, sampled_on_device
 from atom_core.engine.block_manager import BlockManager
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.drafting import Drafter
 from atom_core.engine.model_runner import ModelRunner, StepInputs
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
-from atom_core.engine.sampler import sample
+from atom_core.engine.sampler import NON_FINITE, sample
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.sequence import Sequence, Status
@@ -93,6 +94,14 @@ class LLMEngine:
         self._ids = itertools.count()
         # forwards that failed in a row (a caller may decide the engine is dead)
         self.consecutive_failures = 0
+        # async scheduling (engine/async_scheduling.py): greedy decode steps launched before the host reads
+        # the last one's tokens; not with a speculative draft or state layers
+        self.async_scheduling = (
+            config.async_scheduling_on() and self.drafter is None and self.runner.num_state_slots == 0
+        )
+        self._in_flight: InFlightStep | None = None
+        self._host_tokens = HostTokens(config.max_num_seqs, self.device) if self.async_scheduling else None
+        self.num_async_steps = 0  # steps launched while the one before was still in flight
 
     def _check_max_model_len(self, asked: int | None) -> int:
         limit = self.model_config.max_position_embeddings
@@ -220,17 +229,33 @@ class LLMEngine:
         return bool(self.requests)
 
     def step(self) -> list[RequestOutput]:
-        """One scheduled forward; returns the outputs of the requests it advanced (finished ones included)."""
+        """One scheduled forward; returns the outputs of the requests it advanced (finished ones included).
+
+        With async scheduling a greedy decode step returns the outputs of the step before it (the first
+        returns none), and a step that cannot be launched ahead returns the one in flight's alone."""
+        if self._in_flight is not None and not self._continues():
+            return self._settle(self._in_flight)
         batch = self.scheduler.schedule()
         if not batch.seqs:
             return []
+        ahead = self._launches_ahead(batch)
+        if self._in_flight is not None and not ahead:
+            raise RuntimeError("async scheduling: a step that continues the one in flight must launch ahead")
         try:
             inputs = ModelRunner.prepare(batch)
+            inputs.sample_on_device = ahead
+            if self._in_flight is not None:  # every row's last token is the in-flight step's
+                row_of = {id(seq): row for row, seq in enumerate(self._in_flight.seqs)}
+                inputs.fed_rows = list(range(len(batch.seqs)))
+                inputs.fed_from = [row_of[id(seq)] for seq in batch.seqs]
             logits = self.runner.run(inputs)
         except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
             self.scheduler.settle_snapshots(batch, ran=False)
+            self._in_flight = None  # its sequences are this batch's: they fail with it
             return self._forward_failed(batch.seqs, "model", err)
         self.consecutive_failures = 0
+        if ahead:
+            return self._launch(batch, logits)
         if self.drafter is not None:
             return self._speculative_step(batch, inputs, logits)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
@@ -245,6 +270,69 @@ class LLMEngine:
                 failed.setdefault(seq.request_id, error)
                 continue
             seq.append(token, lp)
+            self._check_stop(seq)
+            touched[seq.request_id] = self.requests[seq.request_id]
+        outputs = self.fail(failed)
+        return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
+
+    def _continues(self) -> bool:
+        """Whether the next step can launch before the one in flight is read: every running sequence was
+        in it and adds one token, none waits to be admitted, and no sequence needs preempting."""
+        running = self.scheduler.running
+        return (
+            self.async_scheduling  # (turning it off settles the step in flight)
+            and bool(running)
+            and not self.scheduler.waiting
+            and all(seq.num_pending == 1 and sampled_on_device(seq.params) for seq in running)
+            and len(running) <= self.scheduler.config.max_num_batched_tokens
+            and sum(self.blocks.blocks_needed(seq, 1) for seq in running) <= self.blocks.num_free_blocks
+        )
+
+    def _launches_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether this batch's tokens stay on the device for the next step: a greedy decode step."""
+        return (
+            self.async_scheduling
+            and not any(batch.drafts)
+            and all(
+                n == 1 and seq.num_uncomputed == 1
+                for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+            )
+            and all(sampled_on_device(seq.params) for seq in batch.seqs)
+        )
+
+    def _launch(self, batch: ScheduledBatch, logits) -> list[RequestOutput]:
+        """After launching a greedy decode step: count its tokens as computed and pending, start their copy
+        to the host, then settle the step before it (the GPU runs this one meanwhile)."""
+        for seq in batch.seqs:
+            seq.num_computed_tokens += 1
+            seq.num_pending += 1
+        self.scheduler.settle_snapshots(batch, ran=True)
+        launched = InFlightStep.launch(batch.seqs, self.runner.sampled, logits, self._host_tokens)
+        previous, self._in_flight = self._in_flight, launched
+        if previous is None:
+            return []
+        self.num_async_steps += 1
+        outputs = self._settle(previous)
+        if not any(seq.status is Status.RUNNING for seq in launched.seqs):
+            self._in_flight = None  # everything it computes is dropped: nobody reads it
+        return outputs
+
+    def _settle(self, step: InFlightStep) -> list[RequestOutput]:
+        """Read an in-flight step's tokens and advance its sequences as a synchronous step would have.
+        Sequences that ended meanwhile (a stop at the step before, an abort, a failure) drop theirs."""
+        if step is self._in_flight:
+            self._in_flight = None
+        tokens, finite = step.read()
+        touched, failed = {}, {}
+        for seq, token, ok in zip(step.seqs, tokens, finite, strict=True):
+            if seq.status is not Status.RUNNING:
+                continue
+            seq.num_pending -= 1
+            if not ok:
+                failed.setdefault(seq.request_id, NON_FINITE)
+                continue
+            seq.append(token, None)
+            self.blocks.register_full_blocks(seq)
             self._check_stop(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
         outputs = self.fail(failed)

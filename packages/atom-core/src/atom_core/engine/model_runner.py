@@ -21,6 +21,7 @@ from atom_core.cache import (
 )
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
+from atom_core.engine.async_scheduling import feed_sampled
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.peer_all_reduce import with_peer_all_reduce
 from atom_core.engine.scheduler import ScheduledBatch
@@ -50,6 +51,11 @@ class StepInputs:
     # state slot copies (source, destination): snapshots restored before the forward, kept after it
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int]] = field(default_factory=list)
+    # async scheduling: keep the argmax of this step's logits on the device (ModelRunner.sampled) for the
+    # next step, whose token rows fed_rows take it from rows fed_from (their ids here are placeholders)
+    sample_on_device: bool = False
+    fed_rows: list[int] = field(default_factory=list)
+    fed_from: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -112,6 +118,7 @@ class ModelRunner:
                     "caches: speculative decoding supports drafts with paged caches only"
                 )
         self.hidden: torch.Tensor | None = None  # the last target forward's hidden states (for the draft)
+        self.sampled: torch.Tensor | None = None  # [R] int64 argmax of the last step that asked for it
         self.draft_hidden: torch.Tensor | None = None  # the draft's at its last logits rows (for chaining)
         # A running sequence holds a state slot (and one more per draft under speculation): as many as
         # sequences may run at once.
@@ -217,7 +224,8 @@ class ModelRunner:
         drafts = batch.drafts or [[]] * len(batch.seqs)
         for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, drafts, strict=True)):
             start, known = seq.num_computed_tokens, n - len(draft)
-            inputs.ids += seq.token_ids[start : start + known] + draft
+            ids = seq.token_ids[start : start + known]  # short by the tokens still on the device
+            inputs.ids += ids + [0] * (known - len(ids)) + draft
             inputs.positions += range(start, start + n)
             inputs.query_lens.append(n)
             inputs.seq_lens.append(start + n)
@@ -226,7 +234,7 @@ class ModelRunner:
             inputs.fresh.append(start == 0)
             if draft and seq.state_slot >= 0:
                 inputs.step_slots += [seq.state_slot, *seq.spare_state_slots][:n]
-            if start + known == len(seq.token_ids):
+            if start + known == seq.num_tokens:
                 inputs.ends.append(row)
                 last = len(inputs.ids) - len(draft) - 1
                 inputs.logit_rows += range(last, last + len(draft) + 1)
@@ -248,14 +256,18 @@ class ModelRunner:
     def run(self, inputs: StepInputs) -> torch.Tensor:
         """The forward for one step; returns logits [len(inputs.ends), V] (on every tensor-parallel rank)."""
         self._copy_states(inputs.state_copies)
+        if inputs.fed_rows and self.sampled is None:
+            raise RuntimeError("a step feeds on the last step's sampled tokens, but none were kept")
         logits = self._forward(inputs)
         self._copy_states(inputs.state_saves)
+        if inputs.sample_on_device:
+            self.sampled = logits.argmax(dim=-1)
         return logits
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:
         for graphs in (self.graphs, self.verify_graphs):
             if graphs is not None and graphs.serves(inputs):
-                logits = graphs.run(inputs)
+                logits = graphs.run(inputs, sampled=self.sampled)
                 if self.draft is not None:
                     self.hidden = graphs.hidden
                 return logits
@@ -276,8 +288,11 @@ class ModelRunner:
                 device=self.device,
             )
         pos = torch.tensor(inputs.positions, device=self.device)
+        ids = torch.tensor(inputs.ids, device=self.device)
+        if inputs.fed_rows:
+            feed_sampled(ids, inputs.fed_rows, inputs.fed_from, self.sampled)
         with bind_forward_context(ForwardContext(metadata, self.caches)):
-            hidden = self.model(torch.tensor(inputs.ids, device=self.device), pos)
+            hidden = self.model(ids, pos)
         if self.draft is not None:
             self.hidden = hidden
         return self.model.compute_logits(

@@ -38,6 +38,9 @@ class Sequence:
     # under speculation, k more rows: a verify step keeps the state after each draft in one of them
     spare_state_slots: list[int] = field(default_factory=list)
     draft_token_ids: list[int] = field(default_factory=list)  # speculative proposals the next step verifies
+    # async scheduling: tokens sampled on the device and already fed to a later step, not yet read by the
+    # host (they follow token_ids)
+    num_pending: int = 0
     num_drafted: int = 0  # speculative tokens proposed for it, in total
     num_accepted: int = 0  # of those, accepted
     status: Status = Status.WAITING
@@ -53,8 +56,13 @@ class Sequence:
             self.generator = torch.Generator().manual_seed((self.params.seed + self.index) % 2**64)
 
     @property
+    def num_tokens(self) -> int:
+        """Known tokens plus those still on their way from the device (async scheduling)."""
+        return len(self.token_ids) + self.num_pending
+
+    @property
     def num_uncomputed(self) -> int:
-        return len(self.token_ids) - self.num_computed_tokens
+        return self.num_tokens - self.num_computed_tokens
 
     def commit_state(self, accepted: int) -> None:
         """After a verify step that kept the state after each of its tokens in [state_slot, *spares]:

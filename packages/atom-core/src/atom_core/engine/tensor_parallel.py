@@ -124,6 +124,11 @@ class TensorParallelRunner:
         self.state_slots_per_seq = self.runner.state_slots_per_seq
         self.num_state_snapshots = self.runner.num_state_snapshots
 
+    @property
+    def sampled(self) -> torch.Tensor | None:
+        """Rank 0's copy of the last step's tokens kept on the device (every rank keeps its own)."""
+        return self.runner.sampled
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
         return self.runner.run(inputs)

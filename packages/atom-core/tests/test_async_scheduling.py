@@ -1,0 +1,160 @@
+"""Async scheduling (engine/async_scheduling.py): greedy decode steps launched before the host has read the
+last step's tokens give exactly the synchronous engine's outputs, through admission, chunking, prefix
+hits, preemption, stops, aborts, failures and mixed sampling."""
+
+import pytest
+import torch
+
+from atom_core import EngineConfig, LLMEngine, SamplingParams
+from atom_core.config import ConfigError
+
+GREEDY = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_llama):
+    return tiny_llama()[1]
+
+
+def _engine(path, asynchronous: bool, **kw) -> LLMEngine:
+    config = {"kernel_backend": "torch", "block_size": 4, "num_kv_blocks": 128, **kw}
+    return LLMEngine(EngineConfig(path, async_scheduling=asynchronous, **config))
+
+
+def _drain(engine: LLMEngine) -> dict:
+    finished = {}
+    while engine.has_unfinished_requests():
+        for out in engine.step():
+            if out.finished:
+                finished[out.request_id] = out
+    return finished
+
+
+def _prompts() -> dict[str, list[int]]:
+    gen = torch.Generator().manual_seed(5)
+    shared = torch.randint(1, 151, (13,), generator=gen).tolist()
+    return {
+        "a": [*shared, 7, 8],  # shares 3 full blocks with b
+        "b": [*shared, 9],
+        "c": torch.randint(1, 151, (29,), generator=gen).tolist(),  # chunked under a 16-token budget
+        "d": [4, 5],
+        "e": [6],
+    }
+
+
+def _params() -> dict[str, SamplingParams]:
+    return {
+        "a": GREEDY,
+        "b": SamplingParams(temperature=0, max_tokens=5, ignore_eos=True),  # stops early: one dropped token
+        "c": SamplingParams(temperature=0, max_tokens=9, n=2, ignore_eos=True),
+        "d": GREEDY,
+        "e": SamplingParams(temperature=0, max_tokens=1, ignore_eos=True),
+    }
+
+
+def _summary(done: dict) -> dict:
+    return {rid: [(c.token_ids, c.finish_reason) for c in out.outputs] for rid, out in sorted(done.items())}
+
+
+def _run(path, asynchronous: bool, **kw) -> tuple[dict, LLMEngine]:
+    engine = _engine(path, asynchronous, **kw)
+    for rid, p in _prompts().items():
+        engine.add_request({"prompt_token_ids": p}, _params()[rid], rid)
+    return _summary(_drain(engine)), engine
+
+
+def test_async_equals_sync_through_chunking_prefix_hits_and_preemption(checkpoint):
+    for kw in ({}, {"num_kv_blocks": 14, "max_num_batched_tokens": 16}):  # roomy; then preempting
+        expected, _ = _run(checkpoint, False, **kw)
+        got, engine = _run(checkpoint, True, **kw)
+        assert got == expected, kw
+        assert engine.num_async_steps > 0
+        assert engine.blocks.num_free_blocks == kw.get("num_kv_blocks", 128)  # every block came back
+        if kw:
+            assert engine.scheduler.num_preemptions > 0 and engine.scheduler.num_chunked_prefills > 0
+
+
+def test_a_stop_token_hit_in_flight_drops_the_token_computed_after_it(checkpoint):
+    (alone,), _ = _run_one(checkpoint, False, GREEDY)
+    stop = alone[4]  # the fifth token: the step after it is already in flight when it is read
+    params = SamplingParams(temperature=0, max_tokens=12, stop_token_ids=[stop])
+    (sync,), _ = _run_one(checkpoint, False, params)
+    (got,), engine = _run_one(checkpoint, True, params)
+    assert got == sync and got[-1] == stop and len(got) == alone.index(stop) + 1
+    assert engine.num_async_steps > 0 and not engine.scheduler.running
+
+
+def _run_one(path, asynchronous: bool, params: SamplingParams):
+    engine = _engine(path, asynchronous)
+    engine.add_request({"prompt_token_ids": [3, 1, 4, 1, 5]}, params, "x")
+    return [c.token_ids for c in _drain(engine)["x"].outputs], engine
+
+
+def test_requests_arriving_and_aborted_while_a_step_is_in_flight(checkpoint):
+    prompts = _prompts()
+    alone = {rid: _run_one_prompt(checkpoint, prompts[rid]) for rid in ("a", "d")}
+    engine = _engine(checkpoint, True)
+    engine.add_request({"prompt_token_ids": prompts["a"]}, GREEDY, "a")
+    engine.add_request({"prompt_token_ids": prompts["b"]}, GREEDY, "b")
+    finished = {}
+    for _ in range(4):  # prefill, then decode steps with one in flight
+        finished.update({o.request_id: o for o in engine.step() if o.finished})
+    assert engine._in_flight is not None
+    engine.abort("b")
+    engine.add_request({"prompt_token_ids": prompts["d"]}, GREEDY, "d")  # waits: the flight settles first
+    finished.update(_drain(engine))
+    assert "b" not in finished
+    assert {rid: finished[rid].outputs[0].token_ids for rid in ("a", "d")} == alone
+    assert engine.blocks.num_free_blocks == 128 and engine._in_flight is None
+
+
+def _run_one_prompt(path, prompt: list[int]) -> list[int]:
+    engine = _engine(path, False)
+    engine.add_request({"prompt_token_ids": prompt}, GREEDY, "x")
+    return _drain(engine)["x"].outputs[0].token_ids
+
+
+def test_a_sampled_request_runs_the_batch_synchronously_and_reproduces(checkpoint):
+    prompts = _prompts()
+    sampled = SamplingParams(temperature=0.8, seed=7, max_tokens=8, ignore_eos=True)
+    results = []
+    for asynchronous in (False, True):
+        engine = _engine(checkpoint, asynchronous)
+        engine.add_request({"prompt_token_ids": prompts["a"]}, GREEDY, "g")
+        engine.add_request({"prompt_token_ids": prompts["c"]}, sampled, "s")
+        results.append((_summary(_drain(engine)), engine.num_async_steps))
+    (sync, _), (got, launched_ahead) = results
+    assert got == sync
+    assert launched_ahead > 0  # the greedy request went on ahead once the sampled one had finished
+
+
+def test_non_finite_logits_in_flight_fail_only_their_request(checkpoint):
+    prompts = _prompts()
+    alone = {rid: _run_one_prompt(checkpoint, prompts[rid]) for rid in ("a", "d")}
+    engine = _engine(checkpoint, True)
+    run, ahead = engine.runner.run, []
+
+    def poisoned(inputs):  # NaN logits for b (row 1 of a, b, d) from its third step launched ahead on
+        logits = run(inputs)
+        ahead.append(inputs.sample_on_device)
+        if sum(ahead) >= 3 and inputs.sample_on_device and len(inputs.ends) == 3:
+            logits = logits.clone()
+            logits[1] = float("nan")
+        return logits
+
+    engine.runner.run = poisoned
+    for rid in ("a", "b", "d"):
+        engine.add_request({"prompt_token_ids": prompts[rid]}, GREEDY, rid)
+    done = _drain(engine)
+    assert "non-finite logits" in done["b"].error
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "d")} == alone
+    assert engine.blocks.num_free_blocks == 128 and engine.num_async_steps > 0
+
+
+def test_async_scheduling_is_on_for_cuda_by_default_and_validated(checkpoint):
+    assert not EngineConfig(checkpoint, device="cpu").async_scheduling_on()
+    assert EngineConfig(checkpoint, device="cpu", async_scheduling=True).async_scheduling_on()
+    assert EngineConfig(checkpoint, device="cuda").async_scheduling_on()
+    assert not EngineConfig(checkpoint, device="cuda", async_scheduling=False).async_scheduling_on()
+    with pytest.raises(ConfigError, match="async_scheduling must be True, False or None, got 'yes'"):
+        EngineConfig(checkpoint, async_scheduling="yes")

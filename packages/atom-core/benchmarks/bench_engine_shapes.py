@@ -20,7 +20,8 @@ import tempfile
 import time
 
 import torch
-from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
+from bench_deepseek import copy_bandwidth  # sibling scripts (their directory is on sys.path when run)
+from bench_engine import llama3_8b
 from bench_fp8_engine import qwen3_30b_a3b
 from bench_qwen3_next import realistic_routers
 from transformers import AutoModelForCausalLM
@@ -29,19 +30,6 @@ from atom_core.engine import LLM, LLMEngine, SamplingParams
 
 ROWS = ((256, 128, 256), (4, 32768, 128))  # (batch, prompt, new tokens)
 MODELS = {"llama3-8b": lambda: llama3_8b(32), "qwen3-30b-a3b": qwen3_30b_a3b}
-
-
-def copy_bandwidth() -> float:
-    src = torch.empty(2**29, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    return 10 * 2 * src.numel() * 2 / (time.perf_counter() - t)
 
 
 def step_floor_bytes(config, batch: int, context: float) -> float:

@@ -93,7 +93,9 @@ def _resolve(extra: str = "", **env: str) -> dict:
         [sys.executable, "-c", RESOLVE.format(extra=extra)],
         capture_output=True,
         text=True,
-        timeout=300,
+        # vLLM inspects each of its own architectures in a subprocess of its own: ~14 imports of vLLM,
+        # which took over 300 s on CI's two cores while the vLLM end-to-end suite ran beside it
+        timeout=900,
         env={**os.environ, **env},
     )
     assert proc.returncode == 0, proc.stderr[-3000:]

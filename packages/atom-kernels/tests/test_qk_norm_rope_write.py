@@ -31,10 +31,14 @@ def _case(dim, rotary_dim, mrope, dtype, tokens=5, hq=4, hkv=2, blocks=6, block_
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize(
     ("dim", "rotary_dim", "mrope", "offset"),
-    [(256, 64, True, 1.0), (128, 128, False, 0.0), (64, 32, False, 1.0)],
+    [(256, 64, True, 1.0), (128, 128, False, 0.0), (64, 32, False, 1.0), (128, 128, False, None)],
 )
 def test_fused_equals_the_unfused_references(dim, rotary_dim, mrope, offset, dtype):
+    """offset None: no q/k norms (Llama's rotary + KV write)."""
     q, k, v, (qw, kw), positions, inv_freq, (kc, vc), slots = _case(dim, rotary_dim, mrope, dtype)
+    if offset is None:
+        qw = kw = None
+        offset = 0.0
     common = dict(eps=1e-6, rotary_dim=rotary_dim, weight_offset=offset, scaling=1.0)
     if mrope:
         common.update(mrope_section=(11, 11, 10) if rotary_dim == 64 else None, mrope_interleaved=True)
@@ -83,6 +87,23 @@ def test_the_reference_composes_the_unfused_ops():
     x1, x2 = y[:32], y[32:64]
     want = torch.cat([x1 * angle.cos() - x2 * angle.sin(), x2 * angle.cos() + x1 * angle.sin(), y[64:]])
     torch.testing.assert_close(out[2, 1], want, rtol=1e-5, atol=1e-5)
+
+
+def test_without_norms_only_rotates():
+    """No weights: q comes back rotated, not normalized (the plain rotary reference), k likewise cached."""
+    from atom_kernels.rotary.ref import apply_rotary_ref
+
+    q, k, v, _, positions, inv_freq, (kc, vc), slots = _case(128, 128, False, torch.float32)
+    out = qk_norm_rope_write(
+        q, k, v, None, None, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=128, backend="triton"
+    )
+    want_q, want_k = apply_rotary_ref(positions, q, k, inv_freq, rotary_dim=128)
+    torch.testing.assert_close(out, want_q, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(kc.view(-1, 2, 128)[slots[0]], want_k[0], rtol=1e-5, atol=1e-5)
+    with pytest.raises(ValueError, match="given together"):
+        qk_norm_rope_write(
+            q, k, v, None, inv_freq, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=128
+        )
 
 
 def test_fp8_caches_and_bad_shapes_are_refused():

@@ -32,13 +32,13 @@ class AttentionLayerSpec:
 
 @dataclass(frozen=True, slots=True)
 class QKPrologue:
-    """What a frontend does to q and k before attention when it normalizes their heads (Qwen3, Qwen3-Next,
-    Qwen3.5): RMSNorm of each head by q_weight / k_weight [D] (+ weight_offset), then rotary of the first
-    rotary_dim dims (neox pairs; by [3, T] positions when mrope_section is set). A backend layer that can
-    fuse it with its KV write offers `attend_with_prologue`."""
+    """What a frontend does to q and k before attention: RMSNorm of each head by q_weight / k_weight [D]
+    (+ weight_offset) where the model normalizes them (Qwen3, Qwen3-Next, Qwen3.5; None: Llama), then
+    rotary of the first rotary_dim dims (neox pairs; by [3, T] positions when mrope_section is set). A
+    backend layer that can fuse it with its KV write offers `attend_with_prologue`."""
 
-    q_weight: torch.Tensor
-    k_weight: torch.Tensor
+    q_weight: torch.Tensor | None
+    k_weight: torch.Tensor | None
     eps: float
     weight_offset: float
     inv_freq: torch.Tensor  # [rotary_dim / 2] fp32

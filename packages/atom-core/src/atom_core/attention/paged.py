@@ -50,10 +50,13 @@ class PagedAttentionLayer:
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, prologue: QKPrologue, positions: torch.Tensor
     ) -> torch.Tensor | None:
         """q/k norms, rotary and the KV write in one kernel (atom_kernels' qk_norm_rope_write), then
-        attention over the cache; None where that kernel does not write the cache (fp8, shuffle)."""
+        attention over the cache; None where that kernel does not write the cache (fp8, shuffle) or
+        cannot tile the head (not a power of two)."""
         ctx = current_forward_context()
         cache: LayerKVCache = ctx.caches[self.spec.layer_index]
         if self.layout != "flash" or cache.k_scale is not None:
+            return None
+        if self.spec.head_dim & (self.spec.head_dim - 1):
             return None
         if positions.dim() == 2 and prologue.mrope_section is None:  # the unfused rotary says why not
             return None

@@ -95,17 +95,18 @@ class SelfAttention(nn.Module):
         return self.o_proj(out)
 
     def _prologue(self) -> QKPrologue | None:
-        """The q/k norms and rotary as one prologue, where the backend layer can fuse them."""
+        """The q/k norms (if any) and rotary as one prologue, where the backend layer can fuse them."""
         rope = self.rotary_emb
-        if self.q_norm is None or not hasattr(self.attn, "attend_with_prologue"):
+        if not hasattr(self.attn, "attend_with_prologue"):
             return None
         if rope.rope.rope_type == "dynamic" or not rope.neox:  # rates from the batch; GPT-J pairs
             return None
+        norm = self.q_norm
         return QKPrologue(
-            self.q_norm.weight,
-            self.k_norm.weight,
-            self.q_norm.eps,
-            self.q_norm.offset,
+            None if norm is None else norm.weight,
+            None if norm is None else self.k_norm.weight,
+            0.0 if norm is None else norm.eps,
+            0.0 if norm is None else norm.offset,
             rope.inv_freq,
             rope.rotary_dim,
             rope.scaling,

@@ -1,11 +1,12 @@
-"""q/k RMSNorm, rotary (plain or multimodal) and the KV-cache write in one pass over q, k and v.
+"""q/k RMSNorm (optional), rotary (plain or multimodal) and the KV-cache write in one pass over q, k and v.
 
 Qwen3-Next and Qwen3.5 attention normalizes each head of q and k (zero-centred weights), rotates the first
 rotary_dim dims (64 of 256) and writes k and v to the paged cache: four launches and three round trips
 through memory when done one by one. Here two programs per token read its rows once (the q heads; the k
 heads with their v rows), normalize, rotate (cos and sin made once per token) and store them: q to q_out,
-k and v into the cache. Rounding is the
-unfused kernels' (rms_norm, apply_rotary / apply_mrope), which is transformers'.
+k and v into the cache. Models without q/k norms (Llama) pass no weights: rotary and the write are still
+two launches saved into one. Rounding is the unfused kernels' (rms_norm, apply_rotary / apply_mrope),
+which is transformers'.
 """
 
 from __future__ import annotations
@@ -39,20 +40,23 @@ def _norm_rope_tile(
     weight_offset,
     D: tl.constexpr,
     BLOCK_H: tl.constexpr,
+    NORM: tl.constexpr,
 ):
-    """A token's heads [BLOCK_H, D] -> normalized (rounded to the rows' dtype, times the weight, rounded)
-    and rotated where `rotated` by (cos, sin) [D] of each dim's frequency; each rotated dim's partner is
-    read again (registers cannot be permuted). Returns (tile, its head mask)."""
+    """A token's heads [BLOCK_H, D] -> with NORM normalized (rounded to the rows' dtype, times the weight,
+    rounded), then rotated where `rotated` by (cos, sin) [D] of each dim's frequency; each rotated dim's
+    partner is read again (registers cannot be permuted). Returns (tile, its head mask)."""
     dt = src.dtype.element_ty
     h = tl.arange(0, BLOCK_H)[:, None]
     mask = h < num_heads
-    x = tl.load(src + h * stride_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1, keep_dims=True) / D + eps)
-    w = (tl.load(w_ptr + d).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
-    y = (w[None, :] * (x * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-    xp = tl.load(src + h * stride_h + partner[None, :], mask=mask, other=0.0).to(tl.float32)
-    wp = (tl.load(w_ptr + partner).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
-    yp = (wp[None, :] * (xp * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+    y = tl.load(src + h * stride_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    yp = tl.load(src + h * stride_h + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        rstd = 1.0 / tl.sqrt(tl.sum(y * y, axis=1, keep_dims=True) / D + eps)
+        w = (tl.load(w_ptr + d).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
+        y = (w[None, :] * (y * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
+        wp = tl.load(w_ptr + partner).to(tl.float32) + weight_offset
+        wp = wp.to(w_ptr.dtype.element_ty).to(tl.float32)
+        yp = (wp[None, :] * (yp * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     a = (y * cos[None, :]).to(dt).to(tl.float32)
     b = (yp * sin[None, :]).to(dt).to(tl.float32)
     out = tl.where(rotated[None, :], tl.where(first_half[None, :], a - b, a + b), y).to(dt)
@@ -94,6 +98,7 @@ def _qk_norm_rope_write_kernel(
     D: tl.constexpr,
     HALF: tl.constexpr,
     MROPE: tl.constexpr,
+    NORM: tl.constexpr,
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
 ):
@@ -125,6 +130,7 @@ def _qk_norm_rope_write_kernel(
             weight_offset,
             D,
             BLOCK_QH,
+            NORM,
         )
         h = tl.arange(0, BLOCK_QH)[:, None]
         tl.store(out_ptr + t * stride_ot + h * stride_oh + d[None, :], y, mask=mask)
@@ -146,6 +152,7 @@ def _qk_norm_rope_write_kernel(
                 weight_offset,
                 D,
                 BLOCK_KH,
+                NORM,
             )
             h = tl.arange(0, BLOCK_KH)[:, None]
             row = (
@@ -171,8 +178,8 @@ def qk_norm_rope_write(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    q_weight: torch.Tensor,
-    k_weight: torch.Tensor,
+    q_weight: torch.Tensor | None,
+    k_weight: torch.Tensor | None,
     positions: torch.Tensor,
     inv_freq: torch.Tensor,
     k_cache: torch.Tensor,
@@ -188,10 +195,10 @@ def qk_norm_rope_write(
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
-    """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D] ((weight + weight_offset) scaled, weights [D]),
-    rotate their first rotary_dim dims (neox pairs) by positions [T] (or [3, T] with mrope_section), write
-    k and v [T, Hkv, D] into a flash-layout bf16/fp16/fp32 cache by slot_mapping [T] (-1: skipped) and
-    return the normalized, rotated q (into `out` [T, Hq, D] if given). q, k, v may be strided views with
+    """RMSNorm each head of q [T, Hq, D] and k [T, Hkv, D] ((weight + weight_offset) scaled, weights [D];
+    both None: no norm), rotate their first rotary_dim dims (neox pairs) by positions [T] (or [3, T] with
+    mrope_section), write k and v [T, Hkv, D] into a flash-layout bf16/fp16/fp32 cache by slot_mapping [T]
+    (-1: skipped) and return the normalized, rotated q (into `out` [T, Hq, D] if given). q, k, v may be strided views with
     a contiguous last dim (q and k of a fused projection). D must be a power of two. One launch.
     """
     tokens, num_q_heads, dim = q.shape
@@ -204,7 +211,10 @@ def qk_norm_rope_write(
         raise ValueError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if min(x.stride(-1) for x in (q, k, v)) != 1 or triton.next_power_of_2(dim) != dim:
         raise ValueError(f"q, k, v need a contiguous last dim and a power-of-two head dim, got D={dim}")
-    if q_weight.shape != (dim,) or k_weight.shape != (dim,):
+    norm = q_weight is not None
+    if (k_weight is not None) != norm:
+        raise ValueError("q_weight and k_weight are given together (the q/k norms) or both None")
+    if norm and (q_weight.shape != (dim,) or k_weight.shape != (dim,)):
         raise ValueError(f"q_weight and k_weight must be [{dim}]")
     if rotary_dim % 2 or not 0 < rotary_dim <= dim or inv_freq.shape != (rotary_dim // 2,):
         raise ValueError(f"rotary_dim {rotary_dim} must be even, <= {dim}, with inv_freq [rotary_dim / 2]")
@@ -219,8 +229,10 @@ def qk_norm_rope_write(
         out = torch.empty(tokens, num_q_heads, dim, dtype=q.dtype, device=q.device)
     positions = positions.contiguous()  # the kernel steps one token at a time along a row
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        qn = rms_norm_ref(q.reshape(-1, dim), q_weight, eps, weight_offset=weight_offset).view(q.shape)
-        kn = rms_norm_ref(k.reshape(-1, dim), k_weight, eps, weight_offset=weight_offset).view(k.shape)
+        qn, kn = q, k
+        if norm:
+            qn = rms_norm_ref(q.reshape(-1, dim), q_weight, eps, weight_offset=weight_offset).view(q.shape)
+            kn = rms_norm_ref(k.reshape(-1, dim), k_weight, eps, weight_offset=weight_offset).view(k.shape)
         rope = dict(rotary_dim=rotary_dim, scaling=scaling)
         if mrope_section is None:
             qr, kr = apply_rotary_ref(positions, qn, kn, inv_freq, **rope)
@@ -243,8 +255,8 @@ def qk_norm_rope_write(
         k,
         v,
         out,
-        q_weight,
-        k_weight,
+        q_weight if norm else inv_freq,  # never read without NORM
+        k_weight if norm else inv_freq,
         positions,
         axes,
         inv_freq,
@@ -272,6 +284,7 @@ def qk_norm_rope_write(
         D=dim,
         HALF=half,
         MROPE=mrope_section is not None,
+        NORM=norm,
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
         num_warps=max(1, min(8, block_qh * dim // 1024)),

@@ -5,6 +5,7 @@ import torch
 
 from atom_kernels import fused_experts
 from atom_kernels.moe import TileConfig, order_by_expert
+from atom_kernels.moe.align import order_one_token
 from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.fused import _experts_static
 from atom_kernels.moe.ref import fused_experts_ref
@@ -99,6 +100,20 @@ def test_fused_experts_matches_reference(tokens, experts, k, hidden, inter, dtyp
     )
 
 
+def test_one_token_takes_a_tile_per_pair_even_with_repeated_ids():
+    """One token skips the ordering kernel (order_one_token): its tiles are its pairs, whatever the ids."""
+    x = torch.randn(1, 32, device=DEVICE)
+    w13, w2 = torch.randn(4, 32, 32, device=DEVICE) / 6, torch.randn(4, 32, 16, device=DEVICE) / 4
+    ids = torch.tensor([[2, 0, 2]], dtype=torch.int32, device=DEVICE)
+    weights = torch.tensor([[0.5, 0.3, 0.2]], device=DEVICE)
+    order = order_one_token(ids, 16)
+    assert order.pair_tiles and order.capacity == 48 and order.tile_expert.tolist() == [2, 0, 2]
+    got = fused_experts(x, w13, w2, weights, ids, backend="triton")
+    torch.testing.assert_close(got, fused_experts_ref(x, w13, w2, weights, ids), rtol=2e-4, atol=2e-4)
+    with pytest.raises(ValueError, match="one token's ids"):
+        order_one_token(ids.expand(2, 3), 16)
+
+
 @pytest.mark.parametrize("block_m", [16, 32])
 def test_tile_shapes_do_not_change_the_result(block_m):
     tokens, experts, k, hidden, inter = 23, 8, 2, 64, 32
@@ -164,8 +179,9 @@ def test_bad_input_is_named(change, message):
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
-def test_captured_in_a_cuda_graph_with_new_routing_each_replay():
-    tokens, experts, k, hidden, inter = 16, 32, 4, 256, 128
+@pytest.mark.parametrize("tokens", [1, 16])  # one token: the ids are the tiles (no ordering kernel)
+def test_captured_in_a_cuda_graph_with_new_routing_each_replay(tokens):
+    experts, k, hidden, inter = 32, 4, 256, 128
     x = torch.randn(tokens, hidden, device=DEVICE, dtype=torch.bfloat16)
     w13 = (torch.randn(experts, 2 * inter, hidden, device=DEVICE) / 16).to(torch.bfloat16)
     w2 = (torch.randn(experts, hidden, inter, device=DEVICE) / 11).to(torch.bfloat16)

@@ -28,13 +28,33 @@ class ExpertOrder:
     sorted_pairs: [capacity] int32, pair ids in expert order; padding holds num_pairs (matches no pair).
     tile_expert:  [capacity // block_m] int32, the expert each tile of block_m rows belongs to.
     num_padded:   [1] int32, rows in use (a multiple of block_m); tiles past it are skipped.
+    pair_tiles:   one token's order (order_one_token): tile p holds pair p alone in its first row and
+                  tile_expert is the token's top-k ids; sorted_pairs and num_padded are None.
     """
 
-    sorted_pairs: torch.Tensor
+    sorted_pairs: torch.Tensor | None
     tile_expert: torch.Tensor
-    num_padded: torch.Tensor
+    num_padded: torch.Tensor | None
     num_pairs: int
     block_m: int
+    pair_tiles: bool = False
+
+    @property
+    def capacity(self) -> int:
+        """Rows of the ordered layout (a multiple of block_m)."""
+        return self.num_pairs * self.block_m if self.pair_tiles else self.sorted_pairs.numel()
+
+
+def order_one_token(topk_ids: torch.Tensor, block_m: int) -> ExpertOrder:
+    """A single token's k pairs, one tile each, with no kernel at all: the ids are the tiles' experts.
+    Top-k experts are distinct, so no expert's weights are read twice (repeated ids would still be right,
+    each pair's tile reading its expert again). topk_ids: [1, k] int32/int64."""
+    if topk_ids.shape[0] != 1:
+        raise ValueError(f"order_one_token takes one token's ids [1, k], got {tuple(topk_ids.shape)}")
+    ids = topk_ids.reshape(-1)
+    return ExpertOrder(
+        None, ids if ids.is_contiguous() else ids.contiguous(), None, ids.numel(), block_m, True
+    )
 
 
 # Pairs (T * k) up to which one program orders them: bench_moe_order.py on the H200 has it 1.7-1.9x faster at

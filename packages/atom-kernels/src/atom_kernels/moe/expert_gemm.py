@@ -35,15 +35,23 @@ class TileConfig:
 
 
 def tile_config(
-    num_pairs: int, num_experts: int, itemsize: int = 2, *, interpret: bool = False
+    num_pairs: int,
+    num_experts: int,
+    itemsize: int = 2,
+    *,
+    interpret: bool = False,
+    one_token: bool = False,
 ) -> TileConfig:
     """Tile shape from the mean rows per expert, known on the host without a sync (tuned for bf16 by
-    benchmarks/bench_moe.py's sweep).
+    benchmarks/bench_moe.py's sweep, decode's few tokens by sweep_moe_decode.py's).
 
     Few rows per expert (decode): the step streams expert weights, so short tiles waste the fewest
-    padded rows, and narrow n-tiles give a handful of pairs enough programs to load with every SM.
-    Many rows: taller tiles reuse each weight tile. fp32 (itemsize 4) has no tensor-core path for
-    exact products, so it takes small tiles that neither spill registers nor overflow shared memory.
+    padded rows, and narrow n-tiles give a handful of pairs enough programs to load with every SM; one
+    token's k tiles (one_token: align.order_one_token's layout) stream best 64 columns wide (H200:
+    DeepSeek-V3's experts 166 against 180 us, Qwen3-30B-A3B's 25.6 against 26.1; at 4 tokens the
+    32-wide tiles stay ahead, 79.5 against 81.0). Many rows: taller tiles reuse each weight tile. fp32
+    (itemsize 4) has no tensor-core path for exact products, so it takes small tiles that neither spill
+    registers nor overflow shared memory.
     """
     if interpret:  # the CPU interpreter: small tiles keep the numpy emulation quick
         return TileConfig(16, 32, 32, group_m=2, num_warps=1, num_stages=1)
@@ -51,7 +59,8 @@ def tile_config(
         return TileConfig(32, 32, 32, num_warps=4, num_stages=2)
     per_expert = num_pairs / num_experts
     if per_expert <= 8:
-        return TileConfig(16, 32 if num_pairs < 64 else 64, 128, num_warps=4, num_stages=4)
+        wide = one_token or num_pairs >= 64
+        return TileConfig(16, 64 if wide else 32, 128, num_warps=4, num_stages=4)
     if per_expert <= 32:
         return TileConfig(32, 64, 128, num_warps=4, num_stages=4)
     if per_expert <= 96:
@@ -122,6 +131,7 @@ def _expert_gemm_kernel(
     PRECISION: tl.constexpr,
     FP8_W: tl.constexpr,
     FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] at as_ptr (W8A8; needs FP8_W)
+    PAIR_TILES: tl.constexpr,
 ):
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
@@ -132,11 +142,14 @@ def _expert_gemm_kernel(
     size_m = tl.minimum(tiles_m - first_m, GROUP_M)
     pid_m = first_m + (pid % per_group) % size_m
     pid_n = (pid % per_group) // size_m
-    if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
-        return
-    expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    pair = tl.load(sorted_pairs_ptr + rows)
+    if PAIR_TILES:  # one token: tile m is pair m, in its first row (align.order_one_token)
+        pair = tl.where(rows == pid_m * BLOCK_M, pid_m, num_pairs)
+    else:
+        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+            return
+        pair = tl.load(sorted_pairs_ptr + rows)
+    expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
     valid = pair < num_pairs
     a_row = (pair // top_k).to(tl.int64) if A_BY_TOKEN else rows.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -210,7 +223,7 @@ def _launch(
     """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
     for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step).
     a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32)."""
-    tiles_m = order.sorted_pairs.numel() // cfg.block_m
+    tiles_m = order.capacity // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
     block_k, scale, (scale_n, scale_k) = cfg.block_k, w, (1, 1)
     if scales is not None:
@@ -222,9 +235,9 @@ def _launch(
         w,
         scale,
         out,
-        order.sorted_pairs,
+        order.tile_expert if order.pair_tiles else order.sorted_pairs,  # never read with PAIR_TILES
         order.tile_expert,
-        order.num_padded,
+        order.tile_expert if order.pair_tiles else order.num_padded,
         pair_weights if pair_weights is not None else a,
         n,
         k,
@@ -250,6 +263,7 @@ def _launch(
         PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not TF32
         FP8_W=scales is not None,
         FP8_A=a_scale is not None,
+        PAIR_TILES=order.pair_tiles,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
     )
@@ -270,7 +284,7 @@ def gate_up(
     x_scale: x is e4m3 with these per-token group scales (W8A8); out_dtype: then the output's dtype."""
     inter = w13.shape[1] // 2
     dtype = out_dtype or x.dtype
-    out = torch.empty(order.sorted_pairs.numel(), inter, dtype=dtype, device=x.device)
+    out = torch.empty(order.capacity, inter, dtype=dtype, device=x.device)
     _launch(
         x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales, a_scale=x_scale
     )

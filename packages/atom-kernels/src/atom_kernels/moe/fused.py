@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from atom_kernels.fp8.act_quant import quantize_act
 from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
-from atom_kernels.moe.align import order_by_expert
+from atom_kernels.moe.align import order_by_expert, order_one_token
 from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.ref import fused_experts_ref
@@ -180,9 +180,14 @@ def fused_experts(
         return out
     top_k, experts = topk_ids.shape[1], w13.shape[0]
     cfg = config or tile_config(
-        tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret
+        tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret, one_token=tokens == 1
     )
-    order = order_by_expert(topk_ids, experts, cfg.block_m)
+    # One token needs no ordering kernel: its k experts are distinct, one tile each.
+    order = (
+        order_one_token(topk_ids, cfg.block_m)
+        if tokens == 1
+        else order_by_expert(topk_ids, experts, cfg.block_m)
+    )
     down_cfg = down_config or down_tile_config(cfg)
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")

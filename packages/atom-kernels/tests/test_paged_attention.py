@@ -236,6 +236,55 @@ def test_auto_splits_on_long_sequences(paged_case):
     _check(out, case)
 
 
+@pytest.mark.skipif(not GPU, reason="the plan sizes programs by the GPU's SM count")
+def test_short_walk_plan_choices():
+    """Short walks: splits rounded down to fill two programs per SM, four-warp programs where they are
+    few (128-wide tiles from 512 positions each, heads up to 128); long walks keep the generic plan."""
+    from atom_kernels.attention.decode import short_walk_plan
+
+    dev = torch.device("cuda")
+    sms = torch.cuda.get_device_properties(dev).multi_processor_count
+    splits, tiles = short_walk_plan(1, 8, 1024, dev)
+    assert splits == 16 and (tiles.num_warps, tiles.block_n) == (4, 64)  # 1024 / 64: one tile a split
+    splits, tiles = short_walk_plan(64, 4, 1024, dev)
+    assert splits == max(1, 1 << ((2 * sms // 256).bit_length() - 1)) and tiles.num_warps == 4
+    assert tiles.block_n == (128 if 1024 // splits >= 512 else 64)
+    assert short_walk_plan(64, 4, 1024, dev, head_dim=256)[1].block_n == 64
+    assert short_walk_plan(4, 8, 32768, dev) is None  # 2048+ positions a program: generic
+
+
+@pytest.mark.parametrize(
+    ("batch", "kv_heads", "head_dim", "seq_len", "max_len"),
+    [(1, 2, 128, 600, 1024), (1, 1, 128, 600, 65536), (3, 1, 256, 700, 1024)],
+)
+def test_decode_short_walk_plans_match_the_reference(paged_case, batch, kv_heads, head_dim, seq_len, max_len):
+    """paged_decode's own plan (short_walk_plan's on a GPU) at engine-like short contexts, 16-bit cache:
+    64-wide four-warp tiles, 128-wide ones (a graph sized for 64k), and 256-wide heads."""
+    dtype = torch.bfloat16 if GPU else torch.float32
+    case = paged_case(
+        seq_lens=[seq_len - 37 * b for b in range(batch)],
+        query_lens=[1] * batch,
+        num_q_heads=4 * kv_heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim if GPU else 32,
+        block_size=16,
+        layout=KVLayout.FLASH,
+        dtype=dtype,
+        device=DEVICE,
+    )
+    out = paged_decode(
+        case.q,
+        case.k_cache,
+        case.v_cache,
+        seq_lens=case.seq_lens,
+        block_tables=case.block_tables,
+        max_seq_len=max_len,
+        out=_poisoned_like(case.q),
+        backend="triton",
+    )
+    _check(out, case)
+
+
 def test_torch_backend_matches_reference(paged_case):
     case = paged_case(
         seq_lens=[10, 30],

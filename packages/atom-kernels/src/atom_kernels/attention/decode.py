@@ -44,6 +44,42 @@ def decode_splits(
     return min(64, triton.next_power_of_2(max(1, min(want, cap))))
 
 
+# Positions per program (longest sequence / decode_splits' count) from which the generic choice stands: there
+# each program streams long enough for two-warp programs at two per SM to keep the bandwidth.
+LONG_WALK = 2048
+
+
+def _prev_power_of_2(n: int) -> int:
+    return 1 << (max(1, n).bit_length() - 1)
+
+
+def short_walk_plan(
+    batch: int, num_kv_heads: int, max_seq_len: int, device: torch.device, head_dim: int = 128
+) -> tuple[int, TileConfig] | None:
+    """(splits, tiles) for the generic kernel on a 16-bit flash cache when its programs would walk short
+    ranges (decode_splits leaving fewer than LONG_WALK positions to each): None otherwise.
+
+    Short walks pay each program's start and the combine more than the stream: at most two programs per
+    SM (splits rounded down, not up), each at least one 64-wide tile, and where that leaves few programs
+    they get four warps, and 128-wide tiles when each walks 512 positions or more (heads up to 128 wide:
+    two stages of wider K and V tiles would not fit in shared memory). From
+    benchmarks/sweep_decode_plan.py on the H200 (results/decode_plan_h200.json): B=1 at 600 tokens 7.1 us
+    against 10.2; B=64 at 600 tokens with 4 KV heads 27.8 against 31.6; B=1 at 64k with 4 KV heads 44.1
+    against 54.9; long walks (B=4 at 32k, B=32 at 4k) kept the generic choice, which was faster there.
+    """
+    generic = decode_splits(batch, num_kv_heads, max_seq_len, device)
+    if device.type != "cuda" or max_seq_len // generic >= LONG_WALK:
+        return None
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    fill = max(1, 2 * sms // (batch * num_kv_heads))
+    splits = min(64, _prev_power_of_2(min(fill, max(1, max_seq_len // 64))))
+    if batch * num_kv_heads * splits > 2 * sms:
+        return splits, TileConfig(block_m=16, block_n=64, num_warps=2, num_stages=3)
+    if max_seq_len // splits >= 512 and head_dim <= 128:
+        return splits, TileConfig(block_m=16, block_n=128, num_warps=4, num_stages=2)
+    return splits, TileConfig(block_m=16, block_n=64, num_warps=4, num_stages=3)
+
+
 def decode_tiles(
     cache_dtype: torch.dtype, layout: KVLayout, kernel: AttentionKernel = AttentionKernel.TILE
 ) -> TileConfig:
@@ -95,16 +131,15 @@ def paged_decode(
     if cu_seqlens_q is None:
         cu_seqlens_q = torch.arange(0, batch + 1, dtype=torch.int32, device=q.device) * query_len
     kernel = decode_kernel(q, k_cache, v_cache, layout)
+    config = decode_tiles(k_cache.dtype, KVLayout(layout), kernel) if on_gpu(q) else TileConfig(16, 16, 1, 1)
     if num_splits is None:
         longest = max_seq_len if max_seq_len is not None else int(seq_lens.max()) if batch else 0
-        num_splits = decode_splits(
-            batch,
-            k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1],
-            longest,
-            q.device,
-            programs_per_sm=PROGRAMS_PER_SM[kernel],
-        )
-    config = decode_tiles(k_cache.dtype, KVLayout(layout), kernel) if on_gpu(q) else TileConfig(16, 16, 1, 1)
+        heads = k_cache.shape[2 if KVLayout(layout) is KVLayout.FLASH else 1]
+        num_splits = decode_splits(batch, heads, longest, q.device, programs_per_sm=PROGRAMS_PER_SM[kernel])
+        generic_flash = kernel is AttentionKernel.TILE and KVLayout(layout) is KVLayout.FLASH
+        if on_gpu(q) and generic_flash and k_cache.element_size() == 2:
+            plan = short_walk_plan(batch, heads, longest, q.device, q.shape[-1])
+            num_splits, config = plan or (num_splits, config)
     return run_paged_attention(
         q,
         k_cache,

@@ -2,7 +2,7 @@
 
   PYTHONPATH=packages/atom-kernels/src python3 benchmarks/bench_linear.py [--sweep] [--out results.json]
 
-Llama-3-8B's projections (bf16). Each call reads the whole weight, so the roofline is the weight's bytes at
+Llama-3-8B's projections and Qwen3-30B-A3B's dense ones (a3b_*; bf16). Each call reads the whole weight, so the roofline is the weight's bytes at
 the copy bandwidth measured in the same run. The down projection takes the gated MLP's [M, 2I]
 pre-activation: the baseline is silu_and_mul then cuBLAS, the kernel applies the activation in its load.
 Weights rotate over copies that exceed the L2, as in a decode step where every layer's weights stream.
@@ -32,6 +32,11 @@ SHAPES = {  # name: (N, K, gated input)
     "gate_up": (28672, 4096, False),
     "down": (4096, 14336, True),
     "lm_head": (128256, 4096, False),
+    # Qwen3-30B-A3B's dense projections (its experts are fused_experts'): hidden 2048
+    "a3b_qkv": (5120, 2048, False),
+    "a3b_o": (2048, 4096, False),
+    "a3b_router": (128, 2048, False),
+    "a3b_lm_head": (151936, 2048, False),
 }
 ROWS = (1, 2, 4, 8, 16)
 
@@ -44,9 +49,9 @@ def candidates(rows: int) -> list[SkinnyTiles]:
     return [SkinnyTiles(*t) for t in grid]
 
 
-def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float) -> None:
+def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float, row_counts=(1, 4, 16)) -> None:
     n, k = weights[0].shape
-    for rows in (1, 4, 16):
+    for rows in row_counts:
         fused = gated and rows == 1  # the activation is fused at one row only
         x = torch.randn(rows, 2 * k if fused else k, device="cuda", dtype=torch.bfloat16)
         y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
@@ -98,6 +103,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates first")
+    parser.add_argument("--sweep-rows", default="1,4,16", help="row counts the sweep times")
     parser.add_argument("names", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
     copy_bw, _ = measure_ceilings()
@@ -110,7 +116,7 @@ def main():
             torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / k**0.5 for _ in range(rotation(nbytes))
         ]
         if args.sweep:
-            sweep(name, weights, gated, copy_bw)
+            sweep(name, weights, gated, copy_bw, [int(r) for r in args.sweep_rows.split(",")])
         for rows in ROWS:
             x = torch.randn(rows, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
 

@@ -25,8 +25,9 @@ def _assert_close(got, want, dtype):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("rows", [1, 2, 5, MAX_SKINNY_ROWS])
-@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 200), (130, 1024), (8, 40)])
+@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 200), (130, 1024), (8, 40), (2056, 64)])
 def test_matches_reference(rows, n, k, dtype):
+    """n <= NARROW_N takes the four-row GEMV tiles at one row, 2056 the eight-row ones."""
     x, w, _ = _operands(rows, n, k, dtype)
     got = linear(x, w, backend="triton")
     assert got.shape == (rows, n) and got.dtype == dtype

@@ -165,7 +165,8 @@ def linear(
         # kernel): past one row the activation runs as its own kernel.
         x2, gated_input = silu_and_mul(x2, backend=chosen), False
     y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
-    run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=skinny_tiles(rows, weight.shape[1]))
+    tiles = skinny_tiles(rows, weight.shape[1], n)
+    run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=tiles)
     return y.view(*lead, n)
 
 
@@ -177,8 +178,17 @@ class SkinnyTiles:
     stages: int
 
 
-def skinny_tiles(rows: int, k: int) -> SkinnyTiles:
-    """Tiles from benchmarks/bench_linear.py --sweep (Llama-3-8B's projections)."""
+# Output rows up to which one row's GEMV takes four weight rows a program: the eight-row tiles leave such a
+# projection a few hundred programs or fewer, too few to keep every SM loading (bench_linear.py --sweep,
+# results/linear_a3b_sweep_h200.log: Qwen3-30B-A3B's o 2048x4096 6.4 against 8.2 us, its router 128x2048
+# 2.7 against 3.9 us; Llama-3-8B's 4096-row o was even, 10.7-10.9 us)
+NARROW_N = 2048
+
+
+def skinny_tiles(rows: int, k: int, n: int | None = None) -> SkinnyTiles:
+    """Tiles from benchmarks/bench_linear.py --sweep (Llama-3-8B's and Qwen3-30B-A3B's projections)."""
+    if rows == 1 and n is not None and n <= NARROW_N:  # few output rows: more, narrower programs
+        return SkinnyTiles(4, min(1024, triton.next_power_of_2(k)), 8, 1)
     if rows == 1:  # longer K steps pay off on long rows (fewer reduction steps per weight row)
         return SkinnyTiles(8, min(1024 if k >= 8192 else 512, triton.next_power_of_2(k)), 4, 1)
     return SkinnyTiles(64, min(128, max(16, triton.next_power_of_2(k))), 4, 6)

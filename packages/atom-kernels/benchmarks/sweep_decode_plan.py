@@ -16,12 +16,12 @@ import argparse
 import json
 
 import torch
+from bench_paged_attention import generic_tile_decode
 from ceilings import measure_ceilings
 from graph_timing import graph_ms, rotation
 
 from atom_kernels.attention import paged_decode
 from atom_kernels.attention.decode import decode_splits, decode_tiles, short_walk_plan
-from atom_kernels.attention.launch import run_paged_attention
 from atom_kernels.cache import KVLayout
 
 HQ, D, PAGE = 32, 128, 16
@@ -57,27 +57,12 @@ def _inputs(batch: int, heads: int, tokens: int):
 
 
 def _generic(q, kc, vc, tables, lens, max_len, out):
-    batch = lens.numel()
-    return run_paged_attention(
-        q,
-        kc,
-        vc,
-        cu_seqlens_q=torch.arange(batch + 1, device=q.device, dtype=torch.int32),
-        seq_lens=lens,
-        block_tables=tables,
-        max_query_len=1,
-        layout=KVLayout.FLASH,
-        softmax_scale=None,
-        sliding_window=None,
-        softcap=None,
-        sinks=None,
-        k_scale=None,
-        v_scale=None,
-        out=out,
-        backend="triton",
-        num_splits=decode_splits(batch, kc.shape[2], max_len, q.device),
-        config=decode_tiles(kc.dtype, KVLayout.FLASH),
-    )
+    """The generic plan: decode_splits' count and decode_tiles' tiles."""
+    config = decode_tiles(kc.dtype, KVLayout.FLASH)
+    return generic_tile_decode(
+        q, kc, vc, seq_lens=lens, block_tables=tables, layout=KVLayout.FLASH, k_scale=None, v_scale=None,
+        max_seq_len=max_len, out=out, config=config,
+    )  # fmt: skip
 
 
 def main() -> None:

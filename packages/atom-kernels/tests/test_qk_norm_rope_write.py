@@ -106,6 +106,21 @@ def test_without_norms_only_rotates():
         )
 
 
+@pytest.mark.skipif(not GPU, reason="bf16 rounding is the GPU's (the interpreter's bf16 math is wrong)")
+def test_without_norms_rounds_as_the_rotary_kernel_in_bf16():
+    """Llama's path on the GPU: bit-equal to apply_rotary's kernel (no FMA contraction) and the cache write."""
+    from atom_kernels.rotary import apply_rotary
+
+    q, k, v, _, positions, inv_freq, (kc, vc), slots = _case(128, 128, False, torch.bfloat16, tokens=5)
+    out = qk_norm_rope_write(
+        q, k, v, None, None, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=128, backend="triton"
+    )
+    want_q, want_k = q.contiguous(), k.contiguous()
+    apply_rotary(positions, want_q, want_k, inv_freq, rotary_dim=128, backend="triton")
+    assert torch.equal(out, want_q)
+    assert torch.equal(kc.view(-1, 2, 128)[slots[0]], want_k[0])
+
+
 def test_fp8_caches_and_bad_shapes_are_refused():
     q, k, v, (qw, kw), positions, inv_freq, (kc, vc), slots = _case(128, 128, False, torch.float32)
     with pytest.raises(ValueError, match=r"positions must be \[5\]"):

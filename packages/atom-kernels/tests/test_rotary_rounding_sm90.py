@@ -42,12 +42,15 @@ def bf16_fmas(kernel, consts, options):
 
 rope = dict(NEOX=True, HALF=64, BLOCK_QH=16, BLOCK_KH=4, BLOCK_HALF=64, BLOCK_T=1)
 mrope = dict(rope, SECTION_T=22, SECTION_H=21, SECTION_W=21, INTERLEAVED=True)
-prologue = dict(D=256, HALF=32, MROPE=True, BLOCK_QH=16, BLOCK_KH=2)
+prologue = dict(D=256, HALF=32, MROPE=True, NORM=True, BLOCK_QH=16, BLOCK_KH=2)
+llama_prologue = dict(D=128, HALF=64, MROPE=False, NORM=False, BLOCK_QH=32, BLOCK_KH=8)
 print(json.dumps({
     "rope_contracted": bf16_fmas(_rotary_kernel, rope, {}),
     "rope": bf16_fmas(_rotary_kernel, rope, ROUNDED_AS_TRANSFORMERS),
     "mrope": bf16_fmas(_mrope_kernel, mrope, ROUNDED_AS_TRANSFORMERS),
     "prologue": bf16_fmas(_qk_norm_rope_write_kernel, prologue, {}),
+    "prologue_no_norm_contracted": bf16_fmas(_qk_norm_rope_write_kernel, llama_prologue, {}),
+    "prologue_no_norm": bf16_fmas(_qk_norm_rope_write_kernel, llama_prologue, ROUNDED_AS_TRANSFORMERS),
 }))
 """
 
@@ -62,3 +65,5 @@ def test_rotary_kernels_keep_transformers_roundings_on_sm90():
     assert counts["rope_contracted"] > 0  # what contraction does to these kernels: the check can fail
     assert counts["rope"] == counts["mrope"] == 0  # with the options they launch with
     assert counts["prologue"] == 0  # the fused kernel's select keeps its roundings even with contraction
+    assert counts["prologue_no_norm_contracted"] > 0  # without the norms contraction would reach it
+    assert counts["prologue_no_norm"] == 0  # so that path launches with the rotary kernels' options

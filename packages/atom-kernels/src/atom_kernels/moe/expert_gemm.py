@@ -48,7 +48,7 @@ def tile_config(
     Few rows per expert (decode): the step streams expert weights, so short tiles waste the fewest
     padded rows, and narrow n-tiles give a handful of pairs enough programs to load with every SM; one
     token's k tiles (one_token: align.order_one_token's layout) stream best 64 columns wide (H200:
-    DeepSeek-V3's experts 166 against 180 us, Qwen3-30B-A3B's 25.6 against 26.1; at 4 tokens the
+    DeepSeek-V3's experts 167 against 180 us, Qwen3-30B-A3B's 25.6 against 26.1; at 4 tokens the
     32-wide tiles stay ahead, 79.5 against 81.0). Many rows: taller tiles reuse each weight tile. fp32
     (itemsize 4) has no tensor-core path for exact products, so it takes small tiles that neither spill
     registers nor overflow shared memory.

@@ -21,6 +21,7 @@ from atom_kernels.cache.layout import KVLayout, cache_geometry
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.norm.ref import rms_norm_ref
 from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref, mrope_axes
+from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -288,5 +289,8 @@ def qk_norm_rope_write(
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
         num_warps=max(1, min(8, block_qh * dim // 1024)),
+        # Without the norms LLVM would fuse a rounded product into the rotation's sum (the norms' select
+        # keeps it from doing so): launched as the plain rotary kernels are (test_rotary_rounding_sm90.py).
+        **({} if norm else ROUNDED_AS_TRANSFORMERS),
     )
     return out

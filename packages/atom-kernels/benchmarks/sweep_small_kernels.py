@@ -1,10 +1,14 @@
-"""Warps per program for the small per-token kernels of a decode step (routing, RMSNorm), as CUDA-graph replays.
+"""Warps and tiles of a decode step's small per-token kernels, as CUDA-graph replays (microseconds per call).
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_routing_warps.py
+  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_small_kernels.py
 
-One program per token; microseconds per call at 1, 64 and 4096 tokens for topk_softmax (E=128, k=8:
-Qwen3-30B-A3B) and grouped_topk (E=256 in 8 groups of which 4 kept, k=8, bias: DeepSeek-V3), and for the
-residual RMSNorm at 1 and 64 tokens of 2048-7168 columns. The ids are checked equal across warp counts.
+- routing, one program per token, at 1, 64 and 4096 tokens: topk_softmax (E=128, k=8: Qwen3-30B-A3B) and
+  grouped_topk (E=256 in 8 groups of which 4 kept, k=8, bias: DeepSeek-V3); ids checked equal across
+  warp counts;
+- the residual RMSNorm at 1 and 64 tokens of 2048-7168 columns;
+- the split-KV combine of paged decode (one program per token and q head; 32 heads of 128, 8-64 splits)
+  and the MoE top-k combine (k=8 rows of 2048 / 7168 per token, columns per program and warps), outputs
+  checked against the first variant's.
 """
 
 from __future__ import annotations
@@ -14,6 +18,8 @@ from functools import partial
 import torch
 import triton
 
+from atom_kernels.attention.kernels import combine_splits_kernel
+from atom_kernels.moe.combine import _combine_kernel
 from atom_kernels.moe.routing import _grouped_topk_kernel, _topk_softmax_kernel
 from atom_kernels.norm.rms_norm import _rms_norm_kernel
 
@@ -62,6 +68,32 @@ def rms_norm_call(x, r, g, o, ro, warps):
     )  # fmt: skip
 
 
+def combine_splits_call(part_o, part_lse, out, splits, warps):
+    combine_splits_kernel[(out.shape[0], out.shape[1])](
+        part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), out.shape[1], NUM_SPLITS=splits,
+        HAS_SINKS=False, HEAD_DIM=out.shape[2], BLOCK_S=triton.next_power_of_2(splits),
+        BLOCK_D=triton.next_power_of_2(out.shape[2]), num_warps=warps,
+    )  # fmt: skip
+
+
+def moe_combine_call(y, out, block_h, warps):
+    grid = (out.shape[0], triton.cdiv(out.shape[1], block_h))
+    _combine_kernel[grid](y, out, out.shape[1], out.stride(0), TOP_K=8, BLOCK_H=block_h, num_warps=warps)
+
+
+def checked_row(name: str, variants: dict, out: torch.Tensor) -> None:
+    """Time each variant (a call) after checking its output against the first's (fp32 sums in another
+    order round differently in the last bf16 place)."""
+    cells, first = [], None
+    for label, call in variants.items():
+        out.fill_(float("nan"))
+        call()
+        first = out.clone() if first is None else first
+        torch.testing.assert_close(out, first, rtol=1e-2, atol=1e-2, msg=f"{name}: {label} differs")
+        cells.append(f"{label} {graph_us(call):6.2f}")
+    print(f"{name}: " + "  ".join(cells), flush=True)
+
+
 def routing_row(name: str, call, ids: torch.Tensor) -> None:
     cells, first = [], None
     for warps in WARPS:
@@ -94,6 +126,24 @@ def main() -> None:
             ]
             default = min(16, max(1, triton.next_power_of_2(hidden) // 256))
             print(f"rms_norm+res H={hidden} T={tokens} (default w{default}): " + "  ".join(cells), flush=True)
+    for splits in (8, 16, 64):
+        part_o = torch.randn(32 * splits, 128, device=dev)
+        part_lse = torch.randn(32 * splits, device=dev)
+        out = torch.empty(1, 32, 128, device=dev, dtype=torch.bfloat16)
+        variants = {
+            f"w{w}": partial(combine_splits_call, part_o, part_lse, out, splits, w) for w in (1, 2, 4, 8)
+        }
+        checked_row(f"combine_splits T=1 Hq=32 D=128 splits={splits} (default w4)", variants, out)
+    for hidden in (2048, 7168):
+        for tokens in (1, 64):
+            y = torch.randn(tokens * 8, hidden, device=dev, dtype=torch.bfloat16)
+            out = torch.empty(tokens, hidden, device=dev, dtype=torch.bfloat16)
+            variants = {
+                f"h{bh}w{w}": partial(moe_combine_call, y, out, bh, w)
+                for bh in (256, 512, 1024)
+                for w in (1, 2, 4)
+            }
+            checked_row(f"moe combine k=8 H={hidden} T={tokens} (default h1024w4)", variants, out)
 
 
 if __name__ == "__main__":

@@ -56,6 +56,14 @@ DSV2 = dict(
 )
 
 
+def drain_finished(engine) -> dict:
+    """Step an engine until it has nothing left; its finished outputs by request id."""
+    finished = {}
+    while engine.has_unfinished_requests():
+        finished.update({out.request_id: out for out in engine.step() if out.finished})
+    return finished
+
+
 def deepseek_checkpoint(path, config_cls, base: dict, overrides: dict):
     """A random tiny model whose routing is decisive (no near-ties between implementations) and whose
     e_score_correction_bias is not zero, saved as transformers saves it."""

@@ -4,6 +4,7 @@ hits, preemption, stops, aborts, failures and mixed sampling."""
 
 import pytest
 import torch
+from core_support import drain_finished
 
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.config import ConfigError
@@ -19,15 +20,6 @@ def checkpoint(tiny_llama):
 def _engine(path, asynchronous: bool, **kw) -> LLMEngine:
     config = {"kernel_backend": "torch", "block_size": 4, "num_kv_blocks": 128, **kw}
     return LLMEngine(EngineConfig(path, async_scheduling=asynchronous, **config))
-
-
-def _drain(engine: LLMEngine) -> dict:
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
-    return finished
 
 
 def _prompts() -> dict[str, list[int]]:
@@ -60,7 +52,7 @@ def _run(path, asynchronous: bool, **kw) -> tuple[dict, LLMEngine]:
     engine = _engine(path, asynchronous, **kw)
     for rid, p in _prompts().items():
         engine.add_request({"prompt_token_ids": p}, _params()[rid], rid)
-    return _summary(_drain(engine)), engine
+    return _summary(drain_finished(engine)), engine
 
 
 def test_async_equals_sync_through_chunking_prefix_hits_and_preemption(checkpoint):
@@ -87,7 +79,7 @@ def test_a_stop_token_hit_in_flight_drops_the_token_computed_after_it(checkpoint
 def _run_one(path, asynchronous: bool, params: SamplingParams):
     engine = _engine(path, asynchronous)
     engine.add_request({"prompt_token_ids": [3, 1, 4, 1, 5]}, params, "x")
-    return [c.token_ids for c in _drain(engine)["x"].outputs], engine
+    return [c.token_ids for c in drain_finished(engine)["x"].outputs], engine
 
 
 def test_requests_arriving_and_aborted_while_a_step_is_in_flight(checkpoint):
@@ -102,7 +94,7 @@ def test_requests_arriving_and_aborted_while_a_step_is_in_flight(checkpoint):
     assert engine._in_flight is not None
     engine.abort("b")
     engine.add_request({"prompt_token_ids": prompts["d"]}, GREEDY, "d")  # waits: the flight settles first
-    finished.update(_drain(engine))
+    finished.update(drain_finished(engine))
     assert "b" not in finished
     assert {rid: finished[rid].outputs[0].token_ids for rid in ("a", "d")} == alone
     assert engine.blocks.num_free_blocks == 128 and engine._in_flight is None
@@ -111,7 +103,7 @@ def test_requests_arriving_and_aborted_while_a_step_is_in_flight(checkpoint):
 def _run_one_prompt(path, prompt: list[int]) -> list[int]:
     engine = _engine(path, False)
     engine.add_request({"prompt_token_ids": prompt}, GREEDY, "x")
-    return _drain(engine)["x"].outputs[0].token_ids
+    return drain_finished(engine)["x"].outputs[0].token_ids
 
 
 def test_a_sampled_request_runs_the_batch_synchronously_and_reproduces(checkpoint):
@@ -122,7 +114,7 @@ def test_a_sampled_request_runs_the_batch_synchronously_and_reproduces(checkpoin
         engine = _engine(checkpoint, asynchronous)
         engine.add_request({"prompt_token_ids": prompts["a"]}, GREEDY, "g")
         engine.add_request({"prompt_token_ids": prompts["c"]}, sampled, "s")
-        results.append((_summary(_drain(engine)), engine.num_async_steps))
+        results.append((_summary(drain_finished(engine)), engine.num_async_steps))
     (sync, _), (got, launched_ahead) = results
     assert got == sync
     assert launched_ahead > 0  # the greedy request went on ahead once the sampled one had finished
@@ -145,7 +137,7 @@ def test_non_finite_logits_in_flight_fail_only_their_request(checkpoint):
     engine.runner.run = poisoned
     for rid in ("a", "b", "d"):
         engine.add_request({"prompt_token_ids": prompts[rid]}, GREEDY, rid)
-    done = _drain(engine)
+    done = drain_finished(engine)
     assert "non-finite logits" in done["b"].error
     assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "d")} == alone
     assert engine.blocks.num_free_blocks == 128 and engine.num_async_steps > 0

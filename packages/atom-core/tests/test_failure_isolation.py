@@ -7,6 +7,7 @@ import time
 
 import httpx
 import pytest
+from core_support import drain_finished
 
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.cli import main
@@ -26,15 +27,6 @@ def _engine(path) -> LLMEngine:
     return LLMEngine(EngineConfig(path, kernel_backend="torch", block_size=4, num_kv_blocks=64))
 
 
-def _drain(engine: LLMEngine) -> dict:
-    finished = {}
-    while engine.has_unfinished_requests():
-        for out in engine.step():
-            if out.finished:
-                finished[out.request_id] = out
-    return finished
-
-
 PROMPTS = {"a": [5, 6, 7], "b": [9, 10, 11, 12, 13], "c": [20, 21]}
 
 
@@ -42,7 +34,7 @@ def _alone(path) -> dict:
     engine = _engine(path)
     for rid, p in PROMPTS.items():
         engine.add_request({"prompt_token_ids": p}, GREEDY, rid)
-    return {rid: out.outputs[0].token_ids for rid, out in _drain(engine).items()}
+    return {rid: out.outputs[0].token_ids for rid, out in drain_finished(engine).items()}
 
 
 def _poison(engine: LLMEngine, victim: str, *, raise_in_forward: bool = False):
@@ -75,7 +67,7 @@ def test_non_finite_logits_fail_only_their_request(checkpoint):
             SamplingParams(temperature=0.7, seed=1, max_tokens=6) if rid == "b" else GREEDY,
             rid,
         )
-    done = _drain(engine)
+    done = drain_finished(engine)
     assert "non-finite logits" in done["b"].error and done["b"].outputs[0].finish_reason == "error"
     assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
         "a": expected["a"],
@@ -89,11 +81,11 @@ def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint):
     engine = _engine(checkpoint)
     _poison(engine, "b", raise_in_forward=True)
     engine.add_request({"prompt_token_ids": PROMPTS["b"]}, GREEDY, "b")
-    done = _drain(engine)
+    done = drain_finished(engine)
     assert "forward failed (RuntimeError" in done["b"].error  # the type for the client, the text in the log
     for rid in ("a", "c"):  # later requests run as if nothing happened
         engine.add_request({"prompt_token_ids": PROMPTS[rid]}, GREEDY, rid)
-    done = _drain(engine)
+    done = drain_finished(engine)
     assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
         "a": expected["a"],
         "c": expected["c"],
@@ -108,7 +100,7 @@ def test_a_rejected_request_leaves_nothing_behind(checkpoint):
     assert not engine.requests and not engine.scheduler.waiting
     # a seed far past 64 bits with n=2 (once a KeyError a step later) is a valid request
     engine.add_request({"prompt_token_ids": [3, 4]}, SamplingParams(n=2, seed=2**70, max_tokens=3), "s")
-    assert len(_drain(engine)["s"].outputs) == 2
+    assert len(drain_finished(engine)["s"].outputs) == 2
 
 
 def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):

@@ -5,6 +5,7 @@ import math
 
 import pytest
 import torch
+from core_support import drain_finished
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -67,10 +68,7 @@ def test_no_accepted_request_fails_inside_the_engine(engine, body):
     except ValueError:  # pydantic's ValidationError included: the server answers 400
         assert not engine.requests, "a refused request must leave nothing in the engine"
         return
-    finished = {}
-    while engine.has_unfinished_requests():
-        finished.update({o.request_id: o for o in engine.step() if o.finished})
-    out = finished[request_id]
+    out = drain_finished(engine)[request_id]
     assert out.error is None, out.error
     assert all(c.finish_reason in ("length", "stop") for c in out.outputs)
 

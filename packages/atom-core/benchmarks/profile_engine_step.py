@@ -3,7 +3,7 @@
   PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/profile_engine_step.py
 
 Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, qwen3.5-35b-a3b / qwen3-next-80b-a3b
-from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences at ~600 tokens of context it reports the GPU
+from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU
 time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode step of the
 engine with async scheduling (the default: the host's work overlaps the GPU's) and without, and the host's
 share of a synchronous step split into schedule / inputs / forward / sample.
@@ -50,10 +50,12 @@ def main():
     parser.add_argument(
         "--kernels", action="store_true", help="also list each replay's kernels (torch.profiler)"
     )
+    parser.add_argument("--batches", default="1,64", help="batch sizes, comma-separated (at most 64)")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--disable-custom-all-reduce", action="store_true", help="TP: NCCL all-reduces")
     args = parser.parse_args()
     tp = args.tensor_parallel_size
+    batches = [int(b) for b in args.batches.split(",")]
     hybrid = args.model in SHAPES
     if hybrid:
         config = make_config(args.model, args.layers)
@@ -80,7 +82,7 @@ def main():
         runner = engine.runner.runner if tp > 1 else engine.runner
         if hybrid or args.model == "qwen3-30b-a3b":
             realistic_routers(runner.model.named_parameters(), config.hidden_size)
-        for batch in (1, 64):
+        for batch in batches:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             ids = [
                 engine.add_request(
@@ -156,7 +158,7 @@ def main():
                 engine.abort(r)
         if args.kernels and tp == 1:  # last: CUPTI left active afterwards slows the host's launches
             graphs = engine.runner.graphs
-            for batch in (1, 64):  # replays need only the graph's static buffers
+            for batch in batches:  # replays need only the graph's static buffers
                 size = graphs.size_for(batch)
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
                     for _ in range(10):

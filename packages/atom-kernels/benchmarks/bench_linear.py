@@ -24,7 +24,7 @@ from graph_timing import graph_ms, rotation
 
 from atom_kernels import silu_and_mul
 from atom_kernels.linear import linear
-from atom_kernels.linear.skinny import SkinnyTiles, run_skinny
+from atom_kernels.linear.skinny import MAX_SKINNY_ROWS, SkinnyTiles, run_skinny, skinny_tiles
 
 SHAPES = {  # name: (N, K, gated input)
     "qkv": (6144, 4096, False),
@@ -38,14 +38,14 @@ SHAPES = {  # name: (N, K, gated input)
     "a3b_router": (128, 2048, False),
     "a3b_lm_head": (151936, 2048, False),
 }
-ROWS = (1, 2, 4, 8, 16)
+ROWS = (1, 2, 4, 8, 16, 32, 48, 64)
 
 
 def candidates(rows: int) -> list[SkinnyTiles]:
     if rows == 1:
         grid = itertools.product((4, 8, 16), (256, 512, 1024), (4, 8), (1, 3))
-    else:
-        grid = itertools.product((32, 64, 128), (64, 128, 256), (4,), (3, 4, 5, 6))
+    else:  # weight rows per program, K step, warps, stages, splits of K
+        grid = itertools.product((64, 128), (64, 128, 256), (4,), (3, 4, 5, 6), (1, 2, 4, 8))
     return [SkinnyTiles(*t) for t in grid]
 
 
@@ -74,7 +74,7 @@ def sweep(name: str, weights: list[torch.Tensor], gated: bool, copy_bw: float, r
             pct = n * k * 2 / (ms * 1e-3) / copy_bw * 100
             print(
                 f"  sweep {name:8} M={rows:2} BN={t.block_n:3} BK={t.block_k:4} warps={t.warps} "
-                f"stages={t.stages}: {ms * 1000:7.1f} us {pct:5.1f}%"
+                f"stages={t.stages} splits={t.splits}: {ms * 1000:7.1f} us {pct:5.1f}%"
             )
 
 
@@ -104,6 +104,7 @@ def main():
     parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates first")
     parser.add_argument("--sweep-rows", default="1,4,16", help="row counts the sweep times")
+    parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts the table times")
     parser.add_argument("names", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
     copy_bw, _ = measure_ceilings()
@@ -117,14 +118,21 @@ def main():
         ]
         if args.sweep:
             sweep(name, weights, gated, copy_bw, [int(r) for r in args.sweep_rows.split(",")])
-        for rows in ROWS:
+        for rows in [int(r) for r in args.rows.split(",")]:
             x = torch.randn(rows, 2 * k if gated else k, device="cuda", dtype=torch.bfloat16)
 
             def cublas(w, x=x, gated=gated):
                 return F.linear(silu_and_mul(x) if gated else x, w)
 
+            # the kernel with skinny_tiles' choice, whether linear() takes it at these rows or not
+            def kernel(w, x=x, gated=gated, rows=rows, n=n, k=k):
+                h = silu_and_mul(x) if gated and rows > 1 else x
+                y = torch.empty(rows, n, device="cuda", dtype=torch.bfloat16)
+                run_skinny(h, w, None, y, gated_input=gated and rows == 1, tiles=skinny_tiles(rows, k, n))
+
             base = graph_ms([lambda w=w: cublas(w) for w in weights])
             ours = graph_ms([lambda w=w, x=x, g=gated: linear(x, w, gated_input=g) for w in weights])
+            forced = graph_ms([lambda w=w: kernel(w) for w in weights]) if rows <= MAX_SKINNY_ROWS else None
             err = (
                 (linear(x, weights[0], gated_input=gated).float() - cublas(weights[0]).float())
                 .abs()
@@ -140,6 +148,7 @@ def main():
                     rows=rows,
                     cublas_us=base * 1e3,
                     atom_us=ours * 1e3,
+                    kernel_us=forced * 1e3 if forced else None,
                     atom_pct_copy=nbytes / (ours * 1e-3) / copy_bw * 100,
                     cublas_pct_copy=nbytes / (base * 1e-3) / copy_bw * 100,
                     speedup=base / ours,
@@ -152,13 +161,16 @@ def main():
     print(f"\n{torch.cuda.get_device_name()}  copy {copy_bw / 1e12:.2f} TB/s (read + write)")
     print(
         f"{'layer':8} {'N':>6} {'K':>6} {'M':>3} {'cuBLAS us':>10} {'% copy':>7} {'ATOM us':>8} {'% copy':>7} {'x':>5}"
+        f" {'kernel us':>9}"
     )
     for r in rows_out:
         print(
             f"{r['name'] + ('*' if r['gated'] else ''):8} {r['n']:6} {r['k']:6} {r['rows']:3} {r['cublas_us']:10.1f} "
             f"{r['cublas_pct_copy']:7.1f} {r['atom_us']:8.1f} {r['atom_pct_copy']:7.1f} {r['speedup']:5.2f}"
+            f" {r['kernel_us'] or float('nan'):9.1f}"
         )
-    print("* gated input: cuBLAS column includes silu_and_mul")
+    print("* gated input: cuBLAS column includes silu_and_mul (as do ATOM's past one row)")
+    print("kernel: the weight-streaming kernel with skinny_tiles' choice, where linear() takes it or not")
     print(
         "host time per eager call (tiny weight, GPU idle): "
         + ", ".join(f"{k} {v:.1f} us" for k, v in host.items())

@@ -24,10 +24,11 @@ def _assert_close(got, want, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("rows", [1, 2, 5, MAX_SKINNY_ROWS])
-@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 200), (130, 1024), (8, 40), (2056, 64)])
+@pytest.mark.parametrize("rows", [1, 2, 5, 16, 17, MAX_SKINNY_ROWS])
+@pytest.mark.parametrize(("n", "k"), [(64, 512), (37, 200), (130, 1024), (8, 40), (2056, 64), (40, 2048)])
 def test_matches_reference(rows, n, k, dtype):
-    """n <= NARROW_N takes the four-row GEMV tiles at one row, 2056 the eight-row ones."""
+    """n <= NARROW_N takes the four-row GEMV tiles at one row, 2056 the eight-row ones; past one row
+    40 x 2048 (one tile of 64 rows over a long K) is cut in two along K."""
     x, w, _ = _operands(rows, n, k, dtype)
     got = linear(x, w, backend="triton")
     assert got.shape == (rows, n) and got.dtype == dtype
@@ -67,7 +68,7 @@ def test_reference_is_the_textbook_formula():
     torch.testing.assert_close(linear_ref(x, w, b, gated_input=True), expected.float(), rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("rows", [MAX_SKINNY_ROWS + 1, 40])
+@pytest.mark.parametrize("rows", [MAX_SKINNY_ROWS + 1, 100])
 def test_many_rows_and_other_backends_agree(rows):
     # Past MAX_SKINNY_ROWS (and for fp32, or with the torch backend) the call is torch's matmul.
     for dtype in (torch.float16, torch.float32):
@@ -92,6 +93,68 @@ def test_gated_run_is_one_row_only():
             gated_input=True,
             tiles=skinny_tiles(2, 32),
         )
+
+
+@pytest.mark.parametrize("rows", [2, 17, 64])
+@pytest.mark.parametrize(("n", "k", "splits"), [(70, 300, 3), (32, 512, 8), (130, 96, 2)])
+def test_split_k_sums_in_one_launch(rows, n, k, splits):
+    """K cut over programs: the last program of each output tile sums the partials (split_k.py), adds the
+    bias once, and leaves the tile counters at zero for the next launch; the sum runs in split order, so
+    a second launch gives the same bits."""
+    from atom_kernels.linear.skinny import SkinnyTiles, run_skinny
+    from atom_kernels.linear.split_k import tile_counters
+
+    x, w, b = _operands(rows, n, k, torch.float16, bias=True)
+    tiles = SkinnyTiles(64, 32, 4, 2, splits)
+    counters = tile_counters(x.device, 1)
+    outs = []
+    for _ in range(2):
+        y = torch.full((rows, n), float("nan"), dtype=torch.float16, device=DEVICE)
+        run_skinny(x, w, b, y, gated_input=False, tiles=tiles)
+        assert int(counters.abs().sum()) == 0
+        outs.append(y)
+    _assert_close(outs[0], linear_ref(x, w, b), torch.float16)
+    assert torch.equal(outs[0], outs[1])
+
+
+def test_split_k_tiles_for_narrow_long_weights():
+    from atom_kernels.linear.skinny import skinny_tiles
+
+    # Llama-3-8B's down projection (4096 x 14336) at a few rows to 64: too few 64-row tiles alone
+    for rows in (2, 16, 64):
+        assert skinny_tiles(rows, 14336, 4096).splits > 1
+    # a vocabulary-wide head has tiles enough for every SM: never cut
+    assert skinny_tiles(64, 4096, 128256).splits == 1
+
+
+def test_split_k_counters_are_per_stream_and_bounded():
+    from atom_kernels.linear.split_k import MAX_SPLIT_TILES, tile_counters
+
+    device = torch.device(DEVICE)
+    assert tile_counters(device, 8) is tile_counters(device, MAX_SPLIT_TILES)
+    with pytest.raises(
+        ValueError, match=f"at most {MAX_SPLIT_TILES} output tiles, got {MAX_SPLIT_TILES + 1}"
+    ):
+        tile_counters(device, MAX_SPLIT_TILES + 1)
+    if DEVICE == "cuda":
+        with torch.cuda.stream(torch.cuda.Stream()):
+            other = tile_counters(device, 8)
+        assert other is not tile_counters(device, 8)
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+def test_split_k_replays_in_a_cuda_graph():
+    """The counters go back to zero inside each launch, so replays of a captured split launch stay right."""
+    x, w, _ = _operands(48, 4096, 14336, torch.bfloat16)
+    static_x = x.clone()
+    linear(static_x, w)  # compile and allocate outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = linear(static_x, w)
+    for _ in range(3):
+        static_x.copy_(torch.randn_like(x))
+        graph.replay()
+        _assert_close(static_y, linear_ref(static_x, w), torch.bfloat16)
 
 
 def test_one_row_fp32_uses_torch_and_is_exact():

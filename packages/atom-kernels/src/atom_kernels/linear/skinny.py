@@ -3,8 +3,9 @@
 At one to a few rows a linear layer is a pure weight read, which cuBLAS streams below copy bandwidth on
 Llama-3-8B's projections (the package README has the figures). Two kernels stream W in row blocks:
 - one row: a GEMV that multiplies [BLOCK_N, BLOCK_K] tiles by x and reduces over K once at the end;
-- 2..MAX_SKINNY_ROWS rows: the tensor-core product W_tile @ x^T (rows padded to 16), so the weight
-  tile feeds every row from one load.
+- 2..MAX_SKINNY_ROWS rows: the tensor-core product W_tile @ x^T (rows padded to 16, 32 or 64), so the
+  weight tile feeds every row from one load; a weight of few tiles over a long K is cut along K, and the
+  last program of each tile sums the partials in the same launch (split_k.py).
 The GEMV can take the gated MLP's [1, 2K] pre-activation and apply silu(gate) * up while loading x,
 which removes the separate activation kernel in front of the down projection. Past MAX_SKINNY_ROWS rows,
 and on the CPU unless the Triton backend is asked for, the call goes to torch (cuBLAS).
@@ -20,9 +21,10 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation import silu_and_mul
+from atom_kernels.linear.split_k import split_total, tile_counters
 from atom_kernels.settings import Backend, resolve_backend
 
-MAX_SKINNY_ROWS = 16  # rows past this are a real GEMM: cuBLAS's tiles win
+MAX_SKINNY_ROWS = 64  # rows past this are a real GEMM: cuBLAS's tiles win (benchmarks/bench_linear.py)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 
 
@@ -79,36 +81,49 @@ def _skinny_kernel(
     w_ptr,
     b_ptr,
     y_ptr,
+    partial_ptr,
+    counter_ptr,
     M,
     N,
     K,
+    k_per_split,
+    splits,
     stride_x,
     stride_w,
     stride_y,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
+    SPLIT: tl.constexpr,  # splits > 1: the partials meet in split_total
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
 ):
-    rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tile, split = tl.program_id(0), tl.program_id(1)
+    rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1)
     rm = tl.arange(0, BLOCK_M)
-    rk = tl.arange(0, BLOCK_K)
+    k_lo = split * k_per_split  # k_per_split: a multiple of BLOCK_K
+    k_hi = tl.minimum(k_lo + k_per_split, K)
+    rk = k_lo + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
     x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
-    for k in range(0, K, BLOCK_K):
-        kk = k + rk
+    for k in range(k_lo, k_hi, BLOCK_K):
+        kk = k + tl.arange(0, BLOCK_K)
         w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
         x = tl.load(x_ptrs, mask=(rm[None, :] < M) & (kk[:, None] < K), other=0.0)
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
+    write = True
+    if SPLIT:
+        write, acc = split_total(
+            acc, partial_ptr, counter_ptr, tile, split, tl.num_programs(0), splits, BLOCK_N, BLOCK_M
+        )
     if HAS_BIAS:
         acc += tl.load(b_ptr + rows).to(tl.float32)[:, None]
     y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_y + rn[:, None]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N))
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N) & write)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated_input: bool) -> int:
@@ -176,6 +191,7 @@ class SkinnyTiles:
     block_k: int  # reduction step
     warps: int
     stages: int
+    splits: int = 1  # programs along K per output tile (2..MAX_SKINNY_ROWS rows only)
 
 
 # Output rows up to which one row's GEMV takes four weight rows a program: the eight-row tiles leave such a
@@ -191,7 +207,39 @@ def skinny_tiles(rows: int, k: int, n: int | None = None) -> SkinnyTiles:
         return SkinnyTiles(4, min(1024, triton.next_power_of_2(k)), 8, 1)
     if rows == 1:  # longer K steps pay off on long rows (fewer reduction steps per weight row)
         return SkinnyTiles(8, min(1024 if k >= 8192 else 512, triton.next_power_of_2(k)), 4, 1)
-    return SkinnyTiles(64, min(128, max(16, triton.next_power_of_2(k))), 4, 6)
+    block_k, splits = min(128, max(16, triton.next_power_of_2(k))), split_count(k, n)
+    if rows <= 16:
+        return SkinnyTiles(64, block_k, 4, 5, splits)
+    # 17..64 rows (bench_linear.py --sweep at 24-64 rows, results/linear_rows64_sweep_h200.log): the heads
+    # and gate_up (hundreds of tiles or more) take 128-row tiles, whose x^T tile then feeds twice the weight
+    # rows; short weights a sixth stage
+    if n is not None and n > BIG_N:
+        return SkinnyTiles(128, block_k, 4, 4)
+    return SkinnyTiles(64, block_k, 4, 5 if splits > 1 else 6, splits)
+
+
+BIG_N = 16384  # output rows past which a weight has tiles enough for 128-row tiles
+
+
+# Past one row: programs (64 weight rows each, times splits) that a launch wants at least; the sweep's
+# best split counts give about this many on Qwen3-30B-A3B's o (32 tiles: 4 splits) and Llama-3-8B's down
+# (64 tiles of a 14336-long K: 2 splits).
+SPLIT_PROGRAMS = 128
+LONG_K = 8192  # a 64-tile weight is cut only this long: Llama-3-8B's o (4096) ran best whole
+
+
+def split_count(k: int, n: int | None) -> int:
+    """Splits of K for the 2..MAX_SKINNY_ROWS-row kernel: enough to reach SPLIT_PROGRAMS programs when the
+    weight has fewer than 64 tiles of 64 rows (or 64 tiles over a K of LONG_K or more), each split >= 1024."""
+    if n is None:
+        return 1
+    tiles = triton.cdiv(n, 64)
+    if tiles > 64 or (tiles == 64 and k < LONG_K):
+        return 1
+    splits = 1
+    while tiles * splits < SPLIT_PROGRAMS and k // (2 * splits) >= 1024:
+        splits *= 2
+    return splits
 
 
 def run_skinny(
@@ -209,10 +257,10 @@ def run_skinny(
         raise ValueError("the gated input is fused for one row only")
     rows, (n, k) = x.shape[0], weight.shape
     b = bias if bias is not None else weight  # never read without HAS_BIAS
-    grid = (triton.cdiv(n, tiles.block_n),)
+    tiles_n = triton.cdiv(n, tiles.block_n)
     even_k = k % tiles.block_k == 0
     if rows == 1:
-        _gemv_kernel[grid](
+        _gemv_kernel[(tiles_n,)](
             x,
             weight,
             b,
@@ -228,23 +276,40 @@ def run_skinny(
             num_warps=tiles.warps,
             num_stages=tiles.stages,
         )
-    else:
-        _skinny_kernel[grid](
-            x,
-            weight,
-            b,
-            y,
-            rows,
-            n,
-            k,
-            x.stride(0),
-            weight.stride(0),
-            y.stride(0),
-            BLOCK_N=tiles.block_n,
-            BLOCK_K=tiles.block_k,
-            BLOCK_M=16,
-            EVEN_K=even_k,
-            HAS_BIAS=bias is not None,
-            num_warps=tiles.warps,
-            num_stages=tiles.stages,
+        return
+    if rows > MAX_SKINNY_ROWS:
+        raise ValueError(f"the skinny kernel takes at most {MAX_SKINNY_ROWS} rows, got {rows}")
+    block_m = max(16, triton.next_power_of_2(rows))
+    k_per_split = triton.cdiv(triton.cdiv(k, tiles.splits), tiles.block_k) * tiles.block_k
+    splits = triton.cdiv(k, k_per_split)  # no empty split
+    if splits > 1:
+        partial = torch.empty(
+            splits * tiles_n * tiles.block_n * block_m, dtype=torch.float32, device=x.device
         )
+        counters = tile_counters(x.device, tiles_n)
+    else:
+        partial = counters = y  # never read with one split
+    _skinny_kernel[(tiles_n, splits)](
+        x,
+        weight,
+        b,
+        y,
+        partial,
+        counters,
+        rows,
+        n,
+        k,
+        k_per_split,
+        splits,
+        x.stride(0),
+        weight.stride(0),
+        y.stride(0),
+        BLOCK_N=tiles.block_n,
+        BLOCK_K=tiles.block_k,
+        BLOCK_M=block_m,
+        SPLIT=splits > 1,
+        EVEN_K=even_k,
+        HAS_BIAS=bias is not None,
+        num_warps=tiles.warps,
+        num_stages=tiles.stages,
+    )

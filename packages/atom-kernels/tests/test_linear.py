@@ -102,7 +102,7 @@ def test_split_k_sums_in_one_launch(rows, n, k, splits):
     bias once, and leaves the tile counters at zero for the next launch; the sum runs in split order, so
     a second launch gives the same bits."""
     from atom_kernels.linear.skinny import SkinnyTiles, run_skinny
-    from atom_kernels.linear.split_k import tile_counters
+    from atom_kernels.tile_tickets import tile_counters
 
     x, w, b = _operands(rows, n, k, torch.float16, bias=True)
     tiles = SkinnyTiles(64, 32, 4, 2, splits)
@@ -125,21 +125,6 @@ def test_split_k_tiles_for_narrow_long_weights():
         assert skinny_tiles(rows, 14336, 4096).splits > 1
     # a vocabulary-wide head has tiles enough for every SM: never cut
     assert skinny_tiles(64, 4096, 128256).splits == 1
-
-
-def test_split_k_counters_are_per_stream_and_bounded():
-    from atom_kernels.linear.split_k import MAX_SPLIT_TILES, tile_counters
-
-    device = torch.device(DEVICE)
-    assert tile_counters(device, 8) is tile_counters(device, MAX_SPLIT_TILES)
-    with pytest.raises(
-        ValueError, match=f"at most {MAX_SPLIT_TILES} output tiles, got {MAX_SPLIT_TILES + 1}"
-    ):
-        tile_counters(device, MAX_SPLIT_TILES + 1)
-    if DEVICE == "cuda":
-        with torch.cuda.stream(torch.cuda.Stream()):
-            other = tile_counters(device, 8)
-        assert other is not tile_counters(device, 8)
 
 
 @pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")

@@ -21,8 +21,9 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation import silu_and_mul
-from atom_kernels.linear.split_k import split_total, tile_counters
+from atom_kernels.linear.split_k import split_total
 from atom_kernels.settings import Backend, resolve_backend
+from atom_kernels.tile_tickets import tile_counters
 
 MAX_SKINNY_ROWS = 64  # rows past this are a real GEMM: cuBLAS's tiles win (benchmarks/bench_linear.py)
 _KERNEL_DTYPES = (torch.float16, torch.bfloat16)

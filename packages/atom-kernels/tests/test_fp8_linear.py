@@ -24,6 +24,7 @@ from atom_kernels.fp8.linear import quantizes_input
 from atom_kernels.fp8.skinny_w8a8 import MAX_ROWS as SKINNY_W8A8_MAX_ROWS
 from atom_kernels.fp8.skinny_w8a8 import SkinnyTiles, w8a8_skinny
 from atom_kernels.fp8.stream import MAX_SKINNY_ROWS, run_stream
+from atom_kernels.tile_tickets import tile_counters
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU = DEVICE == "cuda"
@@ -238,7 +239,7 @@ if GPU:
 @pytest.mark.parametrize(("m", "n", "k", "block"), SKINNY_CASES)
 def test_skinny_w8a8_matches_reference(m, n, k, block, dtype, split_k):
     """The operand-swapped W8A8 product for <= 64 rows, its k-steps in one program or split over three
-    (partials summed after; the bias added once)."""
+    (the partials summed by each tile's last program, the bias added once, the tile counters left at 0)."""
     q, s = _weight(n, k, block)
     x, b = _x(m, k, dtype), _bias(n, dtype)
     xq, xs = quantize_act_ref(x, block[1])
@@ -248,6 +249,7 @@ def test_skinny_w8a8_matches_reference(m, n, k, block, dtype, split_k):
     got = w8a8_skinny(xq, xs, q, s, block, b, out_dtype=dtype, tiles=tiles)
     assert got.shape == (m, n) and got.dtype == dtype
     _assert_close(got, fp8_linear_ref(x, q, s, block, b, quantize_input=True), dtype)
+    assert int(tile_counters(got.device, 1).abs().sum()) == 0
 
 
 # --- fp8_linear: streaming at <= 16 rows, quantize_act + GEMM beyond ---

@@ -6,8 +6,9 @@ byte per element costs more instructions than the read can hide. Here the weight
 the MMA unconverted: y^T [BLOCK_N, 16] = W_tile [BLOCK_N, bk] @ xq^T [bk, 16] per k-step (rows past M are
 zero), the step's fp32 product scaled by the weight rows' scales and the tokens' activation scales, as the
 W8A8 GEMM does (gemm.py) with the operands swapped. It is also what the checkpoint's
-`activation_scheme: dynamic` describes for every row count. SPLIT_K > 1 cuts K over programs (more bytes
-in flight for short, wide weights) and sums the fp32 partials after.
+`activation_scheme: dynamic` describes for every row count. split_k > 1 cuts K over programs (more bytes
+in flight for short, wide weights); the last program of each tile sums the fp32 partials in the same
+launch (linear/split_k.py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ import triton
 import triton.language as tl
 
 from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
+from atom_kernels.linear.split_k import split_total
+from atom_kernels.tile_tickets import tile_counters
 
 MAX_ROWS = 64  # x rows on the MMA's N side, padded to 16, 32 or 64
 
@@ -59,16 +62,18 @@ def _w8a8_skinny_kernel(
     ws_ptr,
     b_ptr,
     c_ptr,
+    partial_ptr,
+    counter_ptr,
     M,
     N,
     K,
     bn,
     steps_per_split,
+    splits,
     stride_am,
     stride_as,
     stride_wn,
     stride_ws,
-    stride_cs,  # between split partials (0 with one split)
     stride_cm,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # the scale group block_k
@@ -76,6 +81,7 @@ def _w8a8_skinny_kernel(
     BLOCK_M: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    SPLIT: tl.constexpr,  # splits > 1: the partials meet in split_total
 ):
     pid_n, split = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -103,10 +109,15 @@ def _w8a8_skinny_kernel(
         acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
+    write = True
+    if SPLIT:
+        write, acc = split_total(
+            acc, partial_ptr, counter_ptr, pid_n, split, tl.num_programs(0), splits, BLOCK_N, BLOCK_M
+        )
     if HAS_BIAS:
-        acc += tl.load(b_ptr + cols).to(tl.float32)[:, None] * (split == 0).to(tl.float32)
-    c_ptrs = c_ptr + split * stride_cs + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & (rn[:, None] < N))
+        acc += tl.load(b_ptr + cols).to(tl.float32)[:, None]
+    c_ptrs = c_ptr + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
+    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & (rn[:, None] < N) & write)
 
 
 def w8a8_skinny(
@@ -133,14 +144,16 @@ def w8a8_skinny(
     split = max(1, min(t.split_k, steps))
     per_split = triton.cdiv(steps, split)
     split = triton.cdiv(steps, per_split)  # no empty split
-    out = torch.empty(
-        (split, m, n) if split > 1 else (m, n),
-        dtype=torch.float32 if split > 1 else out_dtype,
-        device=xq.device,
-    )
+    out = torch.empty((m, n), dtype=out_dtype, device=xq.device)
     if m == 0:
-        return out if split == 1 else out.sum(0).to(out_dtype)
+        return out
     grid = (triton.cdiv(n, t.block_n), split)
+    block_m = max(16, triton.next_power_of_2(m))
+    if split > 1:
+        partial = torch.empty(split * grid[0] * t.block_n * block_m, dtype=torch.float32, device=xq.device)
+        counters = tile_counters(xq.device, grid[0])
+    else:
+        partial = counters = out  # never read with one split
     _w8a8_skinny_kernel[grid](
         xq,
         xs,
@@ -148,24 +161,27 @@ def w8a8_skinny(
         scale,
         bias if bias is not None else scale,  # never read without HAS_BIAS
         out,
+        partial,
+        counters,
         m,
         n,
         k,
         bn,
         per_split,
+        split,
         xq.stride(0),
         xs.stride(0),
         weight.stride(0),
         scale.stride(0),
-        out.stride(0) if split > 1 else 0,
-        out.stride(-2),
+        out.stride(0),
         BLOCK_N=t.block_n,
         BLOCK_K=bk,
         DOT_K=max(bk, MIN_FP8_DOT_K),
-        BLOCK_M=max(16, triton.next_power_of_2(m)),
+        BLOCK_M=block_m,
         EVEN_K=k % bk == 0,
         HAS_BIAS=bias is not None,
+        SPLIT=split > 1,
         num_warps=t.num_warps,
         num_stages=t.num_stages,
     )
-    return out if split == 1 else out.sum(0).to(out_dtype)
+    return out

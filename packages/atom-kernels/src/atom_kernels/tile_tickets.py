@@ -1,6 +1,6 @@
 """Tickets for reductions finished by the last program to arrive, inside the launch that made the parts.
 
-A split computation (split-K GEMMs, split-KV decode attention) stores one partial per program, and some
+A split computation (the split-K GEMMs of linear/ and fp8/) stores one partial per program, and some
 program must sum them. A second kernel costs a launch; instead each program takes a ticket from its output
 tile's counter after storing its partial, and the one that draws the last ticket reads every partial and
 writes the result. It also puts the counter back to zero, so the next launch, or the next CUDA-graph
@@ -13,8 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
-# Output tiles one launch may count: split launches have a few hundred to a few thousand (splitting only
-# pays while programs are few), so this bounds the counters' memory, not the shapes that run.
+# Output tiles one launch may count: split launches have at most a few hundred (splitting only pays while
+# programs are few), so this bounds the counters' memory, not the shapes that run.
 MAX_TICKET_TILES = 4096
 
 _counters: dict[tuple[str, int], torch.Tensor] = {}

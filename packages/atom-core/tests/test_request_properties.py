@@ -79,7 +79,11 @@ def test_no_accepted_request_fails_inside_the_engine(engine, body):
     top_p=st.floats(1e-12, 1.0, exclude_min=False),
     top_k=st.one_of(st.just(-1), st.integers(1, 40)),
     min_p=st.floats(0, 1),
-    penalties=st.tuples(st.floats(-2, 2), st.floats(-2, 2), st.floats(1e-3, 2)),
+    penalties=st.tuples(
+        st.floats(-2, 2),
+        st.floats(-2, 2),
+        st.one_of(st.floats(1e-3, 2), st.sampled_from([1e-30, 2.13e-151, 1e-300, 5e-324])),
+    ),
     scale=st.sampled_from([1e-30, 1.0, 1e4, 1e30]),
     seed=st.integers(-(2**80), 2**80),
 )
@@ -105,3 +109,18 @@ def test_sampling_never_raises_for_accepted_parameters(
     assert result.errors == [None, None]
     assert all(isinstance(t, int) and 0 <= t < 33 for t in result.tokens)
     assert all(math.isfinite(v) or v == -math.inf for lp in result.logprobs for v in lp.values())
+
+
+@pytest.mark.parametrize("penalty", [1e-30, 2.13e-151, 5e-324])
+def test_a_tiny_repetition_penalty_is_its_limit_not_a_failure(penalty):
+    """Dividing a seen token's positive logit by a penalty this small leaves fp32's range (and float64's at
+    5e-324): the sampled token is the largest positive seen logit's, as the exact distribution has it to
+    within any float's precision, where the row used to turn to NaN and fail."""
+    logits = torch.tensor([[0.5, 3.0, 1.0, -1.0, 2.0, 9.0]])
+    params = SamplingParams(temperature=1.0, seed=0, repetition_penalty=penalty, logprobs=1)
+    seq = Sequence("r", 0, [1, 2, 3, 4], params)  # seen: 3.0, 1.0, -1.0 and 2.0; unseen 0.5 and 9.0
+    result = sample(logits, [seq])
+    assert result.errors == [None] and result.tokens == [1]
+    assert result.logprobs[0][1] == 0.0
+    greedy = SamplingParams(temperature=0, repetition_penalty=penalty)
+    assert sample(logits, [Sequence("g", 0, [1, 2, 3, 4], greedy)]).tokens == [1]

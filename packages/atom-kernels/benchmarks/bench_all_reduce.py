@@ -1,6 +1,9 @@
 """All-reduce of decode-sized messages on one host's GPUs: atom-kernels' one-shot kernel over peer
 memory against NCCL and against torch's symmetric-memory one-shot op, each timed inside a CUDA graph of
-50 back-to-back calls (as a decode step replays them).
+50 back-to-back calls (as a decode step replays them). Then what a decoder layer does with the sum: add
+the residual and RMSNorm it, as NCCL or the one-shot kernel followed by the norm kernel against
+`all_reduce_rms_norm` (one launch, one barrier); "exact" there is the fused result bit-equal to the
+one-shot kernel's sum normalized by the norm kernel.
 
   PYTHONPATH=packages/atom-kernels/src python3 -m torch.distributed.run --nproc_per_node 2 \
       packages/atom-kernels/benchmarks/bench_all_reduce.py [--out results.json]
@@ -20,7 +23,15 @@ import torch
 import torch.distributed as dist
 import torch.distributed._symmetric_memory as symm_mem
 
-from atom_kernels.comm import all_reduce_ref, one_shot_all_reduce, pad_slots
+from atom_kernels.comm import (
+    MAX_ROWS,
+    all_reduce_ref,
+    all_reduce_rms_norm,
+    fused_flag_slots,
+    one_shot_all_reduce,
+    pad_slots,
+)
+from atom_kernels.norm import rms_norm
 
 CALLS, REPLAYS = 50, 20
 SHAPES = [(1, 4096), (8, 4096), (32, 4096), (64, 4096), (128, 4096), (256, 4096), (1, 7168), (64, 7168)]
@@ -50,6 +61,31 @@ def graph_time_us(fn) -> float:
     return (time.perf_counter() - start) / (REPLAYS * CALLS) * 1e6
 
 
+def _with_norm(x, nccl_buf, fused_args, buffers, pads, rank):
+    """The all-reduce then the residual add and RMSNorm, three ways -> (calls, fused bit-equal to the
+    one-shot kernel's sum normalized by the norm kernel)."""
+    tokens, hidden = x.shape
+    residual = torch.randn(tokens, hidden, device=x.device, dtype=x.dtype)
+    weight = torch.rand(hidden, device=x.device, dtype=x.dtype) + 0.5
+    y, s = all_reduce_rms_norm(x, weight, 1e-6, residual, **fused_args)
+    want = rms_norm(one_shot_all_reduce(x, buffers, pads, rank), weight, 1e-6, residual)
+    torch.cuda.synchronize()
+    exact = torch.equal(y, want[0]) and torch.equal(s, want[1])
+
+    def nccl_then_norm():
+        dist.all_reduce(nccl_buf)
+        return rms_norm(nccl_buf.view(tokens, hidden), weight, 1e-6, residual)
+
+    calls = {
+        "nccl+norm": nccl_then_norm,
+        "atom_one_shot+norm": lambda: rms_norm(
+            one_shot_all_reduce(x, buffers, pads, rank), weight, 1e-6, residual
+        ),
+        "atom_fused_norm": lambda: all_reduce_rms_norm(x, weight, 1e-6, residual, **fused_args),
+    }
+    return calls, exact
+
+
 GROUP = "0"  # the default group's name (symmetric memory addresses groups by name)
 
 
@@ -72,6 +108,18 @@ def main():
     pads = torch.tensor([p + largest for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
     torch_in = symm_mem.empty(largest // 2, dtype=torch.bfloat16, device=device)
     symm_mem.rendezvous(torch_in, GROUP)
+    fused = symm_mem.empty(2 * largest + fused_flag_slots(world) * 8, dtype=torch.uint8, device=device)
+    fused[2 * largest :].zero_()
+    fused_handle = symm_mem.rendezvous(fused, GROUP)
+    fused_args = dict(
+        flags=torch.tensor(
+            [p + 2 * largest for p in fused_handle.buffer_ptrs], dtype=torch.int64, device=device
+        ),
+        buffers=torch.tensor(list(fused_handle.buffer_ptrs), dtype=torch.int64, device=device),
+        half_bytes=largest,
+        rank=rank,
+    )
+    fused_counts, fused_width = torch.zeros(MAX_ROWS, dtype=torch.int64, device=device), None
     torch.cuda.synchronize()
     dist.barrier()
     rows = []
@@ -99,10 +147,32 @@ def main():
                 calls[f"atom_block_{block}_programs_{programs or 'auto'}"] = lambda b=x, k=block, p=programs: (
                     one_shot_all_reduce(b, buffers, pads, rank, block=k, programs=p)
                 )
+        fused_exact = None
+        if tokens <= MAX_ROWS:  # with the residual add and RMSNorm after it
+            if hidden != fused_width:  # every call on the fused buffers has one width: start them afresh
+                fused_counts.zero_()
+                fused[2 * largest :].zero_()
+                torch.cuda.synchronize()
+                dist.barrier()
+                fused_width = hidden
+            norm_calls, fused_exact = _with_norm(
+                x.view(tokens, hidden), nccl_buf, dict(fused_args, counts=fused_counts), buffers, pads, rank
+            )
+            calls.update(norm_calls)
         times = {name: graph_time_us(call) for name, call in calls.items()}
         nbytes = n * 2
         bus = {k: 2 * (world - 1) / world * nbytes / (t * 1e-6) / 1e9 for k, t in times.items()}
-        rows.append(dict(tokens=tokens, hidden=hidden, bytes=nbytes, exact=exact, us=times, bus_gb_s=bus))
+        rows.append(
+            dict(
+                tokens=tokens,
+                hidden=hidden,
+                bytes=nbytes,
+                exact=exact,
+                fused_exact=fused_exact,
+                us=times,
+                bus_gb_s=bus,
+            )
+        )
     if rank == 0:
         record = dict(
             device=f"{world}x {torch.cuda.get_device_name()}",
@@ -122,6 +192,19 @@ def main():
                 f"{t['torch_symm_mem_one_shot']:>12.2f} {t['atom_one_shot']:>11.2f} "
                 f"{t['nccl'] / t['atom_one_shot']:>7.2f} {r['bus_gb_s']['atom_one_shot']:>9.1f} {r['exact']!s:>5}"
             )
+        print("\nwith the residual add and RMSNorm after it, us per call (CUDA graph)")
+        print(
+            f"{'tokens':>6} {'hidden':>6} {'NCCL+norm':>9} {'1-shot+norm':>11} {'fused':>7} "
+            f"{'x 1-shot+norm':>13} {'x NCCL+norm':>11} {'exact':>5}"
+        )
+        for r in rows:
+            t = r["us"]
+            if "atom_fused_norm" in t:
+                print(
+                    f"{r['tokens']:>6} {r['hidden']:>6} {t['nccl+norm']:>9.2f} {t['atom_one_shot+norm']:>11.2f} "
+                    f"{t['atom_fused_norm']:>7.2f} {t['atom_one_shot+norm'] / t['atom_fused_norm']:>13.2f} "
+                    f"{t['nccl+norm'] / t['atom_fused_norm']:>11.2f} {r['fused_exact']!s:>5}"
+                )
         if args.sweep:
             for r in rows:
                 sweep = {

@@ -1,4 +1,9 @@
-"""Tensor parallel on the CPU: two gloo ranks, each loading only its shards, give the TP=1 logits."""
+"""Tensor parallel on the CPU: two gloo ranks, each loading only its shards, give the TP=1 logits.
+
+The ranks run with a stand-in for the engine's peer all-reduce (gloo and the RMSNorm kernel, in place of
+the fused kernel the GPUs run): every mixer and MLP that can hands its partial sum to the norm after it,
+and each such norm reduces it, so the deferred reductions are exercised on every architecture here.
+"""
 
 import os
 
@@ -14,9 +19,42 @@ from atom_core.build import BuildContext
 from atom_core.cache import allocate_caches, collect_cache_specs
 from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.forward_context import ForwardContext, bind_forward_context
+from atom_core.layers.linear import RowParallelLinear
+from atom_core.layers.moe import SparseMoE
 from atom_core.loader import build_model, load_checkpoint
+from atom_core.ops import rms_norm
 
 PROMPTS = [[5, 9, 33, 71, 2, 64, 18], [101, 7, 7, 50]]
+
+
+class GlooNormPeer:
+    """The engine's PeerAllReduce interface over gloo: plain all-reduces stay with gloo (takes: never),
+    and the norms after deferred reductions sum over gloo, then run the RMSNorm kernel; calls counted."""
+
+    def __init__(self, group):
+        self.group, self.norm_calls = group, 0
+
+    def takes(self, x: torch.Tensor) -> bool:
+        return False
+
+    def takes_rows(self, x: torch.Tensor) -> bool:
+        return True
+
+    def rms_norm(self, x, weight, eps, residual, *, weight_offset=0.0):
+        self.norm_calls += 1
+        total = x.clone()
+        dist.all_reduce(total, group=self.group)
+        return rms_norm(total, weight, eps, residual, weight_offset=weight_offset)
+
+
+def _deferring_blocks(model) -> int:
+    """Row-parallel projections and MoE blocks of the model that leave their reduction to a norm."""
+    return sum(
+        1
+        for m in model.modules()
+        if (isinstance(m, RowParallelLinear) and m.defer_reduce and m.bias is None)
+        or (isinstance(m, SparseMoE) and m.defer_reduce)
+    )
 
 
 def _logits(path, parallel: ParallelConfig) -> torch.Tensor:
@@ -25,6 +63,9 @@ def _logits(path, parallel: ParallelConfig) -> torch.Tensor:
     model = build_model(
         config, BuildContext(PagedAttentionBackend(kernel_backend="torch"), parallel=parallel)
     )
+    if parallel.peer_all_reduce is not None:  # each deferring block's norm fuses, once per forward
+        parallel.peer_all_reduce.expected = _deferring_blocks(model)
+        assert parallel.peer_all_reduce.expected >= config.num_hidden_layers
     load_checkpoint(model, path)
     caches = allocate_caches(
         collect_cache_specs(model), CacheConfig(block_size=4), dtype=config.dtype, num_blocks=8, device="cpu"
@@ -42,7 +83,10 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
-        logits = _logits(path, ParallelConfig(tp_size=world, tp_rank=rank, group=dist.group.WORLD))
+        peer = GlooNormPeer(dist.group.WORLD)
+        parallel = ParallelConfig(tp_size=world, tp_rank=rank, group=dist.group.WORLD, peer_all_reduce=peer)
+        logits = _logits(path, parallel)
+        assert peer.norm_calls == peer.expected, (peer.norm_calls, peer.expected)
         torch.save(logits, f"{out}.{rank}")
         dist.barrier()  # no rank tears gloo down while a peer still talks to it
     finally:

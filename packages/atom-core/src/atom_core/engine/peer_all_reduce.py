@@ -17,7 +17,13 @@ import torch
 import torch.distributed as dist
 
 from atom_core.config import ParallelConfig
-from atom_core.ops import one_shot_all_reduce, peer_pad_slots
+from atom_core.ops import (
+    PEER_NORM_MAX_ROWS,
+    all_reduce_rms_norm,
+    fused_flag_slots,
+    one_shot_all_reduce,
+    peer_pad_slots,
+)
 
 logger = logging.getLogger("atom_core.engine")
 
@@ -35,7 +41,9 @@ _rendezvous_done = False
 
 class PeerAllReduce:
     """Sums a tensor over the group's ranks through a buffer every rank can address (torch's symmetric
-    memory: CUDA IPC), for contiguous CUDA tensors of at most max_bytes; `takes(x)` says which."""
+    memory: CUDA IPC), for contiguous CUDA tensors of at most max_bytes; `takes(x)` says which. Also the
+    sum fused with the residual add and RMSNorm after it (`rms_norm`, where `takes_rows(x)`), over
+    buffers of its own: two halves of max_bytes, and flags that count calls."""
 
     def __init__(self, group, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES):
         import torch.distributed._symmetric_memory as symm_mem
@@ -44,14 +52,23 @@ class PeerAllReduce:
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
         self.max_bytes = max_bytes
         pad_bytes = peer_pad_slots(self.world) * 4
-        # One symmetric allocation per rank: the data buffer, then the barrier flags (zero at rest).
-        self._storage = symm_mem.empty(max_bytes + pad_bytes, dtype=torch.uint8, device=device)
-        self._storage[max_bytes:].zero_()
+        # One symmetric allocation per rank: the one-shot kernel's data buffer and barrier flags (zero at
+        # rest), then the fused kernel's two data halves and call counts (zero at first use).
+        fused_at = max_bytes + pad_bytes
+        fused_flags_at = fused_at + 2 * max_bytes
+        total = fused_flags_at + fused_flag_slots(self.world) * 8
+        self._storage = symm_mem.empty(total, dtype=torch.uint8, device=device)
+        self._storage[max_bytes:fused_at].zero_()
+        self._storage[fused_flags_at:].zero_()
         handle = symm_mem.rendezvous(self._storage, group.group_name)
         _rendezvous_done = True
         bases = [int(p) for p in handle.buffer_ptrs]
         self.buffers = torch.tensor(bases, dtype=torch.int64, device=device)
         self.pads = torch.tensor([b + max_bytes for b in bases], dtype=torch.int64, device=device)
+        self.fused_buffers = torch.tensor([b + fused_at for b in bases], dtype=torch.int64, device=device)
+        self.fused_flags = torch.tensor([b + fused_flags_at for b in bases], dtype=torch.int64, device=device)
+        self.fused_counts = torch.zeros(PEER_NORM_MAX_ROWS, dtype=torch.int64, device=device)
+        self.fused_width: int | None = None  # every fused call on these buffers has one row width
         torch.cuda.synchronize(device)  # every rank's flags are zero before any rank raises one
         dist.barrier(group=group)
 
@@ -61,6 +78,39 @@ class PeerAllReduce:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         """x: this rank's part, any shape -> the sum over ranks (a new tensor, x's shape and dtype)."""
         return one_shot_all_reduce(x, self.buffers, self.pads, self.rank)
+
+    def takes_rows(self, x: torch.Tensor) -> bool:
+        """Whether rms_norm takes x's rows: [T, H] with T up to the kernel's program count, the width of
+        the first fused call (every rank decides the same, from the same calls)."""
+        if not self.takes(x) or x.dim() != 2 or x.shape[0] > PEER_NORM_MAX_ROWS:
+            return False
+        if self.fused_width is None:
+            self.fused_width = x.shape[1]
+        return x.shape[1] == self.fused_width
+
+    def rms_norm(
+        self,
+        x: torch.Tensor,
+        weight: torch.Tensor,
+        eps: float,
+        residual: torch.Tensor,
+        *,
+        weight_offset: float = 0.0,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """x: this rank's partial [T, H] -> (rms_norm(sum + residual), sum + residual), as the sum over
+        ranks followed by the RMSNorm kernel gives them, in one launch."""
+        return all_reduce_rms_norm(
+            x,
+            weight,
+            eps,
+            residual.contiguous(),
+            buffers=self.fused_buffers,
+            flags=self.fused_flags,
+            counts=self.fused_counts,
+            half_bytes=self.max_bytes,
+            rank=self.rank,
+            weight_offset=weight_offset,
+        )
 
 
 def peers_reachable(world: int) -> bool:

@@ -94,6 +94,10 @@ class SelfAttention(nn.Module):
             out = out * torch.sigmoid(gate)
         return self.o_proj(out)
 
+    def defer_output_reduce(self) -> None:
+        """forward returns o_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
+        self.o_proj.defer_reduce = True
+
     def _prologue(self) -> QKPrologue | None:
         """The q/k norms (if any) and rotary as one prologue, where the backend layer can fuse them."""
         rope = self.rotary_emb

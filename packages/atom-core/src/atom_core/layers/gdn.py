@@ -137,6 +137,10 @@ class GatedDeltaNet(nn.Module):
         mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
         return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b, a
 
+    def defer_output_reduce(self) -> None:
+        """forward returns out_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
+        self.out_proj.defer_reduce = True
+
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
         """hidden: [T, hidden] (sequences back to back, as the backend's metadata says) -> [T, hidden]."""
         tokens = hidden.shape[0]

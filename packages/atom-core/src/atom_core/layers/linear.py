@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from atom_core.config import ParallelConfig
-from atom_core.layers.parallel import all_reduce
+from atom_core.layers.parallel import RankPartial, all_reduce, may_defer_reduce
 from atom_core.quantization import UNQUANTIZED, QuantConfig
 
 
@@ -226,16 +226,21 @@ class RowParallelLinear(LinearBase):
         super().__init__(
             _split(in_features, parallel, "input size"), out_features, parallel=parallel, **kwargs
         )
+        # set by the module whose output this is, when a norm follows (defer_output_reduce)
+        self.defer_reduce = False
 
     def col_range(self):
         cols = self.in_local
         return cols * self.parallel.tp_size, self.parallel.tp_rank * cols, cols
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """x: [T, K_local] -> [T, N], summed over ranks."""
+    def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
+        """x: [T, K_local] -> [T, N], summed over ranks (or left to the next norm: see reduce)."""
         return self.reduce(self.quant_method.apply(self, x))
 
-    def reduce(self, partial: torch.Tensor) -> torch.Tensor:
-        """This rank's partial product -> the layer's output: summed over ranks, then the bias added once."""
+    def reduce(self, partial: torch.Tensor) -> torch.Tensor | RankPartial:
+        """This rank's partial product -> the layer's output: summed over ranks, then the bias added once.
+        With defer_reduce (and no bias) the partial itself, as a RankPartial the next norm reduces."""
+        if self.defer_reduce and self.bias is None and may_defer_reduce(self.parallel):
+            return RankPartial(partial, self.parallel)
         y = all_reduce(partial, self.parallel)
         return y if self.bias is None else y + self.bias

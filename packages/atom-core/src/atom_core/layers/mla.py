@@ -89,6 +89,10 @@ class MLAAttention(nn.Module):
         self.cache_index, self.cache_spec = layer_index, spec.cache_spec()
         self.attn = ctx.attention_backend.make_mla_layer(spec)
 
+    def defer_output_reduce(self) -> None:
+        """forward returns o_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
+        self.o_proj.defer_reduce = True
+
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
         tokens, heads = hidden.shape[0], self.num_heads
         if self.q_lora_rank is None:

@@ -31,5 +31,9 @@ class GatedMLP(nn.Module):
         )
         self.down_proj = RowParallelLinear(intermediate, hidden, prefix=f"{prefix}.down_proj", **common)
 
+    def defer_output_reduce(self) -> None:
+        """forward returns down_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
+        self.down_proj.defer_reduce = True
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return silu_and_mul_linear(self.down_proj, self.gate_up_proj(x))

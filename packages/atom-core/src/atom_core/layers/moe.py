@@ -15,7 +15,7 @@ from atom_core.config import ParallelConfig
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
-from atom_core.layers.parallel import all_reduce
+from atom_core.layers.parallel import RankPartial, all_reduce, may_defer_reduce
 from atom_core.ops import fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
 
@@ -45,6 +45,7 @@ class SparseMoE(nn.Module):
             num_experts,
         )
         self.inter = _split(intermediate, parallel, "moe_intermediate_size")
+        self.defer_reduce = False  # see defer_output_reduce
         # routers stay in the model's dtype in every fp8 checkpoint (and DeepSeek's reads its weight)
         self.gate = ReplicatedLinear(
             hidden, num_experts, bias=False, prefix=f"{prefix}.gate", dtype=dtype, parallel=parallel
@@ -109,10 +110,24 @@ class SparseMoE(nn.Module):
         [T, k]). The rounding happens in the routing kernel: no conversion launches around it."""
         return topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob, round_to=x.dtype)
 
-    def experts(self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-        """x: [T, H], the routing's weights and ids [T, k] -> the routed experts' sum [T, H] over all ranks."""
+    def defer_output_reduce(self) -> None:
+        """Without shared experts: forward returns the routed experts' partial sum (a RankPartial) for the
+        next RMSNorm to reduce. A shared expert reduces its own output, which is added after the sum."""
+        self.defer_reduce = not self.has_shared_experts()
+
+    def has_shared_experts(self) -> bool:
+        return self.shared_expert is not None
+
+    def experts(
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+    ) -> torch.Tensor | RankPartial:
+        """x: [T, H], the routing's weights and ids [T, k] -> the routed experts' sum [T, H] over all ranks
+        (unreduced, as a RankPartial, where defer_output_reduce asked for it)."""
         scales = None if self.fp8 is None else self.fp8.scales(self.w13_scale_inv, self.w2_scale_inv)
-        return all_reduce(fused_experts(x, self.w13, self.w2, weights, ids, scales=scales), self.parallel)
+        partial = fused_experts(x, self.w13, self.w2, weights, ids, scales=scales)
+        if self.defer_reduce and may_defer_reduce(self.parallel):
+            return RankPartial(partial, self.parallel)
+        return all_reduce(partial, self.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from atom_core.layers.parallel import RankPartial
 from atom_core.ops import rms_norm
 
 
@@ -16,8 +17,14 @@ class RMSNorm(nn.Module):
         self.eps, self.offset = eps, offset
         self.weight = nn.Parameter(torch.full((hidden,), 1.0 - offset, dtype=dtype), requires_grad=False)
 
-    def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        """x: [..., H]. With a residual: returns (norm(x + residual), x + residual)."""
+    def forward(self, x: torch.Tensor | RankPartial, residual: torch.Tensor | None = None):
+        """x: [..., H], or a RankPartial of it (reduced over the ranks here first). With a residual:
+        returns (norm(x + residual), x + residual)."""
+        if isinstance(x, RankPartial):
+            peer = x.parallel.peer_all_reduce
+            if residual is not None and peer is not None and peer.takes_rows(x.partial):
+                return peer.rms_norm(x.partial, self.weight, self.eps, residual, weight_offset=self.offset)
+            x = x.reduce()
         shape = x.shape
         rows = x.reshape(-1, shape[-1])
         if residual is None:

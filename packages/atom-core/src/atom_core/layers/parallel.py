@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
@@ -18,6 +20,34 @@ def all_reduce(x: torch.Tensor, parallel: ParallelConfig) -> torch.Tensor:
         return peer(x)
     dist.all_reduce(x, group=parallel.group)
     return x
+
+
+@dataclass(frozen=True, slots=True)
+class RankPartial:
+    """This rank's share of a sum over the tensor-parallel ranks, not yet reduced. A mixer or MLP whose
+    output reduction is deferred (`defer_output_reduce`) returns it, and the RMSNorm after it reduces it:
+    in the same launch as the residual add and the norm where the engine's peer all-reduce takes it."""
+
+    partial: torch.Tensor
+    parallel: ParallelConfig
+
+    def reduce(self) -> torch.Tensor:
+        return all_reduce(self.partial, self.parallel)
+
+
+def may_defer_reduce(parallel: ParallelConfig) -> bool:
+    """Whether a reduction over ranks is worth handing to the next norm: only the engine's peer
+    all-reduce fuses with it (NCCL and the adapters' engines reduce as before)."""
+    return parallel.tp_size > 1 and parallel.peer_all_reduce is not None
+
+
+def defer_reductions_to_norms(*blocks) -> None:
+    """A decoder layer's mixer and MLP, each followed by an RMSNorm: each block that can returns its
+    output unreduced (a RankPartial) for that norm to reduce. A block without `defer_output_reduce`
+    keeps reducing its own output."""
+    for block in blocks:
+        if hasattr(block, "defer_output_reduce"):
+            block.defer_output_reduce()
 
 
 def all_gather_last_dim(x: torch.Tensor, parallel: ParallelConfig) -> torch.Tensor:

@@ -62,6 +62,9 @@ class DeepseekMoE(SparseMoE):
                 quant_config=ctx.quant_config,
             )
 
+    def has_shared_experts(self) -> bool:
+        return self.shared_experts is not None
+
     def route(self, x: torch.Tensor):
         """x: [T, H] -> (weights [T, k] fp32, ids [T, k]); router logits in fp32, as transformers computes them."""
         logits = F.linear(x.float(), self.gate.weight.float())

@@ -13,6 +13,7 @@ from atom_core.layers.attention import SelfAttention
 from atom_core.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.parallel import defer_reductions_to_norms
 from atom_core.models.attention_windows import llama_windows
 from atom_core.models.weights import LLAMA_PACKED, load_by_rules
 
@@ -29,6 +30,7 @@ class DecoderLayer(nn.Module):
         self.self_attn = self_attn
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, offset=norm_offset)
         self.mlp = mlp
+        defer_reductions_to_norms(self_attn, mlp)  # tensor parallel: each all-reduce fused with its norm
 
     def forward(self, positions, hidden, residual):
         if residual is None:

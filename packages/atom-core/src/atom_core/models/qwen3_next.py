@@ -16,6 +16,7 @@ from atom_core.config import ConfigError, ModelConfig
 from atom_core.layers.attention import SelfAttention
 from atom_core.layers.gdn import GatedDeltaNet
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.parallel import defer_reductions_to_norms
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule, is_sparse_layer, sparse_moe
 
@@ -51,6 +52,7 @@ class HybridDecoderLayer(nn.Module):
         self.linear = linear
         self.post_attention_layernorm = RMSNorm(config.hidden_size, eps, dtype=dtype, offset=1.0)
         self.mlp = mlp
+        defer_reductions_to_norms(mixer, mlp)  # tensor parallel: each all-reduce fused with its norm
 
     def forward(self, positions, hidden, residual):
         if residual is None:

@@ -2,8 +2,8 @@
 memory against NCCL and against torch's symmetric-memory one-shot op, each timed inside a CUDA graph of
 50 back-to-back calls (as a decode step replays them). Then what a decoder layer does with the sum: add
 the residual and RMSNorm it, as NCCL or the one-shot kernel followed by the norm kernel against
-`all_reduce_rms_norm` (one launch, one barrier); "exact" there is the fused result bit-equal to the
-one-shot kernel's sum normalized by the norm kernel.
+`all_reduce_rms_norm` (one launch, no barrier: count-tagged words); "exact" there is the fused sum
+bit-equal to the one-shot kernel's, and the normalized row within 1 bf16 ulp of the norm kernel's.
 
   PYTHONPATH=packages/atom-kernels/src python3 -m torch.distributed.run --nproc_per_node 2 \
       packages/atom-kernels/benchmarks/bench_all_reduce.py [--out results.json]
@@ -27,7 +27,7 @@ from atom_kernels.comm import (
     MAX_ROWS,
     all_reduce_ref,
     all_reduce_rms_norm,
-    fused_flag_slots,
+    fused_buffer_bytes,
     one_shot_all_reduce,
     pad_slots,
 )
@@ -62,15 +62,16 @@ def graph_time_us(fn) -> float:
 
 
 def _with_norm(x, nccl_buf, fused_args, buffers, pads, rank):
-    """The all-reduce then the residual add and RMSNorm, three ways -> (calls, fused bit-equal to the
-    one-shot kernel's sum normalized by the norm kernel)."""
+    """The all-reduce then the residual add and RMSNorm, three ways -> (calls, the fused sum bit-equal
+    to the one-shot kernel's and the normalized row within one bf16 ulp of the norm kernel's)."""
     tokens, hidden = x.shape
     residual = torch.randn(tokens, hidden, device=x.device, dtype=x.dtype)
     weight = torch.rand(hidden, device=x.device, dtype=x.dtype) + 0.5
     y, s = all_reduce_rms_norm(x, weight, 1e-6, residual, **fused_args)
     want = rms_norm(one_shot_all_reduce(x, buffers, pads, rank), weight, 1e-6, residual)
     torch.cuda.synchronize()
-    exact = torch.equal(y, want[0]) and torch.equal(s, want[1])
+    close = torch.allclose(y.float(), want[0].float(), rtol=2**-7, atol=0)  # the sum's order may differ
+    exact = torch.equal(s, want[1]) and close
 
     def nccl_then_norm():
         dist.all_reduce(nccl_buf)
@@ -108,13 +109,10 @@ def main():
     pads = torch.tensor([p + largest for p in handle.buffer_ptrs], dtype=torch.int64, device=device)
     torch_in = symm_mem.empty(largest // 2, dtype=torch.bfloat16, device=device)
     symm_mem.rendezvous(torch_in, GROUP)
-    fused = symm_mem.empty(2 * largest + fused_flag_slots(world) * 8, dtype=torch.uint8, device=device)
-    fused[2 * largest :].zero_()
+    fused = symm_mem.empty(fused_buffer_bytes(world, largest), dtype=torch.uint8, device=device)
+    fused.zero_()
     fused_handle = symm_mem.rendezvous(fused, GROUP)
     fused_args = dict(
-        flags=torch.tensor(
-            [p + 2 * largest for p in fused_handle.buffer_ptrs], dtype=torch.int64, device=device
-        ),
         buffers=torch.tensor(list(fused_handle.buffer_ptrs), dtype=torch.int64, device=device),
         half_bytes=largest,
         rank=rank,
@@ -151,7 +149,7 @@ def main():
         if tokens <= MAX_ROWS:  # with the residual add and RMSNorm after it
             if hidden != fused_width:  # every call on the fused buffers has one width: start them afresh
                 fused_counts.zero_()
-                fused[2 * largest :].zero_()
+                fused.zero_()
                 torch.cuda.synchronize()
                 dist.barrier()
                 fused_width = hidden

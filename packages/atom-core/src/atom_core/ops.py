@@ -16,7 +16,7 @@ from atom_kernels.attention import (
 )
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.comm import MAX_ROWS as PEER_NORM_MAX_ROWS
-from atom_kernels.comm import all_reduce_rms_norm, fused_flag_slots, one_shot_all_reduce
+from atom_kernels.comm import all_reduce_rms_norm, fused_buffer_bytes, one_shot_all_reduce
 from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
@@ -46,8 +46,8 @@ __all__ = [
     "causal_conv1d",
     "dequantize_fp8_weight",
     "fp8_linear",
+    "fused_buffer_bytes",
     "fused_experts",
-    "fused_flag_slots",
     "gated_delta_rule_chunked",
     "gated_delta_rule_recurrent",
     "gdn_gating",

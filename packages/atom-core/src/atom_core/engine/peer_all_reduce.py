@@ -1,11 +1,12 @@
-"""The engine's all-reduce for small messages: atom-kernels' one-shot kernel over peer memory.
+"""The engine's all-reduces over peer memory: atom-kernels' one-shot kernel, and the sum fused with the
+residual add and RMSNorm after it.
 
-A decode step all-reduces twice a layer, a few KB to a few hundred KB each. On two NVLinked H200s, in a
-CUDA graph of back-to-back calls, NCCL takes 18 us for 8 KB and the one-shot kernel 8 (atom-kernels'
-bench_all_reduce.py); inside the engine's steps NCCL is faster than that, and the engine gains little
-(see the README). Larger messages (prefill, big batches) stay with NCCL. Built once per rank,
-collectively, before the CUDA graphs are captured: the kernel and its buffer addresses are then part of
-every graph.
+A decode step all-reduces twice a layer, a few KB to a few hundred KB each, and each sum is followed by
+the residual add and a norm. The decoder layers hand those sums to their norms (layers/parallel.py's
+RankPartial), which run `all_reduce_rms_norm` here: on two H200s 4.4 us at one row against 8.8 for NCCL
+and the norm kernel (atom-kernels' bench_all_reduce.py). Other small messages take the one-shot kernel;
+larger ones NCCL. Built once per rank, collectively, before the CUDA graphs are captured: the kernels and
+their buffer addresses are then part of every graph.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from atom_core.config import ParallelConfig
 from atom_core.ops import (
     PEER_NORM_MAX_ROWS,
     all_reduce_rms_norm,
-    fused_flag_slots,
+    fused_buffer_bytes,
     one_shot_all_reduce,
     peer_pad_slots,
 )
@@ -32,6 +33,9 @@ logger = logging.getLogger("atom_core.engine")
 # faster than there (~15 us at 512 KB), and with peer all-reduces up to 2 MB a B=64 step was no faster
 # (6,381 vs 6,473 tok/s). So the peer path takes decode up to B = 32 at hidden 4096 in bf16.
 DEFAULT_MAX_BYTES = 256 << 10
+# The sum fused with the norm after it was ahead of NCCL + the norm kernel at every size
+# bench_all_reduce.py timed (to 2 MB) and in the engine's steps to B=64 (512 KB at hidden 4096).
+DEFAULT_FUSED_MAX_BYTES = 1 << 20
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # torch's symmetric memory keeps per-process state for a group name past the group's end: a second TP
 # engine in one process (a new group of the same name) waited forever in its rendezvous on the H200s.
@@ -42,31 +46,35 @@ _rendezvous_done = False
 class PeerAllReduce:
     """Sums a tensor over the group's ranks through a buffer every rank can address (torch's symmetric
     memory: CUDA IPC), for contiguous CUDA tensors of at most max_bytes; `takes(x)` says which. Also the
-    sum fused with the residual add and RMSNorm after it (`rms_norm`, where `takes_rows(x)`), over
-    buffers of its own: two halves of max_bytes, and flags that count calls."""
+    sum fused with the residual add and RMSNorm after it (`rms_norm`, where `takes_rows(x)`), over a
+    buffer of its own: two halves of every rank's rows of up to fused_max_bytes, each word tagged with a
+    count."""
 
-    def __init__(self, group, device: torch.device, max_bytes: int = DEFAULT_MAX_BYTES):
+    def __init__(
+        self,
+        group,
+        device: torch.device,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+        fused_max_bytes: int = DEFAULT_FUSED_MAX_BYTES,
+    ):
         import torch.distributed._symmetric_memory as symm_mem
 
         global _rendezvous_done
         self.rank, self.world = dist.get_rank(group), dist.get_world_size(group)
-        self.max_bytes = max_bytes
+        self.max_bytes, self.fused_max_bytes = max_bytes, fused_max_bytes
         pad_bytes = peer_pad_slots(self.world) * 4
         # One symmetric allocation per rank: the one-shot kernel's data buffer and barrier flags (zero at
-        # rest), then the fused kernel's two data halves and call counts (zero at first use).
+        # rest), then the fused kernel's tagged words (zero at first use).
         fused_at = max_bytes + pad_bytes
-        fused_flags_at = fused_at + 2 * max_bytes
-        total = fused_flags_at + fused_flag_slots(self.world) * 8
+        total = fused_at + fused_buffer_bytes(self.world, fused_max_bytes)
         self._storage = symm_mem.empty(total, dtype=torch.uint8, device=device)
-        self._storage[max_bytes:fused_at].zero_()
-        self._storage[fused_flags_at:].zero_()
+        self._storage[max_bytes:].zero_()
         handle = symm_mem.rendezvous(self._storage, group.group_name)
         _rendezvous_done = True
         bases = [int(p) for p in handle.buffer_ptrs]
         self.buffers = torch.tensor(bases, dtype=torch.int64, device=device)
         self.pads = torch.tensor([b + max_bytes for b in bases], dtype=torch.int64, device=device)
         self.fused_buffers = torch.tensor([b + fused_at for b in bases], dtype=torch.int64, device=device)
-        self.fused_flags = torch.tensor([b + fused_flags_at for b in bases], dtype=torch.int64, device=device)
         self.fused_counts = torch.zeros(PEER_NORM_MAX_ROWS, dtype=torch.int64, device=device)
         self.fused_width: int | None = None  # every fused call on these buffers has one row width
         torch.cuda.synchronize(device)  # every rank's flags are zero before any rank raises one
@@ -80,9 +88,12 @@ class PeerAllReduce:
         return one_shot_all_reduce(x, self.buffers, self.pads, self.rank)
 
     def takes_rows(self, x: torch.Tensor) -> bool:
-        """Whether rms_norm takes x's rows: [T, H] with T up to the kernel's program count, the width of
-        the first fused call (every rank decides the same, from the same calls)."""
-        if not self.takes(x) or x.dim() != 2 or x.shape[0] > PEER_NORM_MAX_ROWS:
+        """Whether rms_norm takes x's rows: [T, H] of at most fused_max_bytes, T up to the kernel's
+        program count, H even (16-bit rows go in 4-byte words) and the width of the first fused call
+        (every rank decides the same, from the same calls)."""
+        if not (x.is_cuda and x.is_contiguous() and x.dtype in DTYPES and x.dim() == 2):
+            return False
+        if x.nbytes > self.fused_max_bytes or x.shape[0] > PEER_NORM_MAX_ROWS or x.shape[1] % 2:
             return False
         if self.fused_width is None:
             self.fused_width = x.shape[1]
@@ -105,9 +116,8 @@ class PeerAllReduce:
             eps,
             residual.contiguous(),
             buffers=self.fused_buffers,
-            flags=self.fused_flags,
             counts=self.fused_counts,
-            half_bytes=self.max_bytes,
+            half_bytes=self.fused_max_bytes,
             rank=self.rank,
             weight_offset=weight_offset,
         )

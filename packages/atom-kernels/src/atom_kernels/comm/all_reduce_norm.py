@@ -2,16 +2,17 @@
 
 Tensor parallelism sums each row-parallel projection's partial output over the ranks, and the next thing
 a decoder layer does is add the residual and normalize. Here one launch does all three, one program per
-row: it publishes its partial row in its rank's symmetric buffer, meets the same program on every rank
-at one barrier, sums every rank's copy in rank order (fp32), adds the residual, normalizes, and writes the
-normalized row and the new residual.
+row: it pushes its partial row into every peer's buffer, waits for every peer's row in its own buffer,
+sums them in rank order (fp32), adds the residual, normalizes, and writes the normalized row and the new
+residual.
 
-One barrier, not the two of `one_shot_all_reduce`: the buffers alternate between two halves by call, and
-the flags carry a per-program call count instead of 0/1. A rank can only publish call c + 1 of a program
-after its call c passed the barrier, which needs every peer's kernel of call c to have started, so every
-peer finished reading call c - 1, the half call c + 1 overwrites. Counts only grow, so a flag never needs
-lowering (int64: no wrap). A program always owns the same row of each half, so calls of different row
-counts interleave safely; every call on one set of buffers must use the same row width.
+No barrier and no fence: every 8-byte word pushed carries 4 bytes of the row and, beside them, the
+program's call count. A word is written whole, so a reader that finds the count it expects in every word
+of a row has that call's row. The buffers alternate between two halves by call: a rank pushes call c + 1
+of a program only after its call c, which needed every peer's call-c push, so every peer finished call
+c - 1 and its reads of the half call c + 1 overwrites. A program always owns the same row of each half,
+so calls of different row counts interleave safely; every call on one set of buffers must use the same
+row width.
 """
 
 from __future__ import annotations
@@ -20,15 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.comm.one_shot import MAX_PROGRAMS
 from atom_kernels.norm.ref import rms_norm_ref
 
-MAX_ROWS = MAX_PROGRAMS  # one program per row, all resident at once (each spins until its peers arrive)
+MAX_ROWS = 512  # one program per row, all resident at once (each spins until its peers' rows arrive)
+_WORD_BYTES = 4  # the row's bytes each 8-byte word carries beside its count
 
 
-def fused_flag_slots(world: int) -> int:
-    """int64 flags one rank's flag array needs (zeroed before first use): one per (peer, program)."""
-    return world * MAX_ROWS
+def fused_buffer_bytes(world: int, half_bytes: int) -> int:
+    """Bytes of one rank's symmetric buffer for calls of up to half_bytes of rows: two halves, each a
+    region per source rank with every 4 bytes of the row widened to an 8-byte word."""
+    return 2 * world * half_bytes * (8 // _WORD_BYTES)
 
 
 @triton.jit
@@ -39,57 +41,65 @@ def _all_reduce_rms_norm_kernel(
     out_ptr,
     res_out_ptr,
     buffers,
-    flags,
     counts,
-    half_elems,
+    region_words,
     hidden,
     eps,
     weight_offset,
     rank,
     HAS_RESIDUAL: tl.constexpr,
     WORLD: tl.constexpr,
-    MAX_ROWS: tl.constexpr,
-    BLOCK: tl.constexpr,
+    PACK: tl.constexpr,
+    WORDS: tl.constexpr,
 ):
-    row = tl.program_id(0)
+    row = tl.program_id(0).to(tl.int64)
     dtype = x_ptr.dtype.element_ty
-    cols = tl.arange(0, BLOCK)
-    mask = cols < hidden
+    words_per_row = hidden // PACK
+    w_idx = tl.arange(0, WORDS)
+    w_mask = w_idx < words_per_row
     call = tl.load(counts + row) + 1
-    base = (call % 2) * half_elems + row.to(tl.int64) * hidden  # this call's half, this program's row
-    mine = tl.load(x_ptr + row.to(tl.int64) * hidden + cols, mask=mask, other=0.0)
-    own_buffer = tl.load(buffers + rank).to(tl.pointer_type(dtype))
-    tl.store(own_buffer + base + cols, mine, mask=mask)
-    tl.debug_barrier()  # every thread's copy is issued before the flag that publishes it
-    for peer in tl.static_range(WORLD):  # release: the copy above is visible before the count
-        pad = tl.load(flags + peer).to(tl.pointer_type(tl.int64))
-        tl.atomic_xchg(pad + rank * MAX_ROWS + row, call, sem="release", scope="sys")
-    own_flags = tl.load(flags + rank).to(tl.pointer_type(tl.int64))
+    tag = (call & 0xFFFFFFFF) << 32  # the count in each word's high half (equality survives the wrap)
+    # elements as [word, element of the word]: element e sits in word e // PACK
+    cols = w_idx[:, None] * PACK + tl.arange(0, PACK)[None, :]
+    mask = cols < hidden
+    mine = tl.load(x_ptr + row * hidden + cols, mask=mask, other=0.0)
+    bits = tl.load(
+        x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row * words_per_row + w_idx, mask=w_mask
+    )
+    word = tag | (bits.to(tl.int64) & 0xFFFFFFFF)
+    slot = (call % 2) * WORLD + rank  # this call's half, this rank's region, in every peer's buffer
     for peer in tl.static_range(WORLD):
-        while tl.atomic_add(own_flags + peer * MAX_ROWS + row, 0, sem="acquire", scope="sys") < call:
-            pass
-    tl.debug_barrier()
-    acc = tl.zeros([BLOCK], dtype=tl.float32)
+        if peer != rank:
+            dst = tl.load(buffers + peer).to(tl.pointer_type(tl.int64))
+            tl.store(dst + slot * region_words + row * words_per_row + w_idx, word, mask=w_mask)
+    own = tl.load(buffers + rank).to(tl.pointer_type(tl.int64))
+    acc = tl.zeros([WORDS, PACK], dtype=tl.float32)
     for peer in tl.static_range(WORLD):
         if peer == rank:
             acc += mine.to(tl.float32)
         else:
-            src = tl.load(buffers + peer).to(tl.pointer_type(dtype))
-            # .cg: past L1, which may hold this address from two calls ago (peer writes do not
-            # invalidate it)
-            acc += tl.load(src + base + cols, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            src = own + ((call % 2) * WORLD + peer) * region_words + row * words_per_row + w_idx
+            got = tl.load(src, mask=w_mask, other=0, volatile=True)
+            while tl.min(tl.where(w_mask, ((got >> 32) & 0xFFFFFFFF) == (call & 0xFFFFFFFF), 1)) == 0:
+                got = tl.load(src, mask=w_mask, other=0, volatile=True)
+            data = got.to(tl.int32)  # the low half: the peer's 4 bytes of its row
+            if PACK == 2:  # two 16-bit elements, the first in the low bits
+                halves = (data[:, None] >> (16 * tl.arange(0, 2))[None, :]).to(tl.int16)
+                acc += halves.to(dtype, bitcast=True).to(tl.float32)
+            else:
+                acc += data[:, None].to(dtype, bitcast=True).to(tl.float32)
     s = acc.to(dtype)  # the all-reduce's result, rounded as one_shot_all_reduce rounds it
     if HAS_RESIDUAL:
-        r = tl.load(res_ptr + row.to(tl.int64) * hidden + cols, mask=mask, other=0.0)
+        r = tl.load(res_ptr + row * hidden + cols, mask=mask, other=0.0)
         s = (s.to(tl.float32) + r.to(tl.float32)).to(dtype)  # rounded like sum + residual
-    tl.store(res_out_ptr + row.to(tl.int64) * hidden + cols, s, mask=mask)
-    sf = s.to(tl.float32)
-    inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
+    tl.store(res_out_ptr + row * hidden + cols, s, mask=mask)
+    sf = tl.where(mask, s.to(tl.float32), 0.0)
+    inv = 1.0 / tl.sqrt(tl.sum(tl.sum(sf * sf, axis=1), axis=0) / hidden + eps)
     normed = (sf * inv).to(dtype).to(tl.float32)
     w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if weight_offset != 0.0:
         w = (w + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
-    tl.store(out_ptr + row.to(tl.int64) * hidden + cols, (w * normed).to(dtype), mask=mask)
+    tl.store(out_ptr + row * hidden + cols, (w * normed).to(dtype), mask=mask)
     tl.store(counts + row, call)  # only this program touches its count; the next launch sees it
 
 
@@ -100,7 +110,6 @@ def all_reduce_rms_norm(
     residual: torch.Tensor | None,
     *,
     buffers: torch.Tensor,
-    flags: torch.Tensor,
     counts: torch.Tensor,
     half_bytes: int,
     rank: int,
@@ -108,17 +117,22 @@ def all_reduce_rms_norm(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(rms_norm(sum + residual), sum + residual), sum = x summed over all ranks (fp32, rank order).
 
-    x: this rank's partial [T, H], contiguous; residual: [T, H] like x, or None (the new residual is then
-    the sum itself); weight: [H]; weight_offset as `rms_norm`'s. buffers: int64 [world] addresses of each
-    rank's symmetric data buffer (2 * half_bytes each); flags: int64 [world] addresses of each rank's
-    symmetric flag array (fused_flag_slots(world) int64, zero at first use); counts: int64 [MAX_ROWS] on
-    this rank's device, zero at first use, private to these buffers. T * H * itemsize <= half_bytes, and
-    T <= MAX_ROWS. Every rank calls it with the same shapes, in the same order relative to its other calls
-    on these buffers, and every call on them uses the same H. Returns new tensors (out, new_residual).
+    x: this rank's partial [T, H], contiguous, 16- or 32-bit floats (H even for 16-bit); residual: [T, H]
+    like x, or None (the new residual is then the sum itself); weight: [H]; weight_offset as `rms_norm`'s.
+    buffers: int64 [world] addresses of each rank's symmetric buffer (fused_buffer_bytes(world,
+    half_bytes) each, zero at first use); counts: int64 [MAX_ROWS] on this rank's device, zero at first
+    use, private to these buffers. T * H * itemsize <= half_bytes and T <= MAX_ROWS. Every rank calls it
+    with the same shapes, in the same order relative to its other calls on these buffers, and every call
+    on them uses the same H. Returns new tensors (out, new_residual).
     """
     if x.dim() != 2 or not x.is_contiguous():
         raise ValueError(f"all_reduce_rms_norm needs a contiguous [T, H] x, got {tuple(x.shape)}")
     tokens, hidden = x.shape
+    pack = _WORD_BYTES // x.element_size()
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32) or hidden % pack:
+        raise ValueError(
+            f"all_reduce_rms_norm takes 16-bit rows of even width or fp32, got {x.dtype} [.., {hidden}]"
+        )
     if weight.shape != (hidden,):
         raise ValueError(f"weight must be [{hidden}], got {tuple(weight.shape)}")
     if residual is not None and (
@@ -126,8 +140,8 @@ def all_reduce_rms_norm(
     ):
         raise ValueError(f"residual must be a contiguous {tuple(x.shape)} {x.dtype} tensor")
     world = buffers.numel()
-    if flags.numel() != world or not 0 <= rank < world:
-        raise ValueError(f"rank {rank} of {world} buffers and {flags.numel()} flag arrays")
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} of {world} buffers")
     if tokens > MAX_ROWS or x.numel() * x.element_size() > half_bytes:
         raise ValueError(
             f"{tokens} rows of {hidden} exceed the buffers ({half_bytes} bytes a call, {MAX_ROWS} rows)"
@@ -136,7 +150,7 @@ def all_reduce_rms_norm(
         raise ValueError(f"counts must be int64 [{MAX_ROWS}], got {counts.dtype} [{counts.numel()}]")
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     if tokens:
-        block = triton.next_power_of_2(hidden)
+        words = triton.next_power_of_2(hidden // pack)
         _all_reduce_rms_norm_kernel[(tokens,)](
             x,
             residual if residual is not None else x,
@@ -144,18 +158,17 @@ def all_reduce_rms_norm(
             out,
             new_residual,
             buffers,
-            flags,
             counts,
-            half_bytes // x.element_size(),
+            half_bytes // _WORD_BYTES,  # the 8-byte words of one (half, source rank) region
             hidden,
             eps,
             weight_offset,
             rank,
             HAS_RESIDUAL=residual is not None,
             WORLD=world,
-            MAX_ROWS=MAX_ROWS,
-            BLOCK=block,
-            num_warps=min(16, max(1, block // 256)),
+            PACK=pack,
+            WORDS=words,
+            num_warps=min(16, max(1, words // 128)),
         )
     return out, new_residual
 

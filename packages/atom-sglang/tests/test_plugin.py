@@ -10,6 +10,7 @@ import subprocess
 import sys
 from importlib import metadata
 
+import pytest
 from packaging.specifiers import SpecifierSet
 from packaging.version import Version
 from sglang.srt.plugins import GENERAL_PLUGINS_GROUP, load_plugins_by_group
@@ -26,6 +27,50 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+RUN_PARTS = """
+import sys, traceback
+for name, code in {parts!r}:
+    print("@@part " + name, flush=True)
+    print("@@part " + name, file=sys.stderr, flush=True)
+    try:
+        exec(code, {{}})
+        print("@@exit 0", flush=True)
+    except SystemExit as e:
+        print("@@exit " + str(e.code), flush=True)
+    except BaseException:
+        traceback.print_exc()
+        print("@@exit 1", flush=True)
+"""
+
+
+def _split(text: str) -> dict[str, str]:
+    parts, name = {}, None
+    for line in text.splitlines():
+        if line.startswith("@@part "):
+            name = line[len("@@part ") :]
+            parts[name] = []
+        elif name is not None:
+            parts[name].append(line)
+    return {k: "\n".join(v) for k, v in parts.items()}
+
+
+class Part:
+    """One snippet's share of a process that ran several: its stdout, stderr and exit code."""
+
+    def __init__(self, out: str, err: str):
+        lines = out.splitlines()
+        self.returncode = int(lines[-1].split()[1]) if lines and lines[-1].startswith("@@exit ") else -1
+        self.stdout, self.stderr = "\n".join(lines[:-1]), err
+
+
+def _python_parts(parts: dict[str, str], **env: str) -> dict[str, Part]:
+    """Run the snippets one after another in one fresh interpreter (SGLang's import is what costs: ~30 s
+    a process on the CI's cores) -> each snippet's output. A SystemExit ends only its snippet."""
+    proc = _python(RUN_PARTS.format(parts=list(parts.items())), **env)
+    out, err = _split(proc.stdout), _split(proc.stderr)
+    return {name: Part(out.get(name, ""), err.get(name, "") or proc.stderr) for name in parts}
+
+
 def test_the_installed_sglang_is_the_pinned_release():
     assert Version(metadata.version("sglang")) in SpecifierSet(atom_sglang.SUPPORTED_SGLANG)
 
@@ -35,13 +80,29 @@ def test_sglangs_plugin_loader_discovers_atom():
     assert func is register and dist == "atom-sglang"
 
 
-def test_at_sglang_startup_the_plugin_runs_and_logs_that_atom_is_active():
-    code = (
-        "import logging; logging.basicConfig(level=logging.INFO)\n"
-        "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-        "from atom_sglang.plugin import PLUGIN; print(PLUGIN._active)"
-    )
-    proc = _python(code)
+STARTUP = (
+    "import logging; logging.basicConfig(level=logging.INFO)\n"
+    "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+    "from atom_sglang.plugin import PLUGIN; print(PLUGIN._active)"
+)
+SERVER_ARGS = (
+    "from sglang.srt.plugins import load_plugins; load_plugins()\n"
+    "from sglang.srt.server_args import prepare_server_args\n"
+    "from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS\n"
+    "args = prepare_server_args(['--model-path', {path!r}, '--attention-backend', 'atom', '--device', 'cpu'])\n"
+    "print(args.attention_backend, ATTENTION_BACKENDS['atom'].__module__)\n"
+)
+
+
+@pytest.fixture(scope="module")
+def plugin_on(checkpoint_for):
+    """SGLang's startup with the plugin, then its server-argument parser, in one process."""
+    path = str(checkpoint_for("LlamaForCausalLM"))
+    return _python_parts({"startup": STARTUP, "server_args": SERVER_ARGS.format(path=path)})
+
+
+def test_at_sglang_startup_the_plugin_runs_and_logs_that_atom_is_active(plugin_on):
+    proc = plugin_on["startup"]
     assert proc.returncode == 0, proc.stderr
     assert f"ATOM plugin active: atom-sglang {atom_sglang.__version__}" in proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "True"  # decided by SGLang's own call
@@ -58,22 +119,6 @@ RESOLVE = (
 )
 
 
-def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper():
-    # With the variable set, SGLang's registry imports atom_sglang.models at import time; strict here,
-    # so an import error in any wrapper module fails the test.
-    archs = served_architectures()
-    # every architecture atom-core builds (MHA, MLA and the GDN hybrids), and SGLang's names of their drafts
-    drafts = {"DeepseekV3ForCausalLMNextN", "Qwen3NextForCausalLMMTP", "Qwen3_5ForCausalLMMTP"}
-    assert set(archs) == {*supported_architectures(), *drafts}
-    proc = _python(
-        RESOLVE.format(archs=archs), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
-    )
-    assert proc.returncode == 0, proc.stderr
-    lines = proc.stdout.strip().splitlines()[-len(archs) - 1 :]
-    assert lines[0] == str(sorted(archs))
-    assert lines[1:] == [f"{arch} atom_sglang.models.atom {arch}" for arch in archs]
-
-
 MODEL_CONFIG = (
     "from sglang.srt.configs.model_config import AttentionArch, ModelConfig\n"
     "from sglang.srt.models.registry import ModelRegistry\n"
@@ -84,13 +129,50 @@ MODEL_CONFIG = (
 )
 
 
-def test_sglangs_model_config_takes_deepseek_and_its_draft_to_atom_as_mla(checkpoint_for):
+@pytest.fixture(scope="module")
+def external_models(checkpoint_for):
+    """SGLang's registry with ATOM's model package named, then its model config of a DeepSeek-V3
+    checkpoint, in one process. With the variable set, the registry imports atom_sglang.models at import
+    time; strict here, so an import error in any wrapper module fails."""
+    path = str(checkpoint_for("DeepseekV3ForCausalLM", num_nextn_predict_layers=1))
+    parts = {
+        "resolve": RESOLVE.format(archs=served_architectures()),
+        "model_config": MODEL_CONFIG.format(path=path),
+    }
+    return _python_parts(parts, SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE)
+
+
+@pytest.fixture(scope="module")
+def plugin_off(checkpoint_for):
+    """The same registry and argument parser with ATOM switched off, in one process."""
+    path = str(checkpoint_for("LlamaForCausalLM"))
+    parts = {
+        "resolve": RESOLVE.format(archs=("LlamaForCausalLM",)),
+        "server_args": SERVER_ARGS.format(path=path),
+    }
+    return _python_parts(
+        parts,
+        SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE,
+        ATOM_DISABLE_SGLANG_PLUGIN="1",
+    )
+
+
+def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper(external_models):
+    archs = served_architectures()
+    # every architecture atom-core builds (MHA, MLA and the GDN hybrids), and SGLang's names of their drafts
+    drafts = {"DeepseekV3ForCausalLMNextN", "Qwen3NextForCausalLMMTP", "Qwen3_5ForCausalLMMTP"}
+    assert set(archs) == {*supported_architectures(), *drafts}
+    proc = external_models["resolve"]
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()[-len(archs) - 1 :]
+    assert lines[0] == str(sorted(archs))
+    assert lines[1:] == [f"{arch} atom_sglang.models.atom {arch}" for arch in archs]
+
+
+def test_sglangs_model_config_takes_deepseek_and_its_draft_to_atom_as_mla(external_models):
     # SGLang decides MLA (and so the latent pool and `atom`'s MLA backend) and renames the draft from the
     # checkpoint's architecture name; both names resolve to ATOM's wrappers.
-    path = str(checkpoint_for("DeepseekV3ForCausalLM", num_nextn_predict_layers=1))
-    proc = _python(
-        MODEL_CONFIG.format(path=path), SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE
-    )
+    proc = external_models["model_config"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-2:] == [
         "DeepseekV3ForCausalLM atom_sglang.models.atom True 32",
@@ -98,12 +180,8 @@ def test_sglangs_model_config_takes_deepseek_and_its_draft_to_atom_as_mla(checkp
     ]
 
 
-def test_switched_off_sglang_resolves_its_own_models():
-    proc = _python(
-        RESOLVE.format(archs=("LlamaForCausalLM",)),
-        SGLANG_EXTERNAL_MODEL_PACKAGE=atom_sglang.EXTERNAL_MODEL_PACKAGE,
-        ATOM_DISABLE_SGLANG_PLUGIN="1",
-    )
+def test_switched_off_sglang_resolves_its_own_models(plugin_off):
+    proc = plugin_off["resolve"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-2:] == [
         "[]",
@@ -111,21 +189,11 @@ def test_switched_off_sglang_resolves_its_own_models():
     ]
 
 
-SERVER_ARGS = (
-    "from sglang.srt.plugins import load_plugins; load_plugins()\n"
-    "from sglang.srt.server_args import prepare_server_args\n"
-    "from sglang.srt.layers.attention.attention_registry import ATTENTION_BACKENDS\n"
-    "args = prepare_server_args(['--model-path', {path!r}, '--attention-backend', 'atom', '--device', 'cpu'])\n"
-    "print(args.attention_backend, ATTENTION_BACKENDS['atom'].__module__)\n"
-)
-
-
-def test_the_backend_is_selectable_by_name_through_sglangs_own_argument_parser(checkpoint_for):
-    path = str(checkpoint_for("LlamaForCausalLM"))
-    proc = _python(SERVER_ARGS.format(path=path))
+def test_the_backend_is_selectable_by_name_through_sglangs_own_argument_parser(plugin_on, plugin_off):
+    proc = plugin_on["server_args"]
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip().splitlines()[-1] == "atom atom_sglang.registration"
-    off = _python(SERVER_ARGS.format(path=path), ATOM_DISABLE_SGLANG_PLUGIN="1")
+    off = plugin_off["server_args"]
     assert off.returncode != 0 and "invalid choice: 'atom'" in off.stderr  # registered by the plugin only
 
 

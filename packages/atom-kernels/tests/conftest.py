@@ -113,6 +113,29 @@ def paged_case():
 
 
 @pytest.fixture(scope="session")
+def forked_ranks():
+    """forked_ranks(world, rank_main): run rank_main(rank) in `world` forked processes at once (the
+    collectives' CPU harness: their barriers really wait for each other) and check that each exited 0
+    within 300 s."""
+
+    def run(world: int, rank_main) -> None:
+        import multiprocessing as mp
+
+        procs = [mp.get_context("fork").Process(target=rank_main, args=(r,)) for r in range(world)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(timeout=300)
+        hung = [p.pid for p in procs if p.is_alive()]
+        for p in procs:
+            p.kill()
+        assert not hung, "a rank never got the other ranks' data"
+        assert [p.exitcode for p in procs] == [0] * world
+
+    return run
+
+
+@pytest.fixture(scope="session")
 def offline_builds(tmp_path_factory):
     """offline_builds(test_file) -> the JSON that test_file, run as a script with an output path, writes: its
     offline sm90 builds, compiled in a fresh interpreter without TRITON_INTERPRET. In the CPU test session the

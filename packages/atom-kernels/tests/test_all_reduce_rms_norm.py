@@ -3,8 +3,6 @@ process running the kernel under the Triton interpreter over shared-memory buffe
 every process, as symmetric memory gives on GPUs), so its barrier really waits for the other ranks. On two
 GPUs the same kernel runs over CUDA IPC memory (atom-core's TP engine test)."""
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
@@ -19,7 +17,7 @@ from atom_kernels.comm import (
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the forked-ranks harness is the CPU's")
 
 
-def _ranks(world: int, calls, hidden: int, dtype, half_bytes: int):
+def _ranks(forked_ranks, world: int, calls, hidden: int, dtype, half_bytes: int):
     """Run the calls [(rows, with_residual, weight_offset)] in order on `world` forked ranks ->
     (inputs, outputs, counts after)."""
     size = fused_buffer_bytes(world, half_bytes)
@@ -59,16 +57,7 @@ def _ranks(world: int, calls, hidden: int, dtype, half_bytes: int):
             outs[r, i, 0].copy_(y)
             outs[r, i, 1].copy_(s)
 
-    procs = [mp.get_context("fork").Process(target=rank_main, args=(r,)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        p.kill()
-    assert not hung, "a rank never got past the barrier"
-    assert [p.exitcode for p in procs] == [0] * world
+    forked_ranks(world, rank_main)
     return weight, xs, residuals, outs, counts
 
 
@@ -81,10 +70,10 @@ def _ranks(world: int, calls, hidden: int, dtype, half_bytes: int):
         (3, [(2, True, 0.0), (4, False, 1.0), (2, True, 0.0)], 40, torch.float32),  # ragged width, 3 ranks
     ],
 )
-def test_every_rank_gets_the_normalized_sum_and_the_new_residual(world, calls, hidden, dtype):
+def test_every_rank_gets_the_normalized_sum_and_the_new_residual(forked_ranks, world, calls, hidden, dtype):
     """Every rank gets the same rows: the sum exactly the one-shot all-reduce's, the normalized row the
     torch reference's within the RMSNorm kernel's own tolerance."""
-    weight, xs, residuals, outs, counts = _ranks(world, calls, hidden, dtype, half_bytes=4096)
+    weight, xs, residuals, outs, counts = _ranks(forked_ranks, world, calls, hidden, dtype, half_bytes=4096)
     tol = {torch.float32: 1e-6, torch.float16: 1e-3}[dtype]
     for i, (_, with_residual, offset) in enumerate(calls):
         parts, residual = [xs[r, i] for r in range(world)], residuals[i] if with_residual else None

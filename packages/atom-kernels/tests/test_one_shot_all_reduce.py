@@ -3,8 +3,6 @@ kernel under the Triton interpreter over shared-memory buffers (the same address
 symmetric memory gives on GPUs), so its barriers really wait for the other ranks. On two GPUs the same
 kernel runs over CUDA IPC memory (atom-core's TP engine test)."""
 
-import multiprocessing as mp
-
 import pytest
 import torch
 
@@ -13,7 +11,7 @@ from atom_kernels.comm import MAX_PROGRAMS, all_reduce_ref, one_shot_all_reduce,
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the forked-ranks harness is the CPU's")
 
 
-def _ranks(world: int, sizes, dtype, block: int | None, programs: int | None, calls: int = 2):
+def _ranks(forked_ranks, world: int, sizes, dtype, block: int | None, programs: int | None, calls: int = 2):
     """Run `calls` all-reduces per size on `world` forked ranks -> (inputs, outputs, pads after)."""
     largest = max(sizes)
     bufs = [torch.full((largest,), float("nan"), dtype=dtype).share_memory_() for _ in range(world)]
@@ -31,16 +29,7 @@ def _ranks(world: int, sizes, dtype, block: int | None, programs: int | None, ca
                     xs[r, n], buffers, pad_ptrs, r, out=outs[r, n], block=block, programs=programs
                 )
 
-    procs = [mp.get_context("fork").Process(target=rank_main, args=(r,)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(timeout=300)
-    hung = [p.pid for p in procs if p.is_alive()]
-    for p in procs:
-        p.kill()
-    assert not hung, "a rank never got past a barrier"
-    assert [p.exitcode for p in procs] == [0] * world
+    forked_ranks(world, rank_main)
     return xs, outs, pads
 
 
@@ -54,8 +43,10 @@ def _ranks(world: int, sizes, dtype, block: int | None, programs: int | None, ca
         # interpreter truncates bf16 casts)
     ],
 )
-def test_every_rank_gets_the_sum_and_the_flags_end_lowered(world, sizes, dtype, block, programs):
-    xs, outs, pads = _ranks(world, sizes, dtype, block, programs)
+def test_every_rank_gets_the_sum_and_the_flags_end_lowered(
+    forked_ranks, world, sizes, dtype, block, programs
+):
+    xs, outs, pads = _ranks(forked_ranks, world, sizes, dtype, block, programs)
     for n in sizes:
         expected = all_reduce_ref([xs[r, n] for r in range(world)])
         for r in range(world):

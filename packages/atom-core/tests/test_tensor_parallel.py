@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from core_support import TINY, free_port, random_checkpoint
-from transformers import LlamaConfig, Qwen3MoeConfig
+from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
@@ -48,13 +48,16 @@ class GlooNormPeer:
 
 
 def _deferring_blocks(model) -> int:
-    """Row-parallel projections and MoE blocks of the model that leave their reduction to a norm."""
-    return sum(
-        1
-        for m in model.modules()
-        if (isinstance(m, RowParallelLinear) and m.defer_reduce and m.bias is None)
-        or (isinstance(m, SparseMoE) and m.defer_reduce)
-    )
+    """Mixers and MLPs of the model's decoder layers that leave their reduction to the norm after them
+    (a MoE block's shared expert joins its block's partial sum: one reduction for both)."""
+
+    def defers(block) -> bool:
+        if isinstance(block, SparseMoE):
+            return block.defer_reduce
+        proj = next(getattr(block, n) for n in ("o_proj", "down_proj", "out_proj") if hasattr(block, n))
+        return isinstance(proj, RowParallelLinear) and proj.defer_reduce and proj.bias is None
+
+    return sum(defers(layer.self_attn) + defers(layer.mlp) for layer in model.model.layers)
 
 
 def _logits(path, parallel: ParallelConfig) -> torch.Tensor:
@@ -99,6 +102,15 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
         (LlamaConfig, dict(num_key_value_heads=4, attention_bias=True)),
         (LlamaConfig, dict(num_key_value_heads=1)),  # fewer KV heads than ranks: replicated
         (Qwen3MoeConfig, dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
+        (  # a gated shared expert beside the routed ones: their partial sums reduce once
+            Qwen2MoeConfig,
+            dict(
+                num_experts=4,
+                num_experts_per_tok=2,
+                moe_intermediate_size=24,
+                shared_expert_intermediate_size=40,
+            ),
+        ),
     ],
 )
 def test_tp2_equals_tp1(tmp_path, cls, overrides):
@@ -113,7 +125,8 @@ def test_tp2_equals_tp1(tmp_path, cls, overrides):
 
 
 def test_deepseek_tp2_equals_tp1(tmp_path):
-    """MLA heads split over ranks (the latent replicated), routed experts split, shared experts split."""
+    """MLA heads split over ranks (the latent replicated), routed experts split, shared experts split (their
+    partial sums join the routed experts' for one reduction)."""
     from core_support import DSV3, deepseek_checkpoint
     from transformers import DeepseekV3Config
 

@@ -15,7 +15,7 @@ from atom_core.config import ParallelConfig
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
-from atom_core.layers.parallel import RankPartial, all_reduce, may_defer_reduce
+from atom_core.layers.parallel import RankPartial, add_sums, all_reduce, may_defer_reduce
 from atom_core.ops import fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
 
@@ -111,12 +111,15 @@ class SparseMoE(nn.Module):
         return topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob, round_to=x.dtype)
 
     def defer_output_reduce(self) -> None:
-        """Without shared experts: forward returns the routed experts' partial sum (a RankPartial) for the
-        next RMSNorm to reduce. A shared expert reduces its own output, which is added after the sum."""
-        self.defer_reduce = not self.has_shared_experts()
+        """forward returns the routed and shared experts' partial sums added (a RankPartial) for the next
+        RMSNorm to reduce: one reduction for both."""
+        self.defer_reduce = True
+        if self.shared_mlp() is not None:
+            self.shared_mlp().defer_output_reduce()
 
-    def has_shared_experts(self) -> bool:
-        return self.shared_expert is not None
+    def shared_mlp(self) -> GatedMLP | None:
+        """The dense expert every token also goes through, if the block has one."""
+        return self.shared_expert
 
     def experts(
         self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
@@ -132,6 +135,9 @@ class SparseMoE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
-        if self.shared_expert is not None:  # its down projection reduces over ranks itself
-            out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+        if self.shared_expert is not None:  # scaled per token by a replicated gate: on partials too
+            gate, shared = torch.sigmoid(self.shared_expert_gate(x)), self.shared_expert(x)
+            if isinstance(shared, RankPartial):
+                shared = RankPartial(gate * shared.partial, shared.parallel)
+            out = add_sums(out, shared if isinstance(shared, RankPartial) else gate * shared)
         return out

@@ -35,6 +35,15 @@ class RankPartial:
         return all_reduce(self.partial, self.parallel)
 
 
+def add_sums(a: torch.Tensor | RankPartial, b: torch.Tensor | RankPartial) -> torch.Tensor | RankPartial:
+    """a + b, either of them possibly unreduced: two partials stay one partial (one reduction for both,
+    as a MoE block's routed and shared experts need); a partial beside a reduced tensor is reduced."""
+    if isinstance(a, RankPartial) and isinstance(b, RankPartial):
+        return RankPartial(a.partial + b.partial, a.parallel)
+    a = a.reduce() if isinstance(a, RankPartial) else a
+    return a + (b.reduce() if isinstance(b, RankPartial) else b)
+
+
 def may_defer_reduce(parallel: ParallelConfig) -> bool:
     """Whether a reduction over ranks is worth handing to the next norm: only the engine's peer
     all-reduce fuses with it (NCCL and the adapters' engines reduce as before)."""

@@ -21,6 +21,7 @@ from atom_core.config import ConfigError, ModelConfig
 from atom_core.layers.mla import MLAAttention
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe import SparseMoE
+from atom_core.layers.parallel import add_sums
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule
 from atom_core.models.weights import GATE_UP_PACKED, load_by_rules
@@ -62,8 +63,8 @@ class DeepseekMoE(SparseMoE):
                 quant_config=ctx.quant_config,
             )
 
-    def has_shared_experts(self) -> bool:
-        return self.shared_experts is not None
+    def shared_mlp(self) -> GatedMLP | None:
+        return self.shared_experts
 
     def route(self, x: torch.Tensor):
         """x: [T, H] -> (weights [T, k] fp32, ids [T, k]); router logits in fp32, as transformers computes them."""
@@ -83,8 +84,8 @@ class DeepseekMoE(SparseMoE):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
-        if self.shared_experts is not None:  # its down projection reduces over ranks itself
-            out = out + self.shared_experts(x)
+        if self.shared_experts is not None:
+            out = add_sums(out, self.shared_experts(x))
         return out
 
 

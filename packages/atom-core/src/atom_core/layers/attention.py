@@ -10,6 +10,7 @@ from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.parallel import RankPartial
 from atom_core.layers.rotary import RotaryEmbedding
 
 
@@ -71,7 +72,7 @@ class SelfAttention(nn.Module):
         self.cache_index, self.cache_spec = layer_index, spec.cache_spec()
         self.attn = ctx.attention_backend.make_layer(spec)
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | RankPartial:
         tokens = hidden.shape[0]
         q_width = self.num_heads * self.head_dim * (2 if self.output_gate else 1)
         q, k, v = self.qkv_proj(hidden).split(

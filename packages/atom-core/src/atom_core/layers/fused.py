@@ -5,10 +5,11 @@ from __future__ import annotations
 import torch
 
 from atom_core.layers.linear import RowParallelLinear
+from atom_core.layers.parallel import RankPartial
 from atom_core.ops import silu_and_mul
 
 
-def silu_and_mul_linear(layer: RowParallelLinear, gate_up: torch.Tensor) -> torch.Tensor:
+def silu_and_mul_linear(layer: RowParallelLinear, gate_up: torch.Tensor) -> torch.Tensor | RankPartial:
     """layer(silu(gate) * up) for gate_up [T, 2 * K_local] -> [T, N].
 
     Where the layer's weight method has the fused kernel (atom-kernels' linear applies the activation in

@@ -29,6 +29,7 @@ from atom_core.layers.linear import (
     RowParallelLinear,
     narrow_parts,
 )
+from atom_core.layers.parallel import RankPartial
 from atom_core.ops import rms_norm_gated
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -141,7 +142,7 @@ class GatedDeltaNet(nn.Module):
         """forward returns out_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
         self.out_proj.defer_reduce = True
 
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor | RankPartial:
         """hidden: [T, hidden] (sequences back to back, as the backend's metadata says) -> [T, hidden]."""
         tokens = hidden.shape[0]
         mixed, z, b, a = self._project(hidden)

@@ -17,6 +17,7 @@ from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
+from atom_core.layers.parallel import RankPartial
 from atom_core.layers.rotary import RotaryEmbedding, yarn_mscale
 
 
@@ -93,7 +94,7 @@ class MLAAttention(nn.Module):
         """forward returns o_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
         self.o_proj.defer_reduce = True
 
-    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+    def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | RankPartial:
         tokens, heads = hidden.shape[0], self.num_heads
         if self.q_lora_rank is None:
             q = self.q_proj(hidden)

@@ -9,6 +9,7 @@ from torch import nn
 from atom_core.config import ParallelConfig
 from atom_core.layers.fused import silu_and_mul_linear
 from atom_core.layers.linear import MergedColumnParallelLinear, RowParallelLinear
+from atom_core.layers.parallel import RankPartial
 from atom_core.quantization import QuantConfig
 
 
@@ -35,5 +36,5 @@ class GatedMLP(nn.Module):
         """forward returns down_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""
         self.down_proj.defer_reduce = True
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
         return silu_and_mul_linear(self.down_proj, self.gate_up_proj(x))

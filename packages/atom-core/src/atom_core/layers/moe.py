@@ -132,12 +132,13 @@ class SparseMoE(nn.Module):
             return RankPartial(partial, self.parallel)
         return all_reduce(partial, self.parallel)
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:  # scaled per token by a replicated gate: on partials too
             gate, shared = torch.sigmoid(self.shared_expert_gate(x)), self.shared_expert(x)
             if isinstance(shared, RankPartial):
-                shared = RankPartial(gate * shared.partial, shared.parallel)
-            out = add_sums(out, shared if isinstance(shared, RankPartial) else gate * shared)
+                out = add_sums(out, RankPartial(gate * shared.partial, shared.parallel))
+            else:
+                out = add_sums(out, gate * shared)
         return out

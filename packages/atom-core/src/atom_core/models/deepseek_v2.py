@@ -21,7 +21,7 @@ from atom_core.config import ConfigError, ModelConfig
 from atom_core.layers.mla import MLAAttention
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe import SparseMoE
-from atom_core.layers.parallel import add_sums
+from atom_core.layers.parallel import RankPartial, add_sums
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule
 from atom_core.models.weights import GATE_UP_PACKED, load_by_rules
@@ -81,7 +81,7 @@ class DeepseekMoE(SparseMoE):
             scaling=r["scaling"],
         )
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
         weights, ids = self.route(x)
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:

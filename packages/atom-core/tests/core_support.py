@@ -32,6 +32,13 @@ TINY = dict(
 )
 # The model behind the tiny_llama fixture (engine, server and CLI tests).
 TINY_LLAMA = dict(TINY, vocab_size=151)
+# Qwen2-MoE's tiny MoE block: routed experts beside a sigmoid-gated shared expert
+QWEN2_MOE_SHARED = dict(
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=24,
+    shared_expert_intermediate_size=40,
+)
 
 # Tiny DeepSeek-V3 and V2 (MLA + DeepSeek MoE): every path transformers implements is a variant of these.
 YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)

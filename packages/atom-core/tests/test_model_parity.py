@@ -7,7 +7,7 @@ transformers' greedy tokens for 32 steps.
 
 import pytest
 import torch
-from core_support import TINY, random_checkpoint
+from core_support import QWEN2_MOE_SHARED, TINY, random_checkpoint
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend
@@ -112,13 +112,7 @@ CASES = {
     ),
     "qwen2-moe-shared-expert": (
         Qwen2MoeConfig,
-        dict(
-            num_experts=4,
-            num_experts_per_tok=2,
-            moe_intermediate_size=24,
-            shared_expert_intermediate_size=40,
-            norm_topk_prob=False,
-        ),
+        dict(QWEN2_MOE_SHARED, norm_topk_prob=False),
     ),
     "qwen2-moe-shared-normed-dense1": (
         Qwen2MoeConfig,

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from core_support import TINY, free_port, random_checkpoint
+from core_support import QWEN2_MOE_SHARED, TINY, free_port, random_checkpoint
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
@@ -104,12 +104,7 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
         (Qwen3MoeConfig, dict(head_dim=16, num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)),
         (  # a gated shared expert beside the routed ones: their partial sums reduce once
             Qwen2MoeConfig,
-            dict(
-                num_experts=4,
-                num_experts_per_tok=2,
-                moe_intermediate_size=24,
-                shared_expert_intermediate_size=40,
-            ),
+            QWEN2_MOE_SHARED,
         ),
     ],
 )

@@ -114,8 +114,8 @@ class SparseMoE(nn.Module):
         """forward returns the routed and shared experts' partial sums added (a RankPartial) for the next
         RMSNorm to reduce: one reduction for both."""
         self.defer_reduce = True
-        if self.shared_mlp() is not None:
-            self.shared_mlp().defer_output_reduce()
+        if (shared := self.shared_mlp()) is not None:
+            shared.defer_output_reduce()
 
     def shared_mlp(self) -> GatedMLP | None:
         """The dense expert every token also goes through, if the block has one."""

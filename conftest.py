@@ -33,6 +33,10 @@ if importlib.util.find_spec("torch") is not None:
 
     if not torch.cuda.is_available():
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    if os.environ.get("TRITON_INTERPRET") == "1":
+        from tools.testing_interpreter import install
+
+        install()  # the interpreter without its repeated patching on each helper call (see there)
 
 
 @dataclass

@@ -6,6 +6,9 @@ pytest imports test files with --import-mode=importlib, so conftest.py puts this
 tests import this module as `vllm_support`. The fixtures built on it are in e2e_cpu/conftest.py.
 """
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +67,12 @@ PROMPTS = [
 ]
 
 
+# The KV cache every test engine gets: thousands of pages for these tiny models. Sized explicitly because
+# vLLM's CPU worker otherwise sizes it as 10% of memory less its own process's size, which is negative
+# when the engine runs in the test's process (e2e_cpu/conftest.py).
+KV_CACHE_BYTES = 64 << 20
+
+
 def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", probe=None, **llm_kwargs):
     """(greedy tokens per round, what the worker built, prefix-cache hits in tokens). llm_kwargs override
     LLM(...)'s arguments below; probe(llm), if given, runs after the rounds on the same engine."""
@@ -80,6 +89,7 @@ def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", probe=N
         max_num_batched_tokens=24,
         enable_prefix_caching=True,
         gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
         disable_log_stats=False,
     )
     llm = LLM(model=str(path), **{**options, **llm_kwargs})
@@ -110,6 +120,7 @@ def speculate(path, prompts, steps: int, **llm_kwargs):
         enforce_eager=True,
         max_num_seqs=4,
         gpu_memory_utilization=0.1,
+        kv_cache_memory_bytes=KV_CACHE_BYTES,
         disable_log_stats=False,
         speculative_config={"method": "mtp", "num_speculative_tokens": 2},
     )
@@ -120,6 +131,24 @@ def speculate(path, prompts, steps: int, **llm_kwargs):
     metrics = {m.name: m.value for m in llm.get_metrics() if m.name in counters}
     drafted, accepted = (metrics[name] for name in counters)
     return [list(o.outputs[0].token_ids) for o in out], drafted, accepted, llm
+
+
+@contextmanager
+def recorded_lines(logger: logging.Logger, level: int) -> Iterator[list[str]]:
+    """The messages `logger` logs at `level` and above while the block runs, taken at the logger itself
+    (whatever handlers, levels and streams the process's logging has)."""
+    lines: list[str] = []
+    handler = logging.Handler(level)
+    handler.emit = lambda record: lines.append(record.getMessage())
+    old_level = logger.level
+    if logger.getEffectiveLevel() > level:
+        logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield lines
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 CORPUS = [

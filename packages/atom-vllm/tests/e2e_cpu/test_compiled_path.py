@@ -2,31 +2,52 @@
 
 vLLM's CPU platform compiles a model in "trace once" mode: Dynamo traces the decorated model's forward a
 single time with a dynamic token count and drops the guards; its default backend there is Inductor
-(VLLM_CPU_CI_ENV=1 swaps in the eager backend, the trace being the same). Each test asks the worker's log
-for the traced graph (TORCH_LOGS=graph_code) and checks that the kernel entry points and ATOM's attention
+(VLLM_CPU_CI_ENV=1 swaps in the eager backend, the trace being the same). Each test reads torch's log
+of the traced graph's code and checks that the kernel entry points and ATOM's attention
 layers are in it as opaque ops (atom_kernels::*, atom_vllm::*) beside vLLM's own attention op; then the
 compiled model must give transformers' greedy tokens.
 """
 
+import logging
+
 import pytest
-from vllm_support import PROMPTS, STEPS, greedy_by_recompute, run_vllm, save_hybrid_checkpoint
+from vllm_support import (
+    PROMPTS,
+    STEPS,
+    greedy_by_recompute,
+    recorded_lines,
+    run_vllm,
+    save_hybrid_checkpoint,
+)
 
 from atom_vllm.diagnostics import describe
 
 
 @pytest.fixture(autouse=True)
-def _traced_fresh_with_the_graph_logged(monkeypatch):
+def _traced_fresh(monkeypatch):
     monkeypatch.setenv("VLLM_ALLOW_INSECURE_SERIALIZATION", "1")  # apply_model pickles describe()
     monkeypatch.setenv("VLLM_DISABLE_COMPILE_CACHE", "1")  # trace here, not a graph from an earlier run
-    monkeypatch.setenv("TORCH_LOGS", "graph_code")  # the worker prints the traced graph's code
 
 
-def _graph_ops(text: str, namespaces=("atom_kernels", "atom_vllm", "vllm")) -> set[str]:
-    """The custom ops the traced graph calls ("torch.ops.<ns>.<op>.default" in the graph code)."""
+@pytest.fixture
+def graph_code():
+    """The code of the graphs Dynamo traces during the test (torch's "graph_code" log, read from its
+    logger: the engine runs in this process, which imported torch before TORCH_LOGS could be set)."""
+    import torch._logging
+
+    logger = torch._logging.getArtifactLogger("torch._dynamo.output_graph", "graph_code")
+    torch._logging.set_logs(graph_code=True)
+    try:
+        with recorded_lines(logger, logging.DEBUG) as traced:
+            yield traced
+    finally:
+        torch._logging.set_logs()
+
+
+def _graph_ops(traced: list[str], namespaces=("atom_kernels", "atom_vllm", "vllm")) -> set[str]:
+    """The custom ops the traced graphs call ("torch.ops.<ns>.<op>.default" in their code)."""
     found = set()
-    for line in text.splitlines():
-        if "[__graph_code]" not in line:
-            continue
+    for line in "\n".join(traced).splitlines():
         for ns in namespaces:
             marker = f"torch.ops.{ns}."
             start = line.find(marker)
@@ -37,7 +58,7 @@ def _graph_ops(text: str, namespaces=("atom_kernels", "atom_vllm", "vllm")) -> s
     return found
 
 
-def test_qwen3_5_hybrid_under_vllms_default_compilation_equals_transformers(tmp_path, capfd):
+def test_qwen3_5_hybrid_under_vllms_default_compilation_equals_transformers(tmp_path, graph_code):
     """Qwen3.5's multimodal layout (M-RoPE positions [3, T], gated full attention, GDN layers) under
     vLLM's CPU default (Inductor); a ragged batch with the 40-token prompt prefilled in chunks."""
     ckpt, model = save_hybrid_checkpoint("qwen3.5-conditional-generation", tmp_path / "ckpt")
@@ -54,8 +75,7 @@ def test_qwen3_5_hybrid_under_vllms_default_compilation_equals_transformers(tmp_
     assert mode == {"mode": "DYNAMO_TRACE_ONCE", "backend": "inductor"}
     assert what["model_class"] == "atom_vllm.hybrid.AtomHybridForCausalLM"
     assert runs[0] == expected
-    logs = capfd.readouterr()
-    ops = _graph_ops(logs.out + logs.err)
+    ops = _graph_ops(graph_code)
     assert {
         "atom_kernels::linear",
         "atom_kernels::rms_norm_residual",
@@ -66,7 +86,9 @@ def test_qwen3_5_hybrid_under_vllms_default_compilation_equals_transformers(tmp_
     } <= ops
 
 
-def test_deepseek_v3_compiled_target_with_atoms_mtp_draft_equals_plain_greedy(tmp_path, capfd, monkeypatch):
+def test_deepseek_v3_compiled_target_with_atoms_mtp_draft_equals_plain_greedy(
+    tmp_path, graph_code, monkeypatch
+):
     """DeepSeek-V3 (ATOM's MLA layer, grouped routing, fused experts) compiled as the target of an MTP
     speculation (the draft stays eager: vLLM compiles only the decorated target class). Traced by Dynamo
     with the eager backend (VLLM_CPU_CI_ENV=1) to keep CI's time: Inductor's CPU code generation for this
@@ -83,8 +105,7 @@ def test_deepseek_v3_compiled_target_with_atoms_mtp_draft_equals_plain_greedy(tm
     assert 0 < accepted < drafted
     (what,) = llm.apply_model(describe)
     assert what["attention"] == ["VllmMLALayer:ATOM_MLA"]
-    logs = capfd.readouterr()
-    ops = _graph_ops(logs.out + logs.err)
+    ops = _graph_ops(graph_code)
     assert {
         "atom_kernels::linear",
         "atom_kernels::rms_norm_residual",

@@ -8,7 +8,7 @@ language modules its globals see were already patched during the current launch;
 sees others (triton.language.standard sees tl.core) still patches them, once per launch. The interpreted
 code and the builtins it calls are the same.
 
-Installed only where the interpreter has the structure this was written against (Triton 3.6-3.9:
+Installed only where the interpreter has the structure this was written against (checked on Triton 3.8, 3.9:
 `GridExecutor.__call__` runs a launch, `InterpretedFunction.__call__` a helper call, `_patch_lang(fn)`
 patches); anywhere else `install()` changes nothing and says so.
 """

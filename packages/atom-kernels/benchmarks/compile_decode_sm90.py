@@ -60,6 +60,7 @@ def compile_decode(layout: int, kv: str, scale_kind: int, v_words: bool, stages:
         BLOCK_M=16,
         BLOCK_N=64,
         BLOCK_D=128,
+        PDL=False,
     )
     ptrs = dict(
         q_ptr="*bf16",

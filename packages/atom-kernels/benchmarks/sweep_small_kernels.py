@@ -64,7 +64,7 @@ def grouped_topk_call(logits, bias, w, ids, warps):
 def rms_norm_call(x, r, g, o, ro, warps):
     _rms_norm_kernel[(x.shape[0],)](
         x, r, g, o, ro, x.shape[1], 1e-6, 0.0, x.stride(0), r.stride(0), o.stride(0), ro.stride(0),
-        HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=warps,
+        HAS_RESIDUAL=True, BLOCK=triton.next_power_of_2(x.shape[1]), PDL=False, num_warps=warps,
     )  # fmt: skip
 
 
@@ -72,7 +72,7 @@ def combine_splits_call(part_o, part_lse, out, splits, warps):
     combine_splits_kernel[(out.shape[0], out.shape[1])](
         part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), out.shape[1], NUM_SPLITS=splits,
         HAS_SINKS=False, HEAD_DIM=out.shape[2], BLOCK_S=triton.next_power_of_2(splits),
-        BLOCK_D=triton.next_power_of_2(out.shape[2]), num_warps=warps,
+        BLOCK_D=triton.next_power_of_2(out.shape[2]), PDL=False, num_warps=warps,
     )  # fmt: skip
 
 

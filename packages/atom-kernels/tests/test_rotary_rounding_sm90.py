@@ -42,8 +42,8 @@ def bf16_fmas(kernel, consts, options):
 
 rope = dict(NEOX=True, HALF=64, BLOCK_QH=16, BLOCK_KH=4, BLOCK_HALF=64, BLOCK_T=1)
 mrope = dict(rope, SECTION_T=22, SECTION_H=21, SECTION_W=21, INTERLEAVED=True)
-prologue = dict(D=256, HALF=32, MROPE=True, NORM=True, BLOCK_QH=16, BLOCK_KH=2)
-llama_prologue = dict(D=128, HALF=64, MROPE=False, NORM=False, BLOCK_QH=32, BLOCK_KH=8)
+prologue = dict(D=256, HALF=32, MROPE=True, NORM=True, BLOCK_QH=16, BLOCK_KH=2, PDL=True)
+llama_prologue = dict(D=128, HALF=64, MROPE=False, NORM=False, BLOCK_QH=32, BLOCK_KH=8, PDL=True)
 print(json.dumps({
     "rope_contracted": bf16_fmas(_rotary_kernel, rope, {}),
     "rope": bf16_fmas(_rotary_kernel, rope, ROUNDED_AS_TRANSFORMERS),

@@ -20,6 +20,7 @@ class Backend(enum.StrEnum):
 class Settings:
     default_backend: Backend | None
     triton_interpret: bool
+    pdl: bool = True  # programmatic dependent launch where the GPU has it (pdl.py); ATOM_KERNELS_PDL=0: off
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -30,7 +31,19 @@ class Settings:
         return cls(
             default_backend=None if raw == "auto" else Backend(raw),
             triton_interpret=os.environ.get("TRITON_INTERPRET", "0") == "1",
+            pdl=_flag("ATOM_KERNELS_PDL", default=True),
         )
+
+
+def _flag(name: str, *, default: bool) -> bool:
+    raw = os.environ.get(name, "").strip().lower()
+    if raw in ("", "auto"):
+        return default
+    if raw in ("1", "on", "true"):
+        return True
+    if raw in ("0", "off", "false"):
+        return False
+    raise ValueError(f"{name}={raw!r} is not one of: auto, 1, on, true, 0, off, false")
 
 
 SETTINGS = Settings.from_env()

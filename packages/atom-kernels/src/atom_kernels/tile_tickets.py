@@ -24,7 +24,8 @@ def tile_counters(device: torch.device, tiles: int) -> torch.Tensor:
     """Zeroed int32 counters [MAX_TICKET_TILES] for ticket launches on the current stream of `device`.
 
     One set per stream: launches on one stream run one after another, so they can share counters (each
-    launch leaves them at zero); launches on two streams may overlap and must not."""
+    launch leaves them at zero; a launch with PDL touches them only after its wait, pdl.py); launches on
+    two streams may overlap and must not."""
     if tiles > MAX_TICKET_TILES:
         raise ValueError(f"a ticket launch takes at most {MAX_TICKET_TILES} output tiles, got {tiles}")
     stream = torch.cuda.current_stream(device).stream_id if device.type == "cuda" else 0

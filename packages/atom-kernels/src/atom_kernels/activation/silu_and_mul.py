@@ -7,11 +7,14 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation.ref import silu_and_mul_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
-def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, BLOCK: tl.constexpr):
+def _silu_and_mul_kernel(x_ptr, out_ptr, inter, stride_x, stride_out, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)  # int64: row * stride can pass 2^31 elements
     cols = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     mask = cols < inter
@@ -44,5 +47,8 @@ def silu_and_mul(
         return out
     block = min(1024, triton.next_power_of_2(inter))
     grid = (tokens, triton.cdiv(inter, block))
-    _silu_and_mul_kernel[grid](x, out, inter, x.stride(0), out.stride(0), BLOCK=block)
+    pdl = pdl_launch(x.device)
+    _silu_and_mul_kernel[grid](
+        x, out, inter, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl
+    )
     return out

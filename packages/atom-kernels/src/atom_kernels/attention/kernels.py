@@ -11,6 +11,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.cache.offsets import kv_offsets
+from atom_kernels.pdl import let_next_launch, wait_for_inputs
 
 LOG2E = tl.constexpr(1.4426950408889634)
 
@@ -293,7 +294,10 @@ def paged_attention_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     pid = tl.program_id(0)
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -301,10 +305,10 @@ def paged_attention_kernel(
     split = pid % NUM_SPLITS
     q_start = tl.load(cu_q_ptr + seq)
     q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    kv_len = tl.load(seq_lens_ptr + seq)  # with the two above: one round trip, not two after the branch
     tok0 = tile * TOKENS
     if tok0 >= q_len:
         return
-    kv_len = tl.load(seq_lens_ptr + seq)
 
     head, row_ok, q_pos, t_idx = _tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
     d = tl.arange(0, BLOCK_D)
@@ -440,8 +444,11 @@ def combine_splits_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_S: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """out[t, h] = sum_s exp(lse_s) o_s / (sum_s exp(lse_s) + exp(sink_h)), over the splits of (t, h)."""
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -456,9 +463,11 @@ def combine_splits_kernel(
     denom = tl.sum(w, 0)
     if HAS_SINKS:
         denom += tl.exp2(sink - m)
-    # empty splits (lse -inf) wrote no o: it is neither read nor weighed
-    mask = (s[:, None] < NUM_SPLITS) & (lse[:, None] > float("-inf")) & (d[None, :] < HEAD_DIM)
+    # Empty splits (lse -inf) wrote no o: what their rows hold is selected away, not weighed (it may be
+    # NaN). o's load does not wait for lse's, so the two take one round trip.
+    mask = (s[:, None] < NUM_SPLITS) & (d[None, :] < HEAD_DIM)
     o = tl.load(part_o_ptr + (base + s)[:, None] * HEAD_DIM + d[None, :], mask=mask, other=0.0)
+    o = tl.where(lse[:, None] > float("-inf"), o, 0.0)
     out = tl.sum(w[:, None] * o, 0) / denom
     tl.store(out_ptr + t * stride_ot + h * stride_oh + d, out.to(out_ptr.dtype.element_ty), mask=d < HEAD_DIM)
 

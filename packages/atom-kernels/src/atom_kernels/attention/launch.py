@@ -13,6 +13,7 @@ from atom_kernels.attention.kernels import combine_splits_kernel, paged_attentio
 from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
 from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, layout_code, shuffle_width
+from atom_kernels.pdl import pdl_launch
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -178,6 +179,7 @@ def run_paged_attention(
         )
         part_lse = torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     grid = (tiles * num_splits, batch, num_kv_heads)
+    pdl = pdl_launch(q.device)
     common = (
         q,
         k_cache,
@@ -248,8 +250,10 @@ def run_paged_attention(
             BLOCK_M=block_m,
             BLOCK_D=triton.next_power_of_2(head_dim),
             **features,
+            PDL=pdl,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
+            launch_pdl=pdl,
         )
     if num_splits > 1:
         combine_splits_kernel[(tokens, num_q_heads)](
@@ -265,6 +269,8 @@ def run_paged_attention(
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim),
+            PDL=pdl,
+            launch_pdl=pdl,
             # one warp up to 16 splits, two beyond (sweep_small_kernels.py, H200, 32 heads of 128: 1.62
             # against 1.81 us at 16 splits with four warps, 2.43 against 3.10 at 64)
             num_warps=1 if num_splits <= 16 else 2,

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from atom_kernels.activation import silu_and_mul
 from atom_kernels.linear.split_k import split_total
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 from atom_kernels.tile_tickets import tile_counters
 
@@ -57,14 +58,25 @@ def _gemv_kernel(
     EVEN_K: tl.constexpr,
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # The last block re-reads row N-1 instead of masking, so every weight load stays a full 16-byte vector.
     rows = tl.minimum(rn, N - 1)
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
-    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)  # partial sums per lane; one reduction at the end
-    for k in range(0, K, BLOCK_K):
+    # The first two weight tiles are constants: loaded before PDL's wait, while the previous kernel finishes
+    # (Llama-3-8B's B=1 decode replay 4.15 ms with two, 4.19 with one, 4.35-4.38 without PDL; NOTES.md).
+    w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=rk[None, :] < K, other=0.0)
+    w1 = tl.load(w_ptrs + BLOCK_K, mask=(BLOCK_K + rk)[None, :] < K, other=0.0)
+    wait_for_inputs(PDL)
+    x = _load_x(x_ptr + rk, K, rk < K, GATED, not EVEN_K)
+    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]  # partial sums per lane; one reduction at the end
+    x1 = _load_x(x_ptr + BLOCK_K + rk, K, BLOCK_K + rk < K, GATED, True)
+    acc += w1.to(tl.float32) * x1.to(tl.float32)[None, :]
+    w_ptrs += 2 * BLOCK_K
+    for k in range(2 * BLOCK_K, K, BLOCK_K):
         kk = k + rk
         w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
         x = _load_x(x_ptr + kk, K, kk < K, GATED, not EVEN_K)
@@ -98,7 +110,9 @@ def _skinny_kernel(
     SPLIT: tl.constexpr,  # splits > 1: the partials meet in split_total
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     tile, split = tl.program_id(0), tl.program_id(1)
     rn = tile * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1)
@@ -108,6 +122,9 @@ def _skinny_kernel(
     rk = k_lo + tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
     x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
+    # No weight prefetch before the wait here: a tile loaded ahead of the loop costs its software pipeline
+    # one more stage of shared memory, past the H200's limit at 128-row tiles and four stages.
+    wait_for_inputs(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
     for k in range(k_lo, k_hi, BLOCK_K):
         kk = k + tl.arange(0, BLOCK_K)
@@ -260,6 +277,7 @@ def run_skinny(
     b = bias if bias is not None else weight  # never read without HAS_BIAS
     tiles_n = triton.cdiv(n, tiles.block_n)
     even_k = k % tiles.block_k == 0
+    pdl = pdl_launch(x.device)
     if rows == 1:
         _gemv_kernel[(tiles_n,)](
             x,
@@ -274,8 +292,10 @@ def run_skinny(
             EVEN_K=even_k,
             GATED=gated_input,
             HAS_BIAS=bias is not None,
+            PDL=pdl,
             num_warps=tiles.warps,
             num_stages=tiles.stages,
+            launch_pdl=pdl,
         )
         return
     if rows > MAX_SKINNY_ROWS:
@@ -311,6 +331,8 @@ def run_skinny(
         SPLIT=splits > 1,
         EVEN_K=even_k,
         HAS_BIAS=bias is not None,
+        PDL=pdl,
         num_warps=tiles.warps,
         num_stages=tiles.stages,
+        launch_pdl=pdl,
     )

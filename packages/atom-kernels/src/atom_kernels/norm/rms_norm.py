@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.norm.ref import rms_norm_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -26,10 +27,14 @@ def _rms_norm_kernel(
     stride_res_out,
     HAS_RESIDUAL: tl.constexpr,
     BLOCK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK)
     mask = cols < hidden
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a constant: before the wait
+    wait_for_inputs(PDL)
     s = tl.load(x_ptr + row * stride_x + cols, mask=mask, other=0.0)
     if HAS_RESIDUAL:
         r = tl.load(res_ptr + row * stride_res + cols, mask=mask, other=0.0)
@@ -38,7 +43,6 @@ def _rms_norm_kernel(
     sf = s.to(tl.float32)
     inv = 1.0 / tl.sqrt(tl.sum(sf * sf, axis=0) / hidden + eps)
     normed = (sf * inv).to(x_ptr.dtype.element_ty).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if weight_offset != 0.0:
         w = (w + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * stride_out + cols, (w * normed).to(out_ptr.dtype.element_ty), mask=mask)
@@ -96,6 +100,8 @@ def rms_norm(
             new_residual.stride(0),
             HAS_RESIDUAL=residual is not None,
             BLOCK=triton.next_power_of_2(hidden),
+            PDL=pdl_launch(x.device),
             num_warps=min(16, max(1, triton.next_power_of_2(hidden) // 256)),
+            launch_pdl=pdl_launch(x.device),
         )
     return out if residual is None else (out, new_residual)

@@ -20,6 +20,7 @@ import triton.language as tl
 from atom_kernels.cache.layout import KVLayout, cache_geometry
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.norm.ref import rms_norm_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref, mrope_axes
 from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS
 from atom_kernels.settings import Backend, resolve_backend
@@ -102,8 +103,11 @@ def _qk_norm_rope_write_kernel(
     NORM: tl.constexpr,
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Program (token, 0): all its q heads; (token, 1): its k heads and v rows, into the cache."""
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     d = tl.arange(0, D)
     rotated = d < 2 * HALF
@@ -288,7 +292,9 @@ def qk_norm_rope_write(
         NORM=norm,
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
+        PDL=pdl_launch(q.device),
         num_warps=max(1, min(8, block_qh * dim // 1024)),
+        launch_pdl=pdl_launch(q.device),
         # Without the norms LLVM would fuse a rounded product into the rotation's sum (the norms' select
         # keeps it from doing so): launched as the plain rotary kernels are (test_rotary_rounding_sm90.py).
         **({} if norm else ROUNDED_AS_TRANSFORMERS),

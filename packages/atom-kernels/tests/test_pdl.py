@@ -1,0 +1,134 @@
+"""Programmatic dependent launch (atom_kernels.pdl): when it is on, and that a decode step's kernels give the
+same bits with it as without it, eagerly and replayed from a CUDA graph (GPU only: PDL is an sm_90 launch
+attribute; on the CPU the interpreter runs the kernels with it off)."""
+
+import pytest
+import torch
+
+import atom_kernels.pdl as pdl
+from atom_kernels.attention import paged_decode
+from atom_kernels.cache import KVLayout, kv_cache_shapes
+from atom_kernels.linear import linear
+from atom_kernels.norm import rms_norm
+from atom_kernels.rotary.fused_qk import qk_norm_rope_write
+from atom_kernels.settings import Settings
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _settings(*, interpret: bool, on: bool) -> Settings:
+    return Settings(default_backend=None, triton_interpret=interpret, pdl=on)
+
+
+def test_pdl_is_off_on_the_cpu():
+    assert pdl.pdl_launch(torch.device("cpu")) is False
+
+
+def test_pdl_needs_a_capable_gpu_no_interpreter_and_the_setting(monkeypatch):
+    cuda = torch.device("cuda", 0)
+    monkeypatch.setattr(pdl, "_device_has_pdl", lambda index: True)
+    monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=False, on=True))
+    assert pdl.pdl_launch(cuda) is True
+    monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=True, on=True))
+    assert pdl.pdl_launch(cuda) is False
+    monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=False, on=False))
+    assert pdl.pdl_launch(cuda) is False
+    monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=False, on=True))
+    monkeypatch.setattr(pdl, "_device_has_pdl", lambda index: False)  # pre-Hopper, or ROCm
+    assert pdl.pdl_launch(cuda) is False
+
+
+def test_pdl_setting_is_read_from_the_environment(monkeypatch):
+    for raw, want in (("0", False), ("off", False), ("1", True), ("auto", True), ("", True)):
+        monkeypatch.setenv("ATOM_KERNELS_PDL", raw)
+        assert Settings.from_env().pdl is want
+    monkeypatch.setenv("ATOM_KERNELS_PDL", "maybe")
+    with pytest.raises(ValueError, match="ATOM_KERNELS_PDL='maybe' is not one of: auto, 1"):
+        Settings.from_env()
+
+
+# Sizes that take every path: a masked and an unmasked GEMV over several K steps, split-K with tickets at
+# eight rows (down), four KV splits and their combine.
+HIDDEN, INTER, HQ, HKV, D, PAGE, LAYERS = 1536, 2816, 8, 2, 64, 16, 3
+
+
+def _model(rows: int, context: int):
+    """A few decode layers' weights, a paged cache holding `context` tokens per row, and the step's inputs."""
+    g = torch.Generator(device=DEVICE).manual_seed(0)
+
+    def rand(*shape, scale=1.0):
+        return (torch.randn(*shape, generator=g, device=DEVICE) * scale).to(torch.bfloat16)
+
+    layers = [
+        dict(
+            norm1=rand(HIDDEN, scale=0.1) + 1,
+            qkv=rand((HQ + 2 * HKV) * D, HIDDEN, scale=HIDDEN**-0.5),
+            o=rand(HIDDEN, HQ * D, scale=(HQ * D) ** -0.5),
+            norm2=rand(HIDDEN, scale=0.1) + 1,
+            gate_up=rand(2 * INTER, HIDDEN, scale=HIDDEN**-0.5),
+            down=rand(HIDDEN, INTER, scale=INTER**-0.5),
+        )
+        for _ in range(LAYERS)
+    ]
+    pages = -(-(context + 1) // PAGE)
+    k_shape, v_shape = kv_cache_shapes(KVLayout.FLASH, rows * pages, PAGE, HKV, D, torch.bfloat16)
+    caches = [(rand(*k_shape), rand(*v_shape)) for _ in range(LAYERS)]
+    tables = torch.randperm(rows * pages, device=DEVICE, generator=g).to(torch.int32).view(rows, pages)
+    positions = torch.full((rows,), context, device=DEVICE, dtype=torch.int64)
+    slots = (tables[:, context // PAGE].to(torch.int64) * PAGE + context % PAGE).contiguous()
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device=DEVICE, dtype=torch.float32) / D))
+    return layers, caches, tables, positions, slots, inv_freq
+
+
+def _step(x, model, context: int):
+    """Llama-shaped decode layers over x [rows, HIDDEN]: every kernel that launches with PDL, in a row."""
+    layers, caches, tables, positions, slots, inv_freq = model
+    rows = x.shape[0]
+    seq_lens = torch.full((rows,), context + 1, device=DEVICE, dtype=torch.int32)
+    residual = x
+    h = rms_norm(x, layers[0]["norm1"], 1e-6)
+    for i, (w, (k_cache, v_cache)) in enumerate(zip(layers, caches, strict=True)):
+        if i:
+            h, residual = rms_norm(x, w["norm1"], 1e-6, residual)
+        qkv = linear(h, w["qkv"]).view(rows, HQ + 2 * HKV, D)
+        q, k, v = qkv[:, :HQ], qkv[:, HQ : HQ + HKV], qkv[:, HQ + HKV :]
+        q = qk_norm_rope_write(
+            q, k, v, None, None, positions, inv_freq, k_cache, v_cache, slots, eps=1e-6, rotary_dim=D
+        )
+        a = paged_decode(q, k_cache, v_cache, seq_lens=seq_lens, block_tables=tables, max_seq_len=context + 1)
+        h, residual = rms_norm(linear(a.view(rows, HQ * D), w["o"]), w["norm2"], 1e-6, residual)
+        # one row: the GEMV applies silu(gate) * up as it loads; more: silu_and_mul, then the MMA kernel
+        x = linear(linear(h, w["gate_up"]), w["down"], gated_input=True)
+    return x + residual
+
+
+@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch is a GPU launch attribute")
+@pytest.mark.parametrize("rows", [1, 8])
+def test_a_decode_step_gives_the_same_bits_with_pdl_eagerly_and_from_a_graph(monkeypatch, rows):
+    if not pdl._device_has_pdl(torch.cuda.current_device()):
+        pytest.skip("this GPU has no programmatic dependent launch (sm_90+)")
+    context = 300
+    inputs = [torch.randn(rows, HIDDEN, device=DEVICE).to(torch.bfloat16) for _ in range(3)]
+    results = {}
+    for on in (False, True):
+        monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=False, on=on))
+        model = _model(rows, context)  # fresh caches: each step writes its token's K and V
+        eager = [_step(x, model, context).clone() for x in inputs]
+        static = inputs[0].clone()
+        _step(static, model, context)  # compiled and allocated outside the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = _step(static, model, context)
+        replayed = []
+        for x in inputs:
+            static.copy_(x)
+            graph.replay()
+            replayed.append(out.clone())
+        torch.cuda.synchronize()
+        results[on] = (eager, replayed)
+    want = results[False][0]
+    assert all(torch.isfinite(w).all() for w in want)
+    assert len({float(w.float().sum()) for w in want}) == len(want)  # the inputs reach the output
+    for got in (results[True][0], results[True][1], results[False][1]):
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b)

@@ -84,8 +84,11 @@ def short_walk_plan(
 def decode_tiles(
     cache_dtype: torch.dtype, layout: KVLayout, kernel: AttentionKernel = AttentionKernel.TILE
 ) -> TileConfig:
-    """GPU decode tiles for `kernel` (from benchmarks/sweep_tiles.py at B=64 L=8k page 16). Flash: fp8 rows
-    are half as long, so five stages keep as many bytes in flight as three do for 16-bit caches. Shuffle:
+    """GPU decode tiles for `kernel` (from benchmarks/sweep_tiles.py at B=64 L=8k page 16). Flash: Triton
+    shares num_stages among the levels of an indirect load (block table, then K and V), so three stages give
+    K and V one buffer and five give two; 16-bit caches at three were as fast as at five or seven wherever
+    many programs share an SM (benchmarks/sweep_decode_long.py, results/sweep_decode_long_stages_h200.log),
+    fp8 rows (half as long) take five. Shuffle:
     one warp per program and two stages; more warps per program were slower. The e4m3 kernel (one warp by
     construction): 16-position tiles, three stages, the sweep's best."""
     if AttentionKernel(kernel) is AttentionKernel.E4M3_GLUON:

@@ -6,7 +6,7 @@ Llama-3-8B's 128 one-row projections of a decode step (qkv, o, gate_up, down for
 scaled to keep values finite), each reading the previous one's output, alone and with an RMSNorm before
 qkv and gate_up, in one CUDA graph. A stand-alone copy of the GEMV, in three modes: 0 plain launches;
 1 PDL, each kernel waiting at its start; 2 PDL with the GEMV's first weight tile (and the norm's weight)
-loaded before the wait. Outputs of 1 and 2 must equal 0's bit for bit; the table gives graph-replay time
+loaded before the wait. Outputs of 1 and 2 must equal 0's bit for bit (else it exits); the table gives graph-replay time
 per step and the weights' read rate.
 """
 
@@ -110,6 +110,8 @@ def main() -> None:
             ms = graph_ms([lambda m=mode, n=norms: step(m, n)], min_replay_ms=20, replays=10)
             base = ms if mode == 0 else base
             same = bool(torch.equal(got, want) and got.isfinite().all())
+            if not same:
+                raise SystemExit(f"mode {mode} (norms={norms}) does not give mode 0's bits")
             print(
                 f"{norms!s:>5} {mode:>4} {ms * 1e3:9.1f} {weight_bytes / ms / 1e9:13.2f} {base / ms:9.3f} {same!s:>14}"
             )

@@ -1,11 +1,16 @@
-"""Programmatic dependent launch (atom_kernels.pdl): when it is on, and that a decode step's kernels give the
-same bits with it as without it, eagerly and replayed from a CUDA graph (GPU only: PDL is an sm_90 launch
-attribute; on the CPU the interpreter runs the kernels with it off)."""
+"""Programmatic dependent launch (atom_kernels.pdl): when it is on; that each op launched with it waits for
+an input the kernel before it writes late; and that a decode step's kernels give the same bits with it as
+without it, eagerly and replayed from a CUDA graph (GPU only: PDL is an sm_90 launch attribute; on the CPU
+the interpreter runs the kernels with it off)."""
 
 import pytest
 import torch
+import triton
+import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents
 
 import atom_kernels.pdl as pdl
+from atom_kernels.activation import silu_and_mul
 from atom_kernels.attention import paged_decode
 from atom_kernels.cache import KVLayout, kv_cache_shapes
 from atom_kernels.linear import linear
@@ -45,6 +50,112 @@ def test_pdl_setting_is_read_from_the_environment(monkeypatch):
     monkeypatch.setenv("ATOM_KERNELS_PDL", "maybe")
     with pytest.raises(ValueError, match="ATOM_KERNELS_PDL='maybe' is not one of: auto, 1"):
         Settings.from_env()
+
+
+@triton.jit
+def _late_copy_kernel(src_ptr, dst_ptr, n, spins, BLOCK: tl.constexpr):
+    """Lets the next kernel launch at once, spins (~5 ms), then copies src to dst: a late producer."""
+    gdc_launch_dependents()
+    t = tl.zeros([BLOCK], tl.float32)
+    for _ in range(spins):
+        t = t * 0.5 + 1.0
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        x = tl.load(src_ptr + offs, mask=offs < n)
+        tl.store(dst_ptr + offs, tl.where(t > 0.0, x, x - x), mask=offs < n)  # the store waits for the spin
+
+
+@triton.jit
+def _no_wait_copy_kernel(src_ptr, dst_ptr, n, BLOCK: tl.constexpr):
+    """A consumer that never waits: what it reads shows whether PDL let it start before the producer ended."""
+    for start in range(0, n, BLOCK):
+        offs = start + tl.arange(0, BLOCK)
+        tl.store(dst_ptr + offs, tl.load(src_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
+    """dst <- src, ~5 ms after the launch, by a kernel that lets the next launch start immediately."""
+    _late_copy_kernel[(1,)](src.view(-1), dst.view(-1), src.numel(), 2_500_000, BLOCK=1024)
+
+
+ON_HOPPER = DEVICE == "cuda" and pdl._device_has_pdl(torch.cuda.current_device())
+needs_pdl_gpu = pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+
+
+@needs_pdl_gpu
+def test_a_consumer_without_the_wait_reads_before_a_late_producer_writes():
+    """The harness below works: PDL does start the next kernel early, so a missing wait reads stale input."""
+    src = torch.ones(4096, device=DEVICE)
+    stale, seen = torch.zeros_like(src), torch.empty_like(src)
+    _no_wait_copy_kernel[(1,)](stale, seen, src.numel(), BLOCK=1024, launch_pdl=True)  # compiled first
+    torch.cuda.synchronize()
+    _write_late(src, stale)
+    _no_wait_copy_kernel[(1,)](stale, seen, src.numel(), BLOCK=1024, launch_pdl=True)
+    torch.cuda.synchronize()
+    assert torch.equal(stale, src)  # written, in the end
+    assert not torch.equal(seen, src)  # but after the consumer had read it
+
+
+def _late_input_cases():
+    """(name, inputs, op) for each op that launches with PDL; inputs[0] is the one written late."""
+    g = torch.Generator(device="cuda").manual_seed(3)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=g, device="cuda").to(torch.bfloat16)
+
+    k_shape, v_shape = kv_cache_shapes(KVLayout.FLASH, 8, PAGE, HKV, D, torch.bfloat16)
+    tables = torch.arange(8, device="cuda", dtype=torch.int32).view(1, 8)
+    lens = torch.tensor([100], device="cuda", dtype=torch.int32)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, D, 2, device="cuda", dtype=torch.float32) / D))
+    positions = torch.tensor([7, 9], device="cuda")
+    slots = torch.tensor([3, 40], device="cuda")
+    w_hidden, w_big = rand(HIDDEN), rand(2 * INTER, HIDDEN) * HIDDEN**-0.5
+    return [
+        ("rms_norm", (rand(2, HIDDEN),), lambda x: rms_norm(x, w_hidden, 1e-6)),
+        ("linear, one row", (rand(1, HIDDEN),), lambda x: linear(x, w_big)),
+        ("linear, eight rows", (rand(8, HIDDEN),), lambda x: linear(x, w_big)),
+        (
+            "linear, one gated row",
+            (rand(1, 2 * HIDDEN),),
+            lambda x: linear(x, w_big[:HIDDEN], gated_input=True),
+        ),
+        ("silu_and_mul", (rand(4, 2 * INTER),), lambda x: silu_and_mul(x)),
+        (
+            "qk_norm_rope_write",
+            (rand(2, HQ, D), rand(2, HKV, D), rand(2, HKV, D), rand(*k_shape), rand(*v_shape)),
+            lambda q, k, v, kc, vc: (
+                qk_norm_rope_write(
+                    q, k, v, None, None, positions, inv_freq, kc, vc, slots, eps=1e-6, rotary_dim=D
+                ),
+                kc,
+                vc,
+            ),
+        ),
+        (
+            "paged_decode (four splits and their combine)",
+            (rand(*k_shape), rand(1, HQ, D), rand(*v_shape)),
+            lambda kc, q, vc: paged_decode(
+                q, kc, vc, seq_lens=lens, block_tables=tables, num_splits=4, max_seq_len=128
+            ),
+        ),
+    ]
+
+
+@needs_pdl_gpu
+def test_each_op_waits_for_an_input_written_late_by_the_kernel_before_it(monkeypatch):
+    monkeypatch.setattr(pdl, "SETTINGS", _settings(interpret=False, on=True))
+    for name, inputs, op in _late_input_cases():
+        want = op(*[t.clone() for t in inputs])
+        first, rest = inputs[0], [t.clone() for t in inputs[1:]]
+        late = torch.zeros_like(first)
+        op(late.clone(), *[t.clone() for t in rest])  # compiled before the timed pair
+        torch.cuda.synchronize()
+        _write_late(first, late)
+        got = op(late, *rest)
+        torch.cuda.synchronize()
+        want, got = (want, got) if isinstance(want, tuple) else ((want,), (got,))
+        for a, b in zip(want, got, strict=True):
+            assert torch.equal(a, b), name
 
 
 # Sizes that take every path: a masked and an unmasked GEMV over several K steps, split-K with tickets at
@@ -102,11 +213,9 @@ def _step(x, model, context: int):
     return x + residual
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="programmatic dependent launch is a GPU launch attribute")
+@needs_pdl_gpu
 @pytest.mark.parametrize("rows", [1, 8])
 def test_a_decode_step_gives_the_same_bits_with_pdl_eagerly_and_from_a_graph(monkeypatch, rows):
-    if not pdl._device_has_pdl(torch.cuda.current_device()):
-        pytest.skip("this GPU has no programmatic dependent launch (sm_90+)")
     context = 300
     inputs = [torch.randn(rows, HIDDEN, device=DEVICE).to(torch.bfloat16) for _ in range(3)]
     results = {}

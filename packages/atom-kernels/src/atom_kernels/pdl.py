@@ -5,11 +5,18 @@ before its programs are even placed, then pays its first loads' latency with HBM
 with PDL (`launch_pdl=True`, sm_90+) may start as soon as every program of the kernel before it has run
 `let_next_launch`. Until `wait_for_inputs` returns (the previous kernel has finished and its writes are
 visible) it may only read what no kernel of the step writes: weights and other constants, which the
-weight-streaming GEMVs prefetch there. Everything else (activations, caches, block tables, counters, and
+weight-streaming GEMV prefetches there. Everything else (activations, caches, block tables, counters, and
 every store) comes after the wait, so ordering is that of a plain stream: each kernel's wait covers the
 one before it, whose own wait covered its predecessor. Inside CUDA graphs the launches become programmatic
 edges. On the H200, decode-step replays (atom-core's profile_engine_step.py, ATOM_KERNELS_PDL=0 against the
-default, same machine): Llama-3-8B B=1 4.35 -> 4.15 ms, Qwen3-30B-A3B B=1 3.03 -> 2.90 ms.
+default, same machine): Llama-3-8B B=1 4.38 -> 4.19 ms, Qwen3-30B-A3B B=1 3.03 -> 2.90 ms.
+
+Two rules keep this sound, for any kernel added here:
+- every program runs `wait_for_inputs` before it exits or stores (no early return above it): a plain
+  launch later in the stream counts on each PDL kernel having finished only after its predecessor did;
+- `let_next_launch` comes first, so the next few kernels may be placed while this one still runs: what
+  they read before their wait (the weights given to `linear` and `rms_norm`) must not be written by a
+  kernel still in flight. Weights are written at load time, by plain copies; never inside a step.
 
 Launched with it: linear's GEMV and skinny kernels, rms_norm, silu_and_mul, qk_norm_rope_write, and the
 generic paged-attention kernel with its split combine. The other kernels (MoE, fp8, MLA, GDN, the e4m3

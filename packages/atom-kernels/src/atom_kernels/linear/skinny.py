@@ -66,17 +66,15 @@ def _gemv_kernel(
     rows = tl.minimum(rn, N - 1)
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
-    # The first two weight tiles are constants: loaded before PDL's wait, while the previous kernel finishes
-    # (Llama-3-8B's B=1 decode replay 4.15 ms with two, 4.19 with one, 4.35-4.38 without PDL; NOTES.md).
+    # The first weight tile is a constant: loaded before PDL's wait, while the previous kernel finishes.
+    # (Two tiles measured no different: Llama-3-8B's B=1 replay 0.20 ms faster with PDL against 0.19 with
+    # one, on two machines; benchmarks/NOTES.md.)
     w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=rk[None, :] < K, other=0.0)
-    w1 = tl.load(w_ptrs + BLOCK_K, mask=(BLOCK_K + rk)[None, :] < K, other=0.0)
     wait_for_inputs(PDL)
     x = _load_x(x_ptr + rk, K, rk < K, GATED, not EVEN_K)
     acc = w.to(tl.float32) * x.to(tl.float32)[None, :]  # partial sums per lane; one reduction at the end
-    x1 = _load_x(x_ptr + BLOCK_K + rk, K, BLOCK_K + rk < K, GATED, True)
-    acc += w1.to(tl.float32) * x1.to(tl.float32)[None, :]
-    w_ptrs += 2 * BLOCK_K
-    for k in range(2 * BLOCK_K, K, BLOCK_K):
+    w_ptrs += BLOCK_K
+    for k in range(BLOCK_K, K, BLOCK_K):
         kk = k + rk
         w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
         x = _load_x(x_ptr + kk, K, kk < K, GATED, not EVEN_K)
@@ -174,7 +172,8 @@ def linear(
     x: [..., K], or [..., 2K] with gated_input (the input is then silu(x[..., :K]) * x[..., K:]);
     weight: [N, K] (nn.Linear's layout), same dtype as x; bias: [N] or None. Returns [..., N].
     The kernels run for fp16/bf16 on a GPU (or with backend="triton", under the CPU interpreter);
-    everything else goes to torch.
+    everything else goes to torch. With PDL (pdl.py) the one-row kernel starts reading `weight` before
+    the previous kernel has finished: no kernel still in flight on the stream may write it.
     """
     n = _check(x, weight, bias, gated_input)
     chosen = resolve_backend(backend, x.device)

@@ -62,7 +62,9 @@ def rms_norm(
 
     x, residual: [T, H] (rows may be strided, last dim contiguous), one dtype; weight: [H].
     weight_offset=1.0 is Gemma's (1 + weight). Returns out [T, H], or (out, s) with a residual: s is the
-    sum the next layer's residual continues from (a new tensor; x and residual are not modified).
+    sum the next layer's residual continues from (a new tensor; x and residual are not modified). With
+    PDL (pdl.py) `weight` is read before the previous kernel has finished: no kernel still in flight on
+    the stream may write it.
     """
     if x.dim() != 2 or weight.shape != (x.shape[1],):
         raise ValueError(

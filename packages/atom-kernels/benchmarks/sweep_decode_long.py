@@ -20,22 +20,11 @@ import torch
 import triton
 from ceilings import measure_ceilings
 from graph_timing import graph_ms, rotation
+from sweep_decode_plan import HQ, D, decode_inputs
 
 from atom_kernels.attention import paged_decode
 from atom_kernels.attention.kernels import combine_splits_kernel
 from atom_kernels.attention.launch import TileConfig, run_paged_attention
-
-HQ, D, PAGE = 32, 128, 16
-
-
-def _inputs(batch: int, heads: int, tokens: int):
-    pages = -(-tokens // PAGE)
-    blocks = batch * pages
-    k = torch.randn(blocks, PAGE, heads, D, device="cuda", dtype=torch.bfloat16)
-    tables = torch.randperm(blocks, device="cuda", dtype=torch.int32).view(batch, pages)
-    q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-    lens = torch.full((batch,), tokens, device="cuda", dtype=torch.int32)
-    return q, k, torch.randn_like(k), tables, lens
 
 
 def _run(inputs, out, splits: int, config: TileConfig):
@@ -87,7 +76,7 @@ def main() -> None:
     rows = []
     for (batch, heads, tokens), split_counts in shapes:
         kv_bytes = batch * tokens * heads * D * 2 * 2
-        copies = [_inputs(batch, heads, tokens) for _ in range(min(rotation(kv_bytes), 64))]
+        copies = [decode_inputs(batch, heads, tokens) for _ in range(min(rotation(kv_bytes), 64))]
         outs = [torch.empty_like(c[0]) for c in copies]
         want = _plan(copies[0], outs[0], tokens).clone()
         plan_ms = graph_ms(

@@ -46,7 +46,8 @@ SHAPES = [
 ]
 
 
-def _inputs(batch: int, heads: int, tokens: int):
+def decode_inputs(batch: int, heads: int, tokens: int):
+    """q, K and V caches (pages in random order), block tables, lengths: every sequence `tokens` long."""
     pages = -(-tokens // PAGE)
     blocks = batch * pages
     k = torch.randn(blocks, PAGE, heads, D, device="cuda", dtype=torch.bfloat16)
@@ -75,7 +76,7 @@ def main() -> None:
     rows = []
     for batch, heads, tokens, max_len in SHAPES:
         kv_bytes = batch * tokens * heads * D * 2 * 2
-        copies = [_inputs(batch, heads, tokens) for _ in range(min(rotation(kv_bytes), 64))]
+        copies = [decode_inputs(batch, heads, tokens) for _ in range(min(rotation(kv_bytes), 64))]
         outs = [torch.empty_like(c[0]) for c in copies]
         want = _generic(*copies[0], max_len, outs[0]).clone()
         got = paged_decode(

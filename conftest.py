@@ -26,12 +26,6 @@ ROOT = Path(__file__).resolve().parent
 
 pytest_plugins = ["tools.testing_fixtures"]
 
-# One intra-op thread per process, set before torch is imported here or in any suite this session starts
-# (they inherit the environment): the tests' models are tiny, and this process shares the machine with the
-# background suite. On 2 cores, one thread was faster even alone: atom-core's model-parity and tensor-parallel
-# tests 197 -> 182 s, atom-vllm's compiled-path e2e tests 115 -> 106 s. OMP_NUM_THREADS set outside wins.
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-
 # Triton's CPU interpreter must be chosen before the first @triton.jit runs (any package may import
 # atom_kernels first), so it is set here, before collection imports anything.
 if importlib.util.find_spec("torch") is not None:

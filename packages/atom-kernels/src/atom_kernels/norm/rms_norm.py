@@ -87,6 +87,7 @@ def rms_norm(
         return out, ref[1]
     new_residual = torch.empty_like(out) if residual is not None else out
     if tokens:
+        pdl = pdl_launch(x.device)
         _rms_norm_kernel[(tokens,)](
             x,
             residual if residual is not None else x,
@@ -102,8 +103,8 @@ def rms_norm(
             new_residual.stride(0),
             HAS_RESIDUAL=residual is not None,
             BLOCK=triton.next_power_of_2(hidden),
-            PDL=pdl_launch(x.device),
+            PDL=pdl,
             num_warps=min(16, max(1, triton.next_power_of_2(hidden) // 256)),
-            launch_pdl=pdl_launch(x.device),
+            launch_pdl=pdl,
         )
     return out if residual is None else (out, new_residual)

@@ -255,6 +255,7 @@ def qk_norm_rope_write(
     if mrope_section is not None:
         axes = _device_axes(half, tuple(mrope_section), mrope_interleaved, q.device)
     block_qh, block_kh = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(num_kv_heads)
+    pdl = pdl_launch(q.device)
     _qk_norm_rope_write_kernel[(tokens, 2)](
         q,
         k,
@@ -292,9 +293,9 @@ def qk_norm_rope_write(
         NORM=norm,
         BLOCK_QH=block_qh,
         BLOCK_KH=block_kh,
-        PDL=pdl_launch(q.device),
+        PDL=pdl,
         num_warps=max(1, min(8, block_qh * dim // 1024)),
-        launch_pdl=pdl_launch(q.device),
+        launch_pdl=pdl,
         # Without the norms LLVM would fuse a rounded product into the rotation's sum (the norms' select
         # keeps it from doing so): launched as the plain rotary kernels are (test_rotary_rounding_sm90.py).
         **({} if norm else ROUNDED_AS_TRANSFORMERS),

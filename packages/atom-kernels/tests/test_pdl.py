@@ -14,6 +14,7 @@ from atom_kernels.activation import silu_and_mul
 from atom_kernels.attention import paged_decode
 from atom_kernels.cache import KVLayout, kv_cache_shapes
 from atom_kernels.linear import linear
+from atom_kernels.moe import fused_experts, grouped_topk, topk_softmax
 from atom_kernels.norm import rms_norm
 from atom_kernels.rotary.fused_qk import qk_norm_rope_write
 from atom_kernels.settings import Settings
@@ -110,7 +111,28 @@ def _late_input_cases():
     positions = torch.tensor([7, 9], device="cuda")
     slots = torch.tensor([3, 40], device="cuda")
     w_hidden, w_big = rand(HIDDEN), rand(2 * INTER, HIDDEN) * HIDDEN**-0.5
+    w13, w2 = _experts(g)
+    ids = torch.stack([torch.randperm(EXPERTS, device="cuda", generator=g)[:TOP_K] for _ in range(32)])
+    ids = ids.to(torch.int32)
+    weights = torch.rand(32, TOP_K, device="cuda", generator=g)
+    x32 = rand(32, HIDDEN)
+
+    def experts(tokens, late_ids=False):
+        if late_ids:  # the ordering's first kernel (one program, or the count after a memset) waits
+            return lambda i: fused_experts(x32[:tokens], w13, w2, weights[:tokens], i)
+        return lambda x: fused_experts(x, w13, w2, weights[:tokens], ids[:tokens])
+
     return [
+        ("topk_softmax", (rand(4, EXPERTS),), lambda x: topk_softmax(x, TOP_K, True)),
+        (
+            "grouped_topk",
+            (rand(4, EXPERTS),),
+            lambda x: grouped_topk(x, TOP_K, num_groups=4, topk_groups=2, bias=w_hidden[:EXPERTS].float()),
+        ),
+        ("fused_experts, one token (gate/up, down, combine)", (rand(1, HIDDEN),), experts(1)),
+        ("fused_experts, eight tokens (x late)", (rand(8, HIDDEN),), experts(8)),
+        ("fused_experts, eight tokens (ids late: one-program order)", (ids[:8].clone(),), experts(8, True)),
+        ("fused_experts, 32 tokens (ids late: three-launch order)", (ids.clone(),), experts(32, True)),
         ("rms_norm", (rand(2, HIDDEN),), lambda x: rms_norm(x, w_hidden, 1e-6)),
         ("linear, one row", (rand(1, HIDDEN),), lambda x: linear(x, w_big)),
         ("linear, eight rows", (rand(8, HIDDEN),), lambda x: linear(x, w_big)),
@@ -159,8 +181,17 @@ def test_each_op_waits_for_an_input_written_late_by_the_kernel_before_it(monkeyp
 
 
 # Sizes that take every path: a masked and an unmasked GEMV over several K steps, split-K with tickets at
-# eight rows (down), four KV splits and their combine.
+# eight rows (down), four KV splits and their combine; one token's expert tiles, the one-program and the
+# three-launch expert orderings (32 tokens x 4 = 128 pairs).
 HIDDEN, INTER, HQ, HKV, D, PAGE, LAYERS = 1536, 2816, 8, 2, 64, 16, 3
+EXPERTS, TOP_K, EXPERT_INTER = 16, 4, 384
+
+
+def _experts(g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """w13 [E, 2I, H] and w2 [E, H, I] in bf16, scaled to keep activations near one."""
+    w13 = torch.randn(EXPERTS, 2 * EXPERT_INTER, HIDDEN, generator=g, device=g.device) * HIDDEN**-0.5
+    w2 = torch.randn(EXPERTS, HIDDEN, EXPERT_INTER, generator=g, device=g.device) * EXPERT_INTER**-0.5
+    return w13.to(torch.bfloat16), w2.to(torch.bfloat16)
 
 
 def _model(rows: int, context: int):
@@ -178,6 +209,8 @@ def _model(rows: int, context: int):
             norm2=rand(HIDDEN, scale=0.1) + 1,
             gate_up=rand(2 * INTER, HIDDEN, scale=HIDDEN**-0.5),
             down=rand(HIDDEN, INTER, scale=INTER**-0.5),
+            router=rand(EXPERTS, HIDDEN, scale=HIDDEN**-0.5),
+            experts=_experts(g),
         )
         for _ in range(LAYERS)
     ]
@@ -192,7 +225,8 @@ def _model(rows: int, context: int):
 
 
 def _step(x, model, context: int):
-    """Llama-shaped decode layers over x [rows, HIDDEN]: every kernel that launches with PDL, in a row."""
+    """Decode layers over x [rows, HIDDEN], Llama's with a MoE MLP in the middle one: every kernel that
+    launches with PDL, in a row."""
     layers, caches, tables, positions, slots, inv_freq = model
     rows = x.shape[0]
     seq_lens = torch.full((rows,), context + 1, device=DEVICE, dtype=torch.int32)
@@ -208,13 +242,16 @@ def _step(x, model, context: int):
         )
         a = paged_decode(q, k_cache, v_cache, seq_lens=seq_lens, block_tables=tables, max_seq_len=context + 1)
         h, residual = rms_norm(linear(a.view(rows, HQ * D), w["o"]), w["norm2"], 1e-6, residual)
-        # one row: the GEMV applies silu(gate) * up as it loads; more: silu_and_mul, then the MMA kernel
-        x = linear(linear(h, w["gate_up"]), w["down"], gated_input=True)
+        if i == 1:  # routing, the expert ordering (none for one row), the expert GEMMs and their combine
+            weights, ids = topk_softmax(linear(h, w["router"]), TOP_K, True, round_to=torch.bfloat16)
+            x = fused_experts(h, *w["experts"], weights, ids)
+        else:  # one row: the GEMV applies silu(gate) * up as it loads; more: silu_and_mul, then the MMA kernel
+            x = linear(linear(h, w["gate_up"]), w["down"], gated_input=True)
     return x + residual
 
 
 @needs_pdl_gpu
-@pytest.mark.parametrize("rows", [1, 8])
+@pytest.mark.parametrize("rows", [1, 8, 32])
 def test_a_decode_step_gives_the_same_bits_with_pdl_eagerly_and_from_a_graph(monkeypatch, rows):
     context = 300
     inputs = [torch.randn(rows, HIDDEN, device=DEVICE).to(torch.bfloat16) for _ in range(3)]

@@ -18,9 +18,11 @@ Two rules keep this sound, for any kernel added here:
   they read before their wait (the weights given to `linear` and `rms_norm`) must not be written by a
   kernel still in flight. Weights are written at load time, by plain copies; never inside a step.
 
-Launched with it: linear's GEMV and skinny kernels, rms_norm, silu_and_mul, qk_norm_rope_write, and the
-generic paged-attention kernel with its split combine. The other kernels (MoE, fp8, MLA, GDN, the e4m3
-decode kernel, the all-reduces) launch plainly, and a plain launch waits for everything before it.
+Launched with it: linear's GEMV and skinny kernels, rms_norm, silu_and_mul, qk_norm_rope_write, the
+generic paged-attention kernel with its split combine, and MoE's routing, expert ordering, expert GEMMs
+(not one token's: slower there, expert_gemm.py) and top-k combine (Qwen3-30B-A3B, same machine: B=1
+2.90 -> 2.83 ms, B=64 16.90 -> 16.65). The other kernels (fp8, MLA, GDN, the e4m3 decode kernel, the
+all-reduces) launch plainly, and a plain launch waits for everything before it.
 """
 
 from __future__ import annotations

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
+
 
 @dataclass(frozen=True, slots=True)
 class ExpertOrder:
@@ -69,7 +71,9 @@ def order_capacity(num_pairs: int, num_experts: int, block_m: int) -> int:
 
 
 @triton.jit
-def _count_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, BLOCK: tl.constexpr):
+def _count_kernel(ids_ptr, counts_ptr, rank_ptr, num_pairs, BLOCK: tl.constexpr, PDL: tl.constexpr):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_pairs
     expert = tl.load(ids_ptr + offs, mask=mask, other=0)
@@ -90,7 +94,10 @@ def _tiles_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     e = tl.arange(0, BLOCK_E)
     counts = tl.load(counts_ptr + e, mask=e < experts, other=0)
     padded = (counts + BLOCK_M - 1) // BLOCK_M * BLOCK_M
@@ -136,9 +143,12 @@ def _order_small_kernel(
     BLOCK_E: tl.constexpr,
     BLOCK_P: tl.constexpr,
     BLOCK_T: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The whole ordering in one program: a [BLOCK_P, BLOCK_E] one-hot of each block of pairs gives the
     counts, and on a second pass each pair's rank (pairs of its expert before it)."""
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     e = tl.arange(0, BLOCK_E)
     counts = tl.zeros([BLOCK_E], dtype=tl.int32)
     for p0 in range(0, num_pairs, BLOCK_P):
@@ -164,7 +174,11 @@ def _order_small_kernel(
 
 
 @triton.jit
-def _scatter_kernel(ids_ptr, rank_ptr, start_ptr, sorted_pairs_ptr, num_pairs, BLOCK: tl.constexpr):
+def _scatter_kernel(
+    ids_ptr, rank_ptr, start_ptr, sorted_pairs_ptr, num_pairs, BLOCK: tl.constexpr, PDL: tl.constexpr
+):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     mask = offs < num_pairs
     expert = tl.load(ids_ptr + offs, mask=mask, other=0)
@@ -189,6 +203,7 @@ def order_by_expert(
     block_t = max(16, min(128, 8192 // block_e))
     if one_program is None:
         one_program = pairs <= SMALL_ORDER_PAIRS
+    pdl = pdl_launch(device)
     if one_program:
         _order_small_kernel[(1,)](
             ids,
@@ -202,7 +217,9 @@ def order_by_expert(
             BLOCK_E=block_e,
             BLOCK_P=max(1, min(32, 8192 // block_e)),
             BLOCK_T=block_t,
+            PDL=pdl,
             num_warps=4,
+            launch_pdl=pdl,
         )
         return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
@@ -211,7 +228,7 @@ def order_by_expert(
     block = 1024
     grid = (triton.cdiv(pairs, block),)
     if pairs:
-        _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block)
+        _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block, PDL=pdl, launch_pdl=pdl)
     _tiles_kernel[(1,)](
         counts,
         start,
@@ -224,8 +241,10 @@ def order_by_expert(
         BLOCK_M=block_m,
         BLOCK_E=block_e,
         BLOCK_T=block_t,
+        PDL=pdl,
         num_warps=4,
+        launch_pdl=pdl,
     )
     if pairs:
-        _scatter_kernel[grid](ids, rank, start, sorted_pairs, pairs, BLOCK=block)
+        _scatter_kernel[grid](ids, rank, start, sorted_pairs, pairs, BLOCK=block, PDL=pdl, launch_pdl=pdl)
     return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)

@@ -12,6 +12,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
+
 # Columns per program: at decode's few tokens more, smaller programs finish sooner (H200, k=8,
 # benchmarks/sweep_small_kernels.py: one token 1.20 against 1.43 us with 1024, 64 tokens 1.57 against
 # 1.68 at H=2048, even at 7168)
@@ -19,7 +21,11 @@ _BLOCK_H = 256
 
 
 @triton.jit
-def _combine_kernel(y_ptr, out_ptr, hidden, stride_out, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr):
+def _combine_kernel(
+    y_ptr, out_ptr, hidden, stride_out, TOP_K: tl.constexpr, BLOCK_H: tl.constexpr, PDL: tl.constexpr
+):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     token = tl.program_id(0).to(tl.int64)
     cols = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     mask = cols < hidden
@@ -45,5 +51,8 @@ def combine_topk(y: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor
         return out
     block_h = min(_BLOCK_H, triton.next_power_of_2(hidden))
     grid = (tokens, triton.cdiv(hidden, block_h))
-    _combine_kernel[grid](y, out, hidden, out.stride(0), TOP_K=top_k, BLOCK_H=block_h, num_warps=4)
+    pdl = pdl_launch(y.device)
+    _combine_kernel[grid](
+        y, out, hidden, out.stride(0), TOP_K=top_k, BLOCK_H=block_h, PDL=pdl, num_warps=4, launch_pdl=pdl
+    )
     return out

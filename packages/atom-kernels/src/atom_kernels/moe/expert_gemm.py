@@ -22,6 +22,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.moe.align import ExpertOrder
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,7 +133,13 @@ def _expert_gemm_kernel(
     FP8_W: tl.constexpr,
     FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] at as_ptr (W8A8; needs FP8_W)
     PAIR_TILES: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
+    # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
+    # loop instead of here measured no better: B=64 16.70 ms, B=1 slower still.)
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_m = tl.num_programs(0) // tiles_n
@@ -229,6 +236,10 @@ def _launch(
     if scales is not None:
         scale, (scale_n, scale_k) = scales
         block_k = min(block_k, scale_k)
+    # Not for one token's tiles (order_one_token): launched early they made Qwen3-30B-A3B's B=1 decode
+    # slower (H200 replay 2.83 -> 2.95 ms), where the ordered tiles of more tokens gain (B=64 16.76 ->
+    # 16.65 ms; atom-core results/engine_step_moe_pdl_h200.json). Why was not isolated.
+    pdl = pdl_launch(a.device) and not order.pair_tiles
     _expert_gemm_kernel[grid](
         a,
         a_scale if a_scale is not None else scale,  # never read without FP8_A
@@ -264,8 +275,10 @@ def _launch(
         FP8_W=scales is not None,
         FP8_A=a_scale is not None,
         PAIR_TILES=order.pair_tiles,
+        PDL=pdl,
         num_warps=cfg.num_warps,
         num_stages=cfg.num_stages,
+        launch_pdl=pdl,
     )
 
 

@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.moe.ref import grouped_topk_ref, topk_softmax_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -39,7 +40,10 @@ def _topk_softmax_kernel(
     ROUND_TO: tl.constexpr,
     BLOCK_E: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     row = tl.program_id(0).to(tl.int64)
     offs = tl.arange(0, BLOCK_E)
     x = tl.load(logits_ptr + row * stride_l + offs, mask=offs < experts, other=float("-inf")).to(tl.float32)
@@ -80,7 +84,10 @@ def _grouped_topk_kernel(
     HAS_BIAS: tl.constexpr,
     SIGMOID: tl.constexpr,
     RENORMALIZE: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)  # the bias is a constant, but a register load ahead of it saves nothing
     row = tl.program_id(0).to(tl.int64)
     g = tl.arange(0, GROUPS)
     offs = g[:, None] * GROUP_SIZE + tl.arange(0, GROUP_SIZE)[None, :]  # [G, S]: expert ids
@@ -176,6 +183,7 @@ def topk_softmax(
         ref_w, ref_ids = topk_softmax_ref(logits, top_k, renormalize)
         return weights.copy_(ref_w.to(round_to)), ids.copy_(ref_ids)
     if logits.shape[0]:
+        pdl = pdl_launch(logits.device)
         _topk_softmax_kernel[(logits.shape[0],)](
             logits,
             weights,
@@ -187,7 +195,9 @@ def topk_softmax(
             ROUND_TO=_ROUNDINGS[round_to],
             BLOCK_E=triton.next_power_of_2(logits.shape[1]),
             BLOCK_K=triton.next_power_of_2(top_k),
+            PDL=pdl,
             num_warps=_warps(logits.shape[1]),
+            launch_pdl=pdl,
         )
     return weights, ids
 
@@ -245,6 +255,7 @@ def grouped_topk(
             f"({group_size}); use backend='torch' for this shape"
         )
     if logits.shape[0]:
+        pdl = pdl_launch(logits.device)
         _grouped_topk_kernel[(logits.shape[0],)](
             logits,
             bias if bias is not None else logits,
@@ -260,6 +271,8 @@ def grouped_topk(
             HAS_BIAS=bias is not None,
             SIGMOID=scoring == "sigmoid",
             RENORMALIZE=renormalize,
+            PDL=pdl,
             num_warps=_warps(experts),
+            launch_pdl=pdl,
         )
     return weights, ids

@@ -12,7 +12,8 @@ of a row has that call's row. The buffers alternate between two halves by call: 
 of a program only after its call c, which needed every peer's call-c push, so every peer finished call
 c - 1 and its reads of the half call c + 1 overwrites. A program always owns the same row of each half,
 so calls of different row counts interleave safely; every call on one set of buffers must use the same
-row width.
+row width. With PDL (pdl.py) a program loads the norm's weight before its wait and touches its count, x
+and every buffer after it, so the argument above holds in stream order as without it.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.norm.ref import rms_norm_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 
 MAX_ROWS = 512  # one program per row, all resident at once (each spins until its peers' rows arrive)
 _WORD_BYTES = 4  # the row's bytes each 8-byte word carries beside its count
@@ -51,17 +53,21 @@ def _all_reduce_rms_norm_kernel(
     WORLD: tl.constexpr,
     PACK: tl.constexpr,
     WORDS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     row = tl.program_id(0).to(tl.int64)
     dtype = x_ptr.dtype.element_ty
     words_per_row = hidden // PACK
     w_idx = tl.arange(0, WORDS)
     w_mask = w_idx < words_per_row
-    call = tl.load(counts + row) + 1
-    tag = (call & 0xFFFFFFFF) << 32  # the count in each word's high half (equality survives the wrap)
     # elements as [word, element of the word]: element e sits in word e // PACK
     cols = w_idx[:, None] * PACK + tl.arange(0, PACK)[None, :]
     mask = cols < hidden
+    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)  # a constant: before the wait
+    wait_for_inputs(PDL)
+    call = tl.load(counts + row) + 1
+    tag = (call & 0xFFFFFFFF) << 32  # the count in each word's high half (equality survives the wrap)
     mine = tl.load(x_ptr + row * hidden + cols, mask=mask, other=0.0)
     bits = tl.load(
         x_ptr.to(tl.pointer_type(tl.int32), bitcast=True) + row * words_per_row + w_idx, mask=w_mask
@@ -96,7 +102,6 @@ def _all_reduce_rms_norm_kernel(
     sf = tl.where(mask, s.to(tl.float32), 0.0)
     inv = 1.0 / tl.sqrt(tl.sum(tl.sum(sf * sf, axis=1), axis=0) / hidden + eps)
     normed = (sf * inv).to(dtype).to(tl.float32)
-    w = tl.load(w_ptr + cols, mask=mask, other=0.0).to(tl.float32)
     if weight_offset != 0.0:
         w = (w + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
     tl.store(out_ptr + row * hidden + cols, (w * normed).to(dtype), mask=mask)
@@ -151,6 +156,7 @@ def all_reduce_rms_norm(
     out, new_residual = torch.empty_like(x), torch.empty_like(x)
     if tokens:
         words = triton.next_power_of_2(hidden // pack)
+        pdl = pdl_launch(x.device)
         _all_reduce_rms_norm_kernel[(tokens,)](
             x,
             residual if residual is not None else x,
@@ -168,7 +174,9 @@ def all_reduce_rms_norm(
             WORLD=world,
             PACK=pack,
             WORDS=words,
+            PDL=pdl,
             num_warps=min(16, max(1, words // 128)),
+            launch_pdl=pdl,
         )
     return out, new_residual
 

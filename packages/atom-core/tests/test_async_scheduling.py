@@ -124,17 +124,19 @@ def test_non_finite_logits_in_flight_fail_only_their_request(checkpoint):
     prompts = _prompts()
     alone = {rid: _run_one_prompt(checkpoint, prompts[rid]) for rid in ("a", "d")}
     engine = _engine(checkpoint, True)
-    run, ahead = engine.runner.run, []
+    forward, ahead = engine.runner._forward, []
 
-    def poisoned(inputs):  # NaN logits for b (row 1 of a, b, d) from its third step launched ahead on
-        logits = run(inputs)
+    # NaN logits for b (row 1 of a, b, d) from its third step launched ahead on; from the forward, which
+    # the runner's on-device argmax and finiteness check (greedy_tokens) then read
+    def poisoned(inputs):
+        logits = forward(inputs)
         ahead.append(inputs.sample_on_device)
         if sum(ahead) >= 3 and inputs.sample_on_device and len(inputs.ends) == 3:
             logits = logits.clone()
             logits[1] = float("nan")
         return logits
 
-    engine.runner.run = poisoned
+    engine.runner._forward = poisoned
     for rid in ("a", "b", "d"):
         engine.add_request({"prompt_token_ids": prompts[rid]}, GREEDY, rid)
     done = drain_finished(engine)

@@ -64,13 +64,11 @@ class InFlightStep:
     done: torch.cuda.Event | None
 
     @classmethod
-    def launch(
-        cls, seqs: list[Sequence], sampled: torch.Tensor, logits: torch.Tensor, buffers: HostTokens
-    ) -> InFlightStep:
-        """Start copying sampled ([R] int64) and logits' ([R, V]) finiteness to the host; returns at once."""
-        finite = torch.isfinite(logits).all(dim=-1)
+    def launch(cls, seqs: list[Sequence], greedy: torch.Tensor, buffers: HostTokens) -> InFlightStep:
+        """Start copying greedy ([2, R] int64: the tokens, and 1 where a row's logits were all finite; the
+        model runner's) to the host; returns at once."""
         host, done = buffers.take(len(seqs))
-        host.copy_(torch.stack([sampled, finite.long()]), non_blocking=done is not None)
+        host.copy_(greedy, non_blocking=done is not None)
         if done is not None:
             done.record()
         return cls(seqs, host, done)

@@ -263,7 +263,7 @@ class LLMEngine:
             self.blocks.register_full_blocks(seq)
         self.scheduler.settle_snapshots(batch, ran=True)
         sampled = [batch.seqs[row] for row in inputs.ends]
-        result = sample(logits, sampled)
+        result = sample(logits, sampled, backend=self.config.kernel_backend)
         touched, failed = {}, {}
         for seq, token, lp, error in zip(sampled, result.tokens, result.logprobs, result.errors, strict=True):
             if error is not None:
@@ -307,7 +307,7 @@ class LLMEngine:
             seq.num_computed_tokens += 1
             seq.num_pending += 1
         self.scheduler.settle_snapshots(batch, ran=True)
-        launched = InFlightStep.launch(batch.seqs, self.runner.sampled, logits, self._host_tokens)
+        launched = InFlightStep.launch(batch.seqs, self.runner.greedy, self._host_tokens)
         previous, self._in_flight = self._in_flight, launched
         if previous is None:
             return []
@@ -350,7 +350,7 @@ class LLMEngine:
         keep the KV of accepted positions only, then let the draft propose for the next step."""
         sampled = [batch.seqs[row] for row in inputs.ends]
         drafts = [batch.drafts[row] for row in inputs.ends]
-        result = verify(logits, sampled, drafts)
+        result = verify(logits, sampled, drafts, backend=self.config.kernel_backend)
         accepted = dict(zip(inputs.ends, result.accepted, strict=True))
         for row, (seq, n, draft) in enumerate(
             zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)

@@ -27,6 +27,7 @@ from atom_core.engine.peer_all_reduce import with_peer_all_reduce
 from atom_core.engine.scheduler import ScheduledBatch
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
+from atom_kernels.sampling import greedy_tokens
 from atom_kernels.settings import Backend, resolve_backend
 
 CPU_KV_BYTES = 1 << 30  # the KV cache's share of host memory when none is given
@@ -119,6 +120,8 @@ class ModelRunner:
                 )
         self.hidden: torch.Tensor | None = None  # the last target forward's hidden states (for the draft)
         self.sampled: torch.Tensor | None = None  # [R] int64 argmax of the last step that asked for it
+        self.greedy: torch.Tensor | None = None  # [2, R] int64: sampled, and 1 where the row was finite
+        self.kernel_backend = engine.kernel_backend
         self.draft_hidden: torch.Tensor | None = None  # the draft's at its last logits rows (for chaining)
         # A running sequence holds a state slot (and one more per draft under speculation): as many as
         # sequences may run at once.
@@ -260,8 +263,9 @@ class ModelRunner:
             raise RuntimeError("a step feeds on the last step's sampled tokens, but none were kept")
         logits = self._forward(inputs)
         self._copy_states(inputs.state_saves)
-        if inputs.sample_on_device:
-            self.sampled = logits.argmax(dim=-1)
+        if inputs.sample_on_device:  # argmax and finiteness in one launch (atom-kernels' greedy_tokens)
+            self.greedy = greedy_tokens(logits, backend=self.kernel_backend)
+            self.sampled = self.greedy[0]
         return logits
 
     def _forward(self, inputs: StepInputs) -> torch.Tensor:

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from atom_core.engine.sequence import Sequence
+from atom_kernels.sampling import greedy_tokens
 
 
 @dataclass(slots=True)
@@ -18,21 +19,21 @@ class Sampled:
     errors: list[str | None]  # why a row failed
 
 
-def sample(logits: torch.Tensor, seqs: list[Sequence]) -> Sampled:
+def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = None) -> Sampled:
     """logits: [B, V], one row per sequence -> the next token of each (and its logprobs if asked for).
 
-    Plain greedy rows take one batched argmax (one device-to-host copy per step, not one per row).
+    Plain greedy rows take one batched argmax with the rows' finiteness (atom-kernels' greedy_tokens: one
+    launch on a GPU, the engine's kernel backend; one device-to-host copy per step, not one per row).
     """
     params = [s.params for s in seqs]
-    finite = torch.isfinite(logits).all(dim=-1)
     if all(p.greedy and p.logprobs is None and not p.penalized for p in params):
-        tokens, ok = torch.stack([logits.argmax(dim=-1), finite.long()]).tolist()
+        tokens, ok = greedy_tokens(logits, backend=backend).tolist()
         errors = [None if good else NON_FINITE for good in ok]
         return Sampled(
             [t if good else None for t, good in zip(tokens, ok, strict=True)], [None] * len(seqs), errors
         )
+    ok = torch.isfinite(logits).all(dim=-1).tolist()
     logits = logits.float()
-    ok = finite.tolist()
     penalized = [row for row, p in enumerate(params) if p.penalized and ok[row]]
     if penalized:
         logits = logits.clone()

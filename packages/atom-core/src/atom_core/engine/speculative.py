@@ -16,6 +16,7 @@ import torch
 
 from atom_core.engine.sampler import NON_FINITE, SAMPLING_FAILED, probabilities, sample, token_logprobs
 from atom_core.engine.sequence import Sequence
+from atom_kernels.sampling import greedy_tokens
 
 
 @dataclass(slots=True)
@@ -35,20 +36,24 @@ class Verified:
         self.errors.append(error)
 
 
-def verify(logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]]) -> Verified:
+def verify(
+    logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], *, backend: str | None = None
+) -> Verified:
     """logits [R, V]: for each sequence in order, len(drafts[i]) + 1 rows (its last known token, then each
     draft). Sequences without drafts are sampled together as without speculation (penalized requests are
-    never drafted for: their penalties would depend on the drafts)."""
+    never drafted for: their penalties would depend on the drafts). backend: the engine's kernel backend,
+    for the rows' argmax and finiteness (greedy_tokens)."""
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)
     plain_rows = [i for i, d in enumerate(drafts) if not d]
     plain = (
-        sample(logits[[starts[i] for i in plain_rows]], [seqs[i] for i in plain_rows]) if plain_rows else None
+        sample(logits[[starts[i] for i in plain_rows]], [seqs[i] for i in plain_rows], backend=backend)
+        if plain_rows
+        else None
     )
     plain_of = {i: j for j, i in enumerate(plain_rows)}
-    finite = torch.isfinite(logits).all(dim=-1)
-    argmax, finite = torch.stack([logits.argmax(dim=-1), finite.long()]).tolist()
+    argmax, finite = greedy_tokens(logits, backend=backend).tolist()
     out = Verified()
     for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
         rows = slice(starts[i], starts[i + 1])

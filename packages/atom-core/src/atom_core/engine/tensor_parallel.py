@@ -129,6 +129,11 @@ class TensorParallelRunner:
         """Rank 0's copy of the last step's tokens kept on the device (every rank keeps its own)."""
         return self.runner.sampled
 
+    @property
+    def greedy(self) -> torch.Tensor | None:
+        """Rank 0's [2, R]: those tokens, and 1 where the row's logits were finite."""
+        return self.runner.greedy
+
     def run(self, inputs: StepInputs) -> torch.Tensor:
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
         return self.runner.run(inputs)

@@ -132,7 +132,6 @@ def pytest_ignore_collect(collection_path: Path, config: pytest.Config) -> bool 
 
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config, items: list) -> None:
     # background suites last: their items only wait, so everything else runs while they do
-    background = []
     for adapter in sorted(_delegated(config), key=lambda a: a.background):
         item = DelegatedSuite.from_parent(
             session,
@@ -142,10 +141,16 @@ def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config
             adapter=adapter,
         )
         items.append(item)
-        if adapter.background and not config.option.collectonly:
-            background.append(item)
-    if background:
-        config.stash[_QUEUE_KEY] = BackgroundQueue(background)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start the background suites still selected once -k / -m / --deselect have had their say."""
+    background = [
+        item for item in session.items if isinstance(item, DelegatedSuite) and item.adapter.background
+    ]
+    if background and not session.config.option.collectonly:
+        session.config.stash.setdefault(_RUNS_KEY, {})  # before the thread: one dict for both sides
+        session.config.stash[_QUEUE_KEY] = BackgroundQueue(background)
 
 
 class BackgroundQueue:
@@ -159,18 +164,29 @@ class BackgroundQueue:
         self.thread.start()
 
     def _run(self, items: list[DelegatedSuite]) -> None:
-        for item in items:
-            with self.lock:  # no suite starts once the session has ended (cancel)
-                if self.cancelled:
-                    return
+        try:
+            for item in items:
+                name = item.adapter.name
+                with self.lock:
+                    if self.cancelled:
+                        return
                 try:
-                    run = item.start(output_to_file=True)
+                    run = item.start(output_to_file=True)  # may build an environment first (minutes)
                 except BaseException as exc:  # reported by the suite's own item
-                    self.failures[item.adapter.name] = exc
+                    self.failures[name] = exc
                     run = None
-            self.started[item.adapter.name].set()
-            if run is not None:
-                run.process.wait()
+                with self.lock:
+                    if self.cancelled and run is not None:  # the session ended while it was starting
+                        run.stop()
+                        return
+                self.started[name].set()
+                if run is not None:
+                    run.process.wait()
+        finally:  # whatever stopped the queue, no item waits forever for a suite that never started
+            for name, event in self.started.items():
+                if not event.is_set():
+                    self.failures.setdefault(name, DelegatedFailure(f"{name}'s suite did not start"))
+                    event.set()
 
     def cancel(self) -> None:
         with self.lock:

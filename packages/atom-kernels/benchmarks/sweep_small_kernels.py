@@ -50,14 +50,14 @@ def graph_us(fn, reps: int = 50) -> float:
 def topk_softmax_call(logits, w, ids, warps):
     _topk_softmax_kernel[(logits.shape[0],)](
         logits, w, ids, 128, logits.stride(0), TOP_K=8, RENORMALIZE=True, ROUND_TO=1, BLOCK_E=128, BLOCK_K=8,
-        num_warps=warps,
+        PDL=False, num_warps=warps,
     )  # fmt: skip
 
 
 def grouped_topk_call(logits, bias, w, ids, warps):
     _grouped_topk_kernel[(logits.shape[0],)](
         logits, bias, w, ids, logits.stride(0), 2.5, GROUPS=8, GROUP_SIZE=32, TOPK_GROUPS=4, TOP_K=8,
-        BLOCK_K=8, HAS_BIAS=True, SIGMOID=True, RENORMALIZE=True, num_warps=warps,
+        BLOCK_K=8, HAS_BIAS=True, SIGMOID=True, RENORMALIZE=True, PDL=False, num_warps=warps,
     )  # fmt: skip
 
 
@@ -78,7 +78,9 @@ def combine_splits_call(part_o, part_lse, out, splits, warps):
 
 def moe_combine_call(y, out, block_h, warps):
     grid = (out.shape[0], triton.cdiv(out.shape[1], block_h))
-    _combine_kernel[grid](y, out, out.shape[1], out.stride(0), TOP_K=8, BLOCK_H=block_h, num_warps=warps)
+    _combine_kernel[grid](
+        y, out, out.shape[1], out.stride(0), TOP_K=8, BLOCK_H=block_h, PDL=False, num_warps=warps
+    )
 
 
 def checked_row(name: str, variants: dict, out: torch.Tensor) -> None:

@@ -52,5 +52,7 @@ def test_a_strided_view_and_an_empty_batch():
     view = wide[:, :700]  # rows 900 apart
     assert torch.equal(greedy_tokens(view, backend="triton"), greedy_tokens_ref(view))
     assert greedy_tokens(torch.empty(0, 50, device=DEVICE), backend="triton").shape == (2, 0)
+    close = torch.tensor([[1.0, 1.0 + 1e-12]], dtype=torch.float64, device=DEVICE)  # equal in fp32
+    assert greedy_tokens(close, backend="triton")[0].item() == 1  # fp64 keeps torch's comparison
     with pytest.raises(ValueError, match=r"logits \[B, V\]"):
         greedy_tokens(torch.zeros(10, device=DEVICE))

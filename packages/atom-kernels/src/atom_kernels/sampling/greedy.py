@@ -85,9 +85,10 @@ def greedy_tokens_ref(logits: torch.Tensor) -> torch.Tensor:
 def greedy_tokens(logits: torch.Tensor, *, backend: Backend | str | None = None) -> torch.Tensor:
     """The greedy token of each row and whether the row is finite: greedy_tokens_ref in one launch.
 
-    logits: [B, V] (any float dtype, last dim contiguous) -> int64 [2, B] on logits' device. The kernel
-    runs on a GPU (or with backend="triton" under the CPU interpreter) for up to MAX_TICKET_TILES rows;
-    otherwise torch. No host sync: the caller's one copy to the host reads both rows."""
+    logits: [B, V] float -> int64 [2, B] on logits' device. The kernel (which compares in fp32) runs for
+    fp32 / fp16 / bf16 rows on a GPU (or with backend="triton" under the CPU interpreter), up to
+    MAX_TICKET_TILES rows; otherwise torch (fp64 among them: fp32 would merge close values). No host
+    sync: the caller's one copy to the host reads both rows."""
     if logits.dim() != 2:
         raise ValueError(f"greedy_tokens expects logits [B, V], got {tuple(logits.shape)}")
     rows, vocab = logits.shape
@@ -98,6 +99,7 @@ def greedy_tokens(logits: torch.Tensor, *, backend: Backend | str | None = None)
         and 0 < rows <= MAX_TICKET_TILES
         and vocab > 0
         and logits.stride(-1) == 1
+        and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
     )
     if not use_kernel:
         return greedy_tokens_ref(logits)

@@ -3,7 +3,8 @@
 The draft's logits equal an independent reference written from the published MTP description. Speculative
 output equals plain output token for token (greedy) on a checkpoint whose MTP layer was trained in the
 test to predict well (so drafts are accepted, several in a row, and rejected, which rolls back KV), and on
-a random one (mostly rejections); sampled output has the plain output's distribution.
+a random one (mostly rejections); sampled output has the plain output's distribution, and a seeded
+request's tokens are the plain ones.
 """
 
 import re
@@ -202,55 +203,60 @@ def _chi_square(counts: torch.Tensor, probs: torch.Tensor) -> tuple[float, int]:
     return float(((counts[live] - expected[live]) ** 2 / expected[live]).sum()), int(live.sum()) - 1
 
 
-def _rejection_sampling_fits(accept_sampled, trials: int = 6000) -> list[tuple[float, int]]:
+def _rejection_sampling_fits(accept_sampled, trials: int = 6000) -> tuple[list[tuple[float, int]], float]:
     """verify() on fixed target logits (3 rows: the last known token, drafts d1 and d2 of an 8-token
-    vocabulary) `trials` times with one generator: the first emitted token must follow p0 exactly; after d1
-    was kept, the next must follow p1; after d1 and d2, the bonus p2. Returns each fit's (chi2, dof)."""
+    vocabulary) once for each of `trials` seeds: the first emitted token must follow p0 exactly; after d1
+    was kept, the next must follow p1; after d1 and d2, the bonus p2. Returns each fit's (chi2, dof), and
+    how many standard errors the rate at which d1 was kept is from p0(d1)."""
     import atom_core.engine.speculative as speculative
+    from atom_core.engine.sequence import Sequence
 
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(3, 8, generator=gen) * 0.7
     d1, d2 = 3, 5
     logits[0, d1] += 1.2  # the drafts are plausible: both paths (kept, rejected) are taken often
     logits[1, d2] += 1.2
-    params = SamplingParams(temperature=0.9, seed=11)
-    from atom_core.engine.sequence import Sequence
-
-    seq = Sequence("r", 0, [2], params)  # its seeded generator draws every trial's randomness
     counts = torch.zeros(3, 8)
     original = speculative._accept_sampled
     speculative._accept_sampled = accept_sampled
     try:
-        for _ in range(trials):
+        for trial in range(trials):  # a trial's randomness is its seed's: keyed by (seed, index, position)
+            seq = Sequence("r", 0, [2], SamplingParams(temperature=0.9, seed=trial))
             tokens = speculative.verify(logits, [seq], [[d1, d2]]).tokens[0]
             for j, token in enumerate(tokens):
                 counts[j, token] += 1
     finally:
         speculative._accept_sampled = original
     p = torch.softmax(logits / 0.9, dim=-1)
-    return [_chi_square(counts[j], p[j]) for j in range(3)]
+    kept, want = float(counts[0, d1]) / trials, float(p[0, d1])
+    return [_chi_square(counts[j], p[j]) for j in range(3)], abs(kept - want) / (
+        want * (1 - want) / trials
+    ) ** 0.5
 
 
 def test_rejection_sampling_emits_exactly_the_target_distribution():
-    """Rejection sampling is exact: each emitted position follows the target's distribution (chi-square
-    below its 99.9% point); a sampler that keeps every draft fails the same bound."""
+    """The coupled draw is exact rejection sampling: each emitted position follows the target's
+    distribution (chi-square below its 99.9% point) and a draft is kept at the rate p(draft) (within 4
+    standard errors); a sampler that keeps every draft fails the same bound."""
     import atom_core.engine.speculative as speculative
+    from atom_core.engine.sampler import sample_token
 
-    for chi2, dof in _rejection_sampling_fits(speculative._accept_sampled):
+    fits, kept = _rejection_sampling_fits(speculative._accept_sampled)
+    for chi2, dof in fits:
         assert chi2 < CHI2_0999[dof]
+    assert kept < 4
 
     def keep_every_draft(logits, draft, seq):
-        p = speculative.probabilities(logits[-1], seq.params)
-        return [*draft, int(torch.multinomial(p, 1, generator=seq.generator))]
+        return [*draft, sample_token(logits[-1], seq, len(seq.output_token_ids) + len(draft))]
 
     with pytest.raises(AssertionError, match=r"probability 0|chi2"):
-        for chi2, dof in _rejection_sampling_fits(keep_every_draft):
+        for chi2, dof in _rejection_sampling_fits(keep_every_draft)[0]:
             assert chi2 < CHI2_0999[dof], f"chi2 {chi2:.1f}"
 
 
 def test_sampled_requests_speculate_reproducibly(tmp_path):
     """Sampled requests through the engine: drafts are both kept and rejected, and a seeded request gives
-    the same tokens twice (its randomness comes from its own generator only)."""
+    the same tokens twice (its draws are keyed by its seed, sample index and position only)."""
     deepseek_mtp_checkpoint(tmp_path, dict(vocab_size=8))
     params = SamplingParams(n=64, temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
     runs = []
@@ -260,6 +266,53 @@ def test_sampled_requests_speculate_reproducibly(tmp_path):
         runs.append([o.token_ids for o in out.outputs])
     assert runs[0] == runs[1]
     assert 0 < llm.engine.num_accepted_tokens < llm.engine.num_draft_tokens
+
+
+SEEDED = [
+    SamplingParams(temperature=0.8, top_p=0.95, seed=40 + i, max_tokens=20, ignore_eos=True)
+    for i in range(len(PROMPTS))
+]
+
+
+def _count_dropped_drafts(engine) -> list[int]:
+    """Counts, in the returned one-item list, the times a sequence with drafts was scheduled with fewer of
+    them (short of KV blocks, or of the step's token budget)."""
+    dropped, schedule = [0], engine.scheduler.schedule
+
+    def counting():
+        batch = schedule()
+        dropped[0] += sum(
+            len(d) < len(s.draft_token_ids) for s, d in zip(batch.seqs, batch.drafts, strict=True)
+        )
+        return batch
+
+    engine.scheduler.schedule = counting
+    return dropped
+
+
+def test_a_seeded_sampled_request_is_the_same_with_and_without_speculation_and_beside_others(trained):
+    """Each sampled token is drawn with a uniform keyed by (seed, sample index, output position) alone: a
+    seeded request (temperature 0.8, top-p 0.95) gives the tokens it gives alone without speculation with
+    speculation too, and beside others under a KV cache so small that drafts are dropped and sequences
+    preempted (where its draws used to depend on how many drafts each step verified)."""
+
+    def alone(**engine) -> list[list[int]]:
+        llm = LLM(trained, **COMMON, num_kv_blocks=64, **engine)
+        return [
+            llm.generate({"prompt_token_ids": p}, s)[0].outputs[0].token_ids
+            for p, s in zip(PROMPTS, SEEDED, strict=True)
+        ]
+
+    want = alone()
+    assert alone(speculative_config=mtp(3)) == want
+    for spec in (None, mtp(3)):
+        llm = LLM(trained, **COMMON, **TIGHT, speculative_config=spec)
+        dropped = _count_dropped_drafts(llm.engine)
+        got = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SEEDED)
+        assert [o.outputs[0].token_ids for o in got] == want
+        assert llm.engine.scheduler.num_preemptions > 0
+    engine = llm.engine
+    assert dropped[0] > 0 and 0 < engine.num_accepted_tokens < engine.num_draft_tokens
 
 
 def test_atom_bench_reports_the_acceptance(untrained, capsys):

@@ -1,9 +1,22 @@
-"""Token sampling: greedy, temperature, top-k, top-p, min-p, OpenAI/vLLM penalties; per-request seeded
-generators; logprobs. A row whose logits are not finite, or whose sampling fails, fails alone: the other
-rows of the batch are sampled as usual."""
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, OpenAI/vLLM penalties; keyed randomness;
+logprobs. A row whose logits are not finite, or whose sampling fails, fails alone: the other rows of the
+batch are sampled as usual.
+
+Keyed randomness: the token a sampled sequence emits at output position i is drawn from its distribution
+with one uniform that is a function of (the sequence's seed, its sample index, i) alone (draw_uniform).
+Nothing else (the batch, the steps before, how many speculative drafts were verified or dropped for lack
+of KV blocks, preemption) moves a seeded request's text: a request with the same seed gives the same
+tokens wherever it runs, with and without speculation (speculative.py draws the same way). Unseeded
+requests get a random seed when their sequence is made: one code path.
+
+The uniform is the top 53 bits of a splitmix64 mix of the key, and the token is read off the inverse CDF.
+It is not a torch.Generator seeded with the key: the CPU generator keeps only its seed's low 32 bits
+(mt19937), so keys would collide within a long request and across requests.
+"""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -46,8 +59,8 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = 
             tokens[row] = None
         elif not p.greedy:
             try:
-                tokens[row] = _sample_row(logits[row], p, seq.generator)
-            except RuntimeError:  # torch.multinomial refuses a distribution it cannot sample
+                tokens[row] = sample_token(logits[row], seq, len(seq.output_token_ids))
+            except RuntimeError:  # a distribution with nothing to draw (draw_token)
                 tokens[row], errors[row] = None, SAMPLING_FAILED
     logprobs: list[dict[int, float] | None] = [None] * len(seqs)
     wanted = [row for row, p in enumerate(params) if p.logprobs is not None and tokens[row] is not None]
@@ -61,8 +74,15 @@ def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = 
 
 
 def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int]) -> list[dict[int, float]]:
-    """logits [R, V] -> per row, {token: logprob} for its top[row] most likely tokens and the one it emitted."""
+    """logits [R, V] -> per row, {token: logprob} for its top[row] most likely tokens and the one it emitted.
+
+    Floored at LOGPROB_FLOOR, as vLLM's OpenAI server does: a token a penalty or mask took to -inf (a tiny
+    repetition penalty leaves most of the row there) is -inf here, and JSON has no -inf (a non-streamed
+    response failed with a 500; a streamed one sent `-Infinity`, which JSON parsers refuse)."""
     lp = torch.log_softmax(logits.float(), dim=-1).cpu()
+    # NaN too: a row is only here when its logits were finite and one of its tokens sampled, so NaN should
+    # not happen, but no value that JSON cannot carry may leave the engine
+    lp = lp.nan_to_num(nan=LOGPROB_FLOOR).clamp_(min=LOGPROB_FLOOR)
     found = []
     for i, (token, k) in enumerate(zip(tokens, top, strict=True)):
         best = {int(t): float(lp[i, t]) for t in lp[i].topk(k).indices} if k else {}
@@ -73,6 +93,7 @@ def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int]) -> l
 
 NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
 SAMPLING_FAILED = "sampling failed: no token had a valid probability"
+LOGPROB_FLOOR = -9999.0  # vLLM's: the least logprob a response carries
 
 
 def _apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
@@ -109,14 +130,46 @@ def _apply_repetition_penalty(row: torch.Tensor, seen: torch.Tensor, p) -> None:
     row.copy_((wide - top).float())
 
 
-def _sample_row(x: torch.Tensor, p, gen: torch.Generator | None) -> int:
-    probs = probabilities(x, p)
-    return int(torch.multinomial(probs, 1, generator=gen))
+def sample_token(x: torch.Tensor, seq: Sequence, position: int) -> int:
+    """seq's token at output position `position` (its len(output_token_ids) when it is sampled) from one
+    row of logits [V]: a draw from probabilities() with that position's keyed uniform."""
+    return draw_token(probabilities(x, seq.params), draw_uniform(seq, position))
+
+
+def draw_uniform(seq: Sequence, position: int) -> float:
+    """A uniform in [0, 1) that depends on (seq's seed, its sample index, position) and nothing else."""
+    key = _splitmix64(_splitmix64(_splitmix64(seq.sample_seed) ^ seq.index) ^ position)
+    return (key >> 11) * 2.0**-53  # its top 53 bits: every double in [0, 1) a multiple of 2^-53
+
+
+def draw_token(probs: torch.Tensor, u: float) -> int:
+    """The token of probs [V] (>= 0, any positive total) at uniform u by the inverse CDF: the first whose
+    cumulative probability passes u of the total. A token of probability 0 is never drawn."""
+    cdf = probs.double().cumsum(0)  # float64: the sum of fp32 probabilities is exact enough
+    total = float(cdf[-1])
+    if not (math.isfinite(total) and total > 0):
+        raise RuntimeError(SAMPLING_FAILED)
+    token = int(torch.searchsorted(cdf, u * total, right=True))
+    if token == probs.numel():  # u * total rounded up to the total: the last token that can be drawn
+        token = int(probs.nonzero()[-1])
+    return token
+
+
+_U64 = 2**64 - 1
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64's output function (Steele et al.): a bijection of 64-bit ints whose every output bit
+    depends on every input bit, so nearby keys (positions i and i + 1) give unrelated uniforms."""
+    x = (x + 0x9E3779B97F4A7C15) & _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
+    return x ^ (x >> 31)
 
 
 def probabilities(x: torch.Tensor, p) -> torch.Tensor:
     """The distribution a sampled (not greedy) request draws from, for one row of logits [V]: temperature,
-    top-k, min-p and top-p applied; on the CPU (the request's seeded generator lives there), summing to 1."""
+    top-k, min-p and top-p applied; on the CPU (where its token is drawn), summing to 1."""
     x = x.float() - x.max()  # the largest logit is 0: no overflow at any temperature >= eps
     # -inf (a penalized or masked token) stays -inf: a temperature past fp32's range is inf in fp32, and
     # -inf / inf would be NaN

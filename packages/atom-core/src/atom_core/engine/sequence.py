@@ -47,13 +47,20 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     arrival: int = field(default_factory=lambda: next(_ids))
-    generator: torch.Generator | None = None
+    # with its index and an output position, keys the draw of each sampled token (sampler.draw_uniform)
+    sample_seed: int = field(init=False)
     detokenizer: object | None = None  # the engine's IncrementalDetokenizer, when it has a tokenizer
+    stop_scan: object | None = None  # its StopScan over text (engine/stop_strings.py), when it has stops
+    # OutputKind.DELTA: the tokens and settled characters its outputs have carried so far
+    num_sent_tokens: int = 0
+    num_sent_chars: int = 0
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
-        if self.params.seed is not None:
-            self.generator = torch.Generator().manual_seed((self.params.seed + self.index) % 2**64)
+        seed = self.params.seed
+        if seed is None:  # its own random one, from torch's generator: torch.manual_seed repeats a run
+            seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
+        self.sample_seed = seed % 2**64
 
     @property
     def num_tokens(self) -> int:

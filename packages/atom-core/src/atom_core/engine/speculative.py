@@ -2,19 +2,30 @@
 positions that drafted them (the engine proposes, verifies and rolls back; llm_engine.py).
 
 The draft proposes greedily (its argmax). Greedy requests accept the longest prefix of drafts equal to the
-target's argmax and add the target's own token after it. Sampled requests use rejection sampling against
-that one-hot draft distribution: draft d is kept with probability p(d) under the target's (temperature,
-top-k, top-p, min-p) distribution p; when rejected, the token is drawn from p without d, renormalised. Each
-emitted token is then distributed exactly as p, as without speculation.
+target's argmax and add the target's own token after it. Sampled requests do the same with the token the
+target samples at each position: at the position of draft d, x is drawn from the target's (temperature,
+top-k, top-p, min-p) distribution p with that position's keyed uniform (sampler.draw_uniform); d is kept
+iff x == d, else x is emitted and the step stops; after every draft was kept, the bonus token is drawn at
+the next position the same way.
+
+This is rejection sampling against the one-hot draft distribution q = [d], coupled to the target's own
+draw. Rejection sampling keeps d with probability min(1, p(d) / q(d)) = p(d) and on rejection draws from
+max(0, p - q) renormalised, which is p without d, renormalised. Here d is kept iff x == d: probability
+p(d); and given x != d, x is distributed as p restricted to tokens != d, renormalised: the same law, so
+each emitted token is distributed exactly as p, as without speculation. The coupling adds what rejection
+sampling's fresh randomness cannot: the emitted token at each position is the very token plain sampling
+draws there (same distribution, same uniform), so a seeded request's output is identical with and
+without speculation, and whatever drafts were verified or dropped (short of KV blocks) on the way.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 
-from atom_core.engine.sampler import NON_FINITE, SAMPLING_FAILED, probabilities, sample, token_logprobs
+from atom_core.engine.sampler import NON_FINITE, SAMPLING_FAILED, sample, sample_token, token_logprobs
 from atom_core.engine.sequence import Sequence
 from atom_kernels.sampling import greedy_tokens
 
@@ -66,11 +77,11 @@ def verify(
             out.add([], None, NON_FINITE)
             continue
         if seq.params.greedy:
-            tokens = _accept_greedy(argmax[rows], draft)
+            tokens = _accept(argmax[rows].__getitem__, draft)
         else:
             try:
                 tokens = _accept_sampled(logits[rows], draft, seq)
-            except RuntimeError:  # torch.multinomial refuses a distribution it cannot sample
+            except RuntimeError:  # a distribution with nothing to draw (sampler.draw_token)
                 out.add([], None, SAMPLING_FAILED)
                 continue
         k = seq.params.logprobs
@@ -79,26 +90,20 @@ def verify(
     return out
 
 
-def _accept_greedy(argmax: list[int], draft: list[int]) -> list[int]:
+def _accept(target: Callable[[int], int], draft: list[int]) -> list[int]:
+    """The target's tokens at rows 0, 1, ... (target(j)) while they equal the drafts: each draft it equals,
+    then its first differing token, or the bonus token after the last draft."""
     tokens = []
-    for target, proposed in zip(argmax, draft, strict=False):
-        tokens.append(target)
-        if target != proposed:
+    for j, proposed in enumerate(draft):
+        tokens.append(target(j))
+        if tokens[-1] != proposed:
             return tokens
-    tokens.append(argmax[len(draft)])
+    tokens.append(target(len(draft)))
     return tokens
 
 
 def _accept_sampled(logits: torch.Tensor, draft: list[int], seq: Sequence) -> list[int]:
-    tokens = []
-    for j, proposed in enumerate(draft):
-        p = probabilities(logits[j], seq.params)
-        if float(torch.rand((), generator=seq.generator)) < float(p[proposed]):
-            tokens.append(proposed)
-            continue
-        p[proposed] = 0  # rejected: the rest of p, renormalised (p(d) < 1 here, so something is left)
-        tokens.append(int(torch.multinomial(p / p.sum(), 1, generator=seq.generator)))
-        return tokens
-    p = probabilities(logits[len(draft)], seq.params)
-    tokens.append(int(torch.multinomial(p, 1, generator=seq.generator)))
-    return tokens
+    """The coupling of the module docstring: row j's token is seq's sampled token at output position
+    len(output_token_ids) + j, drawn only for the rows it reaches."""
+    first = len(seq.output_token_ids)
+    return _accept(lambda j: sample_token(logits[j], seq, first + j), draft)

@@ -1,0 +1,94 @@
+"""Keyed sampling (a sampled token's draw depends on its sequence's seed, sample index and output position
+alone) and responses' numbers staying finite (logprobs floored at vLLM's -9999.0)."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from atom_core.engine import LLM, SamplingParams
+from atom_core.engine.sampler import LOGPROB_FLOOR, draw_token, draw_uniform, sample, sample_token
+from atom_core.engine.sequence import Sequence
+from atom_core.engine.speculative import verify
+
+SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
+
+
+def test_a_draw_depends_on_seed_index_and_position_alone():
+    a, b = Sequence("a", 0, [1, 2, 3], SAMPLED), Sequence("b", 0, [9], SAMPLED)
+    b.append(4, None)  # another request, another history: the same key draws the same uniform
+    assert [draw_uniform(a, i) for i in range(5)] == [draw_uniform(b, i) for i in range(5)]
+    draws = {draw_uniform(Sequence("r", n, [1], SAMPLED), i) for n in range(4) for i in range(50)}
+    assert len(draws) == 200 and all(0 <= u < 1 for u in draws)
+    other = Sequence("r", 0, [1], SamplingParams(temperature=0.8, seed=8))
+    assert draw_uniform(other, 0) != draw_uniform(a, 0)
+
+
+def test_unseeded_sequences_draw_their_own_seed_from_torchs_generator():
+    unseeded = SamplingParams(temperature=1.0)
+    torch.manual_seed(3)
+    first = [Sequence("r", i, [1], unseeded).sample_seed for i in range(3)]
+    torch.manual_seed(3)
+    assert [Sequence("r", i, [1], unseeded).sample_seed for i in range(3)] == first
+    assert len(set(first)) == 3 and all(0 <= s < 2**64 for s in first)
+
+
+def test_the_inverse_cdf_never_draws_a_token_of_probability_zero():
+    probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
+    assert draw_token(probs, 0.0) == 1 and draw_token(probs, 0.2499) == 1 and draw_token(probs, 0.25) == 3
+    assert draw_token(probs, 1 - 2**-53) == 3
+    assert draw_token(torch.tensor([0.0, 1e-30, 0.0]), 0.999) == 1  # any positive total
+    with pytest.raises(RuntimeError, match="sampling failed"):
+        draw_token(torch.zeros(4), 0.5)
+    with pytest.raises(RuntimeError, match="sampling failed"):
+        draw_token(torch.tensor([0.5, float("nan")]), 0.5)
+
+
+def test_verify_emits_the_tokens_plain_sampling_draws_whatever_the_drafts():
+    """At each position the coupling emits the token plain sampling draws there (same distribution, same
+    keyed uniform): the drafts only decide how many positions one step covers."""
+    logits = torch.randn(4, 12, generator=torch.Generator().manual_seed(0))
+    for seed in range(20):
+        params = SamplingParams(temperature=0.8, top_p=0.95, seed=seed)
+        seq = Sequence("r", 0, [1, 2], params)
+        seq.append(5, None)  # positions start at len(output_token_ids) = 1
+        plain = [sample_token(logits[j], seq, 1 + j) for j in range(4)]
+        assert sample(logits[:1], [seq]).tokens == plain[:1]
+        wrong = [(t + 1) % 12 for t in plain]
+        for draft in (plain[:3], plain[:1] + wrong[1:3], wrong[:3], plain[:2], []):
+            got = verify(logits[: len(draft) + 1], [seq], [draft]).tokens[0]
+            n_kept = next(
+                (j for j, (d, t) in enumerate(zip(draft, plain, strict=False)) if d != t), len(draft)
+            )
+            assert got == plain[: n_kept + 1]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tiny_llama):
+    return tiny_llama()[1]
+
+
+@pytest.mark.parametrize("penalty", [1e-39, 1e-300])
+def test_a_tiny_repetition_penalty_returns_finite_logprobs(checkpoint, penalty):
+    """A penalty this small takes every unseen token's logit to -inf (the row is shifted to the largest
+    penalized one): their logprobs, in the top 5, come back as vLLM's floor, -9999.0, which JSON carries,
+    where -inf failed a response (500) or streamed `-Infinity`."""
+    llm = LLM(checkpoint, kernel_backend="torch", block_size=4, num_kv_blocks=64)
+    prompt = {"prompt_token_ids": [10, 20, 30, 40, 50]}
+    outs = []
+    for temperature in (0.0, 1.0):
+        params = SamplingParams(
+            temperature=temperature,
+            seed=1,
+            repetition_penalty=penalty,
+            logprobs=5,
+            max_tokens=6,
+            ignore_eos=True,
+        )
+        outs += [o for r in llm.generate(prompt, params) for o in r.outputs]
+    values = [v for o in outs for step in o.logprobs for v in step.values()]
+    assert all(math.isfinite(v) and v >= LOGPROB_FLOOR for v in values)
+    assert LOGPROB_FLOOR in values  # the floor was reached: -inf was there to floor
+    body = [{"token_ids": o.token_ids, "logprobs": o.logprobs} for o in outs]
+    json.dumps(body, allow_nan=False)

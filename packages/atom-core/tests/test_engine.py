@@ -251,13 +251,3 @@ def test_tensor_parallel_beyond_the_visible_gpus_is_refused(checkpoint):
     size = max(2, visible + 1)
     with pytest.raises(ValueError, match=f"needs {size} GPUs, {visible} are visible"):
         _llm(path, tensor_parallel_size=size, device="cuda")
-
-
-def test_stop_search_looks_only_where_new_text_can_complete_a_stop():
-    from atom_core.engine.llm_engine import LLMEngine
-
-    # "abcd" was searched last step; "ef" is new. A stop straddling the boundary is found at its start.
-    assert LLMEngine._find_stop("abcdef", ["cde"], 4) == 2
-    assert LLMEngine._find_stop("abcdef", ["zz", "f", "de"], 4) == 3
-    assert LLMEngine._find_stop("abcdef", ["ab"], 4) == -1  # wholly old: it would have stopped earlier
-    assert LLMEngine._find_stop("abcdef", ["abcdef"], 0) == 0

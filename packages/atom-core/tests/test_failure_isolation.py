@@ -37,14 +37,14 @@ def _alone(path) -> dict:
     return {rid: out.outputs[0].token_ids for rid, out in drain_finished(engine).items()}
 
 
-def _poison(engine: LLMEngine, victim: str, *, raise_in_forward: bool = False):
+def _poison(engine: LLMEngine, victim: str, monkeypatch, *, raise_in_forward: bool = False):
     """Make the runner's logits for `victim`'s rows NaN (or make any forward that includes it raise)."""
-    schedule, run = engine.scheduler.schedule, engine.runner.run
+    prepare, run = ModelRunner.prepare, engine.runner.run
     batch = {}
 
-    def spy():
-        batch["now"] = schedule()
-        return batch["now"]
+    def spy(scheduled):
+        batch["now"] = scheduled  # the batch the next run() computes (a whole step's, or part of one)
+        return prepare(scheduled)
 
     def poisoned(inputs):
         rows = [i for i, row in enumerate(inputs.ends) if batch["now"].seqs[row].request_id == victim]
@@ -54,13 +54,14 @@ def _poison(engine: LLMEngine, victim: str, *, raise_in_forward: bool = False):
         logits[rows] = float("nan")
         return logits
 
-    engine.scheduler.schedule, engine.runner.run = spy, poisoned
+    monkeypatch.setattr(ModelRunner, "prepare", staticmethod(spy))
+    engine.runner.run = poisoned
 
 
-def test_non_finite_logits_fail_only_their_request(checkpoint):
+def test_non_finite_logits_fail_only_their_request(checkpoint, monkeypatch):
     expected = _alone(checkpoint)
     engine = _engine(checkpoint)
-    _poison(engine, "b")
+    _poison(engine, "b", monkeypatch)
     for rid, p in PROMPTS.items():
         engine.add_request(
             {"prompt_token_ids": p},
@@ -76,10 +77,10 @@ def test_non_finite_logits_fail_only_their_request(checkpoint):
     assert engine.blocks.num_free_blocks == 64  # the failed request's blocks came back
 
 
-def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint):
+def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint, monkeypatch):
     expected = _alone(checkpoint)
     engine = _engine(checkpoint)
-    _poison(engine, "b", raise_in_forward=True)
+    _poison(engine, "b", monkeypatch, raise_in_forward=True)
     engine.add_request({"prompt_token_ids": PROMPTS["b"]}, GREEDY, "b")
     done = drain_finished(engine)
     assert "forward failed (RuntimeError" in done["b"].error  # the type for the client, the text in the log
@@ -91,6 +92,22 @@ def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint):
         "c": expected["c"],
     }
     assert engine.consecutive_failures == 0
+
+
+def test_a_forward_that_fails_for_one_request_is_rerun_without_it(checkpoint, monkeypatch):
+    expected = _alone(checkpoint)
+    engine = _engine(checkpoint)
+    _poison(engine, "b", monkeypatch, raise_in_forward=True)
+    for rid, p in PROMPTS.items():  # one batch: b's forward raises whatever else it holds
+        engine.add_request({"prompt_token_ids": p}, GREEDY, rid)
+    done = drain_finished(engine)
+    assert "forward failed (RuntimeError" in done["b"].error
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
+        "a": expected["a"],
+        "c": expected["c"],
+    }
+    assert engine.consecutive_failures == 0  # the engine ran: what failed was b's own
+    assert engine.blocks.num_free_blocks == 64
 
 
 def test_a_rejected_request_leaves_nothing_behind(checkpoint):

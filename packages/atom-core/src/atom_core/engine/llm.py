@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence as Seq
 
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.llm_engine import LLMEngine, Prompt
-from atom_core.engine.outputs import RequestOutput
+from atom_core.engine.outputs import OutputKind, RequestOutput
 from atom_core.engine.sampling_params import SamplingParams
 
 
@@ -43,6 +44,8 @@ class LLM:
         )
         if len(params) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(params)} sampling params")
+        # only the finished outputs are read: the engine builds no others (the caller's params untouched)
+        params = [dataclasses.replace(sp, output_kind=OutputKind.FINAL_ONLY) for sp in params]
         ids = [self.engine.add_request(p, sp) for p, sp in zip(prompts, params, strict=True)]
         finished: dict[str, RequestOutput] = {}
         while len(finished) < len(ids):

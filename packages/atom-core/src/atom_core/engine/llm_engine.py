@@ -15,7 +15,7 @@ from atom_core.engine.config import EngineConfig
 from atom_core.engine.detokenizer import IncrementalDetokenizer
 from atom_core.engine.drafting import Drafter
 from atom_core.engine.model_runner import ModelRunner, StepInputs
-from atom_core.engine.outputs import CompletionOutput, RequestOutput
+from atom_core.engine.outputs import CompletionOutput, OutputKind, RequestOutput
 from atom_core.engine.sampler import NON_FINITE, sample
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.scheduler import ScheduledBatch, Scheduler
@@ -23,6 +23,7 @@ from atom_core.engine.sequence import Sequence, Status
 from atom_core.engine.speculative import verify
 from atom_core.engine.state_slots import StateSlots
 from atom_core.engine.state_snapshots import StateSnapshots
+from atom_core.engine.stop_strings import StopScan
 from atom_core.engine.tensor_parallel import TensorParallelRunner
 
 Prompt = str | list[int] | dict
@@ -249,13 +250,24 @@ class LLMEngine:
                 inputs.fed_rows = list(range(len(batch.seqs)))
                 inputs.fed_from = [row_of[id(seq)] for seq in batch.seqs]
             logits = self.runner.run(inputs)
-        except Exception as err:  # one forward serves the whole batch: its requests fail, later ones may run
+        except Exception as err:  # one forward serves the whole batch: find whose requests it fails
             self.scheduler.settle_snapshots(batch, ran=False)
             self._in_flight = None  # its sequences are this batch's: they fail with it
-            return self._forward_failed(batch.seqs, "model", err)
+            if (
+                ahead
+                or self.runner.num_state_slots
+                or self.config.tensor_parallel_size > 1
+                or len(batch.seqs) == 1
+            ):
+                return self._forward_failed(batch.seqs, "model", err)
+            return self._isolate(batch, err)
         self.consecutive_failures = 0
         if ahead:
             return self._launch(batch, logits)
+        return self._advance(batch, inputs, logits)
+
+    def _advance(self, batch: ScheduledBatch, inputs: StepInputs, logits) -> list[RequestOutput]:
+        """After a synchronous forward: count its tokens as computed, sample (or verify drafts), emit."""
         if self.drafter is not None:
             return self._speculative_step(batch, inputs, logits)
         for seq, n in zip(batch.seqs, batch.num_new_tokens, strict=True):
@@ -272,8 +284,36 @@ class LLMEngine:
             seq.append(token, lp)
             self._check_stop(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = self.fail(failed)
-        return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
+        return self._outputs(touched, failed)
+
+    def _isolate(self, batch: ScheduledBatch, err: Exception) -> list[RequestOutput]:
+        """A synchronous forward over several sequences failed: run each half of the batch on its own, and
+        halves of what fails again, so that only the requests whose own forward fails fail. Rerunning is
+        safe because a failed forward changed nothing a sequence reads: its KV rows lie past
+        num_computed_tokens, to be written again (models with state layers, whose forward updates their
+        state in place, are not rerun, nor tensor-parallel ones, whose ranks may have stopped apart: their
+        whole batch fails)."""
+        logger.warning(
+            "a model forward over %d sequences failed (%s): running them in halves to find the cause",
+            len(batch.seqs),
+            type(err).__name__,
+        )
+        outputs, ran = [], False
+        for half in _halves(batch):
+            try:
+                inputs = ModelRunner.prepare(half)
+                logits = self.runner.run(inputs)
+            except Exception as again:
+                if len(half.seqs) == 1:
+                    outputs += self._forward_failed(half.seqs, "model", again)
+                else:
+                    outputs += self._isolate(half, again)
+                continue
+            ran = True
+            outputs += self._advance(half, inputs, logits)
+        if ran:  # the engine can still run: what failed was a request's own
+            self.consecutive_failures = 0
+        return outputs
 
     def _continues(self) -> bool:
         """Whether the next step can launch before the one in flight is read: every running sequence was
@@ -335,8 +375,7 @@ class LLMEngine:
             self.blocks.register_full_blocks(seq)
             self._check_stop(seq)
             touched[seq.request_id] = self.requests[seq.request_id]
-        outputs = self.fail(failed)
-        return outputs + [self._output(r, pop=True) for r in touched.values() if r.request_id not in failed]
+        return self._outputs(touched, failed)
 
     def _forward_failed(self, seqs: list[Sequence], model: str, err: Exception) -> list[RequestOutput]:
         """A forward serves the whole batch: its requests fail (the log has the traceback), later ones may run."""
@@ -387,16 +426,12 @@ class LLMEngine:
         except Exception as err:  # as a failed target forward
             running = [s for s in batch.seqs if s.status is Status.RUNNING]
             outputs += self._forward_failed(running, "draft model", err)
-        return outputs + [
-            self._output(r, pop=True)
-            for r in touched.values()
-            if r.request_id not in failed and r.request_id in self.requests
-        ]
+        live = {i: r for i, r in touched.items() if i in self.requests}  # failed ones were popped
+        return outputs + self._outputs(live, {})
 
     def _check_stop(self, seq: Sequence) -> None:
         p = seq.params
         token = seq.output_token_ids[-1]
-        searched = len(seq.text)  # stop strings wholly inside this text were already looked for
         if self.tokenizer is not None:
             if seq.detokenizer is None:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
@@ -404,7 +439,7 @@ class LLMEngine:
         reason = None
         if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
-        elif p.stop and (cut := self._find_stop(seq.text, p.stop, searched)) >= 0:
+        elif (cut := _stop_string_start(seq)) >= 0:
             seq.text, reason = seq.text[:cut], "stop"
             seq.detokenizer = None  # the text is final
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
@@ -414,38 +449,67 @@ class LLMEngine:
                 seq.text = seq.detokenizer.update(seq.output_token_ids, final=True)
             self.scheduler.finish(seq, reason)
 
-    @staticmethod
-    def _find_stop(text: str, stops: list[str], searched: int) -> int:
-        """The first index where a stop string starts in text, looking only where new text can complete one."""
-        hits = [i for s in stops if (i := text.find(s, max(0, searched - len(s) + 1))) >= 0]
-        return min(hits, default=-1)
-
-    def _output(self, request: _Request, pop: bool) -> RequestOutput:
+    def _output(self, request: _Request, pop: bool) -> RequestOutput | None:
+        """The request's output after a step, as its output kind asks (None: FINAL_ONLY, still running)."""
         finished = all(s.status is Status.FINISHED for s in request.seqs)
         if finished and pop:
             self.requests.pop(request.request_id, None)
-        outputs = [
-            CompletionOutput(
-                s.index,
-                _settled_text(s),
-                list(s.output_token_ids),
-                s.finish_reason,
-                list(s.output_logprobs) if s.params.logprobs is not None else None,
-                s.num_drafted,
-                s.num_accepted,
-            )
-            for s in request.seqs
-        ]
+        kind = request.seqs[0].params.output_kind
+        if kind is OutputKind.FINAL_ONLY and not finished:
+            return None
+        outputs = [_completion(s, delta=kind is OutputKind.DELTA) for s in request.seqs]
         return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)
+
+    def _outputs(self, touched: dict[str, _Request], failed: dict[str, str]) -> list[RequestOutput]:
+        """A step's outputs: the failed requests' errors, then each advanced request's output."""
+        outputs = self.fail(failed)
+        for request in touched.values():
+            if request.request_id not in failed and (out := self._output(request, pop=True)) is not None:
+                outputs.append(out)
+        return outputs
+
+
+def _halves(batch: ScheduledBatch) -> list[ScheduledBatch]:
+    """batch's sequences in two batches (no state snapshots: only models without state layers rerun)."""
+    mid = len(batch.seqs) // 2
+    return [
+        ScheduledBatch(batch.seqs[part], batch.num_new_tokens[part], batch.drafts[part])
+        for part in (slice(None, mid), slice(mid, None))
+    ]
+
+
+def _stop_string_start(seq: Sequence) -> int:
+    """Where the first stop string completed by seq's new text starts (-1: none): the request's automaton
+    walks only the characters added since the last call."""
+    stops = seq.params.stop_strings()
+    if stops is None:
+        return -1
+    if seq.stop_scan is None:
+        seq.stop_scan = StopScan(stops)
+    return seq.stop_scan.feed(seq.text)
 
 
 def _settled_text(seq: Sequence) -> str:
     """seq's text, less a tail that may still become a stop string while it runs: what is reported (and
     streamed) never has to be taken back, so streamed text equals the final text."""
-    if seq.status is Status.FINISHED or not seq.params.stop:
+    if seq.status is Status.FINISHED or seq.stop_scan is None:
         return seq.text
-    text = seq.text
-    held = max(
-        (k for stop in seq.params.stop for k in range(1, len(stop)) if text.endswith(stop[:k])), default=0
+    return seq.text[: len(seq.text) - seq.stop_scan.held]
+
+
+def _completion(seq: Sequence, *, delta: bool) -> CompletionOutput:
+    """seq's output: all of it, or (delta) what earlier outputs have not carried. Settled text only grows
+    (a stop string found later starts inside the held-back tail), so a delta never takes text back."""
+    text, tokens = _settled_text(seq), seq.output_token_ids
+    start_char, start_token = (seq.num_sent_chars, seq.num_sent_tokens) if delta else (0, 0)
+    if delta:
+        seq.num_sent_chars, seq.num_sent_tokens = len(text), len(tokens)
+    return CompletionOutput(
+        seq.index,
+        text[start_char:],
+        tokens[start_token:],
+        seq.finish_reason,
+        seq.output_logprobs[start_token:] if seq.params.logprobs is not None else None,
+        seq.num_drafted,
+        seq.num_accepted,
     )
-    return text[: len(text) - held]

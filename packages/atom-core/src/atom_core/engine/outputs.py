@@ -2,11 +2,22 @@
 
 from __future__ import annotations
 
+import enum
 from dataclasses import dataclass, field
+
+
+class OutputKind(enum.Enum):
+    """What a running request's outputs carry (SamplingParams.output_kind), as vLLM's RequestOutputKind."""
+
+    CUMULATIVE = 0  # everything so far: text, token ids and logprobs from the first token
+    DELTA = 1  # only what is new since the request's previous output
+    FINAL_ONLY = 2  # no output until the request finishes, then the whole of it
 
 
 @dataclass(slots=True)
 class CompletionOutput:
+    """One sample's output (with OutputKind.DELTA: text, token_ids and logprobs are the new part only)."""
+
     index: int
     text: str
     token_ids: list[int]

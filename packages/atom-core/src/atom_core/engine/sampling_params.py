@@ -1,12 +1,23 @@
-"""Sampling parameters, in the shape vLLM users know; invalid values raise ValueError naming the field."""
+"""Sampling parameters, in the shape vLLM users know; invalid values raise ValueError naming the field.
+
+Stop strings and stop token ids are bounded in number and size (far above what a real client sends), so
+that what one request asks the engine to check on every step stays small; the stop strings' automaton is
+built once (stop_strings()), on the caller's thread, not the engine's.
+"""
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
 
+from atom_core.engine.outputs import OutputKind
+from atom_core.engine.stop_strings import StopStrings
+
 # Temperatures below this sample greedily (as vLLM does): dividing logits by less overflows fp32.
 SAMPLING_EPS = 1e-5
+MAX_STOP_STRINGS = 256
+MAX_STOP_STRING_CHARS = 1024  # each
+MAX_STOP_TOKEN_IDS = 4096
 
 
 @dataclass(slots=True)
@@ -22,9 +33,13 @@ class SamplingParams:
     seed: int | None = None
     max_tokens: int = 16
     stop: str | list[str] | None = None
-    stop_token_ids: list[int] = field(default_factory=list)
+    stop_token_ids: list[int] | frozenset[int] = field(default_factory=list)  # kept as a frozenset
     ignore_eos: bool = False
     logprobs: int | None = None  # how many top logprobs to return with each token (0: only the sampled one)
+    # what each output of a running request carries (vLLM's RequestOutputKind): the whole output so far,
+    # only what is new since the last one, or nothing until it finishes
+    output_kind: OutputKind = OutputKind.CUMULATIVE
+    _stops: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
         _integers(self, "n", "top_k", "max_tokens")
@@ -53,13 +68,35 @@ class SamplingParams:
         for ok, message in checks:
             if not ok:
                 raise ValueError(message)
+        self._check_stops()
+        if not isinstance(self.output_kind, OutputKind):
+            raise ValueError(f"output_kind must be an OutputKind, got {self.output_kind!r}")
+
+    def _check_stops(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         if not all(isinstance(s, str) for s in self.stop or []):
             raise ValueError("stop must be a string or a list of strings")
         self.stop = [s for s in (self.stop or []) if s]
+        if len(self.stop) > MAX_STOP_STRINGS:
+            raise ValueError(f"stop has {len(self.stop)} strings: at most {MAX_STOP_STRINGS} are accepted")
+        if (longest := max(map(len, self.stop), default=0)) > MAX_STOP_STRING_CHARS:
+            raise ValueError(
+                f"stop has a string of {longest} characters: at most {MAX_STOP_STRING_CHARS} are accepted"
+            )
+        if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+            raise ValueError(
+                f"stop_token_ids has {len(self.stop_token_ids)} ids: at most {MAX_STOP_TOKEN_IDS} are accepted"
+            )
         if not all(isinstance(t, int) and not isinstance(t, bool) for t in self.stop_token_ids):
             raise ValueError("stop_token_ids must be integers")
+        self.stop_token_ids = frozenset(self.stop_token_ids)  # looked up once per sampled token
+
+    def stop_strings(self) -> StopStrings | None:
+        """The stop strings' automaton (None without stop strings), built on first use."""
+        if self._stops is None and self.stop:
+            self._stops = StopStrings(self.stop)
+        return self._stops
 
     @property
     def greedy(self) -> bool:

@@ -1,6 +1,9 @@
 """Continuous batching: every step serves running sequences first, then admits waiting ones, under a token budget.
 
 Prefills are chunked to fit the budget (a long prompt spreads over several steps, mixed with decodes).
+While requests wait to be admitted, running prefills together take at most half the budget: a long
+prompt then cannot hold the whole budget until its prefill ends, and the request behind it starts within
+a step (alone, a prefill still takes the whole budget).
 When the KV cache runs out, the most recently arrived running sequence is preempted: its blocks are
 freed and it is recomputed later from its prompt and the tokens it already produced (prefix caching
 makes that cheap). Order is first come, first served.
@@ -73,13 +76,18 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens
+        # what running prefills may take: half the budget while others wait to be admitted
+        prefill_budget = budget // 2 if self.waiting else budget
         batch = ScheduledBatch([], [])
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
+            prefilling = seq.num_uncomputed > 1
+            if prefilling and prefill_budget == 0:
+                continue
             # drafts ride behind a decoding sequence's last token, as many as the budget leaves room for
             drafts = seq.draft_token_ids[: budget - 1] if seq.num_uncomputed == 1 else []
-            n = min(seq.num_uncomputed + len(drafts), budget)
+            n = min(seq.num_uncomputed + len(drafts), budget, prefill_budget if prefilling else budget)
             if not drafts:
                 n = self._end_at_snapshot_boundary(seq, n)
             if drafts and not self.blocks.can_allocate(seq, n):  # short of blocks: drafts go before others do
@@ -97,6 +105,7 @@ class Scheduler:
             batch.drafts.append(drafts)
             self._plan_snapshot(seq, n, batch)
             budget -= n
+            prefill_budget -= n if prefilling else 0
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             self.blocks.admit(seq)

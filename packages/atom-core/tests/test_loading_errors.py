@@ -109,3 +109,133 @@ def test_engine_configs_validate():
         ParallelConfig(tp_size=2, tp_rank=2)
     with pytest.raises(ConfigError, match="dtype 'float8'"):
         resolve_dtype("float8", {})
+
+
+@pytest.mark.parametrize(
+    ("index", "words"),
+    [
+        ({"weight_map": ["model.safetensors"]}, "weight_map is a list, not a mapping"),
+        ({"weight_map": {"model.norm.weight": 3}}, "weight_map maps 'model.norm.weight' to 3"),
+        ({"metadata": {}}, "has no weight_map"),
+        (["model.safetensors"], "is a list, not a JSON object"),
+    ],
+)
+def test_an_index_whose_weight_map_is_not_names_to_files_is_named(checkpoint, index, words):
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=rf"model\.safetensors\.index\.json.*{words}"):
+        load_checkpoint(_model(checkpoint), checkpoint)
+
+
+def test_an_absurd_vocab_size_is_refused_naming_it(checkpoint):
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["vocab_size"] = 2**33
+    (checkpoint / "config.json").write_text(json.dumps(config))
+    # 2**33 rows of 32 fp32 values: 1 TiB for the embedding, as much again for the untied head
+    with pytest.raises(ConfigError, match=r"need 2\.0 TiB on cpu.*available.*vocab_size 8589934592"):
+        _model(checkpoint)
+
+
+def test_weights_that_cannot_fit_the_host_are_refused_with_need_and_available(checkpoint, monkeypatch):
+    import atom_core.loader as loader
+
+    monkeypatch.setattr(loader, "available_memory", lambda device: 1000)
+    with pytest.raises(
+        ConfigError, match=r"LlamaForCausalLM's weights need \d+\.\d KiB on cpu, but 1000 B are available"
+    ):
+        _model(checkpoint)
+
+
+@pytest.mark.parametrize("dtype", [torch.int8, torch.bool, torch.int64])
+@pytest.mark.parametrize(
+    "name",
+    ["model.norm.weight", "model.layers.0.mlp.down_proj.weight", "model.layers.0.self_attn.q_proj.weight"],
+)
+def test_a_non_floating_tensor_for_a_float_weight_is_named(checkpoint, name, dtype):
+    _rewrite(checkpoint, lambda t: t.__setitem__(name, t[name].to(dtype)))
+    with pytest.raises(WeightLoadError, match=rf"'{name}' is {dtype}, where a floating-point weight"):
+        load_checkpoint(_model(checkpoint), checkpoint)
+
+
+@pytest.mark.parametrize("eps", [-1, 0, float("nan"), float("inf"), "1e-6", None, True])
+def test_a_bad_rms_norm_eps_is_named(checkpoint, eps):
+    config = json.loads((checkpoint / "config.json").read_text())
+    config["rms_norm_eps"] = eps
+    with pytest.raises(ConfigError, match=r"rms_norm_eps must be a positive finite number"):
+        ModelConfig.from_hf_dict(config)
+
+
+def _outside_file(tmp_path, name):
+    outside = tmp_path / "elsewhere"
+    outside.mkdir(exist_ok=True)
+    return outside / name
+
+
+@pytest.mark.parametrize(
+    "name", ["model.safetensors", "config.json", "generation_config.json", "model.safetensors.index.json"]
+)
+def test_a_file_linking_outside_the_checkpoint_is_refused(checkpoint, tmp_path, name):
+    target = _outside_file(tmp_path, name)
+    if name == "model.safetensors.index.json":
+        target.write_text(json.dumps({"weight_map": {"model.norm.weight": "model.safetensors"}}))
+    else:
+        (checkpoint / name).rename(target)
+    (checkpoint / name).symlink_to(target)
+    with pytest.raises(ValueError, match=rf"{name} is a link to .*elsewhere.*outside the checkpoint dir"):
+        load_checkpoint(_model(checkpoint), checkpoint)
+
+
+def test_a_shard_linking_outside_is_refused_through_the_index(checkpoint, tmp_path):
+    target = _outside_file(tmp_path, "model.safetensors")
+    (checkpoint / "model.safetensors").rename(target)
+    (checkpoint / "shard.safetensors").symlink_to(target)
+    names = load_file(target)
+    index = {"weight_map": dict.fromkeys(names, "shard.safetensors")}
+    (checkpoint / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(CheckpointError, match=r"points outside the checkpoint dir: shard\.safetensors"):
+        load_checkpoint(_model(checkpoint), checkpoint)
+
+
+def _hub_cache_layout(checkpoint, repo):
+    """The Hugging Face hub cache's layout: repo/snapshots/<revision>/<file> -> ../../blobs/<hash>."""
+    snapshot = repo / "snapshots" / "0123abcd"
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir()
+    for i, file in enumerate(sorted(checkpoint.iterdir())):
+        file.rename(repo / "blobs" / f"blob{i}")
+        (snapshot / file.name).symlink_to(f"../../blobs/blob{i}")
+    return snapshot
+
+
+def test_the_hub_cache_layout_loads(tmp_path):
+    config = LlamaConfig(**dict(TINY, vocab_size=64, hidden_size=32, intermediate_size=48))
+    model_dir = random_checkpoint(config, tmp_path / "ckpt", max_shard_size="20KB")[1]
+    assert (model_dir / "model.safetensors.index.json").is_file()  # sharded: the index is checked too
+    snapshot = _hub_cache_layout(model_dir, tmp_path / "hub" / "models--org--tiny")
+    load_checkpoint(_model(snapshot), snapshot)
+
+
+def test_a_hub_cache_link_leaving_the_repo_is_refused(checkpoint, tmp_path):
+    snapshot = _hub_cache_layout(checkpoint, tmp_path / "hub" / "models--org--tiny")
+    target = _outside_file(tmp_path, "model.safetensors")
+    (snapshot / "model.safetensors").resolve().rename(target)
+    (snapshot / "model.safetensors").unlink()
+    (snapshot / "model.safetensors").symlink_to(target)
+    with pytest.raises(CheckpointError, match=r"model\.safetensors is a link to .*outside the checkpoint"):
+        load_checkpoint(_model(snapshot), snapshot)
+
+
+def test_a_tokenizer_auto_map_is_ignored_and_runs_no_code(tmp_path):
+    """As vLLM without --trust-remote-code: transformers' own class loads the tokenizer; one whose class
+    exists only as the checkpoint's code is refused (test_cli_errors.py)."""
+    from atom_core.demo import _train_tokenizer
+    from atom_core.engine.llm_engine import LLMEngine
+
+    _train_tokenizer(vocab_size=300).save_pretrained(tmp_path)
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]}
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
+    (tmp_path / "evil.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w').write('ran')\n")
+    tokenizer = LLMEngine._load_tokenizer(tmp_path)
+    assert type(tokenizer).__module__.startswith("transformers.")
+    assert tokenizer("hello").input_ids
+    assert not (tmp_path / "RAN").exists()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,46 @@ class ConfigError(ValueError):
 def _positive(name: str, value: int) -> None:
     if not isinstance(value, int) or value <= 0:
         raise ConfigError(f"{name} must be a positive integer, got {value!r}")
+
+
+def _positive_finite(name: str, value: Any) -> float:
+    """value as a float, refused unless a finite number above zero: a norm's epsilon at or below zero (or
+    NaN) makes its rsqrt blow up, so every request would fail; a string is refused, not converted."""
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not (math.isfinite(value) and value > 0)
+    ):
+        raise ConfigError(f"{name} must be a positive finite number, got {value!r}")
+    return float(value)
+
+
+def checkpoint_roots(path: str | Path) -> tuple[Path, ...]:
+    """The real directories a checkpoint's files may resolve into: the checkpoint dir's own real path and,
+    for a Hugging Face hub cache snapshot (<repo>/snapshots/<revision>, whose files are links to
+    ../../blobs/<hash>), the repo folder that holds snapshots/ and blobs/. Files that are links elsewhere
+    are refused rather than followed (vLLM and transformers follow them): a downloaded checkpoint cannot
+    make ATOM read, say, a file of the user's home through its name."""
+    root = Path(path).resolve()
+    repo = root.parent.parent
+    if root.parent.name == "snapshots" and (repo / "blobs").is_dir():
+        return root, repo
+    return (root,)
+
+
+def outside_checkpoint(path: str | Path, file: Path) -> Path | None:
+    """file's real path, when it lies outside the checkpoint's roots (checkpoint_roots); None when inside."""
+    real = file.resolve()
+    return None if any(real.is_relative_to(root) for root in checkpoint_roots(path)) else real
+
+
+def checkpoint_file(path: Path, name: str, error: type[ValueError] = ConfigError) -> Path:
+    """path / name, refused with `error` (naming it) when it is a link whose target is outside the
+    checkpoint (checkpoint_roots)."""
+    file = path / name
+    if (real := outside_checkpoint(path, file)) is not None:
+        raise error(f"{file} is a link to {real}, outside the checkpoint dir: ATOM reads no such file")
+    return file
 
 
 @dataclass(frozen=True, slots=True)
@@ -134,6 +175,7 @@ class ModelConfig:
             "max_position_embeddings",
         ):
             _positive(name, getattr(self, name))
+        _positive_finite("rms_norm_eps", self.rms_norm_eps)
         if self.num_attention_heads % self.num_key_value_heads:
             raise ConfigError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
@@ -148,7 +190,7 @@ class ModelConfig:
     @classmethod
     def from_pretrained(cls, path: str | Path, dtype: str | torch.dtype = "auto") -> ModelConfig:
         path = Path(path)
-        config_file = path / "config.json"
+        config_file = checkpoint_file(path, "config.json")
         if not config_file.is_file():
             raise ConfigError(f"{path} is not a checkpoint dir: no config.json")
         try:
@@ -157,7 +199,7 @@ class ModelConfig:
             raise ConfigError(f"{config_file} is not valid JSON: {err}") from None
         if not isinstance(hf, dict):
             raise ConfigError(f"{config_file} is not a JSON object")
-        generation_file = path / "generation_config.json"
+        generation_file = checkpoint_file(path, "generation_config.json")
         try:
             generation = json.loads(generation_file.read_text()) if generation_file.is_file() else {}
         except json.JSONDecodeError as err:
@@ -199,7 +241,7 @@ class ModelConfig:
             num_key_value_heads=hf.get("num_key_value_heads") or heads,
             head_dim=head_dim,
             max_position_embeddings=hf.get("max_position_embeddings", 2048),
-            rms_norm_eps=float(hf.get("rms_norm_eps", 1e-6)),
+            rms_norm_eps=_positive_finite("rms_norm_eps", hf.get("rms_norm_eps", 1e-6)),
             rope=RopeConfig.from_hf(hf),
             tie_word_embeddings=bool(hf.get("tie_word_embeddings", False)),
             attention_bias=bool(hf.get("attention_bias", False)),

@@ -12,10 +12,14 @@ from safetensors import SafetensorError, safe_open
 from torch import nn
 
 from atom_core.build import BuildContext
-from atom_core.config import ConfigError, ModelConfig
+from atom_core.config import ConfigError, ModelConfig, checkpoint_file, outside_checkpoint
 from atom_core.models.weights import FP8_DTYPES
 from atom_core.quantization import quant_config_for
 from atom_core.registry import get_model_spec
+from atom_kernels import settings as kernel_settings
+from atom_kernels.settings import Backend, resolve_backend
+
+INDEX = "model.safetensors.index.json"
 
 
 class CheckpointError(ValueError):
@@ -23,15 +27,14 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_files(path: str | Path) -> list[Path]:
+    """The checkpoint's safetensors files: the shards its index's weight_map names, else every
+    *.safetensors in it. Each must lie inside the checkpoint (config.checkpoint_roots: its dir, or the hub
+    cache repo of a snapshot); a link out of it is refused, not followed."""
     path = Path(path)
-    index = path / "model.safetensors.index.json"
+    index = checkpoint_file(path, INDEX, CheckpointError)
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text()).get("weight_map", {})
-        except (json.JSONDecodeError, AttributeError) as err:
-            raise CheckpointError(f"{index} is not a valid index: {err}") from None
-        root = path.resolve()
-        outside = sorted({f for f in weight_map.values() if not (path / f).resolve().is_relative_to(root)})
+        weight_map = _weight_map(index)
+        outside = sorted({f for f in weight_map.values() if outside_checkpoint(path, path / f) is not None})
         if outside:  # never read files the checkpoint does not contain
             raise CheckpointError(f"{index} points outside the checkpoint dir: {', '.join(outside)}")
         files = sorted({path / f for f in weight_map.values()})
@@ -39,7 +42,7 @@ def checkpoint_files(path: str | Path) -> list[Path]:
         if missing:
             raise CheckpointError(f"{index.name} lists shards that are not there: {', '.join(missing)}")
         return files
-    files = sorted(path.glob("*.safetensors"))
+    files = [checkpoint_file(path, f.name, CheckpointError) for f in sorted(path.glob("*.safetensors"))]
     if not files:
         pickled = sorted(p.name for p in path.glob("*.bin"))
         hint = (
@@ -49,6 +52,35 @@ def checkpoint_files(path: str | Path) -> list[Path]:
         )
         raise CheckpointError(f"no .safetensors files in {path}{hint}")
     return files
+
+
+def _weight_map(index: Path) -> dict[str, str]:
+    """The index's weight_map, tensor name -> shard file name; any other shape is refused, naming it (a
+    list would otherwise fail deep inside with a traceback)."""
+    try:
+        content = json.loads(index.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{index} is not a valid index: {err}") from None
+    if not isinstance(content, dict):
+        raise CheckpointError(f"{index} is {_json_kind(content)}, not a JSON object with a weight_map")
+    if "weight_map" not in content:
+        raise CheckpointError(f"{index} has no weight_map (tensor name -> shard file)")
+    weight_map = content["weight_map"]
+    if not isinstance(weight_map, dict):
+        raise CheckpointError(
+            f"{index}: weight_map is {_json_kind(weight_map)}, not a mapping of tensor name -> shard file"
+        )
+    if not weight_map:
+        raise CheckpointError(f"{index}: weight_map is empty, so it names no shard file")
+    for name, file in weight_map.items():  # JSON keys are strings already
+        if not isinstance(file, str) or not file:
+            raise CheckpointError(f"{index}: weight_map maps {name!r} to {file!r}, not to a shard file name")
+    return weight_map
+
+
+def _json_kind(value) -> str:
+    kinds = {list: "a list", str: "a string", int: "a number", float: "a number", bool: "a boolean"}
+    return "null" if value is None else kinds.get(type(value), type(value).__name__)
 
 
 def iter_checkpoint(path: str | Path) -> Iterator[tuple[str, torch.Tensor]]:
@@ -114,9 +146,111 @@ def _build(model_class: type, config: ModelConfig, ctx: BuildContext, prefix: st
             f"{config.architecture} has {', '.join(missing)} layers, which the {ctx.attention_backend.name!r} "
             f"attention backend cannot build (it builds {', '.join(sorted(ctx.attention_backend.layer_kinds))})"
         )
+    _check_kernel_backend(ctx)
     ctx = replace(ctx, quant_config=ctx.quant_config or quant_config_for(config))
-    with torch.device(ctx.device):
-        return model_class(config, ctx, prefix).eval()
+    device = torch.device(ctx.device)
+    available = available_memory(device)  # before the build takes its share
+    try:
+        with device:
+            model = model_class(config, ctx, prefix).eval()
+    except RuntimeError:  # an allocation that failed: when the weights cannot fit, say so instead
+        with torch.device("meta"):  # the same model without storage, for its sizes
+            try:
+                too_big = _too_big(model_class(config, ctx, prefix), config, device, available)
+            except Exception:  # no sizes to tell: the build's own error stands
+                too_big = None
+        if too_big is None:
+            raise
+        raise ConfigError(too_big) from None
+    # The CPU hands out memory it does not have (overcommit), and the process is killed when loading
+    # touches it: checked after the build, which touched little of it.
+    if device.type == "cpu" and (too_big := _too_big(model, config, device, available)) is not None:
+        raise ConfigError(too_big)
+    return model
+
+
+# Why a kernel backend atom-kernels refuses on a device cannot run there (resolve_backend decides).
+_CANNOT_RUN = {
+    Backend.TRITON: "Triton compiles for GPUs (the CPU runs only its interpreter, with TRITON_INTERPRET=1 "
+    "set before start)",
+    Backend.AITER: "aiter is AMD's ROCm kernel library, and no atom-kernels op has an aiter "
+    "implementation yet",
+}
+
+
+def _check_kernel_backend(ctx: BuildContext) -> None:
+    """A kernel backend the device cannot run is refused before the weights load (atom-kernels would raise
+    at the first forward, a traceback after the loading), naming the device and the backends it runs."""
+    device = torch.device(ctx.device)
+    asked = getattr(ctx.attention_backend, "kernel_backend", None)  # an engine's own backend has none
+    if device.type not in ("cpu", "cuda") or _runs(asked, device):
+        return
+    chosen = Backend(asked) if asked is not None else kernel_settings.SETTINGS.default_backend
+    named = f"kernel_backend {asked!r}" if asked is not None else f"ATOM_KERNELS_BACKEND={chosen.value}"
+    runs = ", ".join(b.value for b in Backend if _runs(b, device))
+    raise ConfigError(
+        f"{named} cannot run on {device.type}: {_CANNOT_RUN.get(chosen, 'atom-kernels refuses it there')}; "
+        f"what runs on {device.type}: {runs}"
+    )
+
+
+def _runs(backend: str | None, device: torch.device) -> bool:
+    try:
+        resolve_backend(backend, device)
+    except RuntimeError:
+        return False
+    return True
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes the weights may take on device: the GPU's free memory (with what this process's allocator
+    holds unused), or the host's available memory and free swap (/proc/meminfo's MemAvailable counts
+    the page cache it can drop); None where unknown."""
+    if device.type == "cuda" and torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info(device)
+        return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+    if device.type != "cpu":
+        return None
+    try:
+        info = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+        return (int(info["MemAvailable"].split()[0]) + int(info["SwapFree"].split()[0])) * 1024
+    except (OSError, KeyError, ValueError):
+        return None
+
+
+def _too_big(
+    model: nn.Module, config: ModelConfig, device: torch.device, available: int | None
+) -> str | None:
+    """Why the model's weights cannot fit `available` bytes, naming what they need, and the largest
+    tensor and the config field behind it when that one alone cannot; None when they fit."""
+    tensors = {id(t): (n, t) for n, t in [*model.named_parameters(), *model.named_buffers()]}.values()
+    need = sum(_nbytes(t) for _, t in tensors)
+    if available is None or need <= available:
+        return None
+    message = (
+        f"{config.architecture}'s weights need {_bytes(need)} on {device}, "
+        f"but {_bytes(available)} are available"
+    )
+    name, largest = max(tensors, key=lambda nt: _nbytes(nt[1]))
+    if _nbytes(largest) > available:  # one tensor past the whole device: a config field is absurd
+        shape = " x ".join(map(str, largest.shape))
+        fields = [f"{k} {v}" for k, v in config.hf.items() if type(v) is int and v == max(largest.shape)]
+        source = f", from config.json's {' or '.join(fields)}" if fields else ""
+        message += f": {name} alone is {shape} {largest.dtype} ({_bytes(_nbytes(largest))}){source}"
+    return message
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+def _bytes(n: float) -> str:
+    """n bytes in the largest binary unit it reaches."""
+    units = ("B", "KiB", "MiB", "GiB", "TiB", "PiB")
+    i = 0
+    while n >= 1024 and i < len(units) - 1:
+        n, i = n / 1024, i + 1
+    return f"{n} B" if i == 0 else f"{n:.1f} {units[i]}"
 
 
 def load_checkpoint(

@@ -109,7 +109,14 @@ def load_by_rules(
 
 def _check_format(name: str, tensor: torch.Tensor, target: str, param: nn.Parameter) -> None:
     """An fp8 tensor goes only into an fp8 parameter of its own format, and back: a cast would drop its
-    scale (or saturate e5m2's range into e4m3's)."""
+    scale (or saturate e5m2's range into e4m3's). An integer or bool tensor never goes into a floating one:
+    a cast would make weights of its codes (an integer quantization ATOM does not load, or a broken file)."""
+    if param.is_floating_point() and not tensor.is_floating_point():
+        into = "" if target == name else f" of {target!r}"
+        raise WeightLoadError(
+            f"checkpoint tensor {name!r} is {tensor.dtype}, where a floating-point weight{into} "
+            f"({param.dtype}) belongs: ATOM loads no integer-quantized weights and casts no codes into weights"
+        )
     if tensor.dtype == param.dtype or (tensor.dtype not in FP8_DTYPES and param.dtype not in FP8_DTYPES):
         return
     if tensor.dtype in FP8_DTYPES and param.dtype in FP8_DTYPES:

@@ -8,6 +8,9 @@ from safetensors.torch import load_file, save_file
 
 from atom_core.cli import main
 
+# An address no machine can bind: a case that is not refused fails at once instead of serving forever.
+NO_SERVER = ["--host", "256.0.0.1", "--port", "1"]
+
 
 @pytest.fixture(scope="module")
 def base(tiny_llama):
@@ -45,6 +48,21 @@ def _corrupt(path):
 
 def _outside_index(path):
     (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"x": "../../etc/passwd"}}))
+
+
+def _list_weight_map(path):
+    (path / "model.safetensors.index.json").write_text(json.dumps({"weight_map": ["model.safetensors"]}))
+
+
+def _link_outside(path):
+    outside = path.parent / "elsewhere.safetensors"
+    (path / "model.safetensors").rename(outside)
+    (path / "model.safetensors").symlink_to(outside)
+
+
+def _int8(tensors):
+    name = "model.layers.0.mlp.down_proj.weight"
+    tensors[name] = tensors[name].to(torch.int8)
 
 
 def _nan(tensors):
@@ -95,6 +113,29 @@ CASES = {
         [],
         "model.layers.0.mlp.down_proj.weight holds NaN or Inf",
     ),
+    "a weight_map that is a list": (
+        _list_weight_map,
+        [],
+        "model.safetensors.index.json: weight_map is a list, not a mapping",
+    ),
+    "a weight file linking outside": (_link_outside, [], "model.safetensors is a link to"),
+    "an int8 weight": (
+        lambda p: _edit_tensors(p, _int8),
+        [],
+        "'model.layers.0.mlp.down_proj.weight' is torch.int8",
+    ),
+    "an absurd vocab_size": (
+        lambda p: _edit_config(p, vocab_size=2**33),
+        [],
+        "vocab_size 8589934592",
+    ),
+    "a negative rms_norm_eps": (
+        lambda p: _edit_config(p, rms_norm_eps=-1),
+        [],
+        "rms_norm_eps must be a positive finite number, got -1",
+    ),
+    "aiter on the CPU": (None, ["--kernel-backend", "aiter"], "kernel_backend 'aiter' cannot run on cpu"),
+    "a non-ASCII API key": (None, ["--api-key", "clé"], "the API key from --api-key has a non-ASCII"),
     "checkpoint code in the tokenizer": (_custom_tokenizer_code, [], "its tokenizer could not be loaded"),
     "max-model-len above the model's": (
         None,
@@ -121,10 +162,62 @@ def test_a_bad_checkpoint_or_argument_is_one_line_and_exit_2(base, tmp_path, cap
     path = _copy(base, tmp_path)
     if damage is not None:
         damage(path)
-    rc = main(["serve", "--model", str(path), "--device", "cpu", "--port", "1", *extra])
+    rc = main(["serve", "--model", str(path), "--device", "cpu", *NO_SERVER, *extra])
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("[atom] error:")]
     assert rc == 2, err
     assert len(lines) == 1 and words in lines[0], err
     assert "Traceback" not in err
     assert not (path / "RAN").exists()  # no checkpoint code ran
+
+
+def _one_error_line(capsys) -> str:
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("[atom] error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_triton_on_the_cpu_without_the_interpreter_is_refused_at_startup(base, capsys, monkeypatch):
+    import atom_kernels.settings as settings
+
+    monkeypatch.setattr(settings, "SETTINGS", settings.Settings(default_backend=None, triton_interpret=False))
+    rc = main(["serve", "--model", str(base), "--device", "cpu", *NO_SERVER, "--kernel-backend", "triton"])
+    line = _one_error_line(capsys)
+    assert rc == 2
+    assert "kernel_backend 'triton' cannot run on cpu" in line and "TRITON_INTERPRET=1" in line, line
+    assert line.endswith("on cpu: torch"), line
+
+
+@pytest.mark.parametrize("key", ["clé", "tab\tin"])
+def test_an_unsendable_api_key_from_the_environment_is_refused(base, capsys, monkeypatch, key):
+    monkeypatch.setenv("ATOM_API_KEY", key)
+    rc = main(["serve", "--model", str(base), "--device", "cpu", *NO_SERVER])
+    assert rc == 2
+    assert "the API key from ATOM_API_KEY has a non-ASCII or control character" in _one_error_line(capsys)
+
+
+def test_an_unsendable_api_key_file_is_refused(base, tmp_path, capsys):
+    key = tmp_path / "key"
+    key.write_text("sécret\n")
+    rc = main(["serve", "--model", str(base), "--device", "cpu", *NO_SERVER, "--api-key-file", str(key)])
+    assert rc == 2
+    line = _one_error_line(capsys)
+    assert f"the API key from {key} has a non-ASCII" in line and "sécret" not in line  # the key never shown
+
+
+def test_create_app_refuses_an_unsendable_key():
+    from atom_core.entrypoints.openai.app import create_app
+
+    with pytest.raises(ValueError, match="non-ASCII or control character"):
+        create_app(None, "m", api_key="clé")
+
+
+@pytest.mark.parametrize("port", ["70000", "-1"])
+def test_a_port_out_of_range_is_an_argparse_error(capsys, port):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--port", port])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    assert f"argument --port: {port} is not a TCP port (0..65535" in err.splitlines()[-1], err
+    assert "Traceback" not in err

@@ -30,6 +30,18 @@ def _parse_token_ids(raw: str) -> list[int]:
     return ids
 
 
+def _port(raw: str) -> int:
+    """A TCP port: 0 (the system picks a free one) to 65535; anything else is refused by argparse,
+    not by the bind after the model has loaded."""
+    try:
+        port = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{raw!r} is not a TCP port (0..65535)") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"{port} is not a TCP port (0..65535, 0: any free one)")
+    return port
+
+
 def _with_engine_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Every engine option (EngineConfig's), the same for generate, serve and bench."""
     from atom_core.engine.config import EngineConfig
@@ -62,7 +74,7 @@ def _build_parser() -> argparse.ArgumentParser:
         sub.add_parser("serve", help="OpenAI-compatible HTTP server (default: the built-in demo model)")
     )
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default: loopback only)")
-    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--port", type=_port, default=8000, help="0..65535 (default: 8000)")
     serve.add_argument(
         "--api-key",
         default=None,
@@ -74,18 +86,41 @@ def _build_parser() -> argparse.ArgumentParser:
     limits = ServerLimits()
     serve.add_argument("--max-request-bytes", type=int, default=limits.max_body_bytes, help="413 above this")
     serve.add_argument(
+        "--max-discard-bytes",
+        type=int,
+        default=limits.max_discard_bytes,
+        help="a body over --max-request-bytes is read (and dropped) up to this size before its 413, "
+        "so that clients sending it whole get the 413, not a reset",
+    )
+    serve.add_argument(
         "--request-timeout",
         type=float,
         default=limits.request_timeout,
-        help="seconds a client has to send a request's head, then its body",
+        help="seconds a client has to send a request's head once begun, then its body",
     )
-    serve.add_argument("--keep-alive-timeout", type=float, default=limits.keep_alive_timeout)
-    serve.add_argument("--max-connections", type=int, default=limits.max_connections)
+    serve.add_argument(
+        "--keep-alive-timeout",
+        type=float,
+        default=limits.keep_alive_timeout,
+        help="seconds a connection may wait with no request begun (new, or after a response)",
+    )
+    serve.add_argument(
+        "--max-connections",
+        type=int,
+        default=limits.max_connections,
+        help="open connections; at this many a new one closes the one idle longest (refused if none is)",
+    )
     serve.add_argument(
         "--shutdown-timeout",
         type=float,
         default=limits.shutdown_timeout,
         help="seconds in-flight requests get after SIGTERM",
+    )
+    serve.add_argument(
+        "--max-stream-buffer-tokens",
+        type=int,
+        default=limits.max_stream_buffer_tokens,
+        help="a stream whose client leaves this many tokens unread is dropped (499 in the log)",
     )
     bench = _with_engine_args(
         sub.add_parser("bench", help="offline throughput and latency (default: the built-in demo model)")
@@ -133,11 +168,24 @@ def _api_key(args: argparse.Namespace) -> str | None:
         return None
     if not key.strip():
         raise ValueError(f"the API key from {where} is empty: give a real key, or none to serve without one")
+    if not _sendable(key.strip()):  # the key itself is never printed
+        raise ValueError(
+            f"the API key from {where} has a non-ASCII or control character: HTTP headers carry printable "
+            "ASCII, so no client could send it"
+        )
     return key.strip()
 
 
+def _sendable(key: str) -> bool:
+    """Whether a client can send key in an Authorization header: printable ASCII only (a header's bytes
+    are read as latin-1, so a UTF-8 key could never match)."""
+    return key.isascii() and key.isprintable()
+
+
 def _serve(args: argparse.Namespace) -> int:
+    import functools
     import logging
+    import threading
 
     from atom_core.demo import ensure_demo_checkpoint
     from atom_core.engine import EngineConfig, LLMEngine
@@ -149,20 +197,28 @@ def _serve(args: argparse.Namespace) -> int:
     api_key = _api_key(args)
     limits = ServerLimits(
         max_body_bytes=args.max_request_bytes,
+        max_discard_bytes=args.max_discard_bytes,
         request_timeout=args.request_timeout,
         keep_alive_timeout=args.keep_alive_timeout,
         max_connections=args.max_connections,
         shutdown_timeout=args.shutdown_timeout,
+        max_stream_buffer_tokens=args.max_stream_buffer_tokens,
     )
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     if args.model is None:
         _log("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
     engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir))
     server: list[Server] = []
-    async_engine = AsyncEngine(engine, on_dead=lambda reason: setattr(server[0], "should_exit", True))
+    async_engine = AsyncEngine(
+        engine,
+        on_dead=lambda reason: setattr(server[0], "should_exit", True),
+        max_buffered_tokens=limits.max_stream_buffer_tokens,
+    )
     name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
-    app = create_app(async_engine, name, api_key=api_key, limits=limits)
-    server.append(make_server(app, args.host, args.port, limits))
+    closing = threading.Event()
+    app = create_app(async_engine, name, api_key=api_key, limits=limits, closing=closing)
+    end = functools.partial(async_engine.fail_all, "the server is shutting down")
+    server.append(make_server(app, args.host, args.port, limits, closing=closing.set, end_requests=end))
     try:
         server[0].run()
     finally:

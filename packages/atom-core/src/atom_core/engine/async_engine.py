@@ -7,6 +7,10 @@ then reports unhealthy and exits rather than hang. Tokenization runs on its own 
 engine lock, so a long prompt delays neither the event loop nor the engine's steps; the event loop never
 waits for the engine lock either (admission runs on a worker thread, aborts go through an inbox that
 the engine thread drains between steps).
+
+Each request's outputs reach its reader through an OutputStream (output_stream.py): merged while the
+reader is behind, bounded when it stops reading. On shutdown, `fail_all` ends every request with a reason
+its reader can report (a stream's error event, a 503 otherwise).
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ from collections.abc import AsyncIterator, Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from atom_core.engine.llm_engine import LLMEngine, Prompt
+from atom_core.engine.output_stream import OutputStream, ReaderTooSlow
 from atom_core.engine.outputs import RequestOutput
 from atom_core.engine.sampling_params import SamplingParams
 
@@ -33,18 +38,36 @@ class EngineDead(RuntimeError):
     """The engine can no longer run; the message says why."""
 
 
+class ShuttingDown(RuntimeError):
+    """The server is shutting down: this request was ended before it finished."""
+
+
+__all__ = ["AsyncEngine", "EngineDead", "ReaderTooSlow", "RequestFailed", "ShuttingDown"]
+
+
 class AsyncEngine:
     MAX_FAILED_STEPS = 3  # steps failing in a row before the engine is declared dead
 
-    def __init__(self, engine: LLMEngine, on_dead: Callable[[str], None] | None = None):
+    def __init__(
+        self,
+        engine: LLMEngine,
+        on_dead: Callable[[str], None] | None = None,
+        *,
+        max_buffered_tokens: int = 65536,
+    ):
+        """max_buffered_tokens: unread tokens a request's stream may hold before the request is dropped
+        (its reader stopped reading)."""
         self.engine = engine
+        self.max_buffered_tokens = max_buffered_tokens
         self.on_dead = on_dead
         self.dead: str | None = None
         self._lock = threading.Lock()
         self._wake = threading.Event()
-        self._queues: dict[str, tuple[asyncio.AbstractEventLoop, asyncio.Queue]] = {}
+        self._streams: dict[str, tuple[asyncio.AbstractEventLoop, OutputStream]] = {}
         self._failed_steps = 0  # steps that raised outside the forward (the engine counts forward failures)
         self._aborts: queue.SimpleQueue[str] = queue.SimpleQueue()  # requests whose clients left
+        self._ending: str | None = None  # fail_all's reason, until the engine thread has applied it
+        self.closed: str | None = None  # fail_all's reason: no request is admitted any more
         self._tokenizer_thread = ThreadPoolExecutor(
             1, thread_name_prefix="atom-tokenize"
         )  # one: not reentrant
@@ -68,6 +91,8 @@ class AsyncEngine:
             with self._lock:
                 while not self._aborts.empty():
                     self.engine.abort(self._aborts.get())
+                if self._ending is not None:
+                    self._end_all(self._ending)
                 if not self.engine.has_unfinished_requests():
                     return None
                 outputs = self.engine.step()
@@ -82,9 +107,24 @@ class AsyncEngine:
 
     def _deliver(self, outputs: list[RequestOutput]) -> None:
         for out in outputs:
-            if (target := self._queues.get(out.request_id)) is not None:
-                loop, queue = target
-                loop.call_soon_threadsafe(queue.put_nowait, out)
+            if (target := self._streams.get(out.request_id)) is not None:
+                loop, stream = target
+                loop.call_soon_threadsafe(stream.put, out)
+
+    def fail_all(self, reason: str) -> None:
+        """End every request now (the server is shutting down): each reader gets ShuttingDown(reason), and
+        so does every request added from now on."""
+        self.closed = self._ending = reason
+        self._wake.set()
+        if not self._thread.is_alive():  # no engine thread to apply it: fail the readers directly
+            self._end_all(reason)
+
+    def _end_all(self, reason: str) -> None:
+        self._ending = None
+        for request_id in list(self.engine.requests):
+            self.engine.abort(request_id)
+        for loop, stream in list(self._streams.values()):
+            loop.call_soon_threadsafe(stream.fail, ShuttingDown(reason))
 
     def _die(self, reason: str) -> None:
         self.dead = reason
@@ -100,44 +140,80 @@ class AsyncEngine:
         """fn(*args) on the tokenizer thread (tokenizers are not safe to call from several threads)."""
         return await asyncio.get_running_loop().run_in_executor(self._tokenizer_thread, fn, *args)
 
-    async def generate(
-        self, prompt: Prompt, params: SamplingParams, request_id: str
-    ) -> AsyncIterator[RequestOutput]:
-        """Streams this request's outputs until it finishes. Raises ValueError before any output for bad
-        input, RequestFailed if the engine failed it, EngineDead if the engine cannot run."""
+    async def add(self, prompt: Prompt, params: SamplingParams, request_id: str) -> OutputStream:
+        """Admit a request (ValueError for bad input: nothing is left behind; EngineDead, ShuttingDown);
+        its outputs arrive on the returned stream. Read them with outputs(); a caller that stops early must call abort()."""
         if self.dead is not None:
             raise EngineDead(self.dead)
-        text, ids = await self.run_tokenizer(self.engine.tokenize, prompt)
-        outputs: asyncio.Queue = asyncio.Queue()
-        self._queues[request_id] = (asyncio.get_running_loop(), outputs)
+        text, ids = await self.run_tokenizer(_prepare, self.engine, prompt, params)
+        if self.closed is not None:
+            raise ShuttingDown(self.closed)
+        stream = OutputStream(
+            params.output_kind, self.max_buffered_tokens, on_overflow=lambda: self._overflowed(request_id)
+        )
+        self._streams[request_id] = (asyncio.get_running_loop(), stream)
         try:
             await asyncio.to_thread(
                 self._admit, {"prompt": text, "prompt_token_ids": ids}, params, request_id
             )
         except BaseException:
-            self._queues.pop(request_id, None)
+            self._streams.pop(request_id, None)
             raise
         self._wake.set()
+        return stream
+
+    async def outputs(self, stream: OutputStream, request_id: str) -> AsyncIterator[RequestOutput]:
+        """The request's outputs until it finishes; RequestFailed if the engine failed it, ReaderTooSlow or
+        ShuttingDown if it was dropped. Leaving early (or failing) aborts the request."""
         finished = False
         try:
             while not finished:
-                out = await outputs.get()
+                out = await stream.get()
                 if out.error is not None:
                     raise RequestFailed(out.error)
                 finished = out.finished
                 yield out
         finally:
-            self._queues.pop(request_id, None)
+            self._streams.pop(request_id, None)
             if not finished:  # the client went away (or the request failed): the engine frees it
-                self._aborts.put(request_id)
-                self._wake.set()
+                self.abort(request_id)
+
+    async def generate(
+        self, prompt: Prompt, params: SamplingParams, request_id: str
+    ) -> AsyncIterator[RequestOutput]:
+        """Streams this request's outputs until it finishes. Raises ValueError before any output for bad
+        input, RequestFailed if the engine failed it, EngineDead if the engine cannot run."""
+        stream = await self.add(prompt, params, request_id)
+        async for out in self.outputs(stream, request_id):
+            yield out
+
+    def _overflowed(self, request_id: str) -> None:
+        logger.warning(
+            "request %s dropped: its client stopped reading (over %d tokens unread)",
+            request_id,
+            self.max_buffered_tokens,
+        )
+        self.abort(request_id)
+
+    def abort(self, request_id: str) -> None:
+        """Drop a request (from any thread): the engine thread frees it before its next step."""
+        self._aborts.put(request_id)
+        self._wake.set()
 
     def _admit(self, prompt: Prompt, params: SamplingParams, request_id: str) -> None:
         with self._lock:
             self.engine.add_request(prompt, params, request_id)
 
     def shutdown(self) -> None:
+        """Stop the engine thread (requests still held are not answered: fail_all first to answer them)."""
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=5)
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
+
+
+def _prepare(engine: LLMEngine, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
+    """On the tokenizer thread: the prompt's tokens, and the stop strings' automaton built (not on the
+    engine thread, where every running request would wait for it)."""
+    params.stop_strings()
+    return engine.tokenize(prompt)

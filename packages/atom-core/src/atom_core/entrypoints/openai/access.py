@@ -1,5 +1,6 @@
-"""Who may call, and the access log: one middleware that checks the API key on /v1 routes and logs one
-line per request (method, path, status, time), refusals included."""
+"""Who may call, and the access log: one middleware that refuses new requests while the server shuts down
+(503), checks the API key on /v1 routes, and logs one line per request (method, path, status, time),
+refusals included."""
 
 from __future__ import annotations
 
@@ -24,13 +25,16 @@ def authorized(header: str | None, api_key: str) -> bool:
 
 async def auth_and_log(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
     start = time.perf_counter()
-    api_key = server_state(request).api_key
-    if (
+    state = server_state(request)
+    api_key = state.api_key
+    if state.closing.is_set():  # in-flight requests finish; nothing new starts
+        response: Response = error_response(503, "the server is shutting down", "service_unavailable")
+    elif (
         api_key
         and request.url.path.startswith("/v1")
         and not authorized(request.headers.get("authorization"), api_key)
     ):
-        response: Response = error_response(401, "invalid or missing API key", "authentication_error")
+        response = error_response(401, "invalid or missing API key", "authentication_error")
     else:
         response = await call_next(request)
     logger.info(

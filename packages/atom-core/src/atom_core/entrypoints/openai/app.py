@@ -12,6 +12,8 @@ envelope), access.py (API key and access log) and limits.py (request bodies).
 
 from __future__ import annotations
 
+import threading
+
 from fastapi import FastAPI
 
 from atom_core.engine.async_engine import AsyncEngine
@@ -23,13 +25,22 @@ from atom_core.entrypoints.openai.state import ServerState
 
 
 def create_app(
-    engine: AsyncEngine, model_name: str, api_key: str | None = None, limits: ServerLimits | None = None
+    engine: AsyncEngine,
+    model_name: str,
+    api_key: str | None = None,
+    limits: ServerLimits | None = None,
+    closing: threading.Event | None = None,
 ) -> BodyLimit:
-    """The ASGI app serving `engine` as `model_name` (FastAPI inside the body-limit middleware)."""
+    """The ASGI app serving `engine` as `model_name` (FastAPI inside the body-limit middleware); once
+    `closing` is set, new requests get 503."""
     if api_key is not None and not api_key.strip():
         raise ValueError("the API key is empty: give a real key, or none to serve without one")
+    if api_key is not None and not (api_key.isascii() and api_key.isprintable()):  # never sendable
+        raise ValueError(
+            "the API key has a non-ASCII or control character: HTTP headers carry printable ASCII"
+        )
     app = FastAPI(title="ATOM", docs_url=None, redoc_url=None, openapi_url=None)
-    app.state.server = ServerState(engine, model_name, api_key)
+    app.state.server = ServerState(engine, model_name, api_key, closing or threading.Event())
     install_error_handlers(app)
     app.middleware("http")(auth_and_log)
     app.include_router(router)

@@ -14,7 +14,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
-from atom_core.engine.async_engine import EngineDead, RequestFailed
+from atom_core.engine.async_engine import EngineDead, ReaderTooSlow, RequestFailed, ShuttingDown
 from atom_core.entrypoints.openai.responses import error_body
 
 logger = logging.getLogger("atom.server")
@@ -40,10 +40,19 @@ def engine_dead(reason: str) -> ApiError:
     return ApiError(503, f"the engine is dead: {reason}", "service_unavailable")
 
 
-def engine_failure(err: RequestFailed | EngineDead) -> ApiError:
-    """A dead engine is the server's state (503); a failed request is this request's alone (500)."""
+# how a request admitted to the engine can end without finishing
+ENDED = (RequestFailed, EngineDead, ReaderTooSlow, ShuttingDown)
+
+
+def engine_failure(err: Exception) -> ApiError:
+    """A dead engine or a shutdown is the server's state (503); a failed request is this request's alone
+    (500); a reader that stopped reading was dropped (499)."""
     if isinstance(err, EngineDead):
         return engine_dead(str(err))
+    if isinstance(err, ShuttingDown):
+        return ApiError(503, f"the server is shutting down: {err}", "service_unavailable")
+    if isinstance(err, ReaderTooSlow):
+        return ApiError(499, f"the client stopped reading: {err}")
     return ApiError(500, f"the engine failed this request: {err}", "internal_error")
 
 

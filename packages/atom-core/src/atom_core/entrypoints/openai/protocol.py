@@ -14,6 +14,9 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from atom_core.engine.sampling_params import SamplingParams
 
 MAX_N = 16
+# far above what a real conversation sends: bounds what one request makes the tokenizer thread do
+MAX_MESSAGES = 4096
+MAX_CONTENT_PARTS = 1024  # per message
 
 
 def _unicode(text: str) -> str:
@@ -121,6 +124,8 @@ class ChatMessage(BaseModel):
         """Image, video or audio parts get their own 400 (served models are text-only, multimodal
         checkpoints included), not a schema mismatch."""
         parts = data.get("content") if isinstance(data, dict) else None
+        if isinstance(parts, list) and len(parts) > MAX_CONTENT_PARTS:
+            raise ValueError(f"content has {len(parts)} parts: at most {MAX_CONTENT_PARTS} are accepted")
         for part in parts if isinstance(parts, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
             if kind in MEDIA_PARTS:
@@ -132,7 +137,7 @@ class ChatMessage(BaseModel):
 
 
 class ChatCompletionRequest(_Request):
-    messages: list[ChatMessage] = Field(min_length=1)
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = None
     max_completion_tokens: int | None = None
     logprobs: bool = False

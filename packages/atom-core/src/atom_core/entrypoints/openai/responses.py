@@ -14,8 +14,11 @@ def error_body(
 
 
 def usage(out: RequestOutput) -> dict:
-    prompt = len(out.prompt_token_ids)
-    completion = sum(len(c.token_ids) for c in out.outputs)
+    """Of a whole (cumulative or final) output."""
+    return usage_counts(len(out.prompt_token_ids), sum(len(c.token_ids) for c in out.outputs))
+
+
+def usage_counts(prompt: int, completion: int) -> dict:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
@@ -95,7 +98,7 @@ class Formatter:
         }
         if usage_stats is not None:
             body["usage"] = usage_stats
-        return f"data: {json.dumps(body)}\n\n"
+        return f"data: {json.dumps(body, allow_nan=False)}\n\n"  # ValueError on NaN or Infinity
 
     def delta(self, c: CompletionOutput, text: str, first: bool, logprobs: dict | None) -> dict:
         choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": logprobs}

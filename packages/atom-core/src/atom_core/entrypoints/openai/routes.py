@@ -7,10 +7,15 @@ returned as built, never re-validated against the return annotation.
 
 from __future__ import annotations
 
+import asyncio
+import json
 from functools import partial
+from typing import TypeVar
 
 from fastapi import APIRouter, Request
-from fastapi.responses import StreamingResponse
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response, StreamingResponse
+from pydantic import BaseModel, ValidationError
 
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.sampling_params import SamplingParams
@@ -38,8 +43,34 @@ async def models(request: Request) -> dict:
     return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "atom"}]}
 
 
+Body = TypeVar("Body", bound=BaseModel)
+# bodies larger than this are parsed and validated on a worker thread: the event loop keeps serving
+LARGE_BODY_BYTES = 64 * 1024
+
+
+async def _parse(request: Request, model: type[Body]) -> Body:
+    """The request's JSON body as `model` (as FastAPI would parse it, errors included), large ones off
+    the event loop."""
+    raw = await request.body()
+    if len(raw) > LARGE_BODY_BYTES:
+        return await asyncio.to_thread(_validate, raw, model)
+    return _validate(raw, model)
+
+
+def _validate(raw: bytes, model: type[Body]) -> Body:
+    try:
+        data = json.loads(raw)
+    except ValueError:  # not JSON, or not UTF-8
+        raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": ""}]) from None
+    try:
+        return model.model_validate(data)
+    except ValidationError as err:
+        raise RequestValidationError(err.errors(include_url=False)) from None
+
+
 @router.post("/v1/completions", response_model=None)
-async def completions(body: CompletionRequest, request: Request) -> dict | StreamingResponse:
+async def completions(request: Request) -> Response | StreamingResponse:
+    body = await _parse(request, CompletionRequest)
     state = server_state(request)
     check_model(body.model, state.model_name)
     params = completion_params(body)
@@ -50,7 +81,8 @@ async def completions(body: CompletionRequest, request: Request) -> dict | Strea
 
 
 @router.post("/v1/chat/completions", response_model=None)
-async def chat(body: ChatCompletionRequest, request: Request) -> dict | StreamingResponse:
+async def chat(request: Request) -> Response | StreamingResponse:
+    body = await _parse(request, ChatCompletionRequest)
     state = server_state(request)
     check_model(body.model, state.model_name)
     ids, params = await chat_prompt(state.engine, body)

@@ -3,7 +3,8 @@ plain module functions rather than closures over create_app's arguments."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+from dataclasses import dataclass, field
 
 from starlette.requests import HTTPConnection
 
@@ -15,6 +16,7 @@ class ServerState:
     engine: AsyncEngine
     model_name: str  # the one model served; a request naming another gets 404
     api_key: str | None  # None: /v1 routes need no key
+    closing: threading.Event = field(default_factory=threading.Event)  # set on shutdown: new requests 503
 
 
 def server_state(request: HTTPConnection) -> ServerState:

@@ -1,7 +1,8 @@
 """Server-sent events for a streaming request: each choice's new text (and its new tokens' logprobs) as it
-comes, one finishing chunk per choice, optionally a usage chunk, then [DONE]. The engine holds back text
-that may still become a stop string, so the streamed text always equals the non-streamed text. A request
-the engine fails mid-stream ends with an error event."""
+comes, one finishing chunk per choice, optionally a usage chunk, then [DONE]. The engine sends deltas and
+holds back text that may still become a stop string, so the streamed text always equals the non-streamed
+text. A request that ends without finishing (the engine failed it, the server is shutting down, the
+client stopped reading) ends with an error event, then [DONE]."""
 
 from __future__ import annotations
 
@@ -10,15 +11,15 @@ from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
-from atom_core.engine.async_engine import EngineDead, RequestFailed
 from atom_core.engine.outputs import RequestOutput
-from atom_core.entrypoints.openai.responses import Formatter, error_body, usage
+from atom_core.entrypoints.openai.errors import ENDED, engine_failure
+from atom_core.entrypoints.openai.responses import Formatter, error_body, usage_counts
 
 
 def event_stream(
     first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
 ) -> StreamingResponse:
-    """The streaming answer to a request whose first output is `first` and the rest still to come."""
+    """The streaming answer to a request whose first output (a delta) is `first`, the rest still to come."""
     return StreamingResponse(
         stream_events(first, stream, fmt, include_usage=include_usage), media_type="text/event-stream"
     )
@@ -27,23 +28,20 @@ def event_stream(
 async def stream_events(
     first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
 ) -> AsyncIterator[str]:
-    sent_text: dict[int, int] = {}  # choice -> characters sent
-    sent_tokens: dict[int, int] = {}  # choice -> tokens whose logprobs were sent
+    sent_chars: dict[int, int] = {}  # choice -> characters sent (completions' logprobs offsets)
+    sent_tokens: dict[int, int] = {}  # choice -> tokens sent (usage)
     done: set[int] = set()
     out = first
     try:
         while True:
             choices = []
             for c in out.outputs:
-                if c.index in done:
+                if c.index in done or (not c.text and not c.token_ids and c.finish_reason is None):
                     continue
-                text = c.text[sent_text.get(c.index, 0) :]
-                start = sent_tokens.get(c.index, 0)
-                if not text and c.finish_reason is None and len(c.token_ids) == start:
-                    continue
-                logprobs = fmt.logprobs(c, start, text_offset=sent_text.get(c.index, 0))
-                choices.append(fmt.delta(c, text, first=c.index not in sent_text, logprobs=logprobs))
-                sent_text[c.index], sent_tokens[c.index] = len(c.text), len(c.token_ids)
+                logprobs = fmt.logprobs(c, 0, text_offset=sent_chars.get(c.index, 0))
+                choices.append(fmt.delta(c, c.text, first=c.index not in sent_chars, logprobs=logprobs))
+                sent_chars[c.index] = sent_chars.get(c.index, 0) + len(c.text)
+                sent_tokens[c.index] = sent_tokens.get(c.index, 0) + len(c.token_ids)
                 if c.finish_reason is not None:
                     done.add(c.index)
             if choices:
@@ -53,10 +51,12 @@ async def stream_events(
             out = await anext(stream, None)
             if out is None:
                 break
-    except (RequestFailed, EngineDead) as err:
-        kind = "service_unavailable" if isinstance(err, EngineDead) else "internal_error"
-        yield f"data: {json.dumps(error_body(500, f'the engine failed this request: {err}', kind))}\n\n"
-        return
-    if include_usage:
-        yield fmt.chunk([], usage(out))
+        if include_usage:
+            yield fmt.chunk([], usage_counts(len(first.prompt_token_ids), sum(sent_tokens.values())))
+    except ENDED as err:
+        api = engine_failure(err)
+        yield f"data: {json.dumps(error_body(api.status, api.message, api.kind))}\n\n"
+    except ValueError:  # a chunk held a non-finite number: this request fails, in the stream
+        message = "the answer held a non-finite number"
+        yield f"data: {json.dumps(error_body(500, message, 'internal_error'))}\n\n"
     yield "data: [DONE]\n\n"

@@ -324,3 +324,17 @@ def ragged_prefill_logits(
         StepInputs(ids, positions, lens, lens, tables, rows, slots, [True] * len(prompts), rows)
     )
     return list(logits.split(lens))
+
+
+def closed_within(sock, seconds: float) -> bool:
+    """Whether the server closes sock within `seconds` (reading and dropping what it still sends); sock
+    stays open on our side, for the caller to use or close."""
+    sock.settimeout(seconds)
+    try:
+        while sock.recv(65536):
+            pass
+        return True
+    except ConnectionResetError:
+        return True
+    except TimeoutError:
+        return False

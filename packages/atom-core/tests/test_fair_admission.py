@@ -3,8 +3,7 @@ most half of it when a request is waiting, so a short request behind a long one 
 
 import pytest
 
-from atom_core.engine import EngineConfig, LLMEngine, SamplingParams
-from atom_core.engine.outputs import OutputKind
+from atom_core.engine import EngineConfig, LLMEngine, OutputKind, SamplingParams
 
 BUDGET = 64
 

@@ -21,6 +21,7 @@ import urllib.request
 
 import httpx
 import pytest
+from core_support import closed_within
 
 CAP = 40  # --max-connections
 KEEP_ALIVE = 1.0  # --keep-alive-timeout
@@ -181,28 +182,16 @@ def test_silent_sockets_at_the_cap_do_not_lock_out_good_requests(server):
     assert streamed.rstrip().endswith("data: [DONE]"), streamed[-300:]
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    sock.settimeout(seconds)
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-
-
 def test_idle_connections_close_after_keep_alive_and_a_begun_head_gets_the_request_timeout(server):
     idle = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     half = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: app")
     with idle, half:
         start = time.monotonic()
-        assert _closed_within(idle, KEEP_ALIVE + 2)
+        assert closed_within(idle, KEEP_ALIVE + 2)
         assert time.monotonic() - start < KEEP_ALIVE + 2
-        assert not _closed_within(half, max(0.0, KEEP_ALIVE + 2.5 - (time.monotonic() - start)))
-        assert _closed_within(half, REQUEST_TIMEOUT + 3)
+        assert not closed_within(half, max(0.0, KEEP_ALIVE + 2.5 - (time.monotonic() - start)))
+        assert closed_within(half, REQUEST_TIMEOUT + 3)
         assert time.monotonic() - start < REQUEST_TIMEOUT + 3
 
 

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from core_support import closed_within
 
 KEY = "robustness-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
@@ -179,21 +180,6 @@ def _raw(server) -> socket.socket:
     return sock
 
 
-def _closed_within(sock: socket.socket, seconds: float) -> bool:
-    """Whether the server closes sock within `seconds` (it sends nothing more, or a final response)."""
-    sock.settimeout(seconds)
-    try:
-        while sock.recv(65536):
-            pass
-        return True
-    except ConnectionResetError:
-        return True
-    except TimeoutError:
-        return False
-    finally:
-        sock.close()
-
-
 def test_idle_and_half_sent_connections_are_closed(server):
     idle = _raw(server)
     half = _raw(server)
@@ -205,8 +191,10 @@ def test_idle_and_half_sent_connections_are_closed(server):
         + b'\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{"prompt"'
     )
     start = time.monotonic()
-    assert _closed_within(idle, TIMEOUT + 3)
-    assert _closed_within(half, TIMEOUT + 3)
+    assert closed_within(idle, TIMEOUT + 3)
+    assert closed_within(half, TIMEOUT + 3)
+    idle.close()
+    half.close()
     slow_body.settimeout(TIMEOUT + 3)
     assert b" 408 " in slow_body.recv(65536).split(b"\r\n")[0]
     slow_body.close()

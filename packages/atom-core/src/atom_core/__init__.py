@@ -11,15 +11,32 @@ from typing import TYPE_CHECKING
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from atom_core.engine import LLM, CompletionOutput, EngineConfig, LLMEngine, RequestOutput, SamplingParams
+    from atom_core.engine import (
+        LLM,
+        CompletionOutput,
+        EngineConfig,
+        LLMEngine,
+        OutputKind,
+        RequestOutput,
+        SamplingParams,
+    )
 
-_ENGINE_NAMES = ("LLM", "EngineConfig", "LLMEngine", "SamplingParams", "RequestOutput", "CompletionOutput")
+_ENGINE_NAMES = (
+    "LLM",
+    "EngineConfig",
+    "LLMEngine",
+    "SamplingParams",
+    "RequestOutput",
+    "CompletionOutput",
+    "OutputKind",
+)
 
 __all__ = [
     "LLM",
     "CompletionOutput",
     "EngineConfig",
     "LLMEngine",
+    "OutputKind",
     "RequestOutput",
     "SamplingParams",
     "__version__",

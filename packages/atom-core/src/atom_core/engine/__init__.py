@@ -11,7 +11,7 @@ from atom_core.engine.config import EngineConfig
 if TYPE_CHECKING:
     from atom_core.engine.llm import LLM
     from atom_core.engine.llm_engine import LLMEngine
-    from atom_core.engine.outputs import CompletionOutput, RequestOutput
+    from atom_core.engine.outputs import CompletionOutput, OutputKind, RequestOutput
     from atom_core.engine.sampling_params import SamplingParams
 
 _LAZY = {
@@ -19,10 +19,19 @@ _LAZY = {
     "LLMEngine": "atom_core.engine.llm_engine",
     "CompletionOutput": "atom_core.engine.outputs",
     "RequestOutput": "atom_core.engine.outputs",
+    "OutputKind": "atom_core.engine.outputs",
     "SamplingParams": "atom_core.engine.sampling_params",
 }
 
-__all__ = ["LLM", "CompletionOutput", "EngineConfig", "LLMEngine", "RequestOutput", "SamplingParams"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "EngineConfig",
+    "LLMEngine",
+    "OutputKind",
+    "RequestOutput",
+    "SamplingParams",
+]
 
 
 def __getattr__(name: str):

@@ -11,13 +11,13 @@ read and dropped (up to a bound) before the 413, so clients that send the whole 
 import contextlib
 import gc
 import json
-import selectors
 import socket
 import subprocess
 import sys
 import time
 import urllib.error
 import urllib.request
+from pathlib import Path
 
 import httpx
 import pytest
@@ -71,36 +71,9 @@ def _assert_413(status: int, payload: bytes) -> None:
     assert set(error) >= {"message", "type", "code"}
 
 
-def silent_flood(port: int, count: int, seconds: float, per_second: float) -> int:
-    """Keep `count` connections open that never send a byte, reopening each one the server closes (at most
-    `per_second` a second), for `seconds`; returns how many it reopened. Run in its own process (below), so
-    that it does not hold the good client's GIL."""
-    sel = selectors.DefaultSelector()
-    start = time.monotonic()
-    deadline, opened, reopened = start + seconds, 0, 0
-    try:
-        while time.monotonic() < deadline:
-            while len(sel.get_map()) < count and opened < count + per_second * (time.monotonic() - start):
-                try:
-                    sock = socket.create_connection(("127.0.0.1", port), timeout=1)
-                except OSError:
-                    break
-                opened += 1
-                sock.setblocking(False)
-                sel.register(sock, selectors.EVENT_READ)
-            for key, _ in sel.select(timeout=0.01):  # readable: the server closed it (it sends nothing)
-                sel.unregister(key.fileobj)
-                key.fileobj.close()
-                reopened += 1
-    finally:
-        for key in list(sel.get_map().values()):
-            key.fileobj.close()
-        sel.close()
-    return reopened
-
-
 class SilentFlood:
-    """silent_flood in a subprocess, for a `with` block; `reopened` once it has ended."""
+    """silent_flood.py in a subprocess (so that it does not hold the good client's GIL), for a `with`
+    block; `reopened` once it has ended."""
 
     def __init__(self, port: int, count: int, seconds: float, per_second: float):
         self.args = [str(a) for a in (port, count, seconds, per_second)]
@@ -108,7 +81,9 @@ class SilentFlood:
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, __file__, *self.args], stdout=subprocess.PIPE, text=True
+            [sys.executable, str(Path(__file__).with_name("silent_flood.py")), *self.args],
+            stdout=subprocess.PIPE,
+            text=True,
         )
         return self
 
@@ -273,8 +248,3 @@ def test_a_body_not_worth_reading_is_answered_at_once(server, header):
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 "), head  # and no 100 Continue before it
     _assert_413(413, body[body.index(b"{") : body.rindex(b"}") + 1])  # the one chunk of a chunked body
-
-
-if __name__ == "__main__":  # the flood's own process: port, count, seconds, per_second
-    port, count, seconds, per_second = sys.argv[1:5]
-    print(silent_flood(int(port), int(count), float(seconds), float(per_second)))

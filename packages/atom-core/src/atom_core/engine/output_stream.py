@@ -49,7 +49,10 @@ class OutputStream:
         self._ready.set()
 
     def fail(self, err: BaseException) -> None:
-        """The next get() raises err (what was pending is dropped)."""
+        """The next get() raises err (what was pending is dropped), unless the request's final output is
+        already here: a request that finished is answered, whatever ended the others."""
+        if self._pending is not None and self._pending.finished and self._pending.error is None:
+            return
         self._failure, self._pending = err, None
         self._ready.set()
 

@@ -168,21 +168,29 @@ class Server(uvicorn.Server):
     ):
         super().__init__(config)
         self.shutdown_timeout, self.closing, self.end_requests = shutdown_timeout, closing, end_requests
+        self.end_now = False
 
     def handle_exit(self, sig: int, frame) -> None:
-        if self.should_exit:  # a second signal: the clients get their errors now
-            self.end_requests()
-        else:
-            self.closing()
+        # a signal handler: it only sets flags (ending the requests takes locks the loop may hold)
+        if self.should_exit:
+            self.end_now = True  # a second signal: the clients get their errors now
         super().handle_exit(sig, frame)
 
     async def shutdown(self, sockets=None) -> None:
-        self.closing()  # also when the engine died (should_exit set without a signal)
-        ending = asyncio.get_running_loop().call_later(self.shutdown_timeout, self.end_requests)
+        self.closing()  # new requests get 503 (also when the engine died: should_exit set without a signal)
+        ending = asyncio.ensure_future(self._end_requests_when_due())
         try:
             await super().shutdown(sockets)
         finally:
             ending.cancel()
+
+    async def _end_requests_when_due(self) -> None:
+        """end_requests() once shutdown_timeout has passed, or at once after a second signal."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.shutdown_timeout
+        while loop.time() < deadline and not self.end_now:
+            await asyncio.sleep(0.05)
+        self.end_requests()
 
     @contextlib.contextmanager
     def capture_signals(self):

@@ -221,3 +221,11 @@ def test_a_port_out_of_range_is_an_argparse_error(capsys, port):
     assert exit_.value.code == 2
     assert f"argument --port: {port} is not a TCP port (0..65535" in err.splitlines()[-1], err
     assert "Traceback" not in err
+
+
+def test_generate_exits_1_when_the_engine_fails_a_request(base, tmp_path, capsys):
+    path = _copy(base, tmp_path)  # finite weights whose logits overflow fp32: every request fails
+    _edit_tensors(path, lambda t: t["model.norm.weight"].fill_(3e38))
+    code = main(["generate", "--model", str(path), "--device", "cpu", "--prompt-token-ids", "1,2,3"])
+    assert code == 1
+    assert "failed: the model produced non-finite logits" in capsys.readouterr().err

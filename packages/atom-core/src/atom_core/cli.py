@@ -265,8 +265,14 @@ def _generate(args: argparse.Namespace) -> int:
         return 2
     finally:
         llm.shutdown()
+    failed = 0
     for out in outputs:
         completion = out.outputs[0]
+        if out.error is not None:  # the engine failed this request: said, and the exit status says so
+            shown = out.prompt if out.prompt is not None else out.prompt_token_ids
+            _log(f"error: the request for {shown!r} failed: {out.error}")
+            failed += 1
+            continue
         if args.json:
             print(
                 json.dumps(
@@ -282,7 +288,7 @@ def _generate(args: argparse.Namespace) -> int:
         else:
             shown = out.prompt if out.prompt is not None else out.prompt_token_ids
             print(f"{shown!r} -> {completion.text!r}")
-    return 0
+    return 1 if failed else 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -111,6 +111,26 @@ def test_a_forward_that_fails_for_one_request_is_rerun_without_it(checkpoint, mo
         assert engine.blocks.num_free_blocks == 64
 
 
+def test_a_failing_request_of_several_samples_fails_once_and_alone(checkpoint, monkeypatch):
+    expected = _alone(checkpoint)
+    engine = _engine(checkpoint)
+    _poison(engine, "b", monkeypatch, raise_in_forward=True)
+    three = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
+    engine.add_request({"prompt_token_ids": PROMPTS["b"]}, three, "b")  # alone: its samples fail together
+    assert "forward failed" in drain_finished(engine)["b"].error
+    assert engine.consecutive_failures == 1  # one step failed, not one count per sample
+    for rid, p in PROMPTS.items():  # beside others: its samples stay in one half
+        engine.add_request({"prompt_token_ids": p}, three if rid == "b" else GREEDY, rid)
+    done = drain_finished(engine)
+    assert "forward failed" in done["b"].error
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
+        "a": expected["a"],
+        "c": expected["c"],
+    }
+    assert engine.consecutive_failures == 0
+    assert engine.blocks.num_free_blocks == 64
+
+
 def test_a_rejected_request_leaves_nothing_behind(checkpoint):
     engine = _engine(checkpoint)
     with pytest.raises(ValueError, match="max_model_len"):

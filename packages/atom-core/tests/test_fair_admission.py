@@ -51,3 +51,19 @@ def test_alone_a_prefill_takes_the_whole_budget(engine):
         steps += 1
     assert steps == 4  # 4 full-budget chunks, the last one sampling
     assert engine.scheduler.num_chunked_prefills - before == 1  # chunked once, at admission
+
+
+def test_a_budget_of_one_token_still_finishes_every_prefill(tiny_llama):
+    _, path = tiny_llama(max_position_embeddings=2048)
+    config = EngineConfig(
+        model=path, kernel_backend="torch", block_size=4, num_kv_blocks=64, max_num_batched_tokens=1
+    )
+    engine = LLMEngine(config)
+    params = SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
+    for rid, prompt in (("a", [5, 6, 7]), ("b", [8, 9, 10, 11])):
+        engine.add_request({"prompt_token_ids": prompt}, params, rid)
+    for _ in range(50):
+        if not engine.has_unfinished_requests():
+            break
+        engine.step()
+    assert not engine.has_unfinished_requests()

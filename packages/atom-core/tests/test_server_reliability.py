@@ -15,11 +15,15 @@ from pathlib import Path
 
 import httpx
 import pytest
+from core_support import closed_within
 
-from atom_core.engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, MAX_STOP_TOKEN_IDS
+from atom_core.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS
 
 BUFFERED = 256  # --max-stream-buffer-tokens
+STALL = 4  # --request-timeout: also how long a client may read nothing of its response
 ARGS = [
+    "--request-timeout",
+    str(STALL),
     "--max-num-seqs",
     "64",
     "--num-kv-blocks",
@@ -74,8 +78,10 @@ def _rss(server) -> int:
 
 
 def test_the_most_stop_strings_allowed_cost_each_step_only_its_new_text(server):
-    # 256 stop strings of 1024 characters that never complete: each step walks its new characters once
-    stops = [f"{i:04d}" + "z" * (MAX_STOP_STRING_CHARS - 4) for i in range(MAX_STOP_STRINGS)]
+    # the longest stop strings, as many as the total allows, never completed: each step walks its new
+    # characters once (checking every prefix of every stop, as before, took seconds a step)
+    count = MAX_STOP_CHARS // MAX_STOP_STRING_CHARS
+    stops = [f"{i:04d}" + "z" * (MAX_STOP_STRING_CHARS - 4) for i in range(count)]
     body = {"prompt": "tell me", "max_tokens": 64, "n": 16, "ignore_eos": True, "stop": stops}
     latency, r = _probe_beside(server, lambda: _post(server, "/v1/completions", body))
     assert r.status_code == 200, r.text
@@ -88,6 +94,7 @@ def test_the_most_stop_strings_allowed_cost_each_step_only_its_new_text(server):
     [
         ("stop", "z" * 2**20, "stop has a string of 1048576 characters"),
         ("stop", ["zz"] * 100_000, "stop has 100000 strings"),
+        ("stop", ["z" * 1000] * 20, "stop has 20000 characters in all"),
         ("stop_token_ids", list(range(1_000_000)), "stop_token_ids has 1000000 ids"),
     ],
 )
@@ -169,6 +176,12 @@ def test_a_stream_whose_client_stops_reading_is_dropped_and_its_memory_freed(ser
         # 16 samples of 1000 tokens were asked for; the request stopped soon after the bound was passed
         assert "client stopped reading" in server.log()
         _assert_unhindered(server, _probe(server))
+        # and the connection, whose response task waits for a client that reads nothing, is cut
+        deadline = time.monotonic() + STALL + 5
+        while "read nothing of its response" not in server.log():
+            assert time.monotonic() < deadline, "the stalled connection was kept"
+            time.sleep(0.2)
+        assert closed_within(sock, 10)  # what the kernel still held, then the end
     finally:
         sock.close()
     grown = _rss(server) - before

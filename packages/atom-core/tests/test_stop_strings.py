@@ -6,7 +6,12 @@ import random
 
 import pytest
 
-from atom_core.engine.sampling_params import MAX_STOP_STRING_CHARS, MAX_STOP_STRINGS, SamplingParams
+from atom_core.engine.sampling_params import (
+    MAX_STOP_CHARS,
+    MAX_STOP_STRING_CHARS,
+    MAX_STOP_STRINGS,
+    SamplingParams,
+)
 from atom_core.engine.stop_strings import StopScan, StopStrings
 
 
@@ -78,6 +83,8 @@ def test_sampling_params_bound_the_stops():
         SamplingParams(stop=["x"] * (MAX_STOP_STRINGS + 1))
     with pytest.raises(ValueError, match=f"a string of {MAX_STOP_STRING_CHARS + 1} characters"):
         SamplingParams(stop="x" * (MAX_STOP_STRING_CHARS + 1))
+    with pytest.raises(ValueError, match=f"stop has {MAX_STOP_CHARS + 1} characters in all"):
+        SamplingParams(stop=["x" * MAX_STOP_STRING_CHARS] * (MAX_STOP_CHARS // MAX_STOP_STRING_CHARS) + ["y"])
     with pytest.raises(ValueError, match="stop_token_ids has 1000000 ids"):
         SamplingParams(stop_token_ids=list(range(1_000_000)))
     params = SamplingParams(stop=["ab", "c"], stop_token_ids=[5, 7, 5])

@@ -58,7 +58,10 @@ def checkpoint_file(path: Path, name: str, error: type[ValueError] = ConfigError
     checkpoint (checkpoint_roots)."""
     file = path / name
     if (real := outside_checkpoint(path, file)) is not None:
-        raise error(f"{file} is a link to {real}, outside the checkpoint dir: ATOM reads no such file")
+        raise error(
+            f"{file} is a link to {real}, outside the checkpoint dir: ATOM reads no such file (copy it "
+            "into the dir, or give --model a dir that holds it)"
+        )
     return file
 
 

@@ -152,12 +152,14 @@ class AsyncEngine:
             params.output_kind, self.max_buffered_tokens, on_overflow=lambda: self._overflowed(request_id)
         )
         self._streams[request_id] = (asyncio.get_running_loop(), stream)
+        prompt = {"prompt": text, "prompt_token_ids": ids}
+        admission = asyncio.ensure_future(asyncio.to_thread(self._admit, prompt, params, request_id))
         try:
-            await asyncio.to_thread(
-                self._admit, {"prompt": text, "prompt_token_ids": ids}, params, request_id
-            )
+            await asyncio.shield(admission)  # a caller cancelled meanwhile cannot stop the thread
         except BaseException:
             self._streams.pop(request_id, None)
+            # admitted all the same (the caller was cancelled): nobody will read it, so it is dropped
+            admission.add_done_callback(lambda done: self._drop_if_admitted(done, request_id))
             raise
         self._wake.set()
         return stream
@@ -200,8 +202,16 @@ class AsyncEngine:
         self._aborts.put(request_id)
         self._wake.set()
 
+    def _drop_if_admitted(self, admission: asyncio.Future, request_id: str) -> None:
+        if not admission.cancelled() and admission.exception() is None:
+            self.abort(request_id)
+
     def _admit(self, prompt: Prompt, params: SamplingParams, request_id: str) -> None:
-        with self._lock:
+        with self._lock:  # (the engine may have died, or been closed, while this waited for the lock)
+            if self.dead is not None:
+                raise EngineDead(self.dead)
+            if self.closed is not None:
+                raise ShuttingDown(self.closed)
             self.engine.add_request(prompt, params, request_id)
 
     def shutdown(self) -> None:
@@ -209,6 +219,8 @@ class AsyncEngine:
         self._stop = True
         self._wake.set()
         self._thread.join(timeout=5)
+        if self._ending is not None and not self._thread.is_alive():  # fail_all came after its last step
+            self._end_all(self._ending)
         self._tokenizer_thread.shutdown(wait=False, cancel_futures=True)
 
 

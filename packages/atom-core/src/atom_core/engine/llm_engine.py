@@ -257,7 +257,7 @@ class LLMEngine:
                 ahead
                 or self.runner.num_state_slots
                 or self.config.tensor_parallel_size > 1
-                or len(batch.seqs) == 1
+                or len({seq.request_id for seq in batch.seqs}) == 1
             ):
                 return self._forward_failed(batch.seqs, "model", err)
             return self._isolate(batch, err)
@@ -287,33 +287,40 @@ class LLMEngine:
         return self._outputs(touched, failed)
 
     def _isolate(self, batch: ScheduledBatch, err: Exception) -> list[RequestOutput]:
-        """A synchronous forward over several sequences failed: run each half of the batch on its own, and
-        halves of what fails again, so that only the requests whose own forward fails fail. Rerunning is
-        safe because a failed forward changed nothing a sequence reads: its KV rows lie past
-        num_computed_tokens, to be written again (models with state layers, whose forward updates their
-        state in place, are not rerun, nor tensor-parallel ones, whose ranks may have stopped apart: their
-        whole batch fails)."""
+        """A synchronous forward over several requests failed: run each half of them on its own, and halves
+        of what fails again, so that only the requests whose own forward fails fail (a request's samples
+        stay together). Rerunning is safe because a failed forward changed nothing a sequence reads: its
+        KV rows lie past num_computed_tokens, to be written again (models with state layers, whose forward
+        updates their state in place, are not rerun, nor tensor-parallel ones, whose ranks may have
+        stopped apart: their whole batch fails). The step counts as one failure of the engine, and as
+        none if any part of it ran."""
         logger.warning(
             "a model forward over %d sequences failed (%s): running them in halves to find the cause",
             len(batch.seqs),
             type(err).__name__,
         )
+        before = self.consecutive_failures
+        outputs, ran = self._rerun(batch)
+        self.consecutive_failures = 0 if ran else before + 1
+        return outputs
+
+    def _rerun(self, batch: ScheduledBatch) -> tuple[list[RequestOutput], bool]:
+        """batch's requests forwarded in two halves; the outputs, and whether any forward ran."""
         outputs, ran = [], False
         for half in _halves(batch):
             try:
                 inputs = ModelRunner.prepare(half)
                 logits = self.runner.run(inputs)
             except Exception as again:
-                if len(half.seqs) == 1:
+                if len({seq.request_id for seq in half.seqs}) == 1:
                     outputs += self._forward_failed(half.seqs, "model", again)
                 else:
-                    outputs += self._isolate(half, again)
+                    more, more_ran = self._rerun(half)
+                    outputs, ran = outputs + more, ran or more_ran
                 continue
             ran = True
             outputs += self._advance(half, inputs, logits)
-        if ran:  # the engine can still run: what failed was a request's own
-            self.consecutive_failures = 0
-        return outputs
+        return outputs, ran
 
     def _continues(self) -> bool:
         """Whether the next step can launch before the one in flight is read: every running sequence was
@@ -470,12 +477,21 @@ class LLMEngine:
 
 
 def _halves(batch: ScheduledBatch) -> list[ScheduledBatch]:
-    """batch's sequences in two batches (no state snapshots: only models without state layers rerun)."""
-    mid = len(batch.seqs) // 2
-    return [
-        ScheduledBatch(batch.seqs[part], batch.num_new_tokens[part], batch.drafts[part])
-        for part in (slice(None, mid), slice(mid, None))
-    ]
+    """batch's requests in two batches, each request's samples together (no state snapshots: only models
+    without state layers rerun)."""
+    requests = list(dict.fromkeys(seq.request_id for seq in batch.seqs))
+    first = set(requests[: len(requests) // 2])
+    halves = []
+    for part in (first, set(requests) - first):
+        rows = [i for i, seq in enumerate(batch.seqs) if seq.request_id in part]
+        halves.append(
+            ScheduledBatch(
+                [batch.seqs[i] for i in rows],
+                [batch.num_new_tokens[i] for i in rows],
+                [batch.drafts[i] for i in rows],
+            )
+        )
+    return halves
 
 
 def _stop_string_start(seq: Sequence) -> int:

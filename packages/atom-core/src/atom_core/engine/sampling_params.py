@@ -17,6 +17,7 @@ from atom_core.engine.stop_strings import StopStrings
 SAMPLING_EPS = 1e-5
 MAX_STOP_STRINGS = 256
 MAX_STOP_STRING_CHARS = 1024  # each
+MAX_STOP_CHARS = 16384  # all of a request's together: its automaton has a node a character
 MAX_STOP_TOKEN_IDS = 4096
 
 
@@ -84,6 +85,8 @@ class SamplingParams:
             raise ValueError(
                 f"stop has a string of {longest} characters: at most {MAX_STOP_STRING_CHARS} are accepted"
             )
+        if (total := sum(map(len, self.stop))) > MAX_STOP_CHARS:
+            raise ValueError(f"stop has {total} characters in all: at most {MAX_STOP_CHARS} are accepted")
         if len(self.stop_token_ids) > MAX_STOP_TOKEN_IDS:
             raise ValueError(
                 f"stop_token_ids has {len(self.stop_token_ids)} ids: at most {MAX_STOP_TOKEN_IDS} are accepted"

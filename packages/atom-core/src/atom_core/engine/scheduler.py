@@ -76,8 +76,10 @@ class Scheduler:
 
     def schedule(self) -> ScheduledBatch:
         budget = self.config.max_num_batched_tokens
-        # what running prefills may take: half the budget while others wait to be admitted
-        prefill_budget = budget // 2 if self.waiting else budget
+        # what running prefills may take: half the budget while a request waits that a free sequence slot
+        # could admit (at least one token: a budget of one still advances them)
+        admissible = self.waiting and len(self.running) < self.config.max_num_seqs
+        prefill_budget = max(1, budget // 2) if admissible else budget
         batch = ScheduledBatch([], [])
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:

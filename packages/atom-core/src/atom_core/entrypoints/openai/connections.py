@@ -5,7 +5,9 @@ without being served: one with no request under way and no byte of the next (jus
 after a response) is idle, and is closed after keep_alive_timeout (uvicorn's keep-alive timer, armed from
 the start too); once a request head has begun arriving, request_timeout bounds the time to complete it.
 At max_connections, a new connection closes the connection idle the longest to get in, and is refused
-only when none is idle: silent sockets held at the cap would otherwise lock every real client out.
+only when none is idle: silent sockets held at the cap would otherwise lock every real client out. A
+client that reads nothing of its response while the buffers are full loses its connection after
+request_timeout (a stream it stopped reading would otherwise hold its slot forever).
 Server is uvicorn's, except for shutdown: SIGTERM/SIGINT refuse new requests (503), let in-flight ones run
 for shutdown_timeout and then end them with an error their clients read (an error event then [DONE], or
 a 503), so no task is cancelled mid-answer; a second signal ends them at once; `run()` then returns
@@ -46,7 +48,7 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport) -> None:
         super().connection_made(transport)
-        self._head_timer = None
+        self._head_timer = self._write_timer = None
         if len(self.connections) > self.limits.max_connections and not self._close_longest_idle():
             self.book.refused += 1
             self._log_the_cap()
@@ -76,7 +78,33 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc) -> None:
         self.book.idle.pop(self, None)
         self._disarm_head_timer()
+        self._disarm_write_timer()
         super().connection_lost(exc)
+
+    def pause_writing(self) -> None:
+        """The transport's buffer is full: the client reads nothing of what it is sent. One that reads
+        nothing for request_timeout loses the connection (its response task would wait forever, holding
+        a slot of max_connections that is never idle)."""
+        super().pause_writing()
+        if getattr(self, "_write_timer", None) is None:
+            self._write_timer = self.loop.call_later(self.limits.request_timeout, self._write_stalled)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._disarm_write_timer()
+
+    def _disarm_write_timer(self) -> None:
+        if getattr(self, "_write_timer", None) is not None:
+            self._write_timer.cancel()
+            self._write_timer = None
+
+    def _write_stalled(self) -> None:
+        self._write_timer = None
+        self.logger.warning(
+            "a client read nothing of its response for %s s: its connection is closed",
+            self.limits.request_timeout,
+        )
+        self.transport.abort()  # close() would wait to send what it has buffered
 
     def _between_requests(self) -> bool:
         return self.cycle is None or self.cycle.response_complete
@@ -157,7 +185,7 @@ CANCEL_GRACE = 2.0
 class Server(uvicorn.Server):
     """uvicorn's server with ATOM's shutdown: on the first SIGTERM/SIGINT `closing()` (new requests get
     503) and, after shutdown_timeout, `end_requests()` (in-flight ones end with an error their clients
-    can read); a second signal ends them at once."""
+    can read); a second signal ends them at once, a third SIGINT stops waiting for them."""
 
     def __init__(
         self,
@@ -172,9 +200,10 @@ class Server(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame) -> None:
         # a signal handler: it only sets flags (ending the requests takes locks the loop may hold)
-        if self.should_exit:
+        if self.should_exit and not self.end_now:
             self.end_now = True  # a second signal: the clients get their errors now
-        super().handle_exit(sig, frame)
+            return
+        super().handle_exit(sig, frame)  # the first; a third forces uvicorn's exit (SIGINT)
 
     async def shutdown(self, sockets=None) -> None:
         self.closing()  # new requests get 503 (also when the engine died: should_exit set without a signal)

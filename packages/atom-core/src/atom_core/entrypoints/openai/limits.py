@@ -22,7 +22,9 @@ from dataclasses import dataclass
 class ServerLimits:
     max_body_bytes: int = 8 * 1024 * 1024
     max_discard_bytes: int = 64 * 1024 * 1024  # of a body over max_body_bytes, read before its 413
-    request_timeout: float = 30.0  # seconds to send a request's head once begun, and then its body
+    # seconds to send a request's head once begun, and then its body; and to read some of the response
+    # once the buffers towards the client are full
+    request_timeout: float = 30.0
     keep_alive_timeout: float = 5.0  # a connection with no request under way (new, or kept alive) closes
     max_connections: int = 512  # open connections (keep it under the process's file limit)
     # SIGTERM: new requests get 503; in-flight ones get this long, then end with an error (a stream's

@@ -60,7 +60,7 @@ async def _parse(request: Request, model: type[Body]) -> Body:
 def _validate(raw: bytes, model: type[Body]) -> Body:
     try:
         data = json.loads(raw)
-    except ValueError:  # not JSON, or not UTF-8
+    except (ValueError, RecursionError):  # not JSON, not UTF-8, or nested past the parser's depth
         raise RequestValidationError([{"type": "json_invalid", "loc": ("body",), "msg": ""}]) from None
     try:
         return model.model_validate(data)

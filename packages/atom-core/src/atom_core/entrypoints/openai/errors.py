@@ -50,7 +50,7 @@ def engine_failure(err: Exception) -> ApiError:
     if isinstance(err, EngineDead):
         return engine_dead(str(err))
     if isinstance(err, ShuttingDown):
-        return ApiError(503, f"the server is shutting down: {err}", "service_unavailable")
+        return ApiError(503, str(err), "service_unavailable")  # the reason says it shuts down
     if isinstance(err, ReaderTooSlow):
         return ApiError(499, f"the client stopped reading: {err}")
     return ApiError(500, f"the engine failed this request: {err}", "internal_error")

@@ -505,24 +505,26 @@ def _stop_string_start(seq: Sequence) -> int:
     return seq.stop_scan.feed(seq.text)
 
 
-def _settled_text(seq: Sequence) -> str:
-    """seq's text, less a tail that may still become a stop string while it runs: what is reported (and
-    streamed) never has to be taken back, so streamed text equals the final text."""
+def _settled_length(seq: Sequence) -> int:
+    """How much of seq's text is settled: all but a tail that may still become a stop string while it
+    runs. What is reported (and streamed) never has to be taken back, so streamed text equals the final
+    text."""
     if seq.status is Status.FINISHED or seq.stop_scan is None:
-        return seq.text
-    return seq.text[: len(seq.text) - seq.stop_scan.held]
+        return len(seq.text)
+    return len(seq.text) - seq.stop_scan.held
 
 
 def _completion(seq: Sequence, *, delta: bool) -> CompletionOutput:
-    """seq's output: all of it, or (delta) what earlier outputs have not carried. Settled text only grows
-    (a stop string found later starts inside the held-back tail), so a delta never takes text back."""
-    text, tokens = _settled_text(seq), seq.output_token_ids
+    """seq's output: all of it, or (delta) what earlier outputs have not carried, without copying the rest.
+    Settled text only grows (a stop string found later starts inside the held-back tail), so a delta
+    never takes text back."""
+    settled, tokens = _settled_length(seq), seq.output_token_ids
     start_char, start_token = (seq.num_sent_chars, seq.num_sent_tokens) if delta else (0, 0)
     if delta:
-        seq.num_sent_chars, seq.num_sent_tokens = len(text), len(tokens)
+        seq.num_sent_chars, seq.num_sent_tokens = settled, len(tokens)
     return CompletionOutput(
         seq.index,
-        text[start_char:],
+        seq.text[start_char:settled],
         tokens[start_token:],
         seq.finish_reason,
         seq.output_logprobs[start_token:] if seq.params.logprobs is not None else None,

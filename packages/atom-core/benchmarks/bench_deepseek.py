@@ -29,7 +29,7 @@ import torch
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.execution.step_inputs import prepare_step
 
 PROMPT, NEW = 512, 128
 
@@ -121,7 +121,7 @@ def step_ms(llm: LLM, vocab: int, batch: int, steps: int = 24) -> tuple[float, f
         engine.step()
     torch.cuda.synchronize()
     whole = (time.perf_counter() - start) / steps * 1e3
-    inputs = ModelRunner.prepare(engine.scheduler.schedule())  # the next step's forward, run alone
+    inputs = prepare_step(engine.scheduler.schedule())  # the next step's forward, run alone
     for _ in range(3):
         engine.runner.run(inputs)
     torch.cuda.synchronize()

@@ -22,8 +22,8 @@ from bench_fp8_engine import qwen3_30b_a3b
 from bench_qwen3_next import SHAPES, make_config, realistic_routers
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.model_runner import ModelRunner
-from atom_core.engine.sampler import sample
+from atom_core.engine.execution.step_inputs import prepare_step
+from atom_core.engine.sampling.sampler import sample
 
 
 def _print_kernels(prof, batch: int, per: int) -> None:
@@ -96,7 +96,7 @@ def main():
                 engine.step()  # decode warm-up
             replay_ms = None
             if tp == 1:
-                graphs = engine.runner.graphs
+                graphs = engine.runner.graphs.decode
                 size = graphs.size_for(batch)
                 start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 start.record()
@@ -108,7 +108,7 @@ def main():
             steps = 30
             whole = {}
             for asynchronous in (True, False):
-                engine.async_scheduling = asynchronous  # turning it off settles the step in flight
+                engine.pipeline.overlap.enabled = asynchronous  # turning it off settles the step in flight
                 for _ in range(3):
                     engine.step()
                 torch.cuda.synchronize()
@@ -123,9 +123,9 @@ def main():
                 t0 = time.perf_counter()
                 sched = engine.scheduler.schedule()
                 t1 = time.perf_counter()
-                inputs = ModelRunner.prepare(sched)
+                inputs = prepare_step(sched)
                 t2 = time.perf_counter()
-                logits = engine.runner.run(inputs)
+                logits = engine.runner.run(inputs).logits
                 t3 = time.perf_counter()
                 for seq, n in zip(sched.seqs, sched.num_new_tokens, strict=True):
                     seq.num_computed_tokens += n
@@ -153,11 +153,11 @@ def main():
                         engine.step()
                     torch.cuda.synchronize()
                 _print_kernels(prof, batch, per=10)
-            engine.async_scheduling = True
+            engine.pipeline.overlap.enabled = True
             for r in ids:
                 engine.abort(r)
         if args.kernels and tp == 1:  # last: CUPTI left active afterwards slows the host's launches
-            graphs = engine.runner.graphs
+            graphs = engine.runner.graphs.decode
             for batch in batches:  # replays need only the graph's static buffers
                 size = graphs.size_for(batch)
                 with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:

@@ -8,8 +8,9 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Tests import their shared helpers from core_support.py, beside this file: --import-mode=importlib puts no
-# test directory on sys.path, so this one is put there (processes the tests spawn inherit it).
+# Tests import their shared helpers from core_support.py and runner_driver.py, beside this file:
+# --import-mode=importlib puts no test directory on sys.path, so this one is put there (processes the tests
+# spawn inherit it).
 sys.path.insert(0, str(Path(__file__).parent))
 
 from core_support import TINY_LLAMA, free_port, hf_greedy, install_token_counter, random_checkpoint
@@ -27,86 +28,6 @@ def atom_cache(tmp_path, monkeypatch):
     cache = tmp_path / "atom-cache"
     monkeypatch.setenv("ATOM_CACHE_DIR", str(cache))
     return cache
-
-
-class PagedRunner:
-    """Drives an ATOM model the way an engine does: paged KV, batched prefill, then batched decode."""
-
-    def __init__(
-        self,
-        model,
-        config,
-        backend_block_size=4,
-        num_blocks=96,
-        seed=0,
-        layout="flash",
-        device="cpu",
-        kv_dtype="auto",
-    ):
-        from atom_core.cache import allocate_caches, collect_cache_specs
-        from atom_core.config import CacheConfig
-
-        self.model, self.config, self.block_size, self.device = model, config, backend_block_size, device
-        self.caches = allocate_caches(
-            collect_cache_specs(model),
-            CacheConfig(block_size=backend_block_size, layout=layout, kv_dtype=kv_dtype),
-            dtype=config.dtype,
-            num_blocks=num_blocks,
-            device=device,
-        )
-        generator = torch.Generator().manual_seed(seed)
-        self.free = torch.randperm(num_blocks, generator=generator).tolist()  # non-contiguous tables
-        self.tables: dict[int, list[int]] = {}
-        self.lengths: dict[int, int] = {}
-
-    def step(self, new_tokens: dict[int, list[int]]) -> dict[int, torch.Tensor]:
-        """Append tokens to sequences (new ids start new sequences); returns each one's logits [n, V]."""
-        from atom_core.attention import PagedAttentionMetadata
-        from atom_core.forward_context import ForwardContext, bind_forward_context
-
-        ids, positions, q_lens, s_lens, tables = [], [], [], [], []
-        for seq, tokens in new_tokens.items():
-            start = self.lengths.get(seq, 0)
-            end = start + len(tokens)
-            table = self.tables.setdefault(seq, [])
-            while len(table) * self.block_size < end:
-                table.append(self.free.pop())
-            self.lengths[seq] = end
-            ids += tokens
-            positions += range(start, end)
-            q_lens.append(len(tokens))
-            s_lens.append(end)
-            tables.append(table)
-        meta = PagedAttentionMetadata.build(
-            query_lens=q_lens,
-            seq_lens=s_lens,
-            block_tables=tables,
-            block_size=self.block_size,
-            device=self.device,
-        )
-        pos = torch.tensor(positions, device=self.device)
-        with bind_forward_context(ForwardContext({"paged": meta}, self.caches)), torch.no_grad():
-            logits = self.model.compute_logits(self.model(torch.tensor(ids, device=self.device), pos))
-        out, offset = {}, 0
-        for seq, n in zip(new_tokens, q_lens, strict=True):
-            out[seq] = logits[offset : offset + n]
-            offset += n
-        return out
-
-    def greedy(self, prompts: list[list[int]], steps: int) -> tuple[dict[int, torch.Tensor], list[list[int]]]:
-        """Prefill all prompts in one batch, then decode all together; returns prefill logits and new tokens."""
-        prefill = self.step(dict(enumerate(prompts)))
-        generated = [[int(prefill[i][-1].argmax())] for i in range(len(prompts))]
-        for _ in range(steps - 1):
-            logits = self.step({i: [g[-1]] for i, g in enumerate(generated)})
-            for i, g in enumerate(generated):
-                g.append(int(logits[i][-1].argmax()))
-        return prefill, generated
-
-
-@pytest.fixture
-def paged_runner():
-    return PagedRunner
 
 
 @pytest.fixture

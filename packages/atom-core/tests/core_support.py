@@ -297,7 +297,8 @@ def ragged_prefill_logits(
     state layers)."""
     from atom_core.config import ModelConfig, ParallelConfig
     from atom_core.engine import EngineConfig
-    from atom_core.engine.model_runner import ModelRunner, StepInputs
+    from atom_core.engine.execution.model_runner import ModelRunner
+    from atom_core.engine.execution.step_inputs import StepInputs
 
     config = ModelConfig.from_pretrained(path)
     engine = EngineConfig(
@@ -307,9 +308,7 @@ def ragged_prefill_logits(
         dtype=dtype,
         **({"kernel_backend": "torch"} if device == "cpu" else {}),
     )
-    runner = ModelRunner(
-        config, engine, parallel=parallel or ParallelConfig(), device=torch.device(device), max_model_len=64
-    )
+    runner = ModelRunner(config, engine, parallel=parallel or ParallelConfig(), device=torch.device(device))
     ids, positions, tables, start = [], [], [], 1
     for p in prompts:
         ids += p
@@ -322,7 +321,7 @@ def ragged_prefill_logits(
     slots = state_slots or list(range(len(prompts)))
     logits = runner.run(
         StepInputs(ids, positions, lens, lens, tables, rows, slots, [True] * len(prompts), rows)
-    )
+    ).logits
     return list(logits.split(lens))
 
 

@@ -10,13 +10,14 @@ import json
 import pytest
 import torch
 from core_support import TINY, random_checkpoint
+from runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core import LLM, SamplingParams
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
-from atom_core.loader import build_model, load_checkpoint
+from atom_core.loader import build_model
 
 BASE = dict(TINY, num_hidden_layers=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)
@@ -98,17 +99,14 @@ def test_each_layer_gets_the_window_transformers_gives_it(tmp_path, config_cls, 
 
 
 @pytest.mark.parametrize("case", list(WINDOWED))
-def test_windowed_models_match_transformers_past_the_window(tmp_path, paged_runner, hf_greedy_tokens, case):
+def test_windowed_models_match_transformers_past_the_window(tmp_path, hf_greedy_tokens, case):
     config_cls, overrides = WINDOWED[case]
     hf, path = _save(tmp_path, config_cls, overrides)
     windows = _hf_windows(hf)
     assert any(w is not None for w in windows)
-    config = ModelConfig.from_pretrained(path)
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="torch")))
-    load_checkpoint(model, path)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 211, (n,), generator=gen).tolist() for n in (13, 3, 21)]
-    prefill, generated = paged_runner(model, config).greedy(prompts, steps=32)
+    prefill, generated = RunnerDriver(path).greedy(prompts, steps=32)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0]
@@ -116,17 +114,14 @@ def test_windowed_models_match_transformers_past_the_window(tmp_path, paged_runn
         assert generated[i] == hf_greedy_tokens(hf, prompt, 32), f"prompt {i} diverged from transformers"
 
 
-def test_the_window_changes_the_answer(tmp_path, paged_runner):
+def test_the_window_changes_the_answer(tmp_path):
     """Guards the parity test above: the same weights without the window give other logits past it."""
     hf, path = _save(tmp_path, *WINDOWED["qwen3-mixed"])
     prompt = torch.randint(1, 211, (17,), generator=torch.Generator().manual_seed(2)).tolist()
     with torch.no_grad():
         windowed = hf(torch.tensor([prompt])).logits[0]
     _strip(path, "layer_types", "use_sliding_window")
-    config = ModelConfig.from_pretrained(path)
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="torch")))
-    load_checkpoint(model, path)
-    full, _ = paged_runner(model, config).greedy([prompt], steps=1)
+    full, _ = RunnerDriver(path).greedy([prompt], steps=1)
     assert (full[0][-1] - windowed[-1]).abs().max() > 1e-2
 
 

@@ -133,7 +133,7 @@ def test_state_slots_follow_each_sequence_through_chunks_and_preemption(tiny_lla
     engine_args = dict(kernel_backend="torch", block_size=4, num_kv_blocks=14, max_num_batched_tokens=8)
     llm = LLM(path, **engine_args, max_num_seqs=4, state_snapshots=0)
     engine = llm.engine
-    assert engine.runner.cache_specs[-1] == TokenCounter.SPEC and engine.runner.num_state_slots == 4
+    assert engine.runner.cache_specs[-1] == TokenCounter.SPEC and engine.runner.plan.num_state_slots == 4
     outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     (counter,) = with_token_counter
     assert int(counter.problems) == 0

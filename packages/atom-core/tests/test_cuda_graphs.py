@@ -51,12 +51,12 @@ def test_graph_replays_equal_eager_steps(tmp_path, cls, kw):
             async_scheduling=asynchronous,
         )
         outputs[eager, asynchronous] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        graphs = llm.engine.runner.graphs
+        graphs = llm.engine.runner.graphs and llm.engine.runner.graphs.decode
         if eager:
             assert graphs is None
         else:
             assert graphs.sizes == [1, 2, 4, 8] and graphs.replays >= max(MAX_TOKENS) - 1
-        assert (llm.engine.num_async_steps >= max(MAX_TOKENS) - 2) == asynchronous
+        assert (llm.engine.stats.num_async_steps >= max(MAX_TOKENS) - 2) == asynchronous
         llm.shutdown()
     assert outputs[False, False] == outputs[True, False] == outputs[False, True]
     assert [len(t) for t in outputs[False, True]] == MAX_TOKENS
@@ -75,6 +75,6 @@ def test_a_state_layer_replays_in_graphs_as_it_runs_eagerly(tmp_path, with_token
         assert int(counter.problems) == 0 and int(counter.fresh_starts) >= len(PROMPTS)
         assert int(counter.resumed) >= sum(MAX_TOKENS) - len(PROMPTS)
         if not eager:
-            assert llm.engine.runner.graphs.replays >= max(MAX_TOKENS) - 1
+            assert llm.engine.runner.graphs.decode.replays >= max(MAX_TOKENS) - 1
         llm.shutdown()
     assert outputs[False] == outputs[True]

@@ -1,16 +1,19 @@
 """DeepSeek-V3 and V2 (MLA + DeepSeek MoE) against transformers, fp32 on the CPU: a ragged batch prefilled
-together through the paged latent cache gives transformers' logits for every prompt token, and batched
-greedy decoding gives its greedy tokens. The config variants cover each path transformers implements."""
+together through the engine's ModelRunner and its paged latent cache gives transformers' logits for every
+prompt token, and batched greedy decoding gives its greedy tokens. The config variants cover each path
+transformers implements."""
 
 import pytest
 import torch
 from core_support import DSV2, DSV3, YARN, deepseek_checkpoint, hf_greedy
+from runner_driver import RunnerDriver
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
 from atom_core.attention import PagedAttentionBackend
+from atom_core.attention.mla import MLAPagedLayer
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
-from atom_core.loader import build_model, load_checkpoint
+from atom_core.loader import build_model
 
 CASES = {
     "v3-qlora-yarn-interleaved": (DeepseekV3Config, DSV3, {}),
@@ -35,26 +38,25 @@ CASES = {
 }
 
 
-def atom_model(path, kernel_backend="torch", unabsorbed_min_tokens=None):
-    """unabsorbed_min_tokens: None keeps every forward absorbed; 1 takes the un-absorbed path for every
-    batch of fresh prefills (the engine's default threshold is far above these prompts)."""
-    config = ModelConfig.from_pretrained(path)
-    backend = PagedAttentionBackend(
-        kernel_backend=kernel_backend, mla_unabsorbed_min_tokens=unabsorbed_min_tokens
-    )
-    model = build_model(config, BuildContext(backend))
-    load_checkpoint(model, path)
-    return model, config
+def mla_runner(path, unabsorbed_min_tokens=None, **engine_options) -> RunnerDriver:
+    """The engine's runner on the checkpoint, its MLA layers' un-absorbed threshold set after it built them
+    (EngineConfig has no option for it; the runner's is far above these prompts): None keeps every forward
+    absorbed; 1 takes the un-absorbed path for every batch of fresh prefills."""
+    runner = RunnerDriver(path, **engine_options)
+    layers = [m.attn for m in runner.model.modules() if isinstance(getattr(m, "attn", None), MLAPagedLayer)]
+    assert len(layers) == runner.config.hf["num_hidden_layers"]
+    for layer in layers:
+        layer.unabsorbed_min_tokens = unabsorbed_min_tokens
+    return runner
 
 
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, case):
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, case):
     config_cls, base, overrides = CASES[case]
     hf = deepseek_checkpoint(tmp_path / "ckpt", config_cls, base, overrides)
-    model, config = atom_model(tmp_path / "ckpt")
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(2, 211, (n,), generator=gen).tolist() for n in (13, 5, 21)]
-    prefill, generated = paged_runner(model, config).greedy(prompts, steps=12)
+    prefill, generated = mla_runner(tmp_path / "ckpt").greedy(prompts, steps=12)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0]
@@ -81,15 +83,15 @@ def unabsorbed_calls(monkeypatch):
 
 
 @pytest.mark.parametrize("case", ["v3-qlora-yarn-interleaved", "v3-no-qlora", "v2-group-limited-qlora"])
-def test_unabsorbed_prefill_matches_transformers(tmp_path, paged_runner, unabsorbed_calls, case):
+def test_unabsorbed_prefill_matches_transformers(tmp_path, unabsorbed_calls, case):
     """Fresh prefills attend on up-projected K/V and still write the latent rows the absorbed decode steps
     read: prefill logits and greedy tokens are transformers'."""
     config_cls, base, overrides = CASES[case]
     hf = deepseek_checkpoint(tmp_path / "ckpt", config_cls, base, overrides)
-    model, config = atom_model(tmp_path / "ckpt", unabsorbed_min_tokens=1)
+    runner = mla_runner(tmp_path / "ckpt", unabsorbed_min_tokens=1)
     prompts = [[5, 17, 42, 9, 100, 3, 77, 31, 2], [8, 8, 150], [60] * 11]
-    prefill, generated = paged_runner(model, config).greedy(prompts, steps=8)
-    assert len(unabsorbed_calls) == config.hf["num_hidden_layers"]  # the prefill forward only
+    prefill, generated = runner.greedy(prompts, steps=8)
+    assert len(unabsorbed_calls) == runner.config.hf["num_hidden_layers"]  # the prefill forward only
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0]
@@ -97,11 +99,11 @@ def test_unabsorbed_prefill_matches_transformers(tmp_path, paged_runner, unabsor
         assert generated[i] == hf_greedy(hf, prompt, 8)
 
 
-def test_the_latent_cache_is_what_the_layers_declare(tmp_path, paged_runner):
+def test_the_latent_cache_is_what_the_layers_declare(tmp_path):
     from atom_core.cache import LatentCacheSpec, collect_cache_specs
 
     deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, {})
-    model, _ = atom_model(tmp_path / "ckpt")
+    model = RunnerDriver(tmp_path / "ckpt").model
     assert collect_cache_specs(model) == [LatentCacheSpec(32 + 16)] * 3
 
 
@@ -119,18 +121,15 @@ def test_unimplemented_routing_is_refused_by_name(overrides, message):
 
 
 @pytest.mark.parametrize("unabsorbed_min_tokens", [None, 1], ids=["absorbed", "unabsorbed-prefill"])
-def test_triton_mla_kernels_through_the_native_backend(tmp_path, paged_runner, unabsorbed_min_tokens):
+def test_triton_mla_kernels_through_the_native_backend(tmp_path, unabsorbed_min_tokens):
     """The same parity with atom-kernels' Triton MLA kernels writing the latent cache and attending, prefill
     and decode steps (fp32: natively on a GPU, under the interpreter on the CPU); the prefill absorbed or
     on up-projected K/V through the varlen kernel."""
     device = "cuda" if torch.cuda.is_available() else "cpu"
     hf = deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, dict(num_hidden_layers=2))
-    config = ModelConfig.from_pretrained(tmp_path / "ckpt")
-    backend = PagedAttentionBackend(kernel_backend="triton", mla_unabsorbed_min_tokens=unabsorbed_min_tokens)
-    model = build_model(config, BuildContext(backend, device=device))
-    load_checkpoint(model, tmp_path / "ckpt")
+    runner = mla_runner(tmp_path / "ckpt", unabsorbed_min_tokens, kernel_backend="triton", device=device)
     prompts = [[5, 17, 42, 9, 100, 3, 77], [8, 8, 150]]
-    prefill, generated = paged_runner(model, config, device=device).greedy(prompts, steps=4)
+    prefill, generated = runner.greedy(prompts, steps=4)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0]
@@ -139,12 +138,11 @@ def test_triton_mla_kernels_through_the_native_backend(tmp_path, paged_runner, u
         assert generated[i] == hf_greedy(hf, prompt, 4)
 
 
-def test_an_fp8_latent_cache_stays_within_its_quantization_error(tmp_path, paged_runner):
+def test_an_fp8_latent_cache_stays_within_its_quantization_error(tmp_path):
     """kv_cache_dtype fp8: latent rows stored as e4m3 (per-tensor scale 1): prefill logits within fp8's
     error of transformers', and each decode step's argmax one of transformers' top two."""
     hf = deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, {})
-    model, config = atom_model(tmp_path / "ckpt")
-    runner = paged_runner(model, config, kv_dtype="fp8")
+    runner = mla_runner(tmp_path / "ckpt", kv_cache_dtype="fp8")
     assert all(c.rows.dtype == torch.float8_e4m3fn and c.scale is not None for c in runner.caches)
     prompts = [[5, 17, 42, 9, 100, 3, 77, 12, 90], [8, 8, 150]]
     prefill, generated = runner.greedy(prompts, steps=6)
@@ -210,7 +208,7 @@ gpu = pytest.mark.skipif(
 
 
 @gpu
-def test_bf16_teacher_forced_parity_on_a_gpu(tmp_path, paged_runner):
+def test_bf16_teacher_forced_parity_on_a_gpu(tmp_path):
     """bf16 through the Triton MLA and MoE kernels, teacher-forced along fp32 transformers' greedy tokens:
     ATOM's bf16 logits are as close to fp32 transformers' as transformers' own bf16 model is (bf16 rounding
     moves the router's choices and the absorbed path rounds in other places, so the bound is that noise
@@ -219,11 +217,17 @@ def test_bf16_teacher_forced_parity_on_a_gpu(tmp_path, paged_runner):
     load = AutoModelForCausalLM.from_pretrained  # as transformers loads: e_score_correction_bias stays fp32
     hf32 = load(tmp_path / "ckpt", dtype=torch.float32).cuda().eval()
     hf16 = load(tmp_path / "ckpt", dtype=torch.bfloat16).cuda().eval()
-    config = ModelConfig.from_pretrained(tmp_path / "ckpt", dtype="bfloat16")
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="triton"), device="cuda"))
-    load_checkpoint(model, tmp_path / "ckpt")
     prompts = [torch.randint(2, 4096, (n,)).tolist() for n in (300, 77, 1000)]
-    runner = paged_runner(model, config, backend_block_size=16, num_blocks=256, device="cuda")
+    # the engine's own MLA threshold (UNABSORBED_MIN_TOKENS) keeps these prompts absorbed; eager steps
+    runner = RunnerDriver(
+        tmp_path / "ckpt",
+        device="cuda",
+        dtype="bfloat16",
+        kernel_backend="triton",
+        block_size=16,
+        num_kv_blocks=256,
+        enforce_eager=True,
+    )
     atom, steps = runner.step(dict(enumerate(prompts))), {i: list(p) for i, p in enumerate(prompts)}
     ours, theirs = [], []
     for _ in range(12):
@@ -258,6 +262,6 @@ def test_decode_graphs_equal_eager_steps_on_a_gpu(tmp_path):
     for eager in (True, False):
         llm = LLM(tmp_path / "ckpt", dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=eager)
         outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-        assert eager or llm.engine.runner.graphs.replays >= 19
+        assert eager or llm.engine.runner.graphs.decode.replays >= 19
         llm.shutdown()
     assert outputs[False] == outputs[True]

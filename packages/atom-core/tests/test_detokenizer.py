@@ -5,7 +5,7 @@ import random
 from transformers import AutoTokenizer
 
 from atom_core.demo import ensure_demo_checkpoint
-from atom_core.engine.detokenizer import IncrementalDetokenizer
+from atom_core.engine.text.detokenizer import IncrementalDetokenizer
 
 
 def test_incremental_text_equals_whole_decodes(atom_cache):

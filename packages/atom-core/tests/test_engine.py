@@ -176,7 +176,7 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     tp = _llm(path, tensor_parallel_size=2, device="cpu", async_scheduling=True)
     try:
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
-        assert tp.engine.num_async_steps > 0
+        assert tp.engine.stats.num_async_steps > 0
         workers = tp.engine.runner.workers
         assert len(workers) == 1 and workers[0].is_alive()
         for pid in (os.getpid(), workers[0].pid):  # the rendezvous and gloo listen on loopback only
@@ -234,8 +234,8 @@ def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint, peer_all_reduce):
         workers = tp.engine.runner.workers
         try:
             assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
-            assert tp.engine.runner.runner.graphs.replays > 0
-            # a process sets up peer memory once (engine/peer_all_reduce.py): its second engine uses NCCL
+            assert tp.engine.runner.runner.graphs.decode.replays > 0
+            # a process sets up peer memory once (engine/execution/peer_all_reduce.py): its second engine uses NCCL
             peer = tp.engine.runner.runner.parallel.peer_all_reduce
             assert (peer is not None) == (peer_all_reduce and not second)
             if peer is not None:  # the layers' norms summed their inputs themselves (the fused kernel)

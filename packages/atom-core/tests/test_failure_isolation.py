@@ -12,7 +12,9 @@ from core_support import drain_finished
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.cli import main
 from atom_core.engine.async_engine import AsyncEngine, EngineDead, RequestFailed
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.execution.model_runner import ModelRunner
+from atom_core.engine.execution.step_inputs import prepare_step
+from atom_core.engine.steps import failures, pipeline
 from atom_core.entrypoints.openai.app import create_app
 
 GREEDY = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
@@ -39,22 +41,24 @@ def _alone(path) -> dict:
 
 def _poison(engine: LLMEngine, victim: str, monkeypatch, *, raise_in_forward: bool = False):
     """Make the runner's logits for `victim`'s rows NaN (or make any forward that includes it raise)."""
-    prepare, run = ModelRunner.prepare, engine.runner.run
+    run = engine.runner.run
     batch = {}
 
     def spy(scheduled):
         batch["now"] = scheduled  # the batch the next run() computes (a whole step's, or part of one)
-        return prepare(scheduled)
+        return prepare_step(scheduled)
 
-    def poisoned(inputs):
+    def poisoned(inputs, fed=None):
         rows = [i for i, row in enumerate(inputs.ends) if batch["now"].seqs[row].request_id == victim]
         if rows and raise_in_forward:
             raise RuntimeError("injected fault")
-        logits = run(inputs).clone()
-        logits[rows] = float("nan")
-        return logits
+        result = run(inputs, fed)
+        result.logits = result.logits.clone()
+        result.logits[rows] = float("nan")
+        return result
 
-    monkeypatch.setattr(ModelRunner, "prepare", staticmethod(spy))
+    for stage in (pipeline, failures):  # the step's own forward, and the reruns of its halves
+        monkeypatch.setattr(stage, "prepare_step", spy)
     engine.runner.run = poisoned
 
 
@@ -91,7 +95,7 @@ def test_a_failed_forward_fails_its_batch_and_the_engine_goes_on(checkpoint, mon
         "a": expected["a"],
         "c": expected["c"],
     }
-    assert engine.consecutive_failures == 0
+    assert engine.stats.consecutive_failures == 0
 
 
 def test_a_forward_that_fails_for_one_request_is_rerun_without_it(checkpoint, monkeypatch):
@@ -107,7 +111,7 @@ def test_a_forward_that_fails_for_one_request_is_rerun_without_it(checkpoint, mo
             "a": expected["a"],
             "c": expected["c"],
         }
-        assert engine.consecutive_failures == 0  # the engine ran: what failed was b's own
+        assert engine.stats.consecutive_failures == 0  # the engine ran: what failed was b's own
         assert engine.blocks.num_free_blocks == 64
 
 
@@ -118,7 +122,7 @@ def test_a_failing_request_of_several_samples_fails_once_and_alone(checkpoint, m
     three = SamplingParams(n=3, temperature=0.8, seed=5, max_tokens=6, ignore_eos=True)
     engine.add_request({"prompt_token_ids": PROMPTS["b"]}, three, "b")  # alone: its samples fail together
     assert "forward failed" in drain_finished(engine)["b"].error
-    assert engine.consecutive_failures == 1  # one step failed, not one count per sample
+    assert engine.stats.consecutive_failures == 1  # one step failed, not one count per sample
     for rid, p in PROMPTS.items():  # beside others: its samples stay in one half
         engine.add_request({"prompt_token_ids": p}, three if rid == "b" else GREEDY, rid)
     done = drain_finished(engine)
@@ -127,7 +131,7 @@ def test_a_failing_request_of_several_samples_fails_once_and_alone(checkpoint, m
         "a": expected["a"],
         "c": expected["c"],
     }
-    assert engine.consecutive_failures == 0
+    assert engine.stats.consecutive_failures == 0
     assert engine.blocks.num_free_blocks == 64
 
 
@@ -143,7 +147,7 @@ def test_a_rejected_request_leaves_nothing_behind(checkpoint):
 
 def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):
     engine = _engine(checkpoint)
-    engine.runner.run = lambda inputs: (_ for _ in ()).throw(RuntimeError("the device is gone"))
+    engine.runner.run = lambda inputs, fed=None: (_ for _ in ()).throw(RuntimeError("the device is gone"))
     died = threading.Event()
     async_engine = AsyncEngine(engine, on_dead=lambda reason: died.set())
     app = create_app(async_engine, "m")
@@ -172,7 +176,7 @@ def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):
 
 def test_atom_serve_exits_non_zero_when_its_engine_dies(atom_cache, monkeypatch, a_free_port):
     monkeypatch.setattr(
-        ModelRunner, "run", lambda self, inputs: (_ for _ in ()).throw(RuntimeError("broken"))
+        ModelRunner, "run", lambda self, inputs, fed=None: (_ for _ in ()).throw(RuntimeError("broken"))
     )
     port = a_free_port
     result = {}

@@ -311,7 +311,7 @@ def test_an_fp8_mtp_draft_speculates_to_the_plain_tokens(tmp_path):
     llm = LLM(tmp_path / "fp8", speculative_config={"method": "mtp", "num_speculative_tokens": 2}, **common)
     spec = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
-    assert llm.engine.num_accepted_tokens > 0.5 * llm.engine.num_draft_tokens
+    assert llm.engine.stats.num_accepted_tokens > 0.5 * llm.engine.stats.num_draft_tokens
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -7,12 +7,8 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 import pytest
 import torch
 from core_support import random_checkpoint
+from runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
-
-from atom_core.attention import PagedAttentionBackend
-from atom_core.build import BuildContext
-from atom_core.config import ModelConfig
-from atom_core.loader import build_model, load_checkpoint
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + Triton parity runs on a GPU")
 
@@ -37,7 +33,7 @@ LARGE = dict(
         (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2)),
     ],
 )
-def test_bf16_teacher_forced_parity(tmp_path, paged_runner, cls, overrides):
+def test_bf16_teacher_forced_parity(tmp_path, cls, overrides):
     hf = random_checkpoint(cls(**{**LARGE, **overrides}), tmp_path / "ckpt", dtype=torch.bfloat16)[0].cuda()
     if "num_experts" in overrides:
         # Random routers (std 0.02) tie experts within bf16 noise, and a flipped expert is not a kernel
@@ -47,11 +43,16 @@ def test_bf16_teacher_forced_parity(tmp_path, paged_runner, cls, overrides):
                 if name.endswith("mlp.gate.weight"):
                     param.mul_(25.0)
         hf.save_pretrained(tmp_path / "ckpt")
-    config = ModelConfig.from_pretrained(tmp_path / "ckpt", dtype="bfloat16")
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend="triton"), device="cuda"))
-    load_checkpoint(model, tmp_path / "ckpt")
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (300, 77, 1000)]
-    runner = paged_runner(model, config, backend_block_size=16, num_blocks=256, device="cuda")
+    runner = RunnerDriver(
+        tmp_path / "ckpt",
+        device="cuda",
+        dtype="bfloat16",
+        kernel_backend="triton",
+        block_size=16,
+        num_kv_blocks=256,
+        enforce_eager=True,  # eager steps, as transformers runs; test_cuda_graphs.py covers graph replays
+    )
     worst = 0.0
     atom = runner.step({i: p for i, p in enumerate(prompts)})
     steps = {i: list(p) for i, p in enumerate(prompts)}

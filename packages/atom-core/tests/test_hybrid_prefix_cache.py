@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.sequence import Sequence
-from atom_core.engine.state_snapshots import StateSnapshots
+from atom_core.engine.scheduling.block_manager import BlockManager
+from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.engine.state.state_snapshots import StateSnapshots
 from tools.testing_qwen import qwen3_next_checkpoint
 
 

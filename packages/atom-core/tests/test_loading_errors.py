@@ -228,14 +228,14 @@ def test_a_tokenizer_auto_map_is_ignored_and_runs_no_code(tmp_path):
     """As vLLM without --trust-remote-code: transformers' own class loads the tokenizer; one whose class
     exists only as the checkpoint's code is refused (test_cli_errors.py)."""
     from atom_core.demo import _train_tokenizer
-    from atom_core.engine.llm_engine import LLMEngine
+    from atom_core.engine.tokenizing import load_tokenizer
 
     _train_tokenizer(vocab_size=300).save_pretrained(tmp_path)
     config = json.loads((tmp_path / "tokenizer_config.json").read_text())
     config["auto_map"] = {"AutoTokenizer": ["evil.EvilTokenizer", "evil.EvilTokenizer"]}
     (tmp_path / "tokenizer_config.json").write_text(json.dumps(config))
     (tmp_path / "evil.py").write_text(f"open({str(tmp_path / 'RAN')!r}, 'w').write('ran')\n")
-    tokenizer = LLMEngine._load_tokenizer(tmp_path)
+    tokenizer = load_tokenizer(tmp_path)
     assert type(tokenizer).__module__.startswith("transformers.")
     assert tokenizer("hello").input_ids
     assert not (tmp_path / "RAN").exists()

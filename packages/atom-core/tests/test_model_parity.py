@@ -1,19 +1,15 @@
 """ATOM models against HF transformers (the ground truth): real checkpoints saved by transformers, fp32 on the CPU.
 
-For each architecture and config variant: a ragged batch of prompts prefilled together through the paged
-KV cache must give transformers' logits for every prompt token, and batched greedy decoding must give
+For each architecture and config variant: a ragged batch of prompts prefilled together through the engine's
+ModelRunner (paged KV cache, non-contiguous block tables) must give transformers' logits for every prompt token, and batched greedy decoding must give
 transformers' greedy tokens for 32 steps.
 """
 
 import pytest
 import torch
 from core_support import QWEN2_MOE_SHARED, TINY, random_checkpoint
+from runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
-
-from atom_core.attention import PagedAttentionBackend
-from atom_core.build import BuildContext
-from atom_core.config import ModelConfig
-from atom_core.loader import build_model, load_checkpoint
 
 BASE = dict(TINY, num_hidden_layers=3, num_attention_heads=8)
 ROPE = dict(rope_theta=10000.0)
@@ -133,21 +129,13 @@ def save_hf_model(tmp_path, config_cls, overrides, shard=False):
     return random_checkpoint(config, tmp_path / "ckpt", max_shard_size="40KB" if shard else None)
 
 
-def atom_model(path, kernel_backend="torch"):
-    config = ModelConfig.from_pretrained(path)
-    model = build_model(config, BuildContext(PagedAttentionBackend(kernel_backend=kernel_backend)))
-    load_checkpoint(model, path)
-    return model, config
-
-
 @pytest.mark.parametrize("case", list(CASES))
-def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, hf_greedy_tokens, case):
+def test_logits_and_greedy_tokens_match_transformers(tmp_path, hf_greedy_tokens, case):
     config_cls, overrides = CASES[case]
     hf, path = save_hf_model(tmp_path, config_cls, overrides)
-    model, config = atom_model(path)
     gen = torch.Generator().manual_seed(1)
     prompts = [torch.randint(1, 211, (n,), generator=gen).tolist() for n in (13, 5, 21)]
-    prefill, generated = paged_runner(model, config).greedy(prompts, steps=32)
+    prefill, generated = RunnerDriver(path).greedy(prompts, steps=32)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
             ref = hf(torch.tensor([prompt])).logits[0]
@@ -158,23 +146,23 @@ def test_logits_and_greedy_tokens_match_transformers(tmp_path, paged_runner, hf_
         )
 
 
-def test_sharded_checkpoint(tmp_path, paged_runner):
+def test_sharded_checkpoint(tmp_path):
     hf, path = save_hf_model(tmp_path, LlamaConfig, {}, shard=True)
     assert (path / "model.safetensors.index.json").is_file() and len(list(path.glob("*.safetensors"))) > 1
-    model, config = atom_model(path)
     prompt = list(range(3, 19))
-    prefill, _ = paged_runner(model, config).greedy([prompt], steps=1)
+    prefill, _ = RunnerDriver(path).greedy([prompt], steps=1)
     with torch.no_grad():
         torch.testing.assert_close(prefill[0], hf(torch.tensor([prompt])).logits[0], rtol=0, atol=1e-4)
 
 
-def test_triton_kernels_through_the_native_backend(tmp_path, paged_runner, hf_greedy_tokens):
+def test_triton_kernels_through_the_native_backend(tmp_path, hf_greedy_tokens):
     """The same parity with atom-kernels' Triton path (the interpreter on the CPU) doing cache writes and attention."""
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
     hf, path = save_hf_model(tmp_path, Qwen3Config, dict(head_dim=16, num_hidden_layers=2))
-    model, config = atom_model(path, kernel_backend="triton")
     prompts = [[5, 17, 42, 9, 100, 3, 77], [8, 8, 150]]
-    prefill, generated = paged_runner(model, config).greedy(prompts, steps=6)
+    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
     for i, prompt in enumerate(prompts):
         with torch.no_grad():
-            torch.testing.assert_close(prefill[i], hf(torch.tensor([prompt])).logits[0], rtol=0, atol=1e-4)
+            ref = hf(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(prefill[i].cpu(), ref, rtol=0, atol=1e-4)
         assert generated[i] == hf_greedy_tokens(hf, prompt, 6)

@@ -11,7 +11,7 @@ from core_support import hf_greedy, ragged_prefill_logits
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
-from atom_core.engine.model_runner import ModelRunner
+from atom_core.engine.execution.model_runner import ModelRunner
 from tools.testing_qwen import ARCHS, CONFIG, qwen3_next_checkpoint
 
 
@@ -101,7 +101,7 @@ def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     for p, out in zip(PROMPTS, outs, strict=True):
         assert out.outputs[0].token_ids == hf_greedy(hf, p, STEPS)
-    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.replays > 0
+    assert llm.engine.runner.graphs is not None and llm.engine.runner.graphs.decode.replays > 0
     llm.engine.shutdown()
 
 
@@ -138,9 +138,7 @@ def test_three_row_positions_take_interleaved_mrope_as_transformers(tmp_path):
         engine = EngineConfig(
             model=path, num_kv_blocks=32, kernel_backend="torch", block_size=4, dtype="float32"
         )
-        runner = ModelRunner(
-            config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=64
-        )
+        runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
         n = positions.shape[-1]
         paged = PagedAttentionMetadata.build(
             query_lens=[n], seq_lens=[n], block_tables=[list(range(8))], block_size=4, device="cpu"

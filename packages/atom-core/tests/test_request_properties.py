@@ -11,8 +11,8 @@ from hypothesis import strategies as st
 
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.demo import ensure_demo_checkpoint
-from atom_core.engine.sampler import sample
-from atom_core.engine.sequence import Sequence
+from atom_core.engine.sampling.sampler import sample
+from atom_core.engine.scheduling.sequence import Sequence
 from atom_core.entrypoints.openai.protocol import CompletionRequest
 
 NUMBERS = st.one_of(

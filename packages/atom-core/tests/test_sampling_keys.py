@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.sampler import LOGPROB_FLOOR, draw_token, draw_uniform, sample, sample_token
-from atom_core.engine.sequence import Sequence
-from atom_core.engine.speculative import verify
+from atom_core.engine.sampling.sampler import LOGPROB_FLOOR, draw_token, draw_uniform, sample, sample_token
+from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.engine.speculation.verify import verify
 
 SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
 

@@ -2,9 +2,11 @@
 
 The draft's logits equal an independent reference written from the published MTP description. Speculative
 output equals plain output token for token (greedy) on a checkpoint whose MTP layer was trained in the
-test to predict well (so drafts are accepted, several in a row, and rejected, which rolls back KV), and on
-a random one (mostly rejections); sampled output has the plain output's distribution, and a seeded
-request's tokens are the plain ones.
+test to predict well (a smoke test: how many drafts it gets right depends on the training's numerics, so
+nothing is asserted of that), and, with drafts forced by an oracle (Drafter.oracle: always right, always
+wrong, right for the first j; test_oracle_drafts.py has the exhaustive cases), exactly as far as the forced
+drafts imply; sampled output has the plain output's distribution, and a seeded request's tokens are the
+plain ones.
 """
 
 import re
@@ -20,7 +22,8 @@ from core_support import (
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
-from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
+from atom_core.engine.execution.model_runner import ModelRunner
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_kernels import settings
 from atom_kernels.settings import Backend, Settings
 from tools.testing_models import transformers_mtp_logits
@@ -62,6 +65,7 @@ def trained(tmp_path_factory):
 def untrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("mtp-random")
     main, reference = deepseek_mtp_checkpoint(path)
+    save_word_tokenizer(path, VOCAB)
     return path, main, reference
 
 
@@ -71,16 +75,37 @@ def language_prompts(lengths, seed=3):
     return [sample(1, n, gen)[0].tolist() for n in lengths]
 
 
+def plain_tokens(prompts, outs) -> dict[tuple[tuple[int, ...], int], list[int]]:
+    """Each sample's plain output tokens by (prompt, sample index)."""
+    return {(tuple(p), o.index): o.token_ids for p, r in zip(prompts, outs, strict=True) for o in r.outputs}
+
+
+def forced(plain: dict[tuple[tuple[int, ...], int], list[int]], right_for: int | None, vocab: int = VOCAB):
+    """A Drafter.oracle proposing from the plain outputs (plain_tokens): a sequence's draft j, the guess for
+    output position p = len(output_token_ids) + j, is the plain token at p if j < right_for (None: every
+    draft), else that token + 1, a wrong one. A step verifying d such drafts then accepts exactly
+    min(right_for, len(d)): with right_for 1, one a step that verifies any (num_verifications)."""
+
+    def oracle(seq, j: int, token: int) -> int:
+        want = plain[(tuple(seq.prompt_token_ids), seq.index)]
+        p = len(seq.output_token_ids) + j
+        if p >= len(want):  # never, for requests that ignore EOS: drafts stop at max_tokens
+            return token
+        return want[p] if right_for is None or j < right_for else (want[p] + 1) % vocab
+
+    return oracle
+
+
 def test_draft_logits_equal_the_reference_written_from_the_published_forward(untrained):
     path, main, reference = untrained
     config = ModelConfig.from_pretrained(path)
     engine = EngineConfig(model=path, num_kv_blocks=32, speculative_config=mtp(1), **COMMON)
-    runner = ModelRunner(
-        config, engine, parallel=ParallelConfig(), device=torch.device("cpu"), max_model_len=128
-    )
+    runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
     tokens = language_prompts([19])[0]
     n, table = len(tokens), list(range(5))
-    runner.run(StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [-1], [True], list(range(n))))
+    target = runner.run(
+        StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [-1], [True], list(range(n)))
+    )
     logits = []
     for rows in (range(0, 7), range(7, n - 1)):  # the draft's rows in two forwards: its own KV carries over
         step = DraftInputs(
@@ -93,7 +118,7 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(unt
             "target",
             list(range(len(rows))),
         )
-        logits.append(runner.run_draft(step))
+        logits.append(runner.run_draft(step, target).logits)
     with torch.no_grad():
         ids = torch.tensor([tokens])
         hidden = hf_main_hidden(main, ids)
@@ -119,65 +144,52 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=
 TIGHT = dict(num_kv_blocks=17, max_num_batched_tokens=16, max_num_seqs=6)
 
 
-@pytest.fixture(scope="module")
-def plain_greedy(trained):
-    return run(trained, PROMPTS, GREEDY, **TIGHT)[1]
-
-
-@pytest.mark.parametrize("k", [1, 3, 4])  # k = 2 runs in the sampling test
-def test_speculative_greedy_equals_plain_with_chunks_prefix_hits_and_preemption(trained, plain_greedy, k):
+def test_a_trained_draft_speculates_as_plain_with_chunks_prefix_hits_and_preemption(trained):
+    """The smoke test of a draft that proposes its own argmax (a trained one: drafts accepted and
+    rejected): output equals plain output, tokens and logprobs, through chunked prefill, prefix hits and
+    preemption. How many drafts it gets right is the training's, so no rate is asserted; exact acceptance
+    is test_oracle_drafts.py's."""
+    k = 3
+    _, plain = run(trained, PROMPTS, GREEDY, **TIGHT)
     engine, spec = run(trained, PROMPTS, GREEDY, speculative_config=mtp(k), **TIGHT)
-    for p, s in zip(plain_greedy, spec, strict=True):
+    for p, s in zip(plain, spec, strict=True):
         assert s.outputs[0].token_ids == p.outputs[0].token_ids
         for lp, ls in zip(p.outputs[0].logprobs, s.outputs[0].logprobs, strict=True):
             assert lp.keys() == ls.keys()
             assert max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
     assert engine.scheduler.num_preemptions > 0 and engine.blocks.num_prefix_hits > 0
     assert engine.scheduler.num_chunked_prefills > 0
-    drafted, accepted = engine.num_draft_tokens, engine.num_accepted_tokens
-    assert drafted == sum(o.outputs[0].num_draft_tokens for o in spec)
+    stats = engine.stats
+    drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
+    assert drafted == sum(o.outputs[0].num_draft_tokens for o in spec) > 0
     assert accepted == sum(o.outputs[0].num_accepted_tokens for o in spec)
-    # the trained draft is right most of the time, and several drafts in a row are accepted
-    assert accepted / drafted > (0.85 if k == 1 else 0.5)
-    assert accepted > engine.num_verifications or k == 1
-    if k >= 3:  # chained drafts miss sometimes: rejections (and their KV rollback) happen too
-        assert accepted < drafted
+    assert 0 <= accepted <= drafted and 0 < stats.num_verifications <= drafted <= k * stats.num_verifications
 
 
-def test_tensor_parallel_speculation_equals_plain(trained, plain_greedy):
-    """TP=2 over gloo: target and draft split their MLA heads and experts over both ranks; the draft's
-    steps run on every rank beside the target's."""
-    engine, spec = run(
-        trained,
-        PROMPTS[:4],
-        GREEDY,
-        speculative_config=mtp(2),
-        tensor_parallel_size=2,
-        device="cpu",
-        num_kv_blocks=64,
-    )
-    try:
-        assert [s.outputs[0].token_ids for s in spec] == [p.outputs[0].token_ids for p in plain_greedy[:4]]
-        assert engine.num_accepted_tokens > engine.num_verifications  # multi-token acceptance happened
-    finally:
-        engine.shutdown()
-
-
-def test_stop_strings_n_and_a_random_draft(trained, untrained):
+def test_stop_strings_and_n_under_forced_drafts(untrained):
+    """A stop string ends a request in the middle of what one verify step accepts (every draft right:
+    four tokens a step), and where every draft is rejected: output, text and finish reason are the plain
+    ones, for both samples of n=2."""
+    path = untrained[0]
     prompts = language_prompts([11, 6])
-    _, plain = run(trained, prompts, SamplingParams(temperature=0, max_tokens=30, ignore_eos=True))
+    free = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True)
+    _, plain = run(path, prompts, free, num_kv_blocks=64)
     text = plain[0].outputs[0].text.split()
-    stop = " ".join(text[5:7])  # stops in the middle of what a verify step accepts at once
+    stop = " ".join(text[5:7])  # output positions 5 and 6: the second verify step emits 5 to 8
     params = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True, stop=[stop])
-    for path, reason in ((trained, "stop"), (untrained[0], "length")):  # the random model never says it
-        _, want = run(path, prompts, params, num_kv_blocks=64)
-        engine, got = run(path, prompts, params, num_kv_blocks=64, speculative_config=mtp(3))
+    _, want = run(path, prompts, params, num_kv_blocks=64)
+    assert want[0].outputs[0].finish_reason == "stop"
+    for right_for in (None, 0):
+        llm = LLM(path, **COMMON, num_kv_blocks=64, speculative_config=mtp(3))
+        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for)
+        got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         for w, g in zip(want, got, strict=True):
             assert [(o.token_ids, o.text, o.finish_reason) for o in g.outputs] == [
                 (o.token_ids, o.text, o.finish_reason) for o in w.outputs
             ]
-        assert want[0].outputs[0].finish_reason == reason
-    assert engine.num_accepted_tokens < engine.num_draft_tokens / 2
+        stats = llm.engine.stats
+        assert stats.num_draft_tokens > 0
+        assert stats.num_accepted_tokens == (stats.num_draft_tokens if right_for is None else 0)
 
 
 def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrained):
@@ -186,7 +198,7 @@ def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrain
     _, plain = run(untrained[0], prompts, penalized, num_kv_blocks=64)
     engine, spec = run(untrained[0], prompts, penalized, num_kv_blocks=64, speculative_config=mtp(2))
     assert [o.outputs[0].token_ids for o in spec] == [o.outputs[0].token_ids for o in plain]
-    assert engine.num_draft_tokens == 0
+    assert engine.stats.num_draft_tokens == 0
     unpenalized = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     _, free = run(untrained[0], prompts, unpenalized, num_kv_blocks=64)
     assert [o.outputs[0].token_ids for o in free] != [o.outputs[0].token_ids for o in plain]  # it matters
@@ -208,8 +220,8 @@ def _rejection_sampling_fits(accept_sampled, trials: int = 6000) -> tuple[list[t
     vocabulary) once for each of `trials` seeds: the first emitted token must follow p0 exactly; after d1
     was kept, the next must follow p1; after d1 and d2, the bonus p2. Returns each fit's (chi2, dof), and
     how many standard errors the rate at which d1 was kept is from p0(d1)."""
-    import atom_core.engine.speculative as speculative
-    from atom_core.engine.sequence import Sequence
+    import atom_core.engine.speculation.verify as speculative
+    from atom_core.engine.scheduling.sequence import Sequence
 
     gen = torch.Generator().manual_seed(7)
     logits = torch.randn(3, 8, generator=gen) * 0.7
@@ -238,15 +250,15 @@ def test_rejection_sampling_emits_exactly_the_target_distribution():
     """The coupled draw is exact rejection sampling: each emitted position follows the target's
     distribution (chi-square below its 99.9% point) and a draft is kept at the rate p(draft) (within 4
     standard errors); a sampler that keeps every draft fails the same bound."""
-    import atom_core.engine.speculative as speculative
-    from atom_core.engine.sampler import sample_token
+    import atom_core.engine.speculation.verify as speculative
+    from atom_core.engine.sampling.sampler import sample_token
 
     fits, kept = _rejection_sampling_fits(speculative._accept_sampled)
     for chi2, dof in fits:
         assert chi2 < CHI2_0999[dof]
     assert kept < 4
 
-    def keep_every_draft(logits, draft, seq):
+    def keep_every_draft(logits, draft, seq, drawn=None):
         return [*draft, sample_token(logits[-1], seq, len(seq.output_token_ids) + len(draft))]
 
     with pytest.raises(AssertionError, match=r"probability 0|chi2"):
@@ -255,17 +267,24 @@ def test_rejection_sampling_emits_exactly_the_target_distribution():
 
 
 def test_sampled_requests_speculate_reproducibly(tmp_path):
-    """Sampled requests through the engine: drafts are both kept and rejected, and a seeded request gives
-    the same tokens twice (its draws are keyed by its seed, sample index and position only)."""
+    """Sampled requests through the engine: a seeded request's 64 samples are plain sampling's with drafts
+    forced right for the first of two (so each step that verifies drafts keeps exactly one and rejects
+    the rest), and with the draft's own proposals (its draws are keyed by its seed, sample index and
+    position only)."""
     deepseek_mtp_checkpoint(tmp_path, dict(vocab_size=8))
+    prompt = [2, 5, 3]
     params = SamplingParams(n=64, temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
-    runs = []
-    for _ in range(2):
+    plain = LLM(tmp_path, **COMMON).generate([{"prompt_token_ids": prompt}], params)
+    want = [o.token_ids for o in plain[0].outputs]
+    for oracle in (forced(plain_tokens([prompt], plain), 1, vocab=8), None):
         llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2))
-        out = llm.generate([{"prompt_token_ids": [2, 5, 3]}], params)[0]
-        runs.append([o.token_ids for o in out.outputs])
-    assert runs[0] == runs[1]
-    assert 0 < llm.engine.num_accepted_tokens < llm.engine.num_draft_tokens
+        llm.engine.drafter.oracle = oracle
+        out = llm.generate([{"prompt_token_ids": prompt}], params)[0]
+        assert [o.token_ids for o in out.outputs] == want
+        stats = llm.engine.stats
+        if oracle is not None:
+            assert 0 < stats.num_accepted_tokens == stats.num_verifications < stats.num_draft_tokens
+            assert all(o.num_accepted_tokens > 0 for o in out.outputs)
 
 
 SEEDED = [
@@ -290,29 +309,37 @@ def _count_dropped_drafts(engine) -> list[int]:
     return dropped
 
 
-def test_a_seeded_sampled_request_is_the_same_with_and_without_speculation_and_beside_others(trained):
+def test_a_seeded_sampled_request_is_the_same_with_and_without_speculation_and_beside_others(untrained):
     """Each sampled token is drawn with a uniform keyed by (seed, sample index, output position) alone: a
     seeded request (temperature 0.8, top-p 0.95) gives the tokens it gives alone without speculation with
     speculation too, and beside others under a KV cache so small that drafts are dropped and sequences
-    preempted (where its draws used to depend on how many drafts each step verified)."""
+    preempted (where its draws used to depend on how many drafts each step verified). Drafts are forced
+    right for the first of three: each step that verifies drafts keeps exactly one, rejects the rest."""
+    path = untrained[0]
 
-    def alone(**engine) -> list[list[int]]:
-        llm = LLM(trained, **COMMON, num_kv_blocks=64, **engine)
+    def alone(oracle=None, **engine) -> list[list[int]]:
+        llm = LLM(path, **COMMON, num_kv_blocks=64, **engine)
+        if oracle is not None:
+            llm.engine.drafter.oracle = oracle
         return [
             llm.generate({"prompt_token_ids": p}, s)[0].outputs[0].token_ids
             for p, s in zip(PROMPTS, SEEDED, strict=True)
         ]
 
     want = alone()
-    assert alone(speculative_config=mtp(3)) == want
+    oracle = forced({(tuple(p), 0): w for p, w in zip(PROMPTS, want, strict=True)}, 1)
+    assert alone(oracle, speculative_config=mtp(3)) == want
     for spec in (None, mtp(3)):
-        llm = LLM(trained, **COMMON, **TIGHT, speculative_config=spec)
+        llm = LLM(path, **COMMON, **TIGHT, speculative_config=spec)
+        if spec is not None:
+            llm.engine.drafter.oracle = oracle
         dropped = _count_dropped_drafts(llm.engine)
         got = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], SEEDED)
         assert [o.outputs[0].token_ids for o in got] == want
         assert llm.engine.scheduler.num_preemptions > 0
-    engine = llm.engine
-    assert dropped[0] > 0 and 0 < engine.num_accepted_tokens < engine.num_draft_tokens
+    stats = llm.engine.stats
+    assert dropped[0] > 0
+    assert 0 < stats.num_accepted_tokens == stats.num_verifications < stats.num_draft_tokens
 
 
 def test_atom_bench_reports_the_acceptance(untrained, capsys):
@@ -389,24 +416,30 @@ def test_mtp_on_a_checkpoint_without_mtp_weights_is_refused(tmp_path, untrained)
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton MLA kernels need a GPU")
-def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(trained):
+def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
     """fp32 on the GPU: the target's verify steps replay CUDA graphs of k + 1 tokens a sequence; output is
-    the plain engine's (itself replaying decode graphs)."""
+    the plain engine's (itself replaying decode graphs), with drafts forced always right (k = 1) and right
+    for the first of three (k = 3), accepted exactly as far as they are right."""
+    path = untrained[0]
     prompts = language_prompts([9, 23, 3, 14, 30, 17])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     gpu = dict(dtype="float32", max_model_len=128, max_num_seqs=8)
-    plain_llm = LLM(trained, **gpu)
-    want = [
-        o.outputs[0].token_ids for o in plain_llm.generate([{"prompt_token_ids": p} for p in prompts], params)
-    ]
+    plain_llm = LLM(path, **gpu)
+    plain = plain_llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    want = [o.outputs[0].token_ids for o in plain]
     plain_llm.engine.shutdown()
-    for k in (1, 3):
-        llm = LLM(trained, **gpu, speculative_config=mtp(k))
+    for k, right_for in ((1, None), (3, 1)):
+        llm = LLM(path, **gpu, speculative_config=mtp(k))
+        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for)
         got = [
             o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         ]
-        runner = llm.engine.runner
+        runner, stats = llm.engine.runner, llm.engine.stats
         assert got == want
-        assert runner.verify_graphs.replays > 0
-        assert llm.engine.num_accepted_tokens > 0.5 * llm.engine.num_draft_tokens
+        assert runner.graphs.verify.replays > 0
+        assert stats.num_draft_tokens > 0
+        if right_for is None:
+            assert stats.num_accepted_tokens == stats.num_draft_tokens
+        else:
+            assert stats.num_accepted_tokens == stats.num_verifications < stats.num_draft_tokens
         llm.engine.shutdown()

@@ -9,7 +9,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from core_support import free_port
 
-from atom_core.engine.step_channel import StepChannel
+from atom_core.engine.execution.step_channel import StepChannel
 
 MESSAGES = [
     {"ids": [1, 2, 3]},

@@ -1,4 +1,4 @@
-"""Stop strings matched incrementally (engine/stop_strings.py) against a brute-force reference: the same
+"""Stop strings matched incrementally (engine/text/stop_strings.py) against a brute-force reference: the same
 stop found however the text is cut into steps, the same tail held back, and each step's work bounded by
 the characters it added."""
 
@@ -12,7 +12,7 @@ from atom_core.engine.sampling_params import (
     MAX_STOP_STRINGS,
     SamplingParams,
 )
-from atom_core.engine.stop_strings import StopScan, StopStrings
+from atom_core.engine.text.stop_strings import StopScan, StopStrings
 
 
 def first_stop(text: str, stops: list[str]) -> int:

@@ -292,7 +292,7 @@ class ParallelConfig:
     tp_size: int = 1
     tp_rank: int = 0
     group: Any = None  # a torch.distributed ProcessGroup when tp_size > 1
-    # the engine's all-reduce for small messages over peer memory (engine/peer_all_reduce.py); None: NCCL
+    # the engine's all-reduce for small messages over peer memory (engine/execution/peer_all_reduce.py); None: NCCL
     peer_all_reduce: Any = None
 
     def __post_init__(self):

@@ -43,15 +43,12 @@ class PagedAttentionMetadata:
         """From host lists: each sequence's new tokens are its last query_lens[b] of seq_lens[b]."""
         if not (len(query_lens) == len(seq_lens) == len(block_tables)):
             raise ValueError("query_lens, seq_lens and block_tables must have one entry per sequence")
-        slots: list[int] = []
         for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
             if not 0 < q_len <= s_len or len(table) * block_size < s_len:
                 raise ValueError(
                     f"sequence with {q_len} new of {s_len} tokens and {len(table)} blocks is invalid"
                 )
-            slots += [
-                table[p // block_size] * block_size + p % block_size for p in range(s_len - q_len, s_len)
-            ]
+        slots = cache_slots(query_lens, seq_lens, block_tables, block_size)
         width = max(len(t) for t in block_tables)
         tables = torch.tensor([list(t) + [0] * (width - len(t)) for t in block_tables], dtype=torch.int32)
         cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
@@ -65,3 +62,14 @@ class PagedAttentionMetadata:
             max_seq_len=max(seq_lens),
             prefill_only=list(query_lens) == list(seq_lens),
         )
+
+
+def cache_slots(
+    query_lens: Sequence[int], seq_lens: Sequence[int], block_tables: Sequence[Sequence[int]], block_size: int
+) -> list[int]:
+    """The cache slot of each new token, sequence by sequence: a sequence's new tokens are the last
+    query_lens[b] of its seq_lens[b], and position p lies in block block_tables[b][p // block_size]."""
+    slots: list[int] = []
+    for q_len, s_len, table in zip(query_lens, seq_lens, block_tables, strict=True):
+        slots += [table[p // block_size] * block_size + p % block_size for p in range(s_len - q_len, s_len)]
+    return slots

@@ -83,7 +83,7 @@ class AsyncEngine:
                 self._wake.clear()
                 continue
             self._deliver(outputs)
-            if self._failed_steps + self.engine.consecutive_failures >= self.MAX_FAILED_STEPS:
+            if self._failed_steps + self.engine.stats.consecutive_failures >= self.MAX_FAILED_STEPS:
                 self._die("the engine failed on every recent step; see the server log")
 
     def _step(self) -> list[RequestOutput] | None:

@@ -12,13 +12,24 @@ if TYPE_CHECKING:  # this module stays cheap to import: the CLI builds its parse
     import torch
 
     from atom_core.config import CacheConfig
-    from atom_core.engine.scheduler import SchedulerConfig
 
 from atom_core.engine.speculative_config import SpeculativeConfig
 
 LOAD_FORMATS = ("safetensors", "dummy")
 KERNEL_BACKENDS = ("triton", "torch", "aiter")
 STATE_CACHE_DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerConfig:
+    """The scheduler's limits per step: sequences running at once, and tokens computed."""
+
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int = 8192
+
+    def __post_init__(self):
+        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
+            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,8 +58,8 @@ class EngineConfig:
     # sequence's state memory (0: no prefix caching for them); None: max_num_seqs
     state_snapshots: int | None = None
     state_cache_dtype: str = "float32"  # GDN recurrent state: float32 (as transformers) or bfloat16
-    # launch decode step k+1 before reading step k's greedy tokens (engine/async_scheduling.py), so the
-    # host's work between steps overlaps the GPU's; None: on for CUDA devices
+    # launch step k+1 before reading step k's tokens, which are sampled on the device
+    # (engine/steps/async_step.py), so the host's work between steps overlaps the GPU's; None: on for CUDA
     async_scheduling: bool | None = None
 
     def __post_init__(self):
@@ -108,7 +119,6 @@ class EngineConfig:
         )
 
     def scheduler_config(self) -> SchedulerConfig:
-        from atom_core.engine.scheduler import SchedulerConfig
 
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
 
@@ -168,7 +178,7 @@ class EngineConfig:
             "--async-scheduling",
             action=argparse.BooleanOptionalAction,
             default=None,
-            help="launch each decode step before the last one's tokens reach the host (default: on for CUDA)",
+            help="launch each step before the last one's tokens reach the host (default: on for CUDA)",
         )
         group.add_argument(
             "--speculative-config",

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from atom_core.engine.outputs import OutputKind
-from atom_core.engine.stop_strings import StopStrings
+from atom_core.engine.text.stop_strings import StopStrings
 
 # Temperatures below this sample greedily (as vLLM does): dividing logits by less overflows fp32.
 SAMPLING_EPS = 1e-5

@@ -92,9 +92,9 @@ def run_bench(
     first_token, done = {}, {}
     preempted_before = engine.scheduler.num_preemptions
     drafted, accepted, verified = (
-        engine.num_draft_tokens,
-        engine.num_accepted_tokens,
-        engine.num_verifications,
+        engine.stats.num_draft_tokens,
+        engine.stats.num_accepted_tokens,
+        engine.stats.num_verifications,
     )
     while engine.has_unfinished_requests():
         for out in engine.step():
@@ -128,9 +128,9 @@ def run_bench(
         engine.scheduler.num_preemptions - preempted_before,
     )
     if engine.drafter is not None:
-        result.draft_tokens = engine.num_draft_tokens - drafted
-        result.accepted_tokens = engine.num_accepted_tokens - accepted
-        steps = engine.num_verifications - verified
+        result.draft_tokens = engine.stats.num_draft_tokens - drafted
+        result.accepted_tokens = engine.stats.num_accepted_tokens - accepted
+        steps = engine.stats.num_verifications - verified
         result.acceptance_rate = result.accepted_tokens / max(result.draft_tokens, 1)
         result.mean_accepted_length = 1 + result.accepted_tokens / max(steps, 1)
     return result

@@ -13,8 +13,8 @@ from __future__ import annotations
 import itertools
 from collections import OrderedDict
 
-from atom_core.engine.sequence import Sequence
-from atom_core.engine.state_snapshots import StateSnapshots
+from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.engine.state.state_snapshots import StateSnapshots
 
 
 class BlockManager:

@@ -50,7 +50,7 @@ class Sequence:
     # with its index and an output position, keys the draw of each sampled token (sampler.draw_uniform)
     sample_seed: int = field(init=False)
     detokenizer: object | None = None  # the engine's IncrementalDetokenizer, when it has a tokenizer
-    stop_scan: object | None = None  # its StopScan over text (engine/stop_strings.py), when it has stops
+    stop_scan: object | None = None  # its StopScan over text (engine/text/stop_strings.py), when it has stops
     # OutputKind.DELTA: the tokens and settled characters its outputs have carried so far
     num_sent_tokens: int = 0
     num_sent_chars: int = 0

@@ -18,8 +18,10 @@ import torch.multiprocessing as mp
 
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
-from atom_core.engine.model_runner import DraftInputs, ModelRunner, StepInputs
-from atom_core.engine.step_channel import StepChannel
+from atom_core.engine.execution.model_runner import ModelRunner
+from atom_core.engine.execution.runner import DraftResult, StepResult
+from atom_core.engine.execution.step_channel import StepChannel
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 
 
 def _loopback_listener() -> socket.socket:
@@ -62,11 +64,16 @@ def _worker(
             device=device,
             control_group=control,
         )
+        # this rank's own last results, which rank 0's next messages refer to (fed tokens, draft sources)
+        last: dict[str, StepResult | DraftResult] = {}
         while True:
             message = channel.receive(rank - 1, group=control)
             if message is None:
                 break
-            runner.execute(message)
+            if isinstance(message, StepInputs):
+                last["target"] = runner.run(message, last.get("target") if message.fed_rows else None)
+            else:
+                last["draft"] = runner.run_draft(message, last[message.source])
         runner.shutdown()
         _leave_together(device, control)
     except BaseException:
@@ -88,11 +95,9 @@ def _leave_together(device: torch.device, control) -> None:
 
 
 class TensorParallelRunner:
-    """A ModelRunner on rank 0 that keeps size - 1 worker ranks in step with it."""
+    """A ModelRunner on rank 0 that keeps size - 1 worker ranks in step with it (the Runner protocol)."""
 
-    def __init__(
-        self, model_config: ModelConfig, engine: EngineConfig, *, device: torch.device, max_model_len: int
-    ):
+    def __init__(self, model_config: ModelConfig, engine: EngineConfig, *, device: torch.device):
         size = engine.tensor_parallel_size
         if device.type == "cuda" and size > torch.cuda.device_count():
             # One rank per GPU: a rank without a GPU would die and leave the others waiting forever.
@@ -102,7 +107,7 @@ class TensorParallelRunner:
             )
         listener = _loopback_listener()
         port = listener.getsockname()[1]
-        args = dict(model_config=model_config, engine=engine, max_model_len=max_model_len)
+        args = dict(model_config=model_config, engine=engine)
         context = mp.get_context("spawn")
         self.channel = StepChannel(size - 1, context)
         self.workers = [
@@ -119,28 +124,17 @@ class TensorParallelRunner:
             device=device,
             control_group=self.control,
         )
-        self.num_blocks = self.runner.num_blocks
-        self.num_state_slots = self.runner.num_state_slots
-        self.state_slots_per_seq = self.runner.state_slots_per_seq
-        self.num_state_snapshots = self.runner.num_state_snapshots
+        self.plan = self.runner.plan
 
-    @property
-    def sampled(self) -> torch.Tensor | None:
-        """Rank 0's copy of the last step's tokens kept on the device (every rank keeps its own)."""
-        return self.runner.sampled
-
-    @property
-    def greedy(self) -> torch.Tensor | None:
-        """Rank 0's [2, R]: those tokens, and 1 where the row's logits were finite."""
-        return self.runner.greedy
-
-    def run(self, inputs: StepInputs) -> torch.Tensor:
+    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
+        """fed must be the step run just before (each worker feeds on its own copy of it)."""
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
-        return self.runner.run(inputs)
+        return self.runner.run(inputs, fed)
 
-    def run_draft(self, inputs: DraftInputs) -> torch.Tensor:
+    def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
+        """source must be the last target step (inputs.source "target") or draft forward ("draft")."""
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
-        return self.runner.run_draft(inputs)
+        return self.runner.run_draft(inputs, source)
 
     def _workers_alive(self) -> bool:
         return all(proc.is_alive() for proc in self.workers)

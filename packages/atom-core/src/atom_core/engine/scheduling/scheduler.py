@@ -14,19 +14,12 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.sequence import Sequence, Status
-from atom_core.engine.state_slots import StateSlots
-
-
-@dataclass(frozen=True, slots=True)
-class SchedulerConfig:
-    max_num_seqs: int = 256
-    max_num_batched_tokens: int = 8192
-
-    def __post_init__(self):
-        if self.max_num_seqs < 1 or self.max_num_batched_tokens < 1:
-            raise ValueError("max_num_seqs and max_num_batched_tokens must be at least 1")
+from atom_core.engine.config import SchedulerConfig
+from atom_core.engine.plan import CachePlan
+from atom_core.engine.scheduling.block_manager import BlockManager
+from atom_core.engine.scheduling.sequence import Sequence, Status
+from atom_core.engine.state.state_slots import StateSlots
+from atom_core.engine.state.state_snapshots import StateSnapshots
 
 
 @dataclass(slots=True)
@@ -41,27 +34,18 @@ class ScheduledBatch:
 
 
 class Scheduler:
-    """state_slots: for models with state layers: a running sequence holds one, and spare_state_slots more
-    under speculation (one per draft: a verify step keeps the state after each of its tokens)."""
+    """Owns the KV blocks (and, for models with state layers, the state slots and snapshots) the plan
+    sizes: a running sequence holds plan.state_slots_per_seq slots (its own, and one spare per draft under
+    speculation: a verify step keeps the state after each of its tokens)."""
 
-    def __init__(
-        self,
-        config: SchedulerConfig,
-        blocks: BlockManager,
-        state_slots: StateSlots | None = None,
-        *,
-        spare_state_slots: int = 0,
-    ):
-        per_seq = 1 + spare_state_slots
-        if state_slots is not None and state_slots.num_slots < config.max_num_seqs * per_seq:
-            raise ValueError(
-                f"{state_slots.num_slots} state slots cannot hold max_num_seqs {config.max_num_seqs} "
-                f"sequences of {per_seq}"
-            )
+    def __init__(self, config: SchedulerConfig, plan: CachePlan):
         self.config = config
-        self.spare_state_slots = spare_state_slots
-        self.blocks = blocks
-        self.state_slots = state_slots
+        snapshots = StateSnapshots(plan.snapshot_range) if plan.has_state and plan.snapshot_slots else None
+        self.blocks = BlockManager(
+            plan.num_blocks, plan.block_size, prefix_caching=plan.prefix_caching, snapshots=snapshots
+        )
+        self.state_slots = StateSlots(plan.num_running_slots) if plan.has_state else None
+        self.spare_state_slots = max(plan.state_slots_per_seq - 1, 0)
         self.waiting: deque[Sequence] = deque()
         self.running: list[Sequence] = []
         self.num_preemptions = 0
@@ -81,15 +65,20 @@ class Scheduler:
         admissible = self.waiting and len(self.running) < self.config.max_num_seqs
         prefill_budget = max(1, budget // 2) if admissible else budget
         batch = ScheduledBatch([], [])
+        # a prefill leaves a token for each decode behind it: decodes never wait for a long prompt (and
+        # under async scheduling every pending token is computed the step after it was sampled)
+        decodes = sum(seq.status is Status.RUNNING and seq.num_uncomputed == 1 for seq in self.running)
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
             prefilling = seq.num_uncomputed > 1
-            if prefilling and prefill_budget == 0:
+            decodes -= not prefilling
+            if prefilling and min(prefill_budget, budget - decodes) <= 0:
                 continue
             # drafts ride behind a decoding sequence's last token, as many as the budget leaves room for
             drafts = seq.draft_token_ids[: budget - 1] if seq.num_uncomputed == 1 else []
-            n = min(seq.num_uncomputed + len(drafts), budget, prefill_budget if prefilling else budget)
+            cap = min(prefill_budget, budget - decodes) if prefilling else budget
+            n = min(seq.num_uncomputed + len(drafts), cap)
             if not drafts:
                 n = self._end_at_snapshot_boundary(seq, n)
             if drafts and not self.blocks.can_allocate(seq, n):  # short of blocks: drafts go before others do
@@ -157,6 +146,14 @@ class Scheduler:
         slot = snapshots.reserve(evict=end == target)
         if slot is not None:
             batch.saves.append((seq, end // b - 1, slot))
+
+    def grant_draft_rows(self, seq: Sequence, n: int) -> bool:
+        """Blocks for n rows past seq's computed tokens (a chained draft's cache rows), if free ones are
+        left: drafts never preempt a sequence."""
+        if not self.blocks.can_allocate(seq, n):
+            return False
+        self.blocks.allocate(seq, n)
+        return True
 
     def settle_snapshots(self, batch: ScheduledBatch, *, ran: bool) -> None:
         """After the batch's forward (ran) or its failure: the states it saved are findable by their

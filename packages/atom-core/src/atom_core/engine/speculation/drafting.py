@@ -9,23 +9,37 @@ recomputes both; a prefix-cache hit finds both). The rows of rejected drafts are
 catch-up before anything reads them (attention reads positions below the query only).
 
 A sequence that reached its last known token then proposes: the catch-up's last row drafts token 1, and
-token j + 1 comes from the draft applied to its own token j and hidden state, one row per sequence.
+token j + 1 comes from the draft applied to its own token j and hidden state, one row per sequence. The
+KV blocks of those chained rows come from the scheduler, as every other block does.
+
+A proposal is the draft's argmax, unless an oracle is given: oracle(seq, j, token) -> the token proposed
+as seq's draft j (0-based) where the draft's own guess was `token`. Tests force proposals with it (always
+right, always wrong, right for the first j) to check acceptance and rollback exactly.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from atom_core.engine.block_manager import BlockManager
-from atom_core.engine.model_runner import DraftInputs, StepInputs
-from atom_core.engine.scheduler import ScheduledBatch
-from atom_core.engine.sequence import Sequence, Status
+from atom_core.engine.execution.runner import Runner, StepResult
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
+from atom_core.engine.plan import CachePlan
+from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
+from atom_core.engine.scheduling.sequence import Sequence, Status
+
+Oracle = Callable[[Sequence, int, int], int]
 
 
 class Drafter:
-    def __init__(self, runner, blocks: BlockManager, num_speculative_tokens: int, max_model_len: int):
-        self.runner, self.blocks = runner, blocks
-        self.k, self.max_model_len = num_speculative_tokens, max_model_len
+    def __init__(self, runner: Runner, scheduler: Scheduler, plan: CachePlan, oracle: Oracle | None = None):
+        self.runner, self.scheduler, self.oracle = runner, scheduler, oracle
+        self.k, self.max_model_len = plan.num_speculative_tokens, plan.max_model_len
+
+    def _choose(self, seq: Sequence, token: int) -> int:
+        j = len(seq.draft_token_ids)
+        return token if self.oracle is None else self.oracle(seq, j, token)
 
     def wanted(self, seq: Sequence) -> int:
         """How many tokens to draft for seq now: none for penalized requests (their penalties would depend
@@ -36,7 +50,7 @@ class Drafter:
         return max(0, min(self.k, left))
 
     @torch.inference_mode()
-    def propose(self, batch: ScheduledBatch, inputs: StepInputs) -> None:
+    def propose(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> None:
         """After the step's tokens were accepted: write the draft rows of every running sequence's valid rows
         and set draft_token_ids of those that propose."""
         # When every sequence verified k drafts and runs on, the catch-up covers all k + 1 rows of each (the
@@ -70,21 +84,21 @@ class Drafter:
         if not step.ids:
             return
         step.logit_rows = list(range(len(step.ids))) if uniform else picks
-        logits = self.runner.run_draft(step)
+        drafted = self.runner.run_draft(step, result)
         if not proposing:
             return
         rows = picks if uniform else list(range(len(picks)))  # where each proposer's row is in the logits
+        logits = drafted.logits
         tokens = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].argmax(dim=-1).tolist()
         for (seq, _), token in zip(proposing, tokens, strict=True):
-            seq.draft_token_ids.append(token)
+            seq.draft_token_ids.append(self._choose(seq, token))
         for j in range(1, self.k):
             chain = DraftInputs([], [], [], [], [], [], "draft", [])
             going = []
             for row, (seq, k) in zip(rows, proposing, strict=True):
                 position = seq.num_computed_tokens + j - 1  # its token j's draft row
-                if k <= j or not self.blocks.can_allocate(seq, j):
+                if k <= j or not self.scheduler.grant_draft_rows(seq, j):
                     continue
-                self.blocks.allocate(seq, j)
                 chain.ids.append(seq.draft_token_ids[-1])
                 chain.positions.append(position)
                 chain.hidden_rows.append(row)
@@ -95,7 +109,8 @@ class Drafter:
                 going.append((seq, k))
             if not going:
                 return
-            tokens = self.runner.run_draft(chain).argmax(dim=-1).tolist()
+            drafted = self.runner.run_draft(chain, drafted)
+            tokens = drafted.logits.argmax(dim=-1).tolist()
             for (seq, _), token in zip(going, tokens, strict=True):
-                seq.draft_token_ids.append(token)
+                seq.draft_token_ids.append(self._choose(seq, token))
             proposing, rows = going, list(range(len(going)))

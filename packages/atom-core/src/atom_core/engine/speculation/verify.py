@@ -25,8 +25,15 @@ from dataclasses import dataclass, field
 
 import torch
 
-from atom_core.engine.sampler import NON_FINITE, SAMPLING_FAILED, sample, sample_token, token_logprobs
-from atom_core.engine.sequence import Sequence
+from atom_core.engine.sampling.sampler import (
+    NON_FINITE,
+    SAMPLING_FAILED,
+    SamplingRows,
+    sample,
+    sample_rows,
+    token_logprobs,
+)
+from atom_core.engine.scheduling.sequence import Sequence
 from atom_kernels.sampling import greedy_tokens
 
 
@@ -65,7 +72,13 @@ def verify(
     )
     plain_of = {i: j for j, i in enumerate(plain_rows)}
     argmax, finite = greedy_tokens(logits, backend=backend).tolist()
+    rows_of = [range(starts[i], starts[i + 1]) for i in range(len(seqs))]
+    # every sampled sequence's rows drawn in one batch (one read of the device)
+    drawing = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.params.greedy]
+    drawing = [i for i in drawing if all(finite[r] for r in rows_of[i])]
+    drawn = _draw(logits, {i: (seqs[i], rows_of[i]) for i in drawing})
     out = Verified()
+    wanted = []  # (sequence index, first row) of those that return logprobs: read in one batch
     for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
         rows = slice(starts[i], starts[i + 1])
         if not draft:
@@ -80,14 +93,38 @@ def verify(
             tokens = _accept(argmax[rows].__getitem__, draft)
         else:
             try:
-                tokens = _accept_sampled(logits[rows], draft, seq)
-            except RuntimeError:  # a distribution with nothing to draw (sampler.draw_token)
+                tokens = _accept_sampled(logits[rows], draft, seq, drawn[i])
+            except RuntimeError:  # a distribution with nothing to draw (sampler.draw_rows)
                 out.add([], None, SAMPLING_FAILED)
                 continue
-        k = seq.params.logprobs
-        lps = None if k is None else token_logprobs(logits[rows][: len(tokens)], tokens, [k] * len(tokens))
-        out.add(tokens, lps)
+        out.add(tokens, None)
+        if seq.params.logprobs is not None:
+            wanted.append((i, starts[i]))
+    if wanted:
+        rows = [start + j for i, start in wanted for j in range(len(out.tokens[i]))]
+        tokens = [t for i, _ in wanted for t in out.tokens[i]]
+        tops = [seqs[i].params.logprobs for i, _ in wanted for _ in out.tokens[i]]
+        found = iter(token_logprobs(logits[rows], tokens, tops))
+        for i, _ in wanted:
+            out.logprobs[i] = [next(found) for _ in out.tokens[i]]
     return out
+
+
+def _draw(logits: torch.Tensor, spans: dict[int, tuple[Sequence, range]]) -> dict:
+    """{i: (tokens, statuses)} of each sequence at its rows (row j: its sampled token at output position
+    len(output_token_ids) + j), drawn in one sample_rows batch."""
+    if not spans:
+        return {}
+    flat = [r for _, span in spans.values() for r in span]
+    seqs = [s for s, span in spans.values() for _ in span]
+    positions = [len(s.output_token_ids) + j for s, span in spans.values() for j in range(len(span))]
+    drawn, _ = sample_rows(logits[flat], SamplingRows.of(seqs, positions))
+    tokens, status = drawn.tolist()
+    found, at = {}, 0
+    for i, (_, span) in spans.items():
+        found[i] = (tokens[at : at + len(span)], status[at : at + len(span)])
+        at += len(span)
+    return found
 
 
 def _accept(target: Callable[[int], int], draft: list[int]) -> list[int]:
@@ -102,8 +139,21 @@ def _accept(target: Callable[[int], int], draft: list[int]) -> list[int]:
     return tokens
 
 
-def _accept_sampled(logits: torch.Tensor, draft: list[int], seq: Sequence) -> list[int]:
+def _accept_sampled(
+    logits: torch.Tensor, draft: list[int], seq: Sequence, drawn: tuple[list[int], list[int]] | None = None
+) -> list[int]:
     """The coupling of the module docstring: row j's token is seq's sampled token at output position
-    len(output_token_ids) + j, drawn only for the rows it reaches."""
-    first = len(seq.output_token_ids)
-    return _accept(lambda j: sample_token(logits[j], seq, first + j), draft)
+    len(output_token_ids) + j. drawn: those tokens and their statuses, drawn already (verify draws every
+    sequence's in one batch); None: drawn here."""
+    if drawn is None:
+        first, n = len(seq.output_token_ids), len(draft) + 1
+        found = sample_rows(logits, SamplingRows.of([seq] * n, list(range(first, first + n))))[0]
+        drawn = tuple(found.tolist())
+    tokens, status = drawn
+
+    def target(j: int) -> int:
+        if status[j] != 1:
+            raise RuntimeError(SAMPLING_FAILED)
+        return tokens[j]
+
+    return _accept(target, draft)

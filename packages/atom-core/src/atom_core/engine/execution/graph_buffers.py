@@ -1,0 +1,154 @@
+"""The static buffers a captured decode graph reads, declared by each metadata kind.
+
+A CUDA graph replays on fixed addresses: a step's inputs are copied into static device buffers first.
+Each metadata kind (paged attention, per-sequence state) declares the fields it needs and how a step
+fills them and how its captured metadata views them; `StaticBuffers` lays the fields out so that all the
+fields of one dtype share a buffer, and a step copies each dtype once from a pinned host twin.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.attention import PagedAttentionMetadata
+from atom_core.attention.metadata import cache_slots
+from atom_core.cache.metadata import StateMetadata
+from atom_core.cache.specs import PAGED, STATE
+from atom_core.engine.execution.step_inputs import StepInputs
+
+
+class StaticBuffers:
+    """Named 1-D fields in one device buffer per dtype, each with a pinned host twin."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self._fields: dict[str, tuple[torch.dtype, int, int]] = {}  # name -> (dtype, length, fill)
+        self.device_views: dict[str, torch.Tensor] = {}
+        self.host_views: dict[str, torch.Tensor] = {}
+        self._offsets: dict[str, int] = {}
+        self._groups: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._ends: dict[torch.dtype, int] = {}
+        self.copied = torch.cuda.Event() if device.type == "cuda" else None
+
+    def add(self, name: str, dtype: torch.dtype, length: int, fill: int = 0) -> None:
+        self._fields[name] = (dtype, length, fill)
+
+    def allocate(self) -> None:
+        pin = self.device.type == "cuda"
+        for dtype in dict.fromkeys(d for d, _, _ in self._fields.values()):
+            names = [n for n, (d, _, _) in self._fields.items() if d == dtype]
+            total = sum(self._fields[n][1] for n in names)
+            dev = torch.zeros(total, dtype=dtype, device=self.device)
+            host = torch.zeros(total, dtype=dtype, pin_memory=pin)
+            offset = 0
+            for n in names:
+                _, length, fill = self._fields[n]
+                self._offsets[n] = offset
+                self.device_views[n] = dev[offset : offset + length]
+                self.host_views[n] = host[offset : offset + length]
+                self.device_views[n].fill_(fill)
+                self.host_views[n].fill_(fill)
+                offset += length
+            self._groups[dtype] = (dev, host)
+
+    def __getitem__(self, name: str) -> torch.Tensor:
+        return self.device_views[name]
+
+    def begin(self) -> None:
+        """Before writing a step's fields: the last step's copies out of the host twins are done."""
+        if self.copied is not None:
+            self.copied.synchronize()
+        self._ends = {}
+
+    def write(self, name: str, values: list[int], length: int) -> None:
+        """Field `name`'s first `length` entries: values, padded with the field's fill."""
+        dtype, _, fill = self._fields[name]
+        self.host_views[name][:length] = torch.tensor(values + [fill] * (length - len(values)), dtype=dtype)
+        self._ends[dtype] = max(self._ends.get(dtype, 0), self._offsets[name] + length)
+
+    def write_rows(self, name: str, rows: list[list[int]], width: int, used: int) -> None:
+        """A field viewed as rows of `width`: the first len(rows) rows' first `used` columns (the columns
+        past them keep earlier values, which the reader never reaches)."""
+        dtype = self._fields[name][0]
+        table = self.host_views[name].view(-1, width)
+        table[: len(rows), :used] = torch.tensor(rows, dtype=dtype)
+        self._ends[dtype] = max(self._ends.get(dtype, 0), self._offsets[name] + len(rows) * width)
+
+    def copy(self) -> None:
+        """One host-to-device copy per dtype, of the prefix this step's writes reached."""
+        for dtype, end in self._ends.items():
+            dev, host = self._groups[dtype]
+            dev[:end].copy_(host[:end], non_blocking=True)
+        if self.copied is not None:
+            self.copied.record()
+
+
+class PagedGraphBuffers:
+    """Paged attention: each token's cache slot, each sequence's length and block table."""
+
+    kind = PAGED
+
+    def __init__(self, buffers: StaticBuffers, *, seqs: int, q: int, max_model_len: int, block_size: int):
+        self.buffers, self.q, self.block_size = buffers, q, block_size
+        self.max_model_len, self.max_pages = max_model_len, -(-max_model_len // block_size)
+        buffers.add("slots", torch.int64, seqs * q, fill=-1)  # padded rows write nothing
+        buffers.add("seq_lens", torch.int32, seqs, fill=q)  # padded sequences read q rows of block 0
+        buffers.add("block_tables", torch.int32, seqs * self.max_pages)
+        self.cu = torch.arange(0, (seqs + 1) * q, q, dtype=torch.int32, device=buffers.device)
+
+    def metadata(self, size: int) -> PagedAttentionMetadata:
+        q, b = self.q, self.buffers
+        # decode splits are sized for max_model_len; the kernels read each sequence's length from seq_lens
+        return PagedAttentionMetadata(
+            cu_seqlens_q=self.cu[: size + 1],
+            seq_lens=b["seq_lens"][:size],
+            block_tables=b["block_tables"].view(-1, self.max_pages)[:size],
+            slot_mapping=b["slots"][: size * q],
+            max_query_len=q,
+            max_seq_len=self.max_model_len,
+            uniform_query_len=q if q > 1 else None,
+        )
+
+    def fill(self, inputs: StepInputs, size: int) -> None:
+        tables = inputs.block_tables
+        slots = cache_slots(inputs.query_lens, inputs.seq_lens, tables, self.block_size)
+        self.buffers.write("slots", slots, size * self.q)
+        self.buffers.write("seq_lens", inputs.seq_lens, size)
+        # only the columns this batch's tables use are written (max_model_len may be 100x a table's length,
+        # and building those rows on the host cost more than the step)
+        used = max(map(len, tables))
+        rows = [t + [0] * (used - len(t)) for t in tables] + [[0] * used] * (size - len(tables))
+        self.buffers.write_rows("block_tables", rows, self.max_pages, used)
+
+
+class StateGraphBuffers:
+    """Per-sequence state (GDN): each sequence's state slot and whether it starts fresh; in a verify step,
+    the slot that keeps the state after each token."""
+
+    kind = STATE
+
+    def __init__(self, buffers: StaticBuffers, *, seqs: int, q: int, max_model_len: int, block_size: int):
+        self.buffers, self.q = buffers, q
+        self.cu = torch.arange(0, (seqs + 1) * q, q, dtype=torch.int32, device=buffers.device)
+        buffers.add("state_slots", torch.int64, seqs, fill=-1)  # padded rows touch no state
+        buffers.add("fresh", torch.int64, seqs)
+        if q > 1:
+            buffers.add("step_slots", torch.int64, seqs * q, fill=-1)
+
+    def metadata(self, size: int) -> StateMetadata:
+        b, q = self.buffers, self.q
+        # `fresh` is computed inside the graph, so each replay reads the step's flags
+        state = StateMetadata(b["state_slots"][:size], b["fresh"][:size] != 0, self.cu[: size + 1], q)
+        if q > 1:  # every sequence verifies drafts: the state after each token is kept
+            state.step_slots, state.num_tokens = b["step_slots"][: size * q], size * q
+        return state
+
+    def fill(self, inputs: StepInputs, size: int) -> None:
+        self.buffers.write("state_slots", inputs.state_slots, size)
+        self.buffers.write("fresh", [int(f) for f in inputs.fresh], size)
+        if self.q > 1:
+            self.buffers.write("step_slots", inputs.step_slots, size * self.q)
+
+
+# every metadata kind a decode graph can carry, and the buffers it declares
+GRAPH_BUFFERS = {PAGED: PagedGraphBuffers, STATE: StateGraphBuffers}

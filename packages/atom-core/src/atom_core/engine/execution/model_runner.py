@@ -1,0 +1,189 @@
+"""Runs the model for one scheduled batch: builds and loads it (and its speculative draft), plans and
+allocates the caches its layers declare, and runs each step's forward with the metadata every cache kind
+needs (paged: block tables and slots; state: one state slot per sequence)."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
+from atom_core.build import BuildContext
+from atom_core.cache import StateCache, StateMetadata, allocate_caches, collect_cache_specs, metadata_kinds
+from atom_core.cache.specs import PAGED, STATE
+from atom_core.config import ModelConfig, ParallelConfig
+from atom_core.engine.config import EngineConfig
+from atom_core.engine.execution.cache_memory import blocks_that_fit
+from atom_core.engine.execution.graph_sets import GraphSets
+from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
+from atom_core.engine.execution.runner import DraftResult, StepResult
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs, feed_sampled
+from atom_core.engine.plan import plan_engine
+from atom_core.engine.sampling.sampler import sample_rows
+from atom_core.forward_context import ForwardContext, bind_forward_context
+from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
+
+
+class ModelRunner:
+    """One rank's model, caches and forwards (the Runner protocol, engine/execution/runner.py)."""
+
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        engine: EngineConfig,
+        *,
+        parallel: ParallelConfig,
+        device: torch.device,
+        control_group=None,
+    ):
+        self.config, self.cache, self.device = model_config, engine.cache_config(), device
+        self.kernel_backend = engine.kernel_backend
+        # small all-reduces over peer memory where the GPUs allow (collective: every rank is here now)
+        self.parallel = parallel = with_peer_all_reduce(
+            parallel, device, enabled=not engine.disable_custom_all_reduce
+        )
+        backend = PagedAttentionBackend(layout=self.cache.layout, kernel_backend=engine.kernel_backend)
+        context = BuildContext(
+            backend, parallel=parallel, device=device, state_dtype=engine.state_cache_dtype
+        )
+        if engine.speculative_config is not None:
+            draft_class_for(model_config)  # refuse before loading a target that could not be speculated with
+        self.model = build_model(model_config, context)
+        load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
+        self.cache_specs = collect_cache_specs(self.model)
+        self.kinds = metadata_kinds(self.cache_specs)
+        # The speculative draft (MTP layers): its caches share the target's block tables, so each block
+        # holds the target's and the draft's rows of the same tokens.
+        self.draft, self.draft_specs = None, []
+        if engine.speculative_config is not None:
+            self.draft = build_draft(model_config, context, self.model)
+            load_checkpoint(self.draft, model_config.path, load_format=engine.load_format)
+            self.draft_specs = collect_cache_specs(self.draft)
+            if metadata_kinds(self.draft_specs) != {PAGED}:
+                raise NotImplementedError(
+                    f"{model_config.architecture}'s draft has {sorted(metadata_kinds(self.draft_specs))} "
+                    "caches: speculative decoding supports drafts with paged caches only"
+                )
+
+        def fit_blocks(state_rows: int) -> int:
+            blocks = blocks_that_fit(
+                [*self.cache_specs, *self.draft_specs],
+                self.cache_specs,
+                self.cache,
+                dtype=model_config.dtype,
+                device=device,
+                fraction=engine.gpu_memory_utilization,
+                state_rows=state_rows,
+            )
+            if parallel.tp_size > 1:  # every rank must hold the same block count
+                agreed = torch.tensor([blocks])
+                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
+                blocks = int(agreed)
+            return blocks
+
+        self.plan = plan = plan_engine(engine, model_config, self.kinds, device=device, fit_blocks=fit_blocks)
+        self.caches = allocate_caches(
+            self.cache_specs,
+            self.cache,
+            dtype=model_config.dtype,
+            num_blocks=plan.num_blocks,
+            num_slots=plan.num_state_slots,
+            device=device,
+        )
+        self.draft_caches = allocate_caches(
+            self.draft_specs,
+            self.cache,
+            dtype=model_config.dtype,
+            num_blocks=plan.num_blocks,
+            num_slots=0,
+            device=device,
+        )
+        self.graphs: GraphSets | None = None
+        if plan.graph_sizes:  # every tensor-parallel rank captures the same graphs
+            self.graphs = GraphSets(
+                self.model,
+                self.caches,
+                self.kinds,
+                plan,
+                device=device,
+                draft=self.draft,
+                draft_caches=self.draft_caches,
+                hidden=(model_config.hidden_size, model_config.dtype),
+            )
+
+    def shutdown(self) -> None:
+        """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed)."""
+        if self.graphs is not None:
+            self.graphs.release()
+            self.graphs = None
+
+    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
+        """Copy every state layer's rows source -> destination (snapshots in and out of running slots)."""
+        if not pairs:
+            return
+        src, dst = (torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*pairs, strict=True))
+        for cache in self.caches:
+            if isinstance(cache, StateCache):
+                for tensor in cache.states.values():
+                    tensor[dst] = tensor[src]
+
+    @torch.inference_mode()
+    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
+        """The forward for one step: logits [len(inputs.logit_rows), V] (on every tensor-parallel rank)."""
+        sampled = fed.sampled if fed is not None else None
+        if inputs.fed_rows and sampled is None:
+            raise RuntimeError("a step feeds on the last step's sampled tokens, but none were kept")
+        self._copy_states(inputs.state_copies)
+        logits, hidden = self._forward(inputs, sampled)
+        self._copy_states(inputs.state_saves)
+        result = StepResult(logits, hidden if self.draft is not None else None)
+        if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
+            result.tokens, result.logprobs = sample_rows(logits, inputs.sampling, backend=self.kernel_backend)
+        return result
+
+    def _forward(self, inputs: StepInputs, sampled: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        graphs = self.graphs.for_step(inputs) if self.graphs is not None else None
+        if graphs is not None:
+            logits = graphs.run(inputs, sampled=sampled)
+            return logits, graphs.hidden
+        metadata = {PAGED: self._paged_metadata(inputs)}
+        if STATE in self.kinds:
+            metadata[STATE] = StateMetadata.build(
+                slots=inputs.state_slots,
+                fresh=inputs.fresh,
+                query_lens=inputs.query_lens,
+                step_slots=inputs.step_slots,
+                device=self.device,
+            )
+        pos = torch.tensor(inputs.positions, device=self.device)
+        ids = torch.tensor(inputs.ids, device=self.device)
+        if inputs.fed_rows:
+            feed_sampled(ids, inputs.fed_rows, inputs.fed_from, sampled)
+        with bind_forward_context(ForwardContext(metadata, self.caches)):
+            hidden = self.model(ids, pos)
+        rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
+        return self.model.compute_logits(hidden[rows]), hidden
+
+    def _paged_metadata(self, inputs: StepInputs | DraftInputs) -> PagedAttentionMetadata:
+        return PagedAttentionMetadata.build(
+            query_lens=inputs.query_lens,
+            seq_lens=inputs.seq_lens,
+            block_tables=inputs.block_tables,
+            block_size=self.cache.block_size,
+            device=self.device,
+        )
+
+    @torch.inference_mode()
+    def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
+        """One forward of the draft over its own caches (same block tables as the target's), reading
+        source's hidden states at inputs.hidden_rows."""
+        hidden_in = source.hidden[torch.tensor(inputs.hidden_rows, dtype=torch.long, device=self.device)]
+        graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
+        if graphs is not None:
+            logits = graphs.run(inputs, hidden_in)
+            return DraftResult(logits, graphs.hidden)
+        pos = torch.tensor(inputs.positions, device=self.device)
+        with bind_forward_context(ForwardContext({PAGED: self._paged_metadata(inputs)}, self.draft_caches)):
+            hidden = self.draft(torch.tensor(inputs.ids, device=self.device), pos, hidden_in)
+        hidden = hidden[torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)]
+        return DraftResult(self.draft.compute_logits(hidden), hidden)

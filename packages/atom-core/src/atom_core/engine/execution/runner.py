@@ -1,0 +1,58 @@
+"""What the engine asks of a runner (one process's ModelRunner, or rank 0 of a tensor-parallel group), and
+what a step gives back: results travel as return values, never as fields left on the runner."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
+from atom_core.engine.plan import CachePlan
+from atom_core.engine.sampling.sampler import LogprobRows
+
+
+@dataclass(slots=True)
+class StepResult:
+    """One target forward's results, all on the device.
+
+    logits: [R, V], one row per inputs.logit_rows entry. hidden: [T, H], the hidden state of every token
+    row (kept only when a speculative draft reads them; else None). tokens: [2, R] int64, each logits
+    row's sampled token and status (sampler.sample_rows), and logprobs the rows that asked for them
+    (only when inputs.sampling says how to sample)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor | None = None
+    tokens: torch.Tensor | None = None
+    logprobs: LogprobRows | None = None
+
+    @property
+    def sampled(self) -> torch.Tensor | None:
+        """[R] int64: the tokens a later step's fed rows take (async scheduling)."""
+        return None if self.tokens is None else self.tokens[0]
+
+
+@dataclass(slots=True)
+class DraftResult:
+    """One draft forward's results: logits [len(logit_rows), V] and the draft's hidden states at those
+    rows [len(logit_rows), H] (a chained draft forward reads them)."""
+
+    logits: torch.Tensor
+    hidden: torch.Tensor
+
+
+class Runner(Protocol):
+    """The engine's view of whatever runs the model."""
+
+    plan: CachePlan
+
+    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
+        """The target forward of one step. fed: the step whose greedy tokens inputs.fed_rows take."""
+        ...
+
+    def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
+        """One speculative draft forward reading source's hidden states at inputs.hidden_rows."""
+        ...
+
+    def shutdown(self) -> None: ...

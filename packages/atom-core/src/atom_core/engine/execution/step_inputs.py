@@ -1,0 +1,93 @@
+"""A step's model inputs as plain lists (what rank 0 sends to the other tensor-parallel ranks), and their
+preparation from a scheduled batch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from atom_core.engine.sampling.host_copy import to_device
+from atom_core.engine.sampling.sampler import SamplingRows
+from atom_core.engine.scheduling.scheduler import ScheduledBatch
+
+
+@dataclass(slots=True)
+class StepInputs:
+    """One step's target forward: T token rows of S sequences (ids, positions: [T]; per sequence: query and
+    sequence lengths, block table, state slot)."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    ends: list[int]  # rows whose sequence reaches its last known token: they get logits
+    state_slots: list[int]  # each sequence's state slot (-1 where the model has no state layers)
+    fresh: list[bool]  # the sequence's first tokens are in this step (its state starts from zero)
+    logit_rows: list[int]  # token rows that get logits: a sequence's last known token, then its drafts
+    # state layers under speculation: per token of the leading sequences that verify drafts, the state
+    # slot that keeps the state after it (their own for the known token, a spare one per draft)
+    step_slots: list[int] = field(default_factory=list)
+    # state slot copies (source, destination): snapshots restored before the forward, kept after it
+    state_copies: list[tuple[int, int]] = field(default_factory=list)
+    state_saves: list[tuple[int, int]] = field(default_factory=list)
+    # async scheduling: sample every logits row on the device as these rows say (StepResult.tokens), for
+    # the next step, whose token rows fed_rows take them from rows fed_from (their ids here are placeholders)
+    sampling: SamplingRows | None = None
+    fed_rows: list[int] = field(default_factory=list)
+    fed_from: list[int] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class DraftInputs:
+    """One forward of the speculative draft. Row r reads hidden state hidden_rows[r] of the target's last
+    forward (from="target") or of the draft's last logits rows (from="draft": chained drafting)."""
+
+    ids: list[int]
+    positions: list[int]
+    query_lens: list[int]
+    seq_lens: list[int]
+    block_tables: list[list[int]]
+    hidden_rows: list[int]
+    source: str  # "target" or "draft"
+    logit_rows: list[int]
+
+
+def prepare_step(batch: ScheduledBatch) -> StepInputs:
+    """The forward inputs of a scheduled batch: its sequences' new tokens (those still on the device as
+    placeholders, then its drafts), positions, block tables and state slots."""
+    inputs = StepInputs([], [], [], [], [], [], [], [], [], [])
+    drafts = batch.drafts or [[]] * len(batch.seqs)
+    for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, drafts, strict=True)):
+        start, known = seq.num_computed_tokens, n - len(draft)
+        ids = seq.token_ids[start : start + known]  # short by the tokens still on the device
+        inputs.ids += ids + [0] * (known - len(ids)) + draft
+        inputs.positions += range(start, start + n)
+        inputs.query_lens.append(n)
+        inputs.seq_lens.append(start + n)
+        inputs.block_tables.append(list(seq.block_table))
+        inputs.state_slots.append(seq.state_slot)
+        inputs.fresh.append(start == 0)
+        if draft and seq.state_slot >= 0:
+            inputs.step_slots += [seq.state_slot, *seq.spare_state_slots][:n]
+        if start + known == seq.num_tokens:
+            inputs.ends.append(row)
+            last = len(inputs.ids) - len(draft) - 1
+            inputs.logit_rows += range(last, last + len(draft) + 1)
+    inputs.state_copies = [(snapshot, seq.state_slot) for seq, snapshot in batch.restores]
+    inputs.state_saves = [(seq.state_slot, snapshot) for seq, _, snapshot in batch.saves]
+    return inputs
+
+
+def feed_sampled(ids: torch.Tensor, rows: list[int], sources: list[int], sampled: torch.Tensor) -> None:
+    """ids[rows] = sampled[sources], on the device: the tokens of the last step, never read by the host.
+
+    ids: [T] int64 token ids of this step; sampled: [R] int64, the last step's argmax per logits row."""
+    n = len(rows)
+    if rows == list(range(n)) and sources == list(range(n)):  # nothing finished since: one copy
+        ids[:n].copy_(sampled[:n])
+        return
+    # one copy (through pinned memory: a pageable one would wait for the step in flight)
+    index = to_device([rows, sources], torch.long, ids.device)
+    ids[index[0]] = sampled[index[1]]

@@ -1,0 +1,283 @@
+"""Token sampling: greedy, temperature, top-k, top-p, min-p, OpenAI/vLLM penalties; keyed randomness;
+logprobs. A row whose logits are not finite, or whose sampling fails, fails alone: the other rows of the
+batch are sampled as usual.
+
+Keyed randomness: the token a sampled sequence emits at output position i is drawn from its distribution
+with one uniform that is a function of (the sequence's seed, its sample index, i) alone (draw_uniform).
+Nothing else (the batch, the steps before, how many speculative drafts were verified or dropped for lack
+of KV blocks, preemption) moves a seeded request's text: a request with the same seed gives the same
+tokens wherever it runs, with and without speculation (speculative.py draws the same way). Unseeded
+requests get a random seed when their sequence is made: one code path.
+
+The uniform is the top 53 bits of a splitmix64 mix of the key, and the token is read off the inverse CDF.
+It is not a torch.Generator seeded with the key: the CPU generator keeps only its seed's low 32 bits
+(mt19937), so keys would collide within a long request and across requests.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_core.engine.sampling.host_copy import to_device
+from atom_core.engine.sampling.penalties import apply_penalties
+from atom_core.engine.scheduling.sequence import Sequence
+from atom_kernels.sampling import greedy_tokens
+
+
+@dataclass(slots=True)
+class Sampled:
+    tokens: list[int | None]  # None where the row failed
+    logprobs: list[dict[int, float] | None]
+    errors: list[str | None]  # why a row failed
+
+
+@dataclass(slots=True)
+class SamplingRows:
+    """How each row of a batch's logits is sampled, as plain lists (a tensor-parallel message carries
+    them): the row's temperature (0: greedy), top-k (-1: all), top-p, min-p, its keyed uniform
+    (draw_uniform; unused by greedy rows) and how many top logprobs it returns (-1: none)."""
+
+    temperatures: list[float]
+    top_ks: list[int]
+    top_ps: list[float]
+    min_ps: list[float]
+    uniforms: list[float]
+    logprobs: list[int]
+
+    @classmethod
+    def of(cls, seqs: list[Sequence], positions: list[int]) -> SamplingRows:
+        """Row i samples seqs[i]'s token at output position positions[i]."""
+        rows = cls([], [], [], [], [], [])
+        for seq, position in zip(seqs, positions, strict=True):
+            p = seq.params
+            rows.temperatures.append(0.0 if p.greedy else p.temperature)
+            rows.top_ks.append(p.top_k)
+            rows.top_ps.append(p.top_p)
+            rows.min_ps.append(p.min_p)
+            rows.uniforms.append(0.0 if p.greedy else draw_uniform(seq, position))
+            rows.logprobs.append(-1 if p.logprobs is None else p.logprobs)
+        return rows
+
+    @property
+    def plain_greedy(self) -> bool:
+        return not any(self.temperatures) and all(k < 0 for k in self.logprobs)
+
+
+@dataclass(slots=True)
+class LogprobRows:
+    """On the device, for the rows that asked for logprobs (rows): the sampled token's logprob [W] and
+    the top max(k) logprobs and their tokens [W, max(k)], floored at LOGPROB_FLOOR."""
+
+    rows: list[int]
+    chosen: torch.Tensor
+    top_values: torch.Tensor
+    top_tokens: torch.Tensor
+
+    def to_host(self, non_blocking: bool = False) -> LogprobRows:
+        pin = non_blocking and self.chosen.is_cuda
+        moved = [
+            torch.empty(t.shape, dtype=t.dtype, pin_memory=pin)
+            for t in (self.chosen, self.top_values, self.top_tokens)
+        ]
+        for dst, src in zip(moved, (self.chosen, self.top_values, self.top_tokens), strict=True):
+            dst.copy_(src, non_blocking=pin)
+        return LogprobRows(self.rows, *moved)
+
+    def dicts(self, tokens: list[int | None], top: list[int]) -> dict[int, dict[int, float]]:
+        """Read on the host: row -> {token: logprob} of its top[row] tokens and the one it emitted."""
+        chosen, values, ids = self.chosen.tolist(), self.top_values.tolist(), self.top_tokens.tolist()
+        found = {}
+        for i, row in enumerate(self.rows):
+            if tokens[row] is None:
+                continue
+            k = top[row]
+            best = dict(zip(ids[i][:k], values[i][:k], strict=True))
+            best[tokens[row]] = chosen[i]
+            found[row] = best
+        return found
+
+
+def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = None) -> Sampled:
+    """logits: [B, V], one row per sequence -> the next token of each (and its logprobs if asked for),
+    read on the host. Penalties apply here (from the tokens the host knows); the draw is sample_rows'."""
+    ok = torch.isfinite(logits).all(dim=-1)
+    penalized = [row for row, s in enumerate(seqs) if s.params.penalized]
+    if penalized:
+        finite = ok.tolist()
+        penalized = [row for row in penalized if finite[row]]
+        logits = logits.float().clone()
+        for row in penalized:
+            apply_penalties(logits[row], seqs[row])
+    rows = SamplingRows.of(seqs, [len(s.output_token_ids) for s in seqs])
+    drawn, lps = sample_rows(logits, rows, backend=backend, finite=ok if penalized else None)
+    return read_sampled(drawn, lps, rows)
+
+
+def read_sampled(drawn: torch.Tensor, lps: LogprobRows | None, rows: SamplingRows) -> Sampled:
+    """sample_rows' results, read on the host (one copy of the tokens; one of the logprobs if asked)."""
+    tokens, status = drawn.tolist()
+    errors = [None if s == 1 else NON_FINITE if s == 0 else SAMPLING_FAILED for s in status]
+    out: list[int | None] = [t if e is None else None for t, e in zip(tokens, errors, strict=True)]
+    found = {} if lps is None else lps.dicts(out, rows.logprobs)
+    return Sampled(out, [found.get(row) for row in range(len(out))], errors)
+
+
+def sample_rows(
+    logits: torch.Tensor,
+    rows: SamplingRows,
+    *,
+    backend: str | None = None,
+    finite: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, LogprobRows | None]:
+    """Every row's token, on the device and without reading anything back: [2, R] int64, the token and
+    the row's status (1: sampled; 0: its logits were not finite; -1: nothing to draw), and the logprobs of
+    the rows that asked. logits [R, V]; finite [R] bool: which rows' logits were finite before penalties
+    (computed here when None).
+
+    Plain greedy rows take one batched argmax with the rows' finiteness (atom-kernels' greedy_tokens: one
+    launch on a GPU). Sampled rows draw from probabilities() with their keyed uniforms (draw_rows)."""
+    if finite is None and rows.plain_greedy:
+        return greedy_tokens(logits, backend=backend), None
+    if finite is None:
+        finite = torch.isfinite(logits).all(dim=-1)
+    x = logits.float()
+    tokens = x.argmax(dim=-1)
+    status = finite.long()
+    sampled = [row for row, t in enumerate(rows.temperatures) if t > 0]
+    if sampled:
+        device, vocab = x.device, x.shape[1]
+        at = to_device(sampled, torch.long, device)
+        # each sampled row's parameters in one copy: temperature, top-k, top-p, min-p, uniform
+        fields = (rows.temperatures, rows.top_ks, rows.top_ps, rows.min_ps, rows.uniforms)
+        p = to_device([[f[r] for r in sampled] for f in fields], torch.float64, device)
+        probs = probabilities(
+            x[at],
+            p[0].float(),
+            p[1].long(),
+            p[2].float(),
+            p[3].float(),
+            # which filters any row uses, known on the host (a device tensor's truth would wait for it)
+            top_k_used=any(0 < rows.top_ks[r] < vocab for r in sampled),
+            top_p_used=any(rows.top_ps[r] < 1 for r in sampled),
+            min_p_used=any(rows.min_ps[r] > 0 for r in sampled),
+        )
+        drawn, drew = draw_rows(probs, p[4])
+        tokens[at] = drawn
+        status[at] = torch.where(finite[at], torch.where(drew, 1, -1), 0)
+    wanted = [row for row, k in enumerate(rows.logprobs) if k >= 0]
+    lps = _logprobs(x, tokens, wanted, max(rows.logprobs[r] for r in wanted)) if wanted else None
+    return torch.stack([tokens, status]), lps
+
+
+def _logprobs(x: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int) -> LogprobRows:
+    """Floored at LOGPROB_FLOOR, as vLLM's OpenAI server does: a token a penalty or mask took to -inf (a
+    tiny repetition penalty leaves most of the row there) is -inf here, and JSON has no -inf. NaN too: a
+    row is read only when its logits were finite and a token was drawn, but no value that JSON cannot
+    carry may leave the engine."""
+    at = to_device(rows, torch.long, x.device)
+    lp = torch.log_softmax(x[at], dim=-1).nan_to_num_(nan=LOGPROB_FLOOR).clamp_(min=LOGPROB_FLOOR)
+    chosen = lp.gather(1, tokens[at].clamp(0, lp.shape[1] - 1)[:, None])[:, 0]
+    top = lp.topk(k, dim=-1)
+    return LogprobRows(rows, chosen, top.values, top.indices)
+
+
+def token_logprobs(logits: torch.Tensor, tokens: list[int], top: list[int]) -> list[dict[int, float]]:
+    """logits [R, V] -> per row, {token: logprob} for its top[row] most likely tokens and the one it emitted."""
+    x = logits.float()
+    rows = list(range(len(tokens)))
+    lps = _logprobs(x, torch.tensor(tokens, dtype=torch.long, device=x.device), rows, max(top))
+    found = lps.dicts(list(tokens), list(top))
+    return [found[row] for row in rows]
+
+
+NON_FINITE = "the model produced non-finite logits (NaN or Inf)"
+SAMPLING_FAILED = "sampling failed: no token had a valid probability"
+LOGPROB_FLOOR = -9999.0  # vLLM's: the least logprob a response carries
+
+
+def sample_token(x: torch.Tensor, seq: Sequence, position: int) -> int:
+    """seq's token at output position `position` from one row of logits [V], as sample_rows draws it
+    (raises RuntimeError when the row has nothing to draw)."""
+    drawn, _ = sample_rows(x[None], SamplingRows.of([seq], [position]))
+    token, status = drawn[:, 0].tolist()
+    if status != 1:
+        raise RuntimeError(SAMPLING_FAILED if status < 0 else NON_FINITE)
+    return token
+
+
+def draw_uniform(seq: Sequence, position: int) -> float:
+    """A uniform in [0, 1) that depends on (seq's seed, its sample index, position) and nothing else."""
+    key = _splitmix64(_splitmix64(_splitmix64(seq.sample_seed) ^ seq.index) ^ position)
+    return (key >> 11) * 2.0**-53  # its top 53 bits: every double in [0, 1) a multiple of 2^-53
+
+
+def draw_token(probs: torch.Tensor, u: float) -> int:
+    """The token of probs [V] (>= 0, any positive total) at uniform u (draw_rows, for one row)."""
+    token, drew = draw_rows(probs[None], torch.tensor([u], dtype=torch.float64, device=probs.device))
+    if not bool(drew[0]):
+        raise RuntimeError(SAMPLING_FAILED)
+    return int(token[0])
+
+
+def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's token of probs [R, V] (>= 0, any positive total) at its uniform u [R] (float64) by the
+    inverse CDF: the first whose cumulative probability passes u of the total, so a token of probability 0
+    is never drawn. Returns the tokens [R] and whether each row had something to draw [R] bool."""
+    cdf = probs.double().cumsum(-1)  # float64: the sum of fp32 probabilities is exact enough
+    total = cdf[:, -1]
+    drew = torch.isfinite(total) & (total > 0)
+    token = torch.searchsorted(cdf, (u * total)[:, None], right=True)[:, 0]
+    # u * total rounded up to the total: the last token that can be drawn
+    last = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
+    return torch.where(token >= probs.shape[1], last, token), drew
+
+
+_U64 = 2**64 - 1
+
+
+def _splitmix64(x: int) -> int:
+    """splitmix64's output function (Steele et al.): a bijection of 64-bit ints whose every output bit
+    depends on every input bit, so nearby keys (positions i and i + 1) give unrelated uniforms."""
+    x = (x + 0x9E3779B97F4A7C15) & _U64
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
+    return x ^ (x >> 31)
+
+
+def probabilities(
+    x: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    *,
+    top_k_used: bool = True,
+    top_p_used: bool = True,
+    min_p_used: bool = True,
+) -> torch.Tensor:
+    """The distributions sampled rows draw from: logits x [S, V] with each row's temperature, top-k (-1:
+    all), top-p and min-p [S] applied; each row sums to 1. *_used: whether any row uses that filter (False
+    skips it; a row that does not use it is unchanged by it either way)."""
+    x = (
+        x.float() - x.max(dim=-1, keepdim=True).values
+    )  # the largest logit is 0: no overflow at any temperature
+    # -inf (a penalized or masked token) stays -inf: a temperature past fp32's range is inf in fp32, and
+    # -inf / inf would be NaN
+    x = torch.where(x == float("-inf"), x, x / temperature[:, None])
+    vocab = x.shape[1]
+    if top_k_used:
+        k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
+        kth = x.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
+        x = x.masked_fill(x < kth, float("-inf"))
+    probs = torch.softmax(x, dim=-1)
+    if min_p_used:
+        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0)
+    if top_p_used:
+        sorted_probs, order = probs.sort(dim=-1, descending=True)
+        # keep the smallest set reaching top_p (rows with top_p 1 keep everything)
+        bound = torch.where(top_p < 1, top_p, float("inf"))[:, None]
+        outside = sorted_probs.cumsum(-1) - sorted_probs > bound
+        probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0))
+    return probs / probs.sum(dim=-1, keepdim=True)

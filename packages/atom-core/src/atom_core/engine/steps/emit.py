@@ -1,0 +1,49 @@
+"""The one stage every step path ends in (synchronous, asynchronous, speculative): a step's new tokens per
+sequence become appended tokens, stop checks, registered blocks and the requests' outputs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from atom_core.engine.outputs import RequestOutput
+from atom_core.engine.scheduling.block_manager import BlockManager
+from atom_core.engine.scheduling.sequence import Sequence, Status
+from atom_core.engine.steps.requests import RequestTable
+from atom_core.engine.steps.stop_check import StopCheck
+
+
+@dataclass(slots=True)
+class Produced:
+    """What a step produced for one sequence: its new tokens in order (an accepted draft run, or one
+    sampled token) with their logprobs where asked, or why it failed."""
+
+    seq: Sequence
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[dict[int, float] | None] | None = None
+    error: str | None = None
+
+
+class Emitter:
+    def __init__(self, requests: RequestTable, stop_check: StopCheck, blocks: BlockManager):
+        self.requests, self.stop_check, self.blocks = requests, stop_check, blocks
+
+    def emit(self, produced: list[Produced]) -> list[RequestOutput]:
+        """Append each sequence's tokens until one stops it (the rest are dropped), then report: the failed
+        requests' errors first, then every advanced request's output. Sequences that ended meanwhile (an
+        abort, an earlier failure) take nothing."""
+        advanced, failed = [], {}
+        for item in produced:
+            seq = item.seq
+            if seq.status is not Status.RUNNING:
+                continue
+            if item.error is not None:
+                failed.setdefault(seq.request_id, item.error)
+                continue
+            for i, token in enumerate(item.tokens):
+                seq.append(token, None if item.logprobs is None else item.logprobs[i])
+                self.blocks.register_full_blocks(seq)  # its blocks are findable by content now
+                self.stop_check(seq)
+                if seq.status is Status.FINISHED:
+                    break
+            advanced.append(seq.request_id)
+        return self.requests.outputs(advanced, failed)

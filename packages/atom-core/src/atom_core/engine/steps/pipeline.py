@@ -1,0 +1,93 @@
+"""One engine step as a pipeline: schedule, prepare the inputs, run the forward, turn its results into
+tokens (synchronously, launched ahead of the host, or by verifying drafts), emit outputs, and (with a
+draft) propose the next step's drafts."""
+
+from __future__ import annotations
+
+from atom_core.engine.execution.runner import Runner, StepResult
+from atom_core.engine.execution.step_inputs import StepInputs, prepare_step
+from atom_core.engine.outputs import RequestOutput
+from atom_core.engine.plan import CachePlan
+from atom_core.engine.sampling.sampler import SamplingRows
+from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
+from atom_core.engine.scheduling.sequence import Status
+from atom_core.engine.speculation.drafting import Drafter
+from atom_core.engine.steps.async_step import AsyncSteps
+from atom_core.engine.steps.emit import Emitter
+from atom_core.engine.steps.failures import Failures
+from atom_core.engine.steps.speculative_step import verify_step
+from atom_core.engine.steps.stats import StepStats
+from atom_core.engine.steps.sync_step import sample_step
+
+
+class StepPipeline:
+    def __init__(
+        self,
+        plan: CachePlan,
+        runner: Runner,
+        scheduler: Scheduler,
+        emitter: Emitter,
+        drafter: Drafter | None,
+        failures: Failures,
+        stats: StepStats,
+        *,
+        kernel_backend: str | None,
+        device,
+    ):
+        self.runner, self.scheduler, self.emitter, self.drafter = runner, scheduler, emitter, drafter
+        self.failures, self.stats, self.backend = failures, stats, kernel_backend
+        self.overlap = (
+            AsyncSteps(scheduler, stats, plan.max_num_seqs, device) if plan.async_scheduling else None
+        )
+
+    def step(self) -> list[RequestOutput]:
+        """One scheduled forward; returns the outputs of the requests it advanced (finished ones included).
+
+        With async scheduling a greedy decode step returns the outputs of the step before it (the first
+        returns none), and a step that cannot be launched ahead returns the one in flight's alone."""
+        overlap = self.overlap
+        in_flight = overlap is not None and overlap.in_flight is not None
+        if in_flight and not overlap.continues():
+            return self.emitter.emit(overlap.settle())
+        batch = self.scheduler.schedule()
+        if not batch.seqs:
+            return []
+        ahead = overlap is not None and overlap.launches_ahead(batch)
+        if in_flight and not ahead:
+            raise RuntimeError("async scheduling: a step that continues the one in flight must launch ahead")
+        try:
+            inputs = prepare_step(batch)
+            if ahead:  # every logits row sampled on the device, at its sequence's next output position
+                seqs = [batch.seqs[row] for row in inputs.ends]
+                inputs.sampling = SamplingRows.of(
+                    seqs, [len(s.output_token_ids) + s.num_pending for s in seqs]
+                )
+            fed = overlap.feed(batch, inputs) if overlap is not None else None
+            result = self.runner.run(inputs, fed)
+        except Exception as err:  # one forward serves the whole batch: find whose requests it fails
+            self.scheduler.settle_snapshots(batch, ran=False)
+            if overlap is not None:
+                overlap.drop()  # its sequences are this batch's: they fail with it
+            return self.failures.step_failed(batch, err, self.advance, ahead=ahead)
+        self.stats.consecutive_failures = 0
+        if ahead:
+            outputs = self.emitter.emit(overlap.launch(batch, inputs, result))
+            overlap.forget_if_unread()
+            return outputs
+        return self.advance(batch, inputs, result)
+
+    def advance(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> list[RequestOutput]:
+        """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts."""
+        if self.drafter is None:
+            return self.emitter.emit(sample_step(batch, inputs, result, self.scheduler, self.backend))
+        outputs = self.emitter.emit(
+            verify_step(batch, inputs, result, self.scheduler, self.stats, self.backend)
+        )
+        try:
+            self.drafter.propose(batch, inputs, result)
+        except Exception as err:  # as a failed target forward: its requests' outputs are the errors
+            running = [s for s in batch.seqs if s.status is Status.RUNNING]
+            errors = self.failures.forward_failed(running, "draft model", err)
+            failed = {out.request_id for out in errors}
+            outputs = [out for out in outputs if out.request_id not in failed] + errors
+        return outputs

@@ -1,0 +1,299 @@
+"""Speculative decoding with forced drafts: an oracle (Drafter.oracle) proposes, for each sequence, tokens
+taken from the plain (non-speculative) run of the same requests, right always, never, or for the first j
+drafts of each step. What the engine must then do is exact, whatever the numerics of the draft model:
+
+- the outputs (tokens and logprobs; greedy, and seeded sampling) are the plain ones;
+- a step that verifies drafts d accepts exactly min(j, len(d)) of them (len(d) when always right, 0 when
+  always wrong), so the engine's counters and each output's equal the sum of those over the verified
+  drafts, which the test records as the scheduler hands them to a step (it may verify fewer than were
+  proposed: short of KV blocks or of the step's token budget).
+
+On a random tiny DeepSeek-V3 with an MTP layer (MLA KV; one process, and tensor-parallel over gloo) and a
+random tiny Qwen3-Next (Gated DeltaNet state layers: the state after the last accepted draft is committed,
+after partially accepted drafts too), roomy and with a KV cache so small that drafts are dropped and
+sequences preempted, prefills chunked and prefixes hit. fp32 on the CPU, torch reference ops.
+"""
+
+from collections import defaultdict
+
+import pytest
+import torch
+from core_support import deepseek_mtp_checkpoint, successor_language
+
+from atom_core.engine import LLM, SamplingParams
+from atom_kernels import settings
+from atom_kernels.settings import Backend, Settings
+from tools.testing_qwen import qwen_mtp_checkpoint
+
+
+@pytest.fixture(scope="module", autouse=True)
+def torch_reference_ops_on_the_cpu():
+    """On the CPU every op of this file's engines runs its torch reference (see test_speculative.py)."""
+    if torch.cuda.is_available():
+        yield
+        return
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+        patch.setenv("ATOM_KERNELS_BACKEND", "torch")  # tensor-parallel workers read it when they start
+        yield
+
+
+VOCAB = 211  # both tiny models'
+COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
+ALWAYS = None  # right_for: every draft right
+
+
+def mtp(k: int) -> dict:
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def language_prompts(lengths, seed=3):
+    _, sample = successor_language(VOCAB)
+    gen = torch.Generator().manual_seed(seed)
+    return [sample(1, n, gen)[0].tolist() for n in lengths]
+
+
+def mixed_params(n_requests: int, max_tokens: int) -> list[SamplingParams]:
+    """Greedy and seeded sampled requests in turn (the second one with two samples, keyed by index)."""
+    params = []
+    for i in range(n_requests):
+        if i % 2 == 0:
+            params.append(SamplingParams(temperature=0, max_tokens=max_tokens, ignore_eos=True, logprobs=2))
+        else:
+            params.append(
+                SamplingParams(
+                    n=2 if i == 1 else 1,
+                    temperature=0.8,
+                    top_p=0.95,
+                    seed=40 + i,
+                    max_tokens=max_tokens,
+                    ignore_eos=True,
+                    logprobs=2,
+                )
+            )
+    return params
+
+
+class ForcedDrafts:
+    """The oracle: a sequence's draft j, the guess for output position p = len(output_token_ids) + j, is
+    the plain run's token at p if j < right_for (right_for ALWAYS: every draft), else that token + 1 (a
+    wrong one). Past the plain output (never reached: the requests ignore EOS and the drafter drafts no
+    further than max_tokens) it proposes the draft model's own guess, and counts it in `beyond`.
+
+    Installed on an engine, it also records the length of every draft list a step verifies, per sample
+    (`verified`), and counts the scheduled sequences that verify fewer drafts than were proposed
+    (`dropped`)."""
+
+    def __init__(self, plain, right_for: int | None):
+        self.plain = {(out.request_id, o.index): o.token_ids for out in plain for o in out.outputs}
+        self.right_for = right_for
+        self.verified: dict[tuple[str, int], list[int]] = defaultdict(list)
+        self.dropped = self.beyond = 0
+
+    def __call__(self, seq, j: int, token: int) -> int:
+        want = self.plain[(seq.request_id, seq.index)]
+        position = len(seq.output_token_ids) + j
+        if position >= len(want):
+            self.beyond += 1
+            return token
+        right = want[position]
+        return right if self.right_for is ALWAYS or j < self.right_for else (right + 1) % VOCAB
+
+    def install(self, llm: LLM) -> None:
+        engine = llm.engine
+        engine.drafter.oracle = self
+        schedule = engine.scheduler.schedule
+
+        def recording():
+            batch = schedule()
+            for seq, draft in zip(batch.seqs, batch.drafts, strict=True):
+                assert draft == seq.draft_token_ids[: len(draft)]  # a prefix of what was proposed
+                if draft:
+                    self.verified[(seq.request_id, seq.index)].append(len(draft))
+                self.dropped += len(draft) < len(seq.draft_token_ids)
+            return batch
+
+        engine.scheduler.schedule = recording
+
+    def accepts(self, n: int) -> int:
+        """How many of n verified drafts the target must accept: the right ones before the first wrong."""
+        return n if self.right_for is ALWAYS else min(self.right_for, n)
+
+    def expected_accepted(self, key=None) -> int:
+        lists = self.verified.values() if key is None else [self.verified.get(key, [])]
+        return sum(self.accepts(n) for lengths in lists for n in lengths)
+
+    @property
+    def lengths(self) -> list[int]:
+        return [n for lengths in self.verified.values() for n in lengths]
+
+
+def generate(path, prompts, params, **engine):
+    llm = LLM(path, **COMMON, **engine)
+    return llm, llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+
+
+def speculate(path, prompts, params, plain, k: int, right_for: int | None, **engine):
+    """The requests again under speculation with k drafts forced by a ForcedDrafts from `plain`: the
+    outputs equal plain's, and the counters (engine's, each output's) are exactly what the forced drafts
+    imply. Returns (engine, oracle)."""
+    llm = LLM(path, **COMMON, speculative_config=mtp(k), **engine)
+    try:
+        oracle = ForcedDrafts(plain, right_for)
+        oracle.install(llm)
+        spec = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+        engine = llm.engine
+        assert [r.request_id for r in spec] == [r.request_id for r in plain]  # the oracle's keys
+        for want, got in zip(plain, spec, strict=True):
+            assert len(got.outputs) == len(want.outputs)
+            for w, g in zip(want.outputs, got.outputs, strict=True):
+                where = f"request {got.request_id} sample {g.index}"
+                assert g.token_ids == w.token_ids, where
+                assert g.finish_reason == w.finish_reason, where
+                for lw, lg in zip(w.logprobs, g.logprobs, strict=True):
+                    assert lw.keys() == lg.keys(), where
+                    assert max(abs(lw[t] - lg[t]) for t in lw) < 1e-4, where
+                key = (got.request_id, g.index)
+                assert g.num_draft_tokens == sum(oracle.verified.get(key, [])), where
+                assert g.num_accepted_tokens == oracle.expected_accepted(key), where
+        stats = engine.stats
+        lengths = oracle.lengths
+        assert stats.num_draft_tokens == sum(lengths) > 0
+        assert stats.num_verifications == len(lengths)
+        assert stats.num_accepted_tokens == oracle.expected_accepted()
+        assert stats.num_draft_tokens == sum(o.num_draft_tokens for r in spec for o in r.outputs)
+        assert stats.num_accepted_tokens == sum(o.num_accepted_tokens for r in spec for o in r.outputs)
+        assert oracle.beyond == 0
+    except BaseException:  # tensor-parallel workers are stopped, whatever failed
+        llm.shutdown()
+        raise
+    return engine, oracle
+
+
+def check_forced(oracle: ForcedDrafts, stats, k: int) -> None:
+    """What each kind of oracle must have made happen (beyond speculate's exact accounting)."""
+    lengths, right_for = oracle.lengths, oracle.right_for
+    if right_for is ALWAYS:
+        assert stats.num_accepted_tokens == stats.num_draft_tokens
+        if k > 1:  # several drafts accepted in one step
+            assert max(lengths) == k
+    elif right_for == 0:
+        assert stats.num_accepted_tokens == 0
+    else:
+        if right_for == 1:
+            assert stats.num_accepted_tokens == stats.num_verifications
+        # some steps accepted right_for drafts, then rejected the next one (KV and state rolled back)
+        assert any(n > right_for for n in lengths)
+        assert stats.num_accepted_tokens < stats.num_draft_tokens
+
+
+# DeepSeek-V3 (MLA) -------------------------------------------------------------------------------------
+
+DS_PROMPTS = language_prompts([9, 23, 3, 14, 30])
+DS_PROMPTS.append(DS_PROMPTS[1][:20] + DS_PROMPTS[0][:5])  # shares five blocks with prompt 1: prefix hits
+DS_PARAMS = mixed_params(len(DS_PROMPTS), 20)
+ROOMY = dict(num_kv_blocks=128)
+# 17 blocks of 4 hold the longest sequence (50 tokens and 4 drafts) but not all seven: sequences are
+# preempted and drafts dropped, whatever the drafts' acceptance
+DS_TIGHT = dict(num_kv_blocks=17, max_num_batched_tokens=16, max_num_seqs=6)
+
+
+@pytest.fixture(scope="module")
+def deepseek(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oracle-deepseek")
+    deepseek_mtp_checkpoint(path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def deepseek_plain(deepseek):
+    return generate(deepseek, DS_PROMPTS, DS_PARAMS, **ROOMY)[1]
+
+
+@pytest.mark.parametrize(
+    "k, right_for",
+    [(1, ALWAYS), (4, ALWAYS), (2, 0), (3, 1), (3, 2)],
+    ids=["k1-always-right", "k4-always-right", "k2-always-wrong", "k3-right-for-1", "k3-right-for-2"],
+)
+def test_forced_drafts_are_accepted_exactly_as_far_as_they_are_right(deepseek, deepseek_plain, k, right_for):
+    engine, oracle = speculate(deepseek, DS_PROMPTS, DS_PARAMS, deepseek_plain, k, right_for, **ROOMY)
+    check_forced(oracle, engine.stats, k)
+    assert engine.scheduler.num_preemptions == 0 and oracle.dropped == 0  # every proposal verified
+
+
+@pytest.mark.parametrize(
+    "k, right_for", [(3, ALWAYS), (3, 1), (4, 2)], ids=["k3-always-right", "k3-right-for-1", "k4-right-for-2"]
+)
+def test_forced_drafts_under_preemption_dropped_drafts_chunks_and_prefix_hits(
+    deepseek, deepseek_plain, k, right_for
+):
+    engine, oracle = speculate(deepseek, DS_PROMPTS, DS_PARAMS, deepseek_plain, k, right_for, **DS_TIGHT)
+    check_forced(oracle, engine.stats, k)
+    assert engine.scheduler.num_preemptions > 0 and engine.blocks.num_prefix_hits > 0
+    assert engine.scheduler.num_chunked_prefills > 0 and oracle.dropped > 0
+
+
+def test_forced_drafts_under_tensor_parallelism(deepseek, deepseek_plain):
+    """TP=2 over gloo: target and draft split their MLA heads and experts over both ranks; the oracle
+    forces the proposals the draft's steps on every rank produced."""
+    n = 4
+    engine, oracle = speculate(
+        deepseek,
+        DS_PROMPTS[:n],
+        DS_PARAMS[:n],
+        deepseek_plain[:n],
+        3,
+        2,
+        tensor_parallel_size=2,
+        device="cpu",
+        **ROOMY,
+    )
+    try:
+        check_forced(oracle, engine.stats, 3)
+    finally:
+        engine.shutdown()
+
+
+# Qwen3-Next (Gated DeltaNet state layers) --------------------------------------------------------------
+
+# longer than the 64-token DeltaNet chunk, short, one of two tokens; the last shares 16 tokens with the
+# second (a prefix hit resumes a state snapshot)
+QWEN_PROMPTS = language_prompts([9, 70, 2, 14, 30])
+QWEN_PROMPTS.append(QWEN_PROMPTS[1][:16] + QWEN_PROMPTS[0][:3])
+QWEN_PARAMS = mixed_params(len(QWEN_PROMPTS), 24)
+# 40 blocks of 4 do not hold all seven sequences: some are preempted and recomputed (their state too)
+QWEN_TIGHT = dict(num_kv_blocks=40, max_num_batched_tokens=16, max_num_seqs=5)
+
+
+@pytest.fixture(scope="module")
+def qwen(tmp_path_factory):
+    path = tmp_path_factory.mktemp("oracle-qwen3-next")
+    qwen_mtp_checkpoint(path, "qwen3-next")
+    return path
+
+
+@pytest.fixture(scope="module")
+def qwen_plain(qwen):
+    return generate(qwen, QWEN_PROMPTS, QWEN_PARAMS, **QWEN_TIGHT)[1]
+
+
+@pytest.mark.parametrize(
+    "k, right_for, tight",
+    [(2, ALWAYS, True), (1, 0, True), (3, 1, True), (3, 2, True), (3, 2, False)],
+    ids=["k2-always-right", "k1-always-wrong", "k3-right-for-1", "k3-right-for-2", "k3-right-for-2-roomy"],
+)
+def test_gdn_state_after_the_last_accepted_draft_is_committed(qwen, qwen_plain, k, right_for, tight):
+    """A verify step keeps the state after each of its tokens; the engine keeps the one after the last
+    accepted draft (after a partial acceptance too): any other would change every later token. Under
+    preemption (state recomputed), chunked prefill and prefix hits (state snapshots resumed), and in a
+    roomy cache (every running sequence verifying k drafts a step)."""
+    config = QWEN_TIGHT if tight else ROOMY
+    engine, oracle = speculate(qwen, QWEN_PROMPTS, QWEN_PARAMS, qwen_plain, k, right_for, **config)
+    check_forced(oracle, engine.stats, k)
+    scheduler = engine.scheduler
+    if tight:
+        assert scheduler.num_preemptions > 0 and scheduler.num_chunked_prefills > 0
+        assert engine.blocks.num_prefix_hits > 0 and oracle.dropped > 0
+    else:
+        assert scheduler.num_preemptions == 0 and oracle.dropped == 0
+    assert scheduler.state_slots.num_free == scheduler.state_slots.num_slots  # all given back

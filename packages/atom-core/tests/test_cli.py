@@ -102,6 +102,21 @@ def test_bench_reports_throughput_and_latency(atom_cache, capsys):
     assert "output throughput" in capsys.readouterr().out
 
 
+def test_bench_with_arrivals_and_sampling_reports_the_steps_that_overlapped(atom_cache, capsys):
+    """--request-rate: requests arrive as a Poisson process and prefill beside running decodes; with async
+    scheduling and sampled requests every step but the first of each busy period overlaps the last."""
+    argv = ["bench", "--num-prompts", "6", "--input-len", "9", "--output-len", "5", "--num-kv-blocks", "64"]
+    sampled = ["--temperature", "0.8", "--top-p", "0.95", "--seed", "3", "--async-scheduling", "--json"]
+    assert main([*argv, "--request-rate", "40", *sampled]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert result["request_rate"] == 40 and result["output_tokens"] == 30
+    assert 0 < result["overlapped_steps"] < result["steps"]
+    assert main([*argv, "--request-rate", "0"]) == 2
+    assert "--request-rate must be positive, got 0.0" in capsys.readouterr().err
+    assert main([*argv, "--top-p", "0"]) == 2
+    assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
 def test_generate_with_tensor_parallel_2_equals_1(atom_cache, capsys):
     args = [
         "generate",

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 from pathlib import Path
@@ -128,24 +129,46 @@ def _build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--num-prompts", type=int, default=32)
     bench.add_argument("--input-len", type=int, default=128)
     bench.add_argument("--output-len", type=int, default=64)
+    bench.add_argument(
+        "--request-rate",
+        type=float,
+        default=math.inf,
+        help="requests arriving a second, as a Poisson process (default: all at once)",
+    )
+    bench.add_argument("--temperature", type=float, default=0.0, help="sampling temperature (0: greedy)")
+    bench.add_argument("--top-p", type=float, default=1.0)
+    bench.add_argument("--seed", type=int, default=None, help="each request's sampling seed")
     bench.add_argument("--json", action="store_true", help="print the result as one JSON object")
     return parser
 
 
 def _bench(args: argparse.Namespace) -> int:
     from atom_core.demo import ensure_demo_checkpoint
-    from atom_core.engine import EngineConfig, LLMEngine
+    from atom_core.engine import EngineConfig, LLMEngine, SamplingParams
     from atom_core.entrypoints.bench import run_bench
 
     if min(args.num_prompts, args.input_len, args.output_len) < 1:
         _log("--num-prompts, --input-len and --output-len must be at least 1")
+        return 2
+    if not args.request_rate > 0:
+        _log(f"--request-rate must be positive, got {args.request_rate}")
+        return 2
+    try:
+        params = SamplingParams(temperature=args.temperature, top_p=args.top_p, seed=args.seed)
+    except ValueError as err:
+        _log(str(err))
         return 2
     model_dir = args.model or ensure_demo_checkpoint(log=_log)
     max_model_len = args.max_model_len or args.input_len + args.output_len + 8
     engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir, max_model_len=max_model_len))
     try:
         result = run_bench(
-            engine, num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len
+            engine,
+            num_prompts=args.num_prompts,
+            input_len=args.input_len,
+            output_len=args.output_len,
+            request_rate=args.request_rate,
+            params=params,
         )
     finally:
         engine.shutdown()

@@ -1,7 +1,10 @@
-"""Offline throughput and latency: N random prompts submitted at once, run to completion through the engine."""
+"""Offline throughput and latency: N random prompts, submitted at once or arriving over time (a Poisson
+process of --request-rate requests a second, as vLLM's serving benchmark draws them), run to completion
+through the engine."""
 
 from __future__ import annotations
 
+import math
 import statistics
 import sys
 import time
@@ -27,6 +30,9 @@ class BenchResult:
     latency_ms_p50: float
     latency_ms_p90: float
     preemptions: int
+    steps: int = 0  # engine steps taken
+    overlapped_steps: int = 0  # of those, launched while the step before was still in flight
+    request_rate: float | None = None  # requests a second (None: all at once)
     draft_tokens: int = 0  # speculative decoding: tokens proposed
     accepted_tokens: int = 0  # and accepted
     acceptance_rate: float | None = None
@@ -41,7 +47,13 @@ class BenchResult:
             ("time to first token p50 / p90", f"{self.ttft_ms_p50:.1f} / {self.ttft_ms_p90:.1f} ms"),
             ("request latency p50 / p90", f"{self.latency_ms_p50:.1f} / {self.latency_ms_p90:.1f} ms"),
             ("preemptions", str(self.preemptions)),
+            (
+                "steps overlapping the host",
+                f"{self.overlapped_steps} / {self.steps} ({self.overlapped_steps / max(self.steps, 1):.1%})",
+            ),
         ]
+        if self.request_rate is not None:
+            rows.insert(1, ("arrivals", f"{self.request_rate:g} requests/s (Poisson)"))
         if self.acceptance_rate is not None:
             rows += [
                 (
@@ -70,14 +82,19 @@ def run_bench(
     input_len: int,
     output_len: int,
     seed: int = 0,
+    request_rate: float = math.inf,
+    params: SamplingParams | None = None,
     progress=None,
 ) -> BenchResult:
+    """params: each request's sampling (max_tokens is output_len; default greedy); request_rate: mean
+    arrivals a second (inf: all at once)."""
     progress = (
         progress or sys.stderr
     )  # looked up now: a default bound at import would outlive a swapped stderr
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model_config.vocab_size
-    params = SamplingParams(temperature=0, max_tokens=output_len, ignore_eos=True)
+    params = params or SamplingParams(temperature=0)
+    params = SamplingParams(**{**_fields(params), "max_tokens": output_len, "ignore_eos": True})
     engine.add_request(
         {"prompt_token_ids": torch.randint(0, vocab, (input_len,), generator=gen).tolist()},
         SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
@@ -85,23 +102,37 @@ def run_bench(
     )
     while engine.has_unfinished_requests():
         engine.step()
-    start = time.perf_counter()
-    for i in range(num_prompts):
-        ids = torch.randint(0, vocab, (input_len,), generator=gen).tolist()
-        engine.add_request({"prompt_token_ids": ids}, params, request_id=f"bench-{i}")
+    prompts = [torch.randint(0, vocab, (input_len,), generator=gen).tolist() for _ in range(num_prompts)]
+    gaps = (
+        torch.distributions.Exponential(request_rate).sample((num_prompts,))
+        if math.isfinite(request_rate)
+        else None
+    )
+    arrivals = [0.0] * num_prompts if gaps is None else torch.cumsum(gaps, 0).tolist()
     first_token, done = {}, {}
     preempted_before = engine.scheduler.num_preemptions
-    drafted, accepted, verified = (
+    drafted, accepted, verified, overlapped = (
         engine.stats.num_draft_tokens,
         engine.stats.num_accepted_tokens,
         engine.stats.num_verifications,
+        engine.stats.num_async_steps,
     )
-    while engine.has_unfinished_requests():
+    steps, added = 0, 0
+    start = time.perf_counter()
+    while added < num_prompts or engine.has_unfinished_requests():
+        now = time.perf_counter() - start
+        while added < num_prompts and arrivals[added] <= now:
+            engine.add_request({"prompt_token_ids": prompts[added]}, params, request_id=f"bench-{added}")
+            added += 1
+        if not engine.has_unfinished_requests():  # idle until the next arrival
+            time.sleep(max(0.0, arrivals[added] - now))
+            continue
+        steps += 1
         for out in engine.step():
             now = time.perf_counter() - start
-            first_token.setdefault(out.request_id, now)
+            first_token.setdefault(out.request_id, now - arrivals[int(out.request_id[6:])])
             if out.finished:
-                done[out.request_id] = now
+                done[out.request_id] = now - arrivals[int(out.request_id[6:])]
                 print(
                     f"\r[atom bench] {len(done)}/{num_prompts} requests done",
                     end="",
@@ -126,6 +157,9 @@ def run_bench(
         _pct(latency, 50),
         _pct(latency, 90),
         engine.scheduler.num_preemptions - preempted_before,
+        steps,
+        engine.stats.num_async_steps - overlapped,
+        None if math.isinf(request_rate) else request_rate,
     )
     if engine.drafter is not None:
         result.draft_tokens = engine.stats.num_draft_tokens - drafted
@@ -134,3 +168,7 @@ def run_bench(
         result.acceptance_rate = result.accepted_tokens / max(result.draft_tokens, 1)
         result.mean_accepted_length = 1 + result.accepted_tokens / max(steps, 1)
     return result
+
+
+def _fields(params: SamplingParams) -> dict:
+    return {f: getattr(params, f) for f in params.__dataclass_fields__ if not f.startswith("_")}

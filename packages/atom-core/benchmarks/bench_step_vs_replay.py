@@ -1,0 +1,189 @@
+"""The engine's whole decode step, through the public LLM.generate, against the GPU time of its CUDA-graph
+replay: how much of the host's work between steps is hidden.
+
+  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \
+      packages/atom-core/benchmarks/bench_step_vs_replay.py --out step_vs_replay.json
+
+Models at their published shapes with dummy bf16 weights (MoE routers re-drawn to realistic spreads):
+Llama-3-8B, Qwen3-30B-A3B, Qwen3.5-35B-A3B and DeepSeek-V2-Lite with MTP k=2. For B=1 and B=64 and each
+sampling (greedy; temperature 0.8 / top-p 0.95 / a seed per request), B fresh 512-token prompts generate
+128 tokens through LLM.generate; a decode step is the median wall time of its LLMEngine.step calls in
+the second half of the run (every sequence decoding; with async scheduling a call returns once the next
+step is launched and the last one read, so calls follow the device's pace). The replay is the GPU time (CUDA events over back-to-back replays) of the graphs one
+decode step replays: the decode graph; with MTP, the verify graph, the draft's catch-up graph and its
+k - 1 chained ones. ratio = step / replay: 1.00 when the host's work is wholly hidden.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import tempfile
+import time
+
+import torch
+from bench_deepseek import v2_lite_shape  # beside this script (its directory is on sys.path when run)
+from bench_engine import llama3_8b
+from bench_fp8_engine import qwen3_30b_a3b
+from bench_qwen3_next import make_config
+
+from atom_core.engine import LLM, SamplingParams
+
+PROMPT, NEW = 512, 128
+
+
+def configs(name: str):
+    if name == "llama3-8b":
+        return llama3_8b(32), {}
+    if name == "qwen3-30b-a3b":
+        return qwen3_30b_a3b(), {}
+    if name == "qwen3.5-35b-a3b":
+        return make_config("qwen3.5-35b-a3b", None), {}
+    if name == "deepseek-v2-lite-mtp2":
+        return v2_lite_shape(27), {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}
+    raise ValueError(name)
+
+
+def redraw_routers(llm: LLM, hidden: int) -> None:
+    """Router rows ~ N(0, 1/hidden) on normed inputs: per-token logits of unit spread; no correction bias
+    (dummy routers send every token to the same experts)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    runner = llm.engine.runner
+    for model in (runner.model, runner.draft):
+        for name, param in model.named_parameters() if model is not None else ():
+            if name.endswith("gate.e_score_correction_bias"):
+                param.data.zero_()
+            elif name.endswith("mlp.gate.weight"):
+                param.data.normal_(0.0, hidden**-0.5, generator=gen)
+
+
+def graph_sets(runner):
+    """(decode, verify, [draft graphs]) whatever the engine's version names them."""
+    graphs = runner.graphs
+    if hasattr(graphs, "decode"):
+        return graphs.decode, graphs.verify, graphs.drafts
+    return graphs, getattr(runner, "verify_graphs", None), getattr(runner, "draft_graphs", [])
+
+
+def replay_ms(runner, batch: int, k: int) -> float:
+    decode, verify, drafts = graph_sets(runner)
+    replays = [decode] if k == 0 else [verify, drafts[1]] + [drafts[0]] * (k - 1)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        for g in replays:
+            g.graphs[g.size_for(batch)].replay()
+    start.record()
+    for _ in range(30):
+        for g in replays:
+            g.graphs[g.size_for(batch)].replay()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end) / 30
+
+
+def decode_step_ms(llm: LLM, vocab: int, batch: int, params: SamplingParams, gen) -> tuple[float, int]:
+    """The median step of a steady decode through LLM.generate, and how many steps the run took."""
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, vocab, (PROMPT,), generator=gen).tolist()} for _ in range(batch)
+    ]
+    llm.engine.step_times = []
+    llm.generate(prompts, [params] * batch if params.seed is None else _seeded(params, batch))
+    times = llm.engine.step_times
+    steady = sorted(times[len(times) // 2 : len(times) - 3])
+    return steady[len(steady) // 2] * 1e3, len(times)
+
+
+def _seeded(params: SamplingParams, batch: int) -> list[SamplingParams]:
+    return [
+        SamplingParams(
+            temperature=params.temperature,
+            top_p=params.top_p,
+            seed=params.seed + i,
+            max_tokens=params.max_tokens,
+            ignore_eos=True,
+        )
+        for i in range(batch)
+    ]
+
+
+def time_steps(llm: LLM) -> None:
+    engine, step = llm.engine, llm.engine.step
+
+    def timed():
+        start = time.perf_counter()
+        out = step()
+        engine.step_times.append(time.perf_counter() - start)
+        return out
+
+    engine.step_times = []
+    engine.step = timed
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out")
+    parser.add_argument("--models", default="llama3-8b,qwen3-30b-a3b,qwen3.5-35b-a3b,deepseek-v2-lite-mtp2")
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--label", default="", help="which tree ran (kept in the record)")
+    args = parser.parse_args()
+    rows = []
+    for name in args.models.split(","):
+        config, extra = configs(name)
+        with tempfile.TemporaryDirectory() as d:
+            config.save_pretrained(d)
+            llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64, **extra)
+            redraw_routers(llm, config.hidden_size)
+            time_steps(llm)
+            k = extra.get("speculative_config", {}).get("num_speculative_tokens", 0)
+            gen = torch.Generator().manual_seed(0)
+            for batch in (int(b) for b in args.batches.split(",")):
+                for sampling, base in (
+                    ("greedy", dict(temperature=0.0)),
+                    ("t0.8/p0.95/seed", dict(temperature=0.8, top_p=0.95, seed=1000)),
+                ):
+                    full = SamplingParams(**base, max_tokens=NEW, ignore_eos=True)
+                    decode_step_ms(llm, config.vocab_size, batch, full, gen)  # warm-up
+                    step, steps = decode_step_ms(llm, config.vocab_size, batch, full, gen)
+                    replay = replay_ms(llm.engine.runner, batch, k)
+                    row = dict(
+                        model=name,
+                        batch=batch,
+                        sampling=sampling,
+                        step_ms=step,
+                        replay_ms=replay,
+                        ratio=step / replay,
+                        steps=steps,
+                        overlapped_steps=_overlapped(llm),
+                    )
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
+            llm.shutdown()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+    print(f"\n{torch.cuda.get_device_name()}  {args.label}")
+    print(f"{'model':<24}{'B':>4} {'sampling':<16}{'step ms':>9}{'replay ms':>10}{'ratio':>7}")
+    for r in rows:
+        print(
+            f"{r['model']:<24}{r['batch']:>4} {r['sampling']:<16}{r['step_ms']:>9.3f}{r['replay_ms']:>10.3f}"
+            f"{r['ratio']:>7.3f}"
+        )
+    if args.out:
+        with open(args.out, "w") as f:
+            json.dump(
+                dict(
+                    device=torch.cuda.get_device_name(), label=args.label, prompt=PROMPT, new=NEW, rows=rows
+                ),
+                f,
+                indent=1,
+            )
+
+
+def _overlapped(llm: LLM) -> int | None:
+    stats = getattr(llm.engine, "stats", None)
+    return stats.num_async_steps if stats is not None else getattr(llm.engine, "num_async_steps", None)
+
+
+if __name__ == "__main__":
+    main()

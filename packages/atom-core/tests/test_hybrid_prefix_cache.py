@@ -71,6 +71,9 @@ def assert_same(got, want):
         (dict(num_kv_blocks=200), False),
         (dict(num_kv_blocks=32), True),  # preemption mid-prefill: recomputed from the kept states
         (dict(num_kv_blocks=200, state_snapshots=2), False),  # snapshots evicted least recently used
+        # steps launched before the last one's tokens are read: the states advance on the device
+        (dict(num_kv_blocks=200, async_scheduling=True), False),
+        (dict(num_kv_blocks=32, async_scheduling=True), True),
     ],
 )
 def test_hits_resume_the_kept_state_and_equal_the_uncached_tokens(checkpoint, uncached, engine, preempted):
@@ -82,6 +85,7 @@ def test_hits_resume_the_kept_state_and_equal_the_uncached_tokens(checkpoint, un
     assert (e.scheduler.num_preemptions > 0) == preempted
     assert (e.blocks.snapshots.num_evicted > 0) == ("state_snapshots" in engine)
     assert e.scheduler.state_slots.num_free == e.scheduler.state_slots.num_slots
+    assert (e.stats.num_async_steps > 0) == bool(engine.get("async_scheduling"))
 
 
 def test_snapshots_are_evicted_with_their_blocks_and_least_recently_used_first():

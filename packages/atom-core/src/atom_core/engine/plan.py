@@ -110,7 +110,7 @@ def plan_engine(
     graphs_off = _why_no_graphs(engine, model, device)
     if graphs_off:
         off.append(("CUDA graphs", graphs_off))
-    async_off = _why_no_async(engine, state=state, speculative=k > 0)
+    async_off = _why_no_async(engine, speculative=k > 0)
     if async_off:
         off.append(("async scheduling", async_off))
     return CachePlan(
@@ -158,15 +158,13 @@ def _why_no_graphs(engine: EngineConfig, model: ModelConfig, device: torch.devic
     return None
 
 
-def _why_no_async(engine: EngineConfig, *, state: bool, speculative: bool) -> str | None:
+def _why_no_async(engine: EngineConfig, *, speculative: bool) -> str | None:
     if engine.async_scheduling is False:
         return "async_scheduling=False"
     if not engine.async_scheduling_on():
         return "on by default only where a device runs beside the host (CUDA)"
     if speculative:
         return "a speculative draft's proposals are read on the host before the next step"
-    if state:
-        return "state layers' slots and snapshots are settled on the host between steps"
     return None
 
 

@@ -12,8 +12,10 @@ Step k+1 may admit waiting requests and run prefill chunks beside the decodes: o
 next token is pending needs feeding, and its pending token is its first row of the step. The engine
 launches ahead while every running and waiting request samples on the device (penalties need the
 host's tokens) and the KV cache holds every running sequence's remaining tokens (so nothing is
-preempted while a token is on its way) (`AsyncSteps.continues`); the plan turns the mode off for
-speculative drafts and state layers, naming why. Anything else settles the step in flight first and
+preempted while a token is on its way) (`AsyncSteps.continues`). State layers need nothing more: a
+step's state updates run on the device in stream order, and a slot a finished sequence gave back is
+reset (fresh) by the next holder's first step, queued after the step in flight. The plan turns the mode
+off for speculative drafts, naming why. Anything else settles the step in flight first and
 runs as a synchronous step.
 """
 

@@ -5,8 +5,10 @@ tests import this module as `core_support`; worker processes a test spawns inher
 The fixtures built on these (tiny_llama, hf_greedy_tokens, a_free_port) are in conftest.py.
 """
 
+import contextlib
 import json
 
+import pytest
 import torch
 from torch import nn
 
@@ -337,3 +339,21 @@ def closed_within(sock, seconds: float) -> bool:
         return True
     except TimeoutError:
         return False
+
+
+@contextlib.contextmanager
+def torch_reference_ops():
+    """On the CPU, every atom-kernels op of the engines built inside runs its torch reference: the engine's
+    kernel_backend reaches attention only, and norms, rotary, DeltaNet and MoE routing would otherwise run
+    in Triton's interpreter over hundreds of rows (minutes). The kernels meet their references in their own
+    tests and on the GPU. Tensor-parallel workers read the environment when they start. On a GPU: nothing."""
+    if torch.cuda.is_available():
+        yield
+        return
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+        patch.setenv("ATOM_KERNELS_BACKEND", "torch")
+        yield

@@ -18,23 +18,16 @@ from collections import defaultdict
 
 import pytest
 import torch
-from core_support import deepseek_mtp_checkpoint, successor_language
+from core_support import deepseek_mtp_checkpoint, successor_language, torch_reference_ops
 
 from atom_core.engine import LLM, SamplingParams
-from atom_kernels import settings
-from atom_kernels.settings import Backend, Settings
 from tools.testing_qwen import qwen_mtp_checkpoint
 
 
 @pytest.fixture(scope="module", autouse=True)
 def torch_reference_ops_on_the_cpu():
     """On the CPU every op of this file's engines runs its torch reference (see test_speculative.py)."""
-    if torch.cuda.is_available():
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
-        patch.setenv("ATOM_KERNELS_BACKEND", "torch")  # tensor-parallel workers read it when they start
+    with torch_reference_ops():
         yield
 
 

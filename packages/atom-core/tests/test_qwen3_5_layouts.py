@@ -7,6 +7,7 @@ import shutil
 
 import pytest
 import torch
+from core_support import torch_reference_ops
 from safetensors.torch import load_file, save_file
 
 from atom_core.engine import LLM, SamplingParams
@@ -16,14 +17,7 @@ from tools.testing_qwen import qwen3_next_checkpoint
 @pytest.fixture(scope="module", autouse=True)
 def torch_reference_ops_on_the_cpu():
     """On the CPU every op runs its torch reference (see test_qwen3_next_parity.py)."""
-    if torch.cuda.is_available():
-        yield
-        return
-    from atom_kernels import settings
-    from atom_kernels.settings import Backend, Settings
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+    with torch_reference_ops():
         yield
 
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from core_support import hf_greedy, ragged_prefill_logits
+from core_support import hf_greedy, ragged_prefill_logits, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
@@ -20,14 +20,7 @@ def torch_reference_ops_on_the_cpu():
     """On the CPU every op runs its torch reference (the engine's kernel_backend reaches attention only; the
     interpreter would run norms, DeltaNet and MoE over hundreds of rows for minutes). The Triton kernels
     meet transformers in test_gdn_layer.py (interpreter) and in the GPU test below."""
-    if torch.cuda.is_available():
-        yield
-        return
-    from atom_kernels import settings
-    from atom_kernels.settings import Backend, Settings
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+    with torch_reference_ops():
         yield
 
 

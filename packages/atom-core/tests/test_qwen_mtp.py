@@ -10,6 +10,7 @@ j, with chunked prefill, prefix hits and preemption).
 
 import pytest
 import torch
+from core_support import torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
@@ -24,14 +25,7 @@ def torch_reference_ops_on_the_cpu():
     """On the CPU every op runs its torch reference (see test_qwen3_next_parity.py); the kernels' step
     states meet their references in atom-kernels' test_gdn_step_states.py, and the GPU test below runs
     them under speculation through the verify CUDA graphs."""
-    if torch.cuda.is_available():
-        yield
-        return
-    from atom_kernels import settings
-    from atom_kernels.settings import Backend, Settings
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
+    with torch_reference_ops():
         yield
 
 

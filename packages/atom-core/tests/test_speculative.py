@@ -18,14 +18,13 @@ from core_support import (
     hf_main_hidden,
     save_word_tokenizer,
     successor_language,
+    torch_reference_ops,
 )
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
-from atom_kernels import settings
-from atom_kernels.settings import Backend, Settings
 from tools.testing_models import transformers_mtp_logits
 
 VOCAB = 211
@@ -36,12 +35,7 @@ def torch_reference_ops_on_the_cpu():
     """On the CPU every op of this file's engines runs its torch reference. The engine's kernel_backend
     reaches attention only; norms, rotary and MoE routing would run in Triton's interpreter over hundreds of
     rows (minutes). The kernels have their own tests, and the GPU test below runs them under speculation."""
-    if torch.cuda.is_available():
-        yield
-        return
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
-        patch.setenv("ATOM_KERNELS_BACKEND", "torch")  # tensor-parallel workers read it when they start
+    with torch_reference_ops():
         yield
 
 

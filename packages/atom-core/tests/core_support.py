@@ -357,3 +357,15 @@ def torch_reference_ops():
         patch.setattr(settings, "SETTINGS", Settings(Backend.TORCH, settings.SETTINGS.triton_interpret))
         patch.setenv("ATOM_KERNELS_BACKEND", "torch")
         yield
+
+
+def mtp(k: int) -> dict:
+    """The speculative config of k MTP drafts."""
+    return {"method": "mtp", "num_speculative_tokens": k}
+
+
+def language_prompts(vocab: int, lengths, seed: int = 3) -> list[list[int]]:
+    """Prompts of the given lengths from successor_language(vocab): text a draft can learn to predict."""
+    _, sample = successor_language(vocab)
+    gen = torch.Generator().manual_seed(seed)
+    return [sample(1, n, gen)[0].tolist() for n in lengths]

@@ -14,6 +14,9 @@ import torch
 # What the parity tests run with unless they ask otherwise: small pages (so prompts span several), room for
 # a few sequences of a few hundred tokens, eager forwards (a CUDA device would capture decode graphs).
 DEFAULTS = dict(block_size=4, num_kv_blocks=96, enforce_eager=True)
+# the GPU parity tests' engine: bf16 through the Triton kernels, eager steps as transformers runs them
+# (test_cuda_graphs.py covers graph replays); 256 blocks of 16 hold 4096 tokens
+GPU_BF16 = dict(device="cuda", dtype="bfloat16", kernel_backend="triton", block_size=16, num_kv_blocks=256)
 
 
 class RunnerDriver:

@@ -6,7 +6,7 @@ transformers implements."""
 import pytest
 import torch
 from core_support import DSV2, DSV3, YARN, deepseek_checkpoint, hf_greedy
-from runner_driver import RunnerDriver
+from runner_driver import GPU_BF16, RunnerDriver
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
 from atom_core.attention import PagedAttentionBackend
@@ -219,15 +219,7 @@ def test_bf16_teacher_forced_parity_on_a_gpu(tmp_path):
     hf16 = load(tmp_path / "ckpt", dtype=torch.bfloat16).cuda().eval()
     prompts = [torch.randint(2, 4096, (n,)).tolist() for n in (300, 77, 1000)]
     # the engine's own MLA threshold (UNABSORBED_MIN_TOKENS) keeps these prompts absorbed; eager steps
-    runner = RunnerDriver(
-        tmp_path / "ckpt",
-        device="cuda",
-        dtype="bfloat16",
-        kernel_backend="triton",
-        block_size=16,
-        num_kv_blocks=256,
-        enforce_eager=True,
-    )
+    runner = RunnerDriver(tmp_path / "ckpt", **GPU_BF16)
     atom, steps = runner.step(dict(enumerate(prompts))), {i: list(p) for i, p in enumerate(prompts)}
     ours, theirs = [], []
     for _ in range(12):

@@ -7,7 +7,7 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 import pytest
 import torch
 from core_support import random_checkpoint
-from runner_driver import RunnerDriver
+from runner_driver import GPU_BF16, RunnerDriver
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + Triton parity runs on a GPU")
@@ -44,15 +44,7 @@ def test_bf16_teacher_forced_parity(tmp_path, cls, overrides):
                     param.mul_(25.0)
         hf.save_pretrained(tmp_path / "ckpt")
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (300, 77, 1000)]
-    runner = RunnerDriver(
-        tmp_path / "ckpt",
-        device="cuda",
-        dtype="bfloat16",
-        kernel_backend="triton",
-        block_size=16,
-        num_kv_blocks=256,
-        enforce_eager=True,  # eager steps, as transformers runs; test_cuda_graphs.py covers graph replays
-    )
+    runner = RunnerDriver(tmp_path / "ckpt", **GPU_BF16)
     worst = 0.0
     atom = runner.step({i: p for i, p in enumerate(prompts)})
     steps = {i: list(p) for i, p in enumerate(prompts)}

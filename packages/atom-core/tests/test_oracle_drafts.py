@@ -17,8 +17,12 @@ sequences preempted, prefills chunked and prefixes hit. fp32 on the CPU, torch r
 from collections import defaultdict
 
 import pytest
-import torch
-from core_support import deepseek_mtp_checkpoint, successor_language, torch_reference_ops
+from core_support import (
+    deepseek_mtp_checkpoint,
+    language_prompts,
+    mtp,
+    torch_reference_ops,
+)
 
 from atom_core.engine import LLM, SamplingParams
 from tools.testing_qwen import qwen_mtp_checkpoint
@@ -34,16 +38,6 @@ def torch_reference_ops_on_the_cpu():
 VOCAB = 211  # both tiny models'
 COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
 ALWAYS = None  # right_for: every draft right
-
-
-def mtp(k: int) -> dict:
-    return {"method": "mtp", "num_speculative_tokens": k}
-
-
-def language_prompts(lengths, seed=3):
-    _, sample = successor_language(VOCAB)
-    gen = torch.Generator().manual_seed(seed)
-    return [sample(1, n, gen)[0].tolist() for n in lengths]
 
 
 def mixed_params(n_requests: int, max_tokens: int) -> list[SamplingParams]:
@@ -182,7 +176,7 @@ def check_forced(oracle: ForcedDrafts, stats, k: int) -> None:
 
 # DeepSeek-V3 (MLA) -------------------------------------------------------------------------------------
 
-DS_PROMPTS = language_prompts([9, 23, 3, 14, 30])
+DS_PROMPTS = language_prompts(VOCAB, [9, 23, 3, 14, 30])
 DS_PROMPTS.append(DS_PROMPTS[1][:20] + DS_PROMPTS[0][:5])  # shares five blocks with prompt 1: prefix hits
 DS_PARAMS = mixed_params(len(DS_PROMPTS), 20)
 ROOMY = dict(num_kv_blocks=128)
@@ -251,7 +245,7 @@ def test_forced_drafts_under_tensor_parallelism(deepseek, deepseek_plain):
 
 # longer than the 64-token DeltaNet chunk, short, one of two tokens; the last shares 16 tokens with the
 # second (a prefix hit resumes a state snapshot)
-QWEN_PROMPTS = language_prompts([9, 70, 2, 14, 30])
+QWEN_PROMPTS = language_prompts(VOCAB, [9, 70, 2, 14, 30])
 QWEN_PROMPTS.append(QWEN_PROMPTS[1][:16] + QWEN_PROMPTS[0][:3])
 QWEN_PARAMS = mixed_params(len(QWEN_PROMPTS), 24)
 # 40 blocks of 4 do not hold all seven sequences: some are preempted and recomputed (their state too)

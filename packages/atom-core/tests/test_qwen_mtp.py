@@ -10,13 +10,12 @@ j, with chunked prefill, prefix hits and preemption).
 
 import pytest
 import torch
-from core_support import torch_reference_ops
+from core_support import language_prompts, mtp, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
-from tools.testing_models import successor_language
 from tools.testing_qwen import VOCAB, qwen_mtp_checkpoint
 
 
@@ -30,16 +29,6 @@ def torch_reference_ops_on_the_cpu():
 
 
 COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
-
-
-def mtp(k: int) -> dict:
-    return {"method": "mtp", "num_speculative_tokens": k}
-
-
-def language_prompts(lengths, seed=3):
-    _, sample = successor_language(VOCAB)
-    gen = torch.Generator().manual_seed(seed)
-    return [sample(1, n, gen)[0].tolist() for n in lengths]
 
 
 def plain_tokens(prompts, outs) -> dict[tuple[tuple[int, ...], int], list[int]]:
@@ -71,7 +60,7 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(tmp
     config = ModelConfig.from_pretrained(tmp_path)
     engine = EngineConfig(model=tmp_path, num_kv_blocks=32, speculative_config=mtp(1), **COMMON)
     runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
-    tokens = language_prompts([19])[0]
+    tokens = language_prompts(VOCAB, [19])[0]
     n, table = len(tokens), list(range(5))
     target = runner.run(
         StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [0], [True], list(range(n)))
@@ -107,7 +96,7 @@ def test_random_and_forced_drafts_still_equal_plain(tmp_path):
     draft's own proposals (mostly rejected), and drafts forced right for the first of two, so that each
     step that verifies drafts accepts exactly one (its state committed) and rejects the rest."""
     qwen_mtp_checkpoint(tmp_path, "qwen3.5-moe-fused")
-    prompts = language_prompts([11, 6, 66])
+    prompts = language_prompts(VOCAB, [11, 6, 66])
     params = SamplingParams(n=2, temperature=0, max_tokens=16, ignore_eos=True)
     _, want = run(tmp_path, prompts, params, num_kv_blocks=96)
     for oracle in (None, forced(plain_tokens(prompts, want), 1)):
@@ -150,7 +139,7 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(tmp_path):
     forced always right (k = 1) and right for the first of three (k = 3: the state after a partially
     accepted step is committed), accepted exactly as far as they are right."""
     qwen_mtp_checkpoint(tmp_path, "qwen3-next")
-    prompts = language_prompts([9, 70, 3, 14, 30, 17])
+    prompts = language_prompts(VOCAB, [9, 70, 3, 14, 30, 17])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     gpu = dict(dtype="float32", max_model_len=256, max_num_seqs=8)
     plain_llm = LLM(tmp_path, **gpu)

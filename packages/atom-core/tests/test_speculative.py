@@ -16,8 +16,9 @@ import torch
 from core_support import (
     deepseek_mtp_checkpoint,
     hf_main_hidden,
+    language_prompts,
+    mtp,
     save_word_tokenizer,
-    successor_language,
     torch_reference_ops,
 )
 
@@ -42,10 +43,6 @@ def torch_reference_ops_on_the_cpu():
 COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
 
 
-def mtp(k: int) -> dict:
-    return {"method": "mtp", "num_speculative_tokens": k}
-
-
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory):
     """A tiny DeepSeek-V3 whose target and MTP layer were trained together on successor_language."""
@@ -61,12 +58,6 @@ def untrained(tmp_path_factory):
     main, reference = deepseek_mtp_checkpoint(path)
     save_word_tokenizer(path, VOCAB)
     return path, main, reference
-
-
-def language_prompts(lengths, seed=3):
-    _, sample = successor_language(VOCAB)
-    gen = torch.Generator().manual_seed(seed)
-    return [sample(1, n, gen)[0].tolist() for n in lengths]
 
 
 def plain_tokens(prompts, outs) -> dict[tuple[tuple[int, ...], int], list[int]]:
@@ -95,7 +86,7 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(unt
     config = ModelConfig.from_pretrained(path)
     engine = EngineConfig(model=path, num_kv_blocks=32, speculative_config=mtp(1), **COMMON)
     runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
-    tokens = language_prompts([19])[0]
+    tokens = language_prompts(VOCAB, [19])[0]
     n, table = len(tokens), list(range(5))
     target = runner.run(
         StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [-1], [True], list(range(n)))
@@ -129,7 +120,7 @@ def run(path, prompts, params, **engine):
     return llm.engine, outs
 
 
-PROMPTS = [*language_prompts([9, 23, 3, 14, 30])]
+PROMPTS = [*language_prompts(VOCAB, [9, 23, 3, 14, 30])]
 PROMPTS.append(PROMPTS[1][:20] + PROMPTS[0][:5])  # shares five blocks with prompt 1: prefix hits
 GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=2)
 # 17 blocks of 4 hold the longest sequence (50 tokens and 4 drafts) but not all six: some are preempted
@@ -165,7 +156,7 @@ def test_stop_strings_and_n_under_forced_drafts(untrained):
     four tokens a step), and where every draft is rejected: output, text and finish reason are the plain
     ones, for both samples of n=2."""
     path = untrained[0]
-    prompts = language_prompts([11, 6])
+    prompts = language_prompts(VOCAB, [11, 6])
     free = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True)
     _, plain = run(path, prompts, free, num_kv_blocks=64)
     text = plain[0].outputs[0].text.split()
@@ -187,7 +178,7 @@ def test_stop_strings_and_n_under_forced_drafts(untrained):
 
 
 def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrained):
-    prompts = language_prompts([7, 12])
+    prompts = language_prompts(VOCAB, [7, 12])
     penalized = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=1.8)
     _, plain = run(untrained[0], prompts, penalized, num_kv_blocks=64)
     engine, spec = run(untrained[0], prompts, penalized, num_kv_blocks=64, speculative_config=mtp(2))
@@ -415,7 +406,7 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
     the plain engine's (itself replaying decode graphs), with drafts forced always right (k = 1) and right
     for the first of three (k = 3), accepted exactly as far as they are right."""
     path = untrained[0]
-    prompts = language_prompts([9, 23, 3, 14, 30, 17])
+    prompts = language_prompts(VOCAB, [9, 23, 3, 14, 30, 17])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     gpu = dict(dtype="float32", max_model_len=128, max_num_seqs=8)
     plain_llm = LLM(path, **gpu)

@@ -321,8 +321,9 @@ def ragged_prefill_logits(
     lens = [len(p) for p in prompts]
     rows = list(range(len(ids)))
     slots = state_slots or list(range(len(prompts)))
+    ends = list(range(len(prompts)))  # every sequence reaches its last token (every row gets logits)
     logits = runner.run(
-        StepInputs(ids, positions, lens, lens, tables, rows, slots, [True] * len(prompts), rows)
+        StepInputs(ids, positions, lens, lens, tables, ends, slots, [True] * len(prompts), rows)
     ).logits
     return list(logits.split(lens))
 

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_core.host_copy import host_to_device, to_device
+
 
 @dataclass(slots=True)
 class PagedAttentionMetadata:
@@ -54,10 +56,10 @@ class PagedAttentionMetadata:
         cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(list(query_lens)).cumsum(0)
         return cls(
-            cu_seqlens_q=cu.to(device),
-            seq_lens=torch.tensor(list(seq_lens), dtype=torch.int32, device=device),
-            block_tables=tables.to(device),
-            slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+            cu_seqlens_q=host_to_device(cu, device),
+            seq_lens=to_device(list(seq_lens), torch.int32, device),
+            block_tables=host_to_device(tables, device),
+            slot_mapping=to_device(slots, torch.int64, device),
             max_query_len=max(query_lens),
             max_seq_len=max(seq_lens),
             prefill_only=list(query_lens) == list(seq_lens),

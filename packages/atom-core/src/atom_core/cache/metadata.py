@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_core.host_copy import host_to_device, to_device
+
 
 @dataclass(slots=True)
 class StateMetadata:
@@ -59,7 +61,7 @@ class StateMetadata:
             head = cls.build(
                 slots=slots[:covered], fresh=fresh[:covered], query_lens=query_lens[:covered], device=device
             )
-            head.step_slots = torch.tensor(list(step_slots), dtype=torch.int32, device=device)
+            head.step_slots = to_device(list(step_slots), torch.int32, device)
             head.num_tokens = tokens
             if covered < len(slots):
                 head.rest = cls.build(
@@ -72,8 +74,8 @@ class StateMetadata:
         cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(list(query_lens)).cumsum(0)
         return cls(
-            slots=torch.tensor(list(slots), dtype=torch.int32, device=device),
-            fresh=torch.tensor(list(fresh), dtype=torch.bool, device=device),
-            cu_seqlens_q=cu.to(device),
+            slots=to_device(list(slots), torch.int32, device),
+            fresh=to_device(list(fresh), torch.bool, device),
+            cu_seqlens_q=host_to_device(cu, device),
             max_query_len=max(query_lens),
         )

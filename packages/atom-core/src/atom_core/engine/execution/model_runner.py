@@ -21,6 +21,7 @@ from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs, feed
 from atom_core.engine.plan import plan_engine
 from atom_core.engine.sampling.sampler import sample_rows
 from atom_core.forward_context import ForwardContext, bind_forward_context
+from atom_core.host_copy import to_device
 from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
 
 
@@ -121,7 +122,7 @@ class ModelRunner:
         """Copy every state layer's rows source -> destination (snapshots in and out of running slots)."""
         if not pairs:
             return
-        src, dst = (torch.tensor(x, dtype=torch.long, device=self.device) for x in zip(*pairs, strict=True))
+        src, dst = to_device([list(x) for x in zip(*pairs, strict=True)], torch.long, self.device)
         for cache in self.caches:
             if isinstance(cache, StateCache):
                 for tensor in cache.states.values():
@@ -155,13 +156,14 @@ class ModelRunner:
                 step_slots=inputs.step_slots,
                 device=self.device,
             )
-        pos = torch.tensor(inputs.positions, device=self.device)
-        ids = torch.tensor(inputs.ids, device=self.device)
+        # one copy of the token rows' ids and positions, and one of the logits rows; through pinned memory, as
+        # a pageable copy would wait for the step in flight (async scheduling)
+        ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
         if inputs.fed_rows:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, sampled)
         with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(ids, pos)
-        rows = torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)
+        rows = to_device(inputs.logit_rows, torch.long, self.device)
         return self.model.compute_logits(hidden[rows]), hidden
 
     def _paged_metadata(self, inputs: StepInputs | DraftInputs) -> PagedAttentionMetadata:
@@ -177,13 +179,13 @@ class ModelRunner:
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
         """One forward of the draft over its own caches (same block tables as the target's), reading
         source's hidden states at inputs.hidden_rows."""
-        hidden_in = source.hidden[torch.tensor(inputs.hidden_rows, dtype=torch.long, device=self.device)]
+        hidden_in = source.hidden[to_device(inputs.hidden_rows, torch.long, self.device)]
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:
             logits = graphs.run(inputs, hidden_in)
             return DraftResult(logits, graphs.hidden)
-        pos = torch.tensor(inputs.positions, device=self.device)
+        ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
         with bind_forward_context(ForwardContext({PAGED: self._paged_metadata(inputs)}, self.draft_caches)):
-            hidden = self.draft(torch.tensor(inputs.ids, device=self.device), pos, hidden_in)
-        hidden = hidden[torch.tensor(inputs.logit_rows, dtype=torch.long, device=self.device)]
+            hidden = self.draft(ids, pos, hidden_in)
+        hidden = hidden[to_device(inputs.logit_rows, torch.long, self.device)]
         return DraftResult(self.draft.compute_logits(hidden), hidden)

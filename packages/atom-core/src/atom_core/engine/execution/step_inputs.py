@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from atom_core.engine.sampling.host_copy import to_device
 from atom_core.engine.sampling.sampler import SamplingRows
 from atom_core.engine.scheduling.scheduler import ScheduledBatch
+from atom_core.host_copy import to_device
 
 
 @dataclass(slots=True)

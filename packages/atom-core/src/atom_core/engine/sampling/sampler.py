@@ -20,9 +20,9 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_core.engine.sampling.host_copy import to_device
 from atom_core.engine.sampling.penalties import apply_penalties
 from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.host_copy import to_device
 from atom_kernels.sampling import greedy_tokens
 
 

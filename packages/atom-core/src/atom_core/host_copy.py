@@ -11,8 +11,15 @@ from __future__ import annotations
 import torch
 
 
-def to_device(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    host = torch.tensor(values, dtype=dtype)
+def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """A tensor of values on device, copied without waiting for the device's queued work."""
+    return host_to_device(torch.tensor(values, dtype=dtype), device)
+
+
+def host_to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
+    """host (a CPU tensor the caller no longer writes) on device, copied without waiting for the device's
+    queued work."""
+    device = torch.device(device)
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)

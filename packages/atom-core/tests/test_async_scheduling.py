@@ -56,13 +56,14 @@ def _run(path, asynchronous: bool, **kw) -> tuple[dict, LLMEngine]:
 
 
 def test_async_equals_sync_through_chunking_prefix_hits_and_preemption(checkpoint):
-    for kw in ({}, {"num_kv_blocks": 14, "max_num_batched_tokens": 16}):  # roomy; then preempting
+    # roomy; then preempting; then a budget below the one-token rows (prompts' last tokens beside decodes)
+    for kw in ({}, {"num_kv_blocks": 14, "max_num_batched_tokens": 16}, {"max_num_batched_tokens": 3}):
         expected, _ = _run(checkpoint, False, **kw)
         got, engine = _run(checkpoint, True, **kw)
         assert got == expected, kw
         assert engine.stats.num_async_steps > 0
         assert engine.blocks.num_free_blocks == kw.get("num_kv_blocks", 128)  # every block came back
-        if kw:
+        if "num_kv_blocks" in kw:
             assert engine.scheduler.num_preemptions > 0 and engine.scheduler.num_chunked_prefills > 0
 
 

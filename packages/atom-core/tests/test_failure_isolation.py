@@ -115,6 +115,32 @@ def test_a_forward_that_fails_for_one_request_is_rerun_without_it(checkpoint, mo
         assert engine.blocks.num_free_blocks == 64
 
 
+def test_a_failed_step_launched_ahead_reads_the_one_in_flight_and_reruns_in_halves(checkpoint, monkeypatch):
+    """b is admitted into a step launched while a's and c's decode is in flight, and its forward raises:
+    the step in flight is read first, then the failed step's requests rerun in halves; only b fails."""
+    expected = _alone(checkpoint)
+    config = EngineConfig(
+        checkpoint, kernel_backend="torch", block_size=4, num_kv_blocks=64, async_scheduling=True
+    )
+    engine = LLMEngine(config)
+    _poison(engine, "b", monkeypatch, raise_in_forward=True)
+    for rid in ("a", "c"):
+        engine.add_request({"prompt_token_ids": PROMPTS[rid]}, GREEDY, rid)
+    done = {}
+    for _ in range(3):  # the prefill, then decodes launched ahead
+        done.update({o.request_id: o for o in engine.step() if o.finished})
+    assert engine.pipeline.overlap.in_flight is not None
+    engine.add_request({"prompt_token_ids": PROMPTS["b"]}, GREEDY, "b")
+    done.update(drain_finished(engine))
+    assert "forward failed (RuntimeError" in done["b"].error
+    assert {rid: done[rid].outputs[0].token_ids for rid in ("a", "c")} == {
+        "a": expected["a"],
+        "c": expected["c"],
+    }
+    assert engine.stats.consecutive_failures == 0 and engine.stats.num_async_steps > 0
+    assert engine.blocks.num_free_blocks == 64
+
+
 def test_a_failing_request_of_several_samples_fails_once_and_alone(checkpoint, monkeypatch):
     expected = _alone(checkpoint)
     engine = _engine(checkpoint)

@@ -79,8 +79,8 @@ class StaticBuffers:
         for dtype, end in self._ends.items():
             dev, host = self._groups[dtype]
             dev[:end].copy_(host[:end], non_blocking=True)
-        if self.copied is not None:
-            self.copied.record()
+        if self.copied is not None:  # on the device's stream (not the current device's)
+            self.copied.record(torch.cuda.current_stream(self.device))
 
 
 class PagedGraphBuffers:

@@ -49,6 +49,7 @@ class HostTokens:
         pin = device.type == "cuda"
         self.buffers = [torch.zeros(2 * max_rows, dtype=torch.int64, pin_memory=pin) for _ in range(2)]
         self.events = [torch.cuda.Event() if pin else None for _ in range(2)]
+        self.device = device
         self.turn = 0
 
     def take(self, rows: int) -> tuple[torch.Tensor, torch.cuda.Event | None]:
@@ -74,8 +75,8 @@ class InFlightStep:
         host, done = buffers.take(len(seqs))
         host.copy_(result.tokens, non_blocking=done is not None)
         logprobs = None if result.logprobs is None else result.logprobs.to_host(non_blocking=done is not None)
-        if done is not None:
-            done.record()
+        if done is not None:  # on the engine's device's stream (not the current device's)
+            done.record(torch.cuda.current_stream(buffers.device))
         return cls(seqs, host, logprobs, rows.logprobs, done)
 
     def read(self) -> tuple[list[int | None], list[str | None], dict[int, dict[int, float]]]:
@@ -110,7 +111,9 @@ class AsyncSteps:
             self.enabled
             and bool(running)
             and all(sampled_on_device(seq.params) for seq in (*running, *scheduler.waiting))
-            and sum(seq.num_pending for seq in running) <= scheduler.config.max_num_batched_tokens
+            # every one-token row (a pending token, or a prompt's last) fits the budget: the scheduler
+            # serves them all before any prefill chunk takes what they need
+            and sum(seq.num_uncomputed == 1 for seq in running) <= scheduler.config.max_num_batched_tokens
             and sum(blocks.blocks_needed(seq, seq.num_uncomputed) for seq in running)
             <= blocks.num_free_blocks
         )

@@ -28,9 +28,13 @@ class Emitter:
         self.requests, self.stop_check, self.blocks = requests, stop_check, blocks
 
     def emit(self, produced: list[Produced]) -> list[RequestOutput]:
-        """Append each sequence's tokens until one stops it (the rest are dropped), then report: the failed
-        requests' errors first, then every advanced request's output. Sequences that ended meanwhile (an
-        abort, an earlier failure) take nothing."""
+        """apply(), then report(): the step's outputs."""
+        return self.report(*self.apply(produced))
+
+    def apply(self, produced: list[Produced]) -> tuple[list[str], dict[str, str]]:
+        """Append each sequence's tokens until one stops it (the rest are dropped); returns the advanced
+        requests and the failed ones (id: why). Sequences that ended meanwhile (an abort, an earlier
+        failure) take nothing."""
         advanced, failed = [], {}
         for item in produced:
             seq = item.seq
@@ -46,4 +50,9 @@ class Emitter:
                 if seq.status is Status.FINISHED:
                     break
             advanced.append(seq.request_id)
+        return advanced, failed
+
+    def report(self, advanced: list[str], failed: dict[str, str]) -> list[RequestOutput]:
+        """The failed requests' errors first, then every advanced request's output (a request failed since
+        apply() reported its error instead, its new tokens included)."""
         return self.requests.outputs(advanced, failed)

@@ -32,10 +32,11 @@ class Failures:
         reason = f"the {model}'s forward failed ({type(err).__name__}; the server log has the details)"
         return self.requests.fail(dict.fromkeys((s.request_id for s in seqs), reason))
 
-    def step_failed(self, batch: ScheduledBatch, err: Exception, advance: Advance, *, ahead: bool):
-        """A step's forward failed: its requests fail, or (where rerunning is safe, the step was not
-        launched ahead and it served several requests) the ones whose own forward fails."""
-        if ahead or not self.rerun_safe or len({seq.request_id for seq in batch.seqs}) == 1:
+    def step_failed(self, batch: ScheduledBatch, err: Exception, advance: Advance) -> list[RequestOutput]:
+        """A step's forward failed (no token of its batch is pending: a step in flight was read first):
+        its requests fail, or, where rerunning is safe and it served several requests, only those whose
+        own forward fails."""
+        if not self.rerun_safe or len({seq.request_id for seq in batch.seqs}) == 1:
             return self.forward_failed(batch.seqs, "model", err)
         return self.isolate(batch, err, advance)
 

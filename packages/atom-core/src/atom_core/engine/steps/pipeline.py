@@ -53,7 +53,8 @@ class StepPipeline:
         if not batch.seqs:
             return []
         ahead = overlap is not None and overlap.launches_ahead(batch)
-        if in_flight and not ahead:
+        if in_flight and not ahead:  # continues() admits only batches that launch ahead
+            self.scheduler.settle_snapshots(batch, ran=False)
             raise RuntimeError("async scheduling: a step that continues the one in flight must launch ahead")
         try:
             inputs = prepare_step(batch)
@@ -66,9 +67,20 @@ class StepPipeline:
             result = self.runner.run(inputs, fed)
         except Exception as err:  # one forward serves the whole batch: find whose requests it fails
             self.scheduler.settle_snapshots(batch, ran=False)
-            if overlap is not None:
-                overlap.drop()  # its sequences are this batch's: they fail with it
-            return self.failures.step_failed(batch, err, self.advance, ahead=ahead)
+            # the step in flight ran: its tokens are read first, so the batch's sequences hold no pending
+            # token and the failed one can be rerun in halves as a synchronous step would be
+            if not in_flight:
+                return self.failures.step_failed(batch, err, self.advance)
+            settled = self.emitter.emit(overlap.settle())
+            rows = [i for i, seq in enumerate(batch.seqs) if seq.status is Status.RUNNING]
+            if not rows:  # all of them stopped at the step that was in flight
+                return settled
+            left = ScheduledBatch(
+                [batch.seqs[i] for i in rows],
+                [batch.num_new_tokens[i] for i in rows],
+                [batch.drafts[i] for i in rows],
+            )
+            return settled + self.failures.step_failed(left, err, self.advance)
         self.stats.consecutive_failures = 0
         if ahead:
             outputs = self.emitter.emit(overlap.launch(batch, inputs, result))
@@ -80,14 +92,13 @@ class StepPipeline:
         """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts."""
         if self.drafter is None:
             return self.emitter.emit(sample_step(batch, inputs, result, self.scheduler, self.backend))
-        outputs = self.emitter.emit(
+        advanced, failed = self.emitter.apply(
             verify_step(batch, inputs, result, self.scheduler, self.stats, self.backend)
         )
+        errors = []
         try:
             self.drafter.propose(batch, inputs, result)
-        except Exception as err:  # as a failed target forward: its requests' outputs are the errors
+        except Exception as err:  # as a failed target forward: its requests end with the error
             running = [s for s in batch.seqs if s.status is Status.RUNNING]
             errors = self.failures.forward_failed(running, "draft model", err)
-            failed = {out.request_id for out in errors}
-            outputs = [out for out in outputs if out.request_id not in failed] + errors
-        return outputs
+        return errors + self.emitter.report(advanced, failed)

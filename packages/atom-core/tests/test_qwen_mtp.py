@@ -10,7 +10,7 @@ j, with chunked prefill, prefix hits and preemption).
 
 import pytest
 import torch
-from core_support import language_prompts, mtp, torch_reference_ops
+from core_support import forced, language_prompts, mtp, plain_tokens, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
@@ -29,27 +29,6 @@ def torch_reference_ops_on_the_cpu():
 
 
 COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
-
-
-def plain_tokens(prompts, outs) -> dict[tuple[tuple[int, ...], int], list[int]]:
-    """Each sample's plain output tokens by (prompt, sample index)."""
-    return {(tuple(p), o.index): o.token_ids for p, r in zip(prompts, outs, strict=True) for o in r.outputs}
-
-
-def forced(plain: dict[tuple[tuple[int, ...], int], list[int]], right_for: int | None):
-    """A Drafter.oracle proposing from the plain outputs (plain_tokens): a sequence's draft j, the guess for
-    output position p = len(output_token_ids) + j, is the plain token at p if j < right_for (None: every
-    draft), else that token + 1, a wrong one. A step verifying d such drafts then accepts exactly
-    min(right_for, len(d))."""
-
-    def oracle(seq, j: int, token: int) -> int:
-        want = plain[(tuple(seq.prompt_token_ids), seq.index)]
-        p = len(seq.output_token_ids) + j
-        if p >= len(want):  # never, for requests that ignore EOS: drafts stop at max_tokens
-            return token
-        return want[p] if right_for is None or j < right_for else (want[p] + 1) % VOCAB
-
-    return oracle
 
 
 @pytest.mark.parametrize(
@@ -99,7 +78,7 @@ def test_random_and_forced_drafts_still_equal_plain(tmp_path):
     prompts = language_prompts(VOCAB, [11, 6, 66])
     params = SamplingParams(n=2, temperature=0, max_tokens=16, ignore_eos=True)
     _, want = run(tmp_path, prompts, params, num_kv_blocks=96)
-    for oracle in (None, forced(plain_tokens(prompts, want), 1)):
+    for oracle in (None, forced(plain_tokens(prompts, want), 1, VOCAB)):
         llm = LLM(tmp_path, **COMMON, num_kv_blocks=96, speculative_config=mtp(2))
         llm.engine.drafter.oracle = oracle
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
@@ -148,7 +127,7 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(tmp_path):
     plain_llm.engine.shutdown()
     for k, right_for in ((1, None), (3, 1)):
         llm = LLM(tmp_path, **gpu, speculative_config=mtp(k))
-        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for)
+        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for, VOCAB)
         got = [
             o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         ]

@@ -15,9 +15,11 @@ import pytest
 import torch
 from core_support import (
     deepseek_mtp_checkpoint,
+    forced,
     hf_main_hidden,
     language_prompts,
     mtp,
+    plain_tokens,
     save_word_tokenizer,
     torch_reference_ops,
 )
@@ -58,27 +60,6 @@ def untrained(tmp_path_factory):
     main, reference = deepseek_mtp_checkpoint(path)
     save_word_tokenizer(path, VOCAB)
     return path, main, reference
-
-
-def plain_tokens(prompts, outs) -> dict[tuple[tuple[int, ...], int], list[int]]:
-    """Each sample's plain output tokens by (prompt, sample index)."""
-    return {(tuple(p), o.index): o.token_ids for p, r in zip(prompts, outs, strict=True) for o in r.outputs}
-
-
-def forced(plain: dict[tuple[tuple[int, ...], int], list[int]], right_for: int | None, vocab: int = VOCAB):
-    """A Drafter.oracle proposing from the plain outputs (plain_tokens): a sequence's draft j, the guess for
-    output position p = len(output_token_ids) + j, is the plain token at p if j < right_for (None: every
-    draft), else that token + 1, a wrong one. A step verifying d such drafts then accepts exactly
-    min(right_for, len(d)): with right_for 1, one a step that verifies any (num_verifications)."""
-
-    def oracle(seq, j: int, token: int) -> int:
-        want = plain[(tuple(seq.prompt_token_ids), seq.index)]
-        p = len(seq.output_token_ids) + j
-        if p >= len(want):  # never, for requests that ignore EOS: drafts stop at max_tokens
-            return token
-        return want[p] if right_for is None or j < right_for else (want[p] + 1) % vocab
-
-    return oracle
 
 
 def test_draft_logits_equal_the_reference_written_from_the_published_forward(untrained):
@@ -166,7 +147,7 @@ def test_stop_strings_and_n_under_forced_drafts(untrained):
     assert want[0].outputs[0].finish_reason == "stop"
     for right_for in (None, 0):
         llm = LLM(path, **COMMON, num_kv_blocks=64, speculative_config=mtp(3))
-        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for)
+        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for, VOCAB)
         got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         for w, g in zip(want, got, strict=True):
             assert [(o.token_ids, o.text, o.finish_reason) for o in g.outputs] == [
@@ -261,7 +242,7 @@ def test_sampled_requests_speculate_reproducibly(tmp_path):
     params = SamplingParams(n=64, temperature=1.0, max_tokens=6, ignore_eos=True, seed=3)
     plain = LLM(tmp_path, **COMMON).generate([{"prompt_token_ids": prompt}], params)
     want = [o.token_ids for o in plain[0].outputs]
-    for oracle in (forced(plain_tokens([prompt], plain), 1, vocab=8), None):
+    for oracle in (forced(plain_tokens([prompt], plain), 1, 8), None):
         llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2))
         llm.engine.drafter.oracle = oracle
         out = llm.generate([{"prompt_token_ids": prompt}], params)[0]
@@ -312,7 +293,7 @@ def test_a_seeded_sampled_request_is_the_same_with_and_without_speculation_and_b
         ]
 
     want = alone()
-    oracle = forced({(tuple(p), 0): w for p, w in zip(PROMPTS, want, strict=True)}, 1)
+    oracle = forced({(tuple(p), 0): w for p, w in zip(PROMPTS, want, strict=True)}, 1, VOCAB)
     assert alone(oracle, speculative_config=mtp(3)) == want
     for spec in (None, mtp(3)):
         llm = LLM(path, **COMMON, **TIGHT, speculative_config=spec)
@@ -415,7 +396,7 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
     plain_llm.engine.shutdown()
     for k, right_for in ((1, None), (3, 1)):
         llm = LLM(path, **gpu, speculative_config=mtp(k))
-        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for)
+        llm.engine.drafter.oracle = forced(plain_tokens(prompts, plain), right_for, VOCAB)
         got = [
             o.outputs[0].token_ids for o in llm.generate([{"prompt_token_ids": p} for p in prompts], params)
         ]

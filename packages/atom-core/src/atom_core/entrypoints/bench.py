@@ -8,7 +8,7 @@ import math
 import statistics
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 
@@ -94,7 +94,7 @@ def run_bench(
     gen = torch.Generator().manual_seed(seed)
     vocab = engine.model_config.vocab_size
     params = params or SamplingParams(temperature=0)
-    params = SamplingParams(**{**_fields(params), "max_tokens": output_len, "ignore_eos": True})
+    params = replace(params, max_tokens=output_len, ignore_eos=True)
     engine.add_request(
         {"prompt_token_ids": torch.randint(0, vocab, (input_len,), generator=gen).tolist()},
         SamplingParams(temperature=0, max_tokens=2, ignore_eos=True),
@@ -168,7 +168,3 @@ def run_bench(
         result.acceptance_rate = result.accepted_tokens / max(result.draft_tokens, 1)
         result.mean_accepted_length = 1 + result.accepted_tokens / max(steps, 1)
     return result
-
-
-def _fields(params: SamplingParams) -> dict:
-    return {f: getattr(params, f) for f in params.__dataclass_fields__ if not f.startswith("_")}

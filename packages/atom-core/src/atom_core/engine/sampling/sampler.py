@@ -102,16 +102,17 @@ class LogprobRows:
 def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = None) -> Sampled:
     """logits: [B, V], one row per sequence -> the next token of each (and its logprobs if asked for),
     read on the host. Penalties apply here (from the tokens the host knows); the draw is sample_rows'."""
-    ok = torch.isfinite(logits).all(dim=-1)
+    finite = None  # which rows were finite before penalties (which may take tokens to -inf)
     penalized = [row for row, s in enumerate(seqs) if s.params.penalized]
     if penalized:
-        finite = ok.tolist()
-        penalized = [row for row in penalized if finite[row]]
+        finite = torch.isfinite(logits).all(dim=-1)
+        ok = finite.tolist()
         logits = logits.float().clone()
         for row in penalized:
-            apply_penalties(logits[row], seqs[row])
+            if ok[row]:
+                apply_penalties(logits[row], seqs[row])
     rows = SamplingRows.of(seqs, [len(s.output_token_ids) for s in seqs])
-    drawn, lps = sample_rows(logits, rows, backend=backend, finite=ok if penalized else None)
+    drawn, lps = sample_rows(logits, rows, backend=backend, finite=finite)
     return read_sampled(drawn, lps, rows)
 
 

@@ -1,0 +1,397 @@
+"""Sampled tokens drawn on the device without a sort: keyed_draw_ref's draw (top-k, top-p, min-p,
+temperature, a 64-bit key per row) in a few short launches.
+
+A sort of the whole vocabulary for top-p, and a float64 CDF over it, cost milliseconds a step at 64 rows;
+the rejection draw of keyed_draw_ref needs only sums and one scan of one chunk a round. Each row is cut
+into CHUNK-entry chunks, one program per (row, chunk), so a row is read by many SMs at once:
+
+1. `_chunk_max`: each chunk's largest logit (the row's max is their max);
+2. `_chunk_mass`: each chunk's kept weight above the row's pivot (round 0: all of it);
+3. `_check_draw` (one program a row): from the chunks' masses, the check of the last round's draw (the
+   mass above it against top-p) and, if it is rejected, this round's draw: the chunk where the CDF passes
+   the target, then a scan of that chunk. A rejected draw's masses above it are exactly the next round's
+   candidates' masses, so a round is one `_chunk_mass` and one `_check_draw`.
+
+Round 0, then SPREAD_ROUNDS more rounds, run this way (when any row uses top-p); `_finish` then runs the
+rounds a row still needs in one program, reading the row in chunks (rare: a round rejects with the
+probability of the mass outside the top-p set). Rows that are done mask their loads, so a round costs
+them no reads. Nothing is read back to the host: the launches are the same whatever the draws.
+
+The kernels sum fp32 weights (per chunk, then across chunks in float64); the reference sums in float64,
+so a draw whose uniform falls within rounding of a CDF boundary may differ (keyed_draw_ref's
+fragile_within finds those rows).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from atom_kernels.sampling.keyed_draw_ref import keyed_draw_ref, kth_logits
+from atom_kernels.settings import Backend, resolve_backend
+
+CHUNK = 4096  # vocabulary entries a program reads (32 programs a row for a 128k vocabulary)
+SPREAD_ROUNDS = 3  # top-p rounds after round 0 run over many programs; the rest in _finish
+_LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _splitmix64(x):
+    x = x + 0x9E3779B97F4A7C15
+    x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9
+    x = (x ^ (x >> 27)) * 0x94D049BB133111EB
+    return x ^ (x >> 31)
+
+
+@triton.jit
+def _uniform(key, r):
+    """keyed_draw_ref.uniform_of: round r's uniform (float64) of a row's uint64 key."""
+    mixed = tl.where(r == 0, key, _splitmix64(key + r.to(tl.uint64)))
+    return (mixed >> 11).to(tl.float64) * 1.1102230246251565e-16  # 2^-53
+
+
+@triton.jit
+def _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, pivot):
+    """The candidates' weights at cols: exp((x - peak) / T) where the token is kept and above the pivot,
+    else 0 (and 0 without a read where the row is done)."""
+    x = tl.load(logits_ptr + row * stride + cols, mask=(cols < vocab) & live, other=float("-inf"))
+    x = x.to(tl.float32)
+    e = tl.exp2((x - peak) * scale)
+    keep = (x >= kth) & (e >= min_p) & (e > pivot)
+    return tl.where(keep, e, 0.0)
+
+
+@triton.jit
+def _params(s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C: tl.constexpr):
+    """Row s's logits row, its max (from its chunks' maxima), log2(e) / T, k-th logit and min-p."""
+    row = tl.load(rows_ptr + s).to(tl.int64)
+    c = tl.arange(0, BLOCK_C)
+    peak = tl.max(tl.load(part_max_ptr + s * chunks + c, mask=c < chunks, other=float("-inf")), axis=0)
+    scale = 1.4426950408889634 / tl.load(temp_ptr + s)
+    return row, peak, scale, tl.load(kth_ptr + s), tl.load(min_p_ptr + s)
+
+
+@triton.jit
+def _chunk_max(logits_ptr, rows_ptr, part_max_ptr, vocab, stride, chunks, CHUNK: tl.constexpr):
+    s, chunk = tl.program_id(0), tl.program_id(1)
+    row = tl.load(rows_ptr + s).to(tl.int64)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf"))
+    tl.store(part_max_ptr + s * chunks + chunk, tl.max(x.to(tl.float32), axis=0))
+
+
+@triton.jit
+def _chunk_mass(
+    logits_ptr,
+    rows_ptr,
+    temp_ptr,
+    kth_ptr,
+    min_p_ptr,
+    pivot_ptr,
+    done_ptr,
+    part_max_ptr,
+    part_mass_ptr,
+    vocab,
+    stride,
+    chunks,
+    CHUNK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    s, chunk = tl.program_id(0), tl.program_id(1)
+    row, peak, scale, kth, min_p = _params(
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+    )
+    live = tl.load(done_ptr + s) == 0
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    e = _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, tl.load(pivot_ptr + s))
+    tl.store(part_mass_ptr + s * chunks + chunk, tl.sum(e, axis=0))
+
+
+@triton.jit
+def _check_draw(
+    logits_ptr,
+    rows_ptr,
+    temp_ptr,
+    kth_ptr,
+    min_p_ptr,
+    top_p_ptr,
+    keys_ptr,
+    pivot_ptr,
+    done_ptr,
+    round_ptr,
+    total0_ptr,
+    part_max_ptr,
+    part_mass_ptr,
+    out_ptr,
+    out_rows,
+    vocab,
+    stride,
+    chunks,
+    FIRST: tl.constexpr,
+    CHUNK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    s = tl.program_id(0)
+    row, peak, scale, kth, min_p = _params(
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+    )
+    c = tl.arange(0, BLOCK_C)
+    masses = tl.load(part_mass_ptr + s * chunks + c, mask=c < chunks, other=0.0).to(tl.float64)
+    total = tl.sum(masses, axis=0)
+    top_p = tl.load(top_p_ptr + s)
+    if FIRST:
+        drew = (total > 0) & (total < float("inf"))
+        tl.store(total0_ptr + s, total)
+        # status: 0 stays (the row's logits were not finite: greedy_tokens' check), else drew or not
+        status = tl.load(out_ptr + out_rows + row)
+        tl.store(out_ptr + out_rows + row, tl.where(status == 0, 0, tl.where(drew, 1, -1)))
+        done = tl.where(drew, 0, 1)
+        r = tl.zeros([], dtype=tl.int32)
+    else:
+        done = tl.load(done_ptr + s)
+        accepted = total <= top_p.to(tl.float64) * tl.load(total0_ptr + s)
+        done = tl.where(accepted, 1, done)
+        r = tl.load(round_ptr + s)
+    live = done == 0
+    pivot = tl.load(pivot_ptr + s)
+    target = _uniform(tl.load(keys_ptr + s).to(tl.uint64, bitcast=True), r) * total
+    # the chunk where the CDF passes the target (the last with mass if rounding overshot them all)
+    passed = tl.cumsum(masses, axis=0) > target
+    chunk = tl.min(tl.where(passed & (masses > 0), c, BLOCK_C), axis=0)
+    chunk = tl.where(chunk == BLOCK_C, tl.max(tl.where(masses > 0, c, -1), axis=0), chunk)
+    chunk = tl.maximum(chunk, 0)
+    before = tl.sum(tl.where(c < chunk, masses, 0.0), axis=0)
+    cols = chunk * CHUNK + tl.arange(0, CHUNK)
+    e = _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, pivot)
+    token, weight = _scan_pick(e, cols, (target - before).to(tl.float32))
+    if live:
+        tl.store(out_ptr + row, token.to(tl.int64))
+        tl.store(pivot_ptr + s, weight)
+        tl.store(round_ptr + s, r + 1)
+    # without top-p nothing is checked: the draw stands
+    tl.store(done_ptr + s, tl.where(live & (top_p < 1), 0, 1))
+
+
+@triton.jit
+def _scan_pick(e, cols, target):
+    """The first candidate of e (at cols) whose running sum passes target, else the last candidate
+    (rounding), and its weight."""
+    passed = (tl.cumsum(e, axis=0) > target) & (e > 0)
+    big = 2**31 - 1
+    first = tl.min(tl.where(passed, cols, big), axis=0)
+    last = tl.max(tl.where(e > 0, cols, -1), axis=0)
+    token = tl.where(first == big, last, first)
+    token = tl.maximum(token, 0)
+    return token, tl.sum(tl.where(cols == token, e, 0.0), axis=0)
+
+
+@triton.jit
+def _finish(
+    logits_ptr,
+    rows_ptr,
+    temp_ptr,
+    kth_ptr,
+    min_p_ptr,
+    top_p_ptr,
+    keys_ptr,
+    pivot_ptr,
+    done_ptr,
+    round_ptr,
+    total0_ptr,
+    part_max_ptr,
+    out_ptr,
+    vocab,
+    stride,
+    chunks,
+    CHUNK: tl.constexpr,
+    BLOCK_C: tl.constexpr,
+):
+    """The rounds a row still needs after the spread ones, in one program: check the last draw against
+    the mass above it; if rejected, draw again over the whole row (read in chunks)."""
+    s = tl.program_id(0)
+    row, peak, scale, kth, min_p = _params(
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+    )
+    done = tl.load(done_ptr + s)
+    bound = tl.load(top_p_ptr + s).to(tl.float64) * tl.load(total0_ptr + s)
+    key = tl.load(keys_ptr + s).to(tl.uint64, bitcast=True)
+    r = tl.load(round_ptr + s)
+    pivot = tl.load(pivot_ptr + s)
+    token = tl.load(out_ptr + row).to(tl.int32)
+    offs = tl.arange(0, CHUNK)
+    going = tl.where(done == 0, 1, 0)
+    # each rejected round removes at least its drawn token: vocab rounds bound it whatever rounding does
+    while (going != 0) & (r < vocab + 2):
+        total = tl.zeros([], dtype=tl.float64)
+        for chunk in range(0, chunks):
+            cols = chunk * CHUNK + offs
+            e = _weights(logits_ptr, row, stride, cols, vocab, going != 0, peak, scale, kth, min_p, pivot)
+            total += tl.sum(e, axis=0).to(tl.float64)
+        going = tl.where(total > bound, 1, 0)
+        if going != 0:
+            token, pivot = _draw_row(
+                logits_ptr,
+                row,
+                stride,
+                vocab,
+                chunks,
+                peak,
+                scale,
+                kth,
+                min_p,
+                pivot,
+                _uniform(key, r) * total,
+                CHUNK,
+            )
+            r += 1
+    tl.store(out_ptr + row, token.to(tl.int64))
+
+
+@triton.jit
+def _draw_row(
+    logits_ptr, row, stride, vocab, chunks, peak, scale, kth, min_p, pivot, target, CHUNK: tl.constexpr
+):
+    """The candidate (above pivot) where the row's CDF passes target, read in chunks, and its weight; the
+    last candidate if rounding overshot them all."""
+    offs = tl.arange(0, CHUNK)
+    seen = tl.zeros([], dtype=tl.float64)
+    found = tl.zeros([], dtype=tl.int32) - 1
+    last = tl.zeros([], dtype=tl.int32) - 1
+    weight = tl.zeros([], dtype=tl.float32)
+    last_weight = tl.zeros([], dtype=tl.float32)
+    for chunk in range(0, chunks):
+        cols = chunk * CHUNK + offs
+        e = _weights(logits_ptr, row, stride, cols, vocab, found < 0, peak, scale, kth, min_p, pivot)
+        mass = tl.sum(e, axis=0).to(tl.float64)
+        here = (found < 0) & (seen + mass > target)
+        pick, pick_weight = _scan_pick(e, cols, (target - seen).to(tl.float32))
+        found = tl.where(here, pick, found)
+        weight = tl.where(here, pick_weight, weight)
+        still = (mass > 0) & (found < 0)
+        last_col = tl.max(tl.where(e > 0, cols, -1), axis=0)
+        last = tl.where(still, last_col, last)
+        last_weight = tl.where(still, tl.sum(tl.where(cols == last_col, e, 0.0), axis=0), last_weight)
+        seen += mass
+    return tl.where(found >= 0, found, last), tl.where(found >= 0, weight, last_weight)
+
+
+def keyed_draw(
+    logits: torch.Tensor,
+    rows: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    min_p: torch.Tensor,
+    keys: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    top_k_max: int | None = None,
+    top_p_used: bool = True,
+    backend: Backend | str | None = None,
+) -> torch.Tensor:
+    """Draw logits' rows `rows` as keyed_draw_ref does, into out.
+
+    logits [R, V] (fp32 / fp16 / bf16; last dim contiguous); rows [S] int64: the rows drawn; their
+    temperature (> 0), top_p (in (0, 1]), min_p (in [0, 1]) [S] float32, top_k [S] int64 (<= 0: all) and
+    keys [S] int64. out [2, R] int64 as greedy_tokens returns it (token; 1 where the row is finite, else
+    0): for each drawn row, out[0, row] becomes the drawn token and out[1, row] 1 if the row had anything
+    to draw, -1 if not, 0 kept where its logits were not finite. top_k_max: the largest top_k of the rows
+    below V, 0 when no row uses top-k (known on the host; None reads it from top_k, a device sync);
+    top_p_used: whether any row's top_p is below 1 (False skips the top-p rounds). Returns out. No host
+    sync when top_k_max is given."""
+    if logits.dim() != 2 or out.shape != (2, logits.shape[0]) or not out.is_contiguous():
+        raise ValueError(f"keyed_draw expects logits [R, V] and out [2, R], got {logits.shape}, {out.shape}")
+    count, vocab = rows.shape[0], logits.shape[1]
+    if count == 0:
+        return out
+    kth = (
+        kth_logits(logits[rows], top_k, top_k_max)
+        if top_k_max != 0
+        else torch.full((count,), float("-inf"), dtype=torch.float32, device=logits.device)
+    )
+    chosen = resolve_backend(backend, logits.device)
+    use_kernel = (
+        chosen is not Backend.TORCH
+        and (logits.is_cuda or backend is not None)
+        and logits.stride(-1) == 1
+        and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
+    )
+    if not use_kernel:
+        tokens, drew = keyed_draw_ref(logits[rows], temperature, top_k, top_p, min_p, keys)
+        out[0, rows] = tokens
+        out[1, rows] = torch.where(out[1, rows] == 0, 0, torch.where(drew, 1, -1))
+        return out
+    device = logits.device
+    chunks = triton.cdiv(vocab, CHUNK)
+    block_c = triton.next_power_of_2(chunks)
+    part_max = torch.empty(count * chunks, dtype=torch.float32, device=device)
+    part_mass = torch.empty(count * chunks, dtype=torch.float32, device=device)
+    pivot = torch.zeros(count, dtype=torch.float32, device=device)
+    done = torch.zeros(count, dtype=torch.int32, device=device)
+    round_ = torch.zeros(count, dtype=torch.int32, device=device)
+    total0 = torch.empty(count, dtype=torch.float64, device=device)
+    temperature, top_p, min_p = (t.to(torch.float32) for t in (temperature, top_p, min_p))
+    rows, keys = rows.to(torch.int64), keys.to(torch.int64)
+    stride = logits.stride(0)
+    _chunk_max[(count, chunks)](logits, rows, part_max, vocab, stride, chunks, CHUNK=CHUNK, num_warps=8)
+    mass_args = (
+        logits,
+        rows,
+        temperature,
+        kth,
+        min_p,
+        pivot,
+        done,
+        part_max,
+        part_mass,
+        vocab,
+        stride,
+        chunks,
+    )
+    draw_args = (
+        logits,
+        rows,
+        temperature,
+        kth,
+        min_p,
+        top_p,
+        keys,
+        pivot,
+        done,
+        round_,
+        total0,
+        part_max,
+        part_mass,
+        out,
+        out.stride(0),
+        vocab,
+        stride,
+        chunks,
+    )
+    for r in range(1 + (SPREAD_ROUNDS if top_p_used else 0)):
+        _chunk_mass[(count, chunks)](*mass_args, CHUNK=CHUNK, BLOCK_C=block_c, num_warps=8)
+        _check_draw[(count,)](*draw_args, FIRST=r == 0, CHUNK=CHUNK, BLOCK_C=block_c, num_warps=8)
+    if top_p_used:
+        _finish[(count,)](
+            logits,
+            rows,
+            temperature,
+            kth,
+            min_p,
+            top_p,
+            keys,
+            pivot,
+            done,
+            round_,
+            total0,
+            part_max,
+            out,
+            vocab,
+            stride,
+            chunks,
+            CHUNK=CHUNK,
+            BLOCK_C=block_c,
+            num_warps=8,
+        )
+    return out

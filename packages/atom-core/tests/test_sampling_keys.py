@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.sampling.sampler import LOGPROB_FLOOR, draw_token, draw_uniform, sample, sample_token
+from atom_core.engine.sampling.sampler import LOGPROB_FLOOR, draw_key, sample, sample_token
 from atom_core.engine.scheduling.sequence import Sequence
 from atom_core.engine.speculation.verify import verify
 
@@ -18,11 +18,11 @@ SAMPLED = SamplingParams(temperature=0.8, top_p=0.95, seed=7)
 def test_a_draw_depends_on_seed_index_and_position_alone():
     a, b = Sequence("a", 0, [1, 2, 3], SAMPLED), Sequence("b", 0, [9], SAMPLED)
     b.append(4, None)  # another request, another history: the same key draws the same uniform
-    assert [draw_uniform(a, i) for i in range(5)] == [draw_uniform(b, i) for i in range(5)]
-    draws = {draw_uniform(Sequence("r", n, [1], SAMPLED), i) for n in range(4) for i in range(50)}
-    assert len(draws) == 200 and all(0 <= u < 1 for u in draws)
+    assert [draw_key(a, i) for i in range(5)] == [draw_key(b, i) for i in range(5)]
+    draws = {draw_key(Sequence("r", n, [1], SAMPLED), i) for n in range(4) for i in range(50)}
+    assert len(draws) == 200 and all(0 <= k < 2**64 for k in draws)
     other = Sequence("r", 0, [1], SamplingParams(temperature=0.8, seed=8))
-    assert draw_uniform(other, 0) != draw_uniform(a, 0)
+    assert draw_key(other, 0) != draw_key(a, 0)
 
 
 def test_unseeded_sequences_draw_their_own_seed_from_torchs_generator():
@@ -34,15 +34,21 @@ def test_unseeded_sequences_draw_their_own_seed_from_torchs_generator():
     assert len(set(first)) == 3 and all(0 <= s < 2**64 for s in first)
 
 
-def test_the_inverse_cdf_never_draws_a_token_of_probability_zero():
-    probs = torch.tensor([0.0, 0.25, 0.0, 0.75, 0.0])
-    assert draw_token(probs, 0.0) == 1 and draw_token(probs, 0.2499) == 1 and draw_token(probs, 0.25) == 3
-    assert draw_token(probs, 1 - 2**-53) == 3
-    assert draw_token(torch.tensor([0.0, 1e-30, 0.0]), 0.999) == 1  # any positive total
-    with pytest.raises(RuntimeError, match="sampling failed"):
-        draw_token(torch.zeros(4), 0.5)
-    with pytest.raises(RuntimeError, match="sampling failed"):
-        draw_token(torch.tensor([0.5, float("nan")]), 0.5)
+def test_a_token_of_probability_zero_is_never_drawn_and_a_nan_row_fails_alone():
+    logits = torch.full((40,), -1e30)  # finite, with weight 0 at any temperature
+    logits[[3, 17]] = torch.tensor([0.0, 2.0])
+    for position in range(40):
+        for params in (
+            SAMPLED,
+            SamplingParams(temperature=1.0, seed=2),
+            SamplingParams(temperature=5.0, top_k=30),
+        ):
+            assert sample_token(logits, Sequence("r", 0, [1], params), position) in (3, 17)
+    bad = logits.clone()
+    bad[5] = float("nan")
+    seqs = [Sequence("r", i, [1], SAMPLED) for i in range(2)]
+    got = sample(torch.stack([bad, logits]), seqs)
+    assert got.tokens[0] is None and "non-finite" in got.errors[0] and got.tokens[1] in (3, 17)
 
 
 def test_verify_emits_the_tokens_plain_sampling_draws_whatever_the_drafts():

@@ -3,15 +3,16 @@ logprobs. A row whose logits are not finite, or whose sampling fails, fails alon
 batch are sampled as usual.
 
 Keyed randomness: the token a sampled sequence emits at output position i is drawn from its distribution
-with one uniform that is a function of (the sequence's seed, its sample index, i) alone (draw_uniform).
+with a 64-bit key that is a function of (the sequence's seed, its sample index, i) alone (draw_key).
 Nothing else (the batch, the steps before, how many speculative drafts were verified or dropped for lack
 of KV blocks, preemption) moves a seeded request's text: a request with the same seed gives the same
 tokens wherever it runs, with and without speculation (speculative.py draws the same way). Unseeded
 requests get a random seed when their sequence is made: one code path.
 
-The uniform is the top 53 bits of a splitmix64 mix of the key, and the token is read off the inverse CDF.
-It is not a torch.Generator seeded with the key: the CPU generator keeps only its seed's low 32 bits
-(mt19937), so keys would collide within a long request and across requests.
+The draw is atom-kernels' keyed_draw (keyed_draw_ref says what it draws): its uniforms are the key's top
+53 bits, then mixes of it, and top-p is a rejection draw, so no row is sorted. It is not a torch.Generator
+seeded with the key: the CPU generator keeps only its seed's low 32 bits (mt19937), so keys would collide
+within a long request and across requests.
 """
 
 from __future__ import annotations
@@ -22,8 +23,9 @@ import torch
 
 from atom_core.engine.sampling.penalties import apply_penalties
 from atom_core.engine.scheduling.sequence import Sequence
-from atom_core.host_copy import to_device
-from atom_kernels.sampling import greedy_tokens
+from atom_core.host_copy import host_to_device, to_device
+from atom_kernels.sampling import greedy_tokens, keyed_draw
+from atom_kernels.sampling.keyed_draw_ref import as_signed, splitmix64
 
 
 @dataclass(slots=True)
@@ -36,14 +38,14 @@ class Sampled:
 @dataclass(slots=True)
 class SamplingRows:
     """How each row of a batch's logits is sampled, as plain lists (a tensor-parallel message carries
-    them): the row's temperature (0: greedy), top-k (-1: all), top-p, min-p, its keyed uniform
-    (draw_uniform; unused by greedy rows) and how many top logprobs it returns (-1: none)."""
+    them): the row's temperature (0: greedy), top-k (-1: all), top-p, min-p, its draw's 64-bit key
+    (draw_key; unused by greedy rows) and how many top logprobs it returns (-1: none)."""
 
     temperatures: list[float]
     top_ks: list[int]
     top_ps: list[float]
     min_ps: list[float]
-    uniforms: list[float]
+    keys: list[int]
     logprobs: list[int]
 
     @classmethod
@@ -56,7 +58,7 @@ class SamplingRows:
             rows.top_ks.append(p.top_k)
             rows.top_ps.append(p.top_p)
             rows.min_ps.append(p.min_p)
-            rows.uniforms.append(0.0 if p.greedy else draw_uniform(seq, position))
+            rows.keys.append(0 if p.greedy else draw_key(seq, position))
             rows.logprobs.append(-1 if p.logprobs is None else p.logprobs)
         return rows
 
@@ -137,39 +139,43 @@ def sample_rows(
     the rows that asked. logits [R, V]; finite [R] bool: which rows' logits were finite before penalties
     (computed here when None).
 
-    Plain greedy rows take one batched argmax with the rows' finiteness (atom-kernels' greedy_tokens: one
-    launch on a GPU). Sampled rows draw from probabilities() with their keyed uniforms (draw_rows)."""
-    if finite is None and rows.plain_greedy:
-        return greedy_tokens(logits, backend=backend), None
-    if finite is None:
-        finite = torch.isfinite(logits).all(dim=-1)
-    x = logits.float()
-    tokens = x.argmax(dim=-1)
-    status = finite.long()
+    Every row's argmax and finiteness come from one batched launch (atom-kernels' greedy_tokens); sampled
+    rows are then drawn in place with their keys (keyed_draw), their parameters in one copy."""
+    out = greedy_tokens(logits, backend=backend)
+    if finite is not None:
+        out[1] = finite.long()
+    if rows.plain_greedy:
+        return out, None
     sampled = [row for row, t in enumerate(rows.temperatures) if t > 0]
     if sampled:
-        device, vocab = x.device, x.shape[1]
-        at = to_device(sampled, torch.long, device)
-        # each sampled row's parameters in one copy: temperature, top-k, top-p, min-p, uniform
-        fields = (rows.temperatures, rows.top_ks, rows.top_ps, rows.min_ps, rows.uniforms)
-        p = to_device([[f[r] for r in sampled] for f in fields], torch.float64, device)
-        probs = probabilities(
-            x[at],
-            p[0].float(),
-            p[1].long(),
-            p[2].float(),
-            p[3].float(),
-            # which filters any row uses, known on the host (a device tensor's truth would wait for it)
-            top_k_used=any(0 < rows.top_ks[r] < vocab for r in sampled),
-            top_p_used=any(rows.top_ps[r] < 1 for r in sampled),
-            min_p_used=any(rows.min_ps[r] > 0 for r in sampled),
+        vocab = logits.shape[1]
+        # each sampled row's parameters in one copy: its logits row, top-k and key, then the floats' bits
+        ints = torch.tensor(
+            [sampled, [rows.top_ks[r] for r in sampled], [as_signed(rows.keys[r]) for r in sampled]]
         )
-        drawn, drew = draw_rows(probs, p[4])
-        tokens[at] = drawn
-        status[at] = torch.where(finite[at], torch.where(drew, 1, -1), 0)
+        floats = torch.tensor(
+            [[f[r] for r in sampled] for f in (rows.temperatures, rows.top_ps, rows.min_ps)],
+            dtype=torch.float64,
+        )
+        p = host_to_device(torch.cat([ints, floats.view(torch.int64)]), logits.device)
+        temperature, top_p, min_p = p[3:].view(torch.float64).float()
+        keyed_draw(
+            logits,
+            p[0],
+            temperature,
+            p[1],
+            top_p,
+            min_p,
+            p[2],
+            out,
+            # which filters any row uses, known on the host (a device tensor's truth would wait for it)
+            top_k_max=max((k for k in (rows.top_ks[r] for r in sampled) if 0 < k < vocab), default=0),
+            top_p_used=any(rows.top_ps[r] < 1 for r in sampled),
+            backend=backend,
+        )
     wanted = [row for row, k in enumerate(rows.logprobs) if k >= 0]
-    lps = _logprobs(x, tokens, wanted, max(rows.logprobs[r] for r in wanted)) if wanted else None
-    return torch.stack([tokens, status]), lps
+    lps = _logprobs(logits.float(), out[0], wanted, max(rows.logprobs[r] for r in wanted)) if wanted else None
+    return out, lps
 
 
 def _logprobs(x: torch.Tensor, tokens: torch.Tensor, rows: list[int], k: int) -> LogprobRows:
@@ -208,77 +214,7 @@ def sample_token(x: torch.Tensor, seq: Sequence, position: int) -> int:
     return token
 
 
-def draw_uniform(seq: Sequence, position: int) -> float:
-    """A uniform in [0, 1) that depends on (seq's seed, its sample index, position) and nothing else."""
-    key = _splitmix64(_splitmix64(_splitmix64(seq.sample_seed) ^ seq.index) ^ position)
-    return (key >> 11) * 2.0**-53  # its top 53 bits: every double in [0, 1) a multiple of 2^-53
-
-
-def draw_token(probs: torch.Tensor, u: float) -> int:
-    """The token of probs [V] (>= 0, any positive total) at uniform u (draw_rows, for one row)."""
-    token, drew = draw_rows(probs[None], torch.tensor([u], dtype=torch.float64, device=probs.device))
-    if not bool(drew[0]):
-        raise RuntimeError(SAMPLING_FAILED)
-    return int(token[0])
-
-
-def draw_rows(probs: torch.Tensor, u: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each row's token of probs [R, V] (>= 0, any positive total) at its uniform u [R] (float64) by the
-    inverse CDF: the first whose cumulative probability passes u of the total, so a token of probability 0
-    is never drawn. Returns the tokens [R] and whether each row had something to draw [R] bool."""
-    cdf = probs.double().cumsum(-1)  # float64: the sum of fp32 probabilities is exact enough
-    total = cdf[:, -1]
-    drew = torch.isfinite(total) & (total > 0)
-    token = torch.searchsorted(cdf, (u * total)[:, None], right=True)[:, 0]
-    # u * total rounded up to the total: the last token that can be drawn
-    last = probs.shape[1] - 1 - (probs.flip(-1) > 0).int().argmax(dim=-1)
-    return torch.where(token >= probs.shape[1], last, token), drew
-
-
-_U64 = 2**64 - 1
-
-
-def _splitmix64(x: int) -> int:
-    """splitmix64's output function (Steele et al.): a bijection of 64-bit ints whose every output bit
-    depends on every input bit, so nearby keys (positions i and i + 1) give unrelated uniforms."""
-    x = (x + 0x9E3779B97F4A7C15) & _U64
-    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _U64
-    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _U64
-    return x ^ (x >> 31)
-
-
-def probabilities(
-    x: torch.Tensor,
-    temperature: torch.Tensor,
-    top_k: torch.Tensor,
-    top_p: torch.Tensor,
-    min_p: torch.Tensor,
-    *,
-    top_k_used: bool = True,
-    top_p_used: bool = True,
-    min_p_used: bool = True,
-) -> torch.Tensor:
-    """The distributions sampled rows draw from: logits x [S, V] with each row's temperature, top-k (-1:
-    all), top-p and min-p [S] applied; each row sums to 1. *_used: whether any row uses that filter (False
-    skips it; a row that does not use it is unchanged by it either way)."""
-    x = (
-        x.float() - x.max(dim=-1, keepdim=True).values
-    )  # the largest logit is 0: no overflow at any temperature
-    # -inf (a penalized or masked token) stays -inf: a temperature past fp32's range is inf in fp32, and
-    # -inf / inf would be NaN
-    x = torch.where(x == float("-inf"), x, x / temperature[:, None])
-    vocab = x.shape[1]
-    if top_k_used:
-        k = torch.where((top_k > 0) & (top_k < vocab), top_k, vocab)
-        kth = x.sort(dim=-1, descending=True).values.gather(1, (k - 1)[:, None])
-        x = x.masked_fill(x < kth, float("-inf"))
-    probs = torch.softmax(x, dim=-1)
-    if min_p_used:
-        probs = probs.masked_fill(probs < min_p[:, None] * probs.max(dim=-1, keepdim=True).values, 0)
-    if top_p_used:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # keep the smallest set reaching top_p (rows with top_p 1 keep everything)
-        bound = torch.where(top_p < 1, top_p, float("inf"))[:, None]
-        outside = sorted_probs.cumsum(-1) - sorted_probs > bound
-        probs = probs.scatter(1, order, sorted_probs.masked_fill(outside, 0))
-    return probs / probs.sum(dim=-1, keepdim=True)
+def draw_key(seq: Sequence, position: int) -> int:
+    """The 64-bit key of seq's draw at output position `position`: a function of (seq's seed, its sample
+    index, position) and nothing else. Its top 53 bits are the draw's first uniform (keyed_draw_ref)."""
+    return splitmix64(splitmix64(splitmix64(seq.sample_seed) ^ seq.index) ^ position)

@@ -47,7 +47,7 @@ class Sequence:
     finish_reason: str | None = None
     text: str = ""
     arrival: int = field(default_factory=lambda: next(_ids))
-    # with its index and an output position, keys the draw of each sampled token (sampler.draw_uniform)
+    # with its index and an output position, keys the draw of each sampled token (sampler.draw_key)
     sample_seed: int = field(init=False)
     detokenizer: object | None = None  # the engine's IncrementalDetokenizer, when it has a tokenizer
     stop_scan: object | None = None  # its StopScan over text (engine/text/stop_strings.py), when it has stops

@@ -241,6 +241,43 @@ def test_forced_drafts_under_tensor_parallelism(deepseek, deepseek_plain):
         engine.shutdown()
 
 
+def proposals(path, prompts, params, from_host: bool, **engine) -> list:
+    """Every proposal the drafter made, step by step: (request, sample, drafts) of each sequence it ran
+    for. from_host: chained through the identity oracle (each chained forward fed from the host after a
+    read) instead of on the device."""
+    llm = LLM(path, **COMMON, speculative_config=mtp(3), **engine)
+    try:
+        drafter, log = llm.engine.drafter, []
+        if from_host:
+            drafter.oracle = lambda seq, j, token: token
+        propose = drafter.propose
+
+        def recording(batch, inputs, result):
+            propose(batch, inputs, result)
+            log.append([(s.request_id, s.index, list(s.draft_token_ids)) for s in batch.seqs])
+
+        drafter.propose = recording
+        llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    finally:
+        llm.shutdown()
+    return log
+
+
+@pytest.mark.parametrize(
+    "engine",
+    [ROOMY, DS_TIGHT, dict(tensor_parallel_size=2, device="cpu", **ROOMY)],
+    ids=["roomy", "preemption-dropped-drafts-chunks", "tensor-parallel"],
+)
+def test_drafts_chained_on_the_device_are_the_ones_chained_from_the_host(deepseek, engine):
+    """Chained draft forwards feed on the previous one's argmax on the device; the identity oracle
+    reads each and feeds it from the host: the same proposals, step by step, whatever the cache does."""
+    n = 4 if "tensor_parallel_size" in engine else len(DS_PROMPTS)
+    device = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], False, **engine)
+    host = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], True, **engine)
+    assert device == host
+    assert any(len(drafts) == 3 for step in device for *_, drafts in step)  # chains ran to their end
+
+
 # Qwen3-Next (Gated DeltaNet state layers) --------------------------------------------------------------
 
 # longer than the 64-token DeltaNet chunk, short, one of two tokens; the last shares 16 tokens with the

@@ -178,14 +178,20 @@ class ModelRunner:
     @torch.inference_mode()
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
         """One forward of the draft over its own caches (same block tables as the target's), reading
-        source's hidden states at inputs.hidden_rows."""
+        source's hidden states at inputs.hidden_rows and, at inputs.fed_rows, source's proposals."""
         hidden_in = source.hidden[to_device(inputs.hidden_rows, torch.long, self.device)]
+        fed = source.tokens if inputs.fed_rows else None
+        if inputs.fed_rows and not isinstance(source, DraftResult):
+            raise RuntimeError("a draft forward feeds on the proposals of the draft forward before it")
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:
-            logits = graphs.run(inputs, hidden_in)
-            return DraftResult(logits, graphs.hidden)
+            logits = graphs.run(inputs, hidden_in, sampled=fed)
+            return DraftResult(logits, graphs.hidden, logits.argmax(dim=-1))
         ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
+        if fed is not None:
+            feed_sampled(ids, inputs.fed_rows, inputs.fed_from, fed)
         with bind_forward_context(ForwardContext({PAGED: self._paged_metadata(inputs)}, self.draft_caches)):
             hidden = self.draft(ids, pos, hidden_in)
         hidden = hidden[to_device(inputs.logit_rows, torch.long, self.device)]
-        return DraftResult(self.draft.compute_logits(hidden), hidden)
+        logits = self.draft.compute_logits(hidden)
+        return DraftResult(logits, hidden, logits.argmax(dim=-1))

@@ -35,11 +35,13 @@ class StepResult:
 
 @dataclass(slots=True)
 class DraftResult:
-    """One draft forward's results: logits [len(logit_rows), V] and the draft's hidden states at those
-    rows [len(logit_rows), H] (a chained draft forward reads them)."""
+    """One draft forward's results: logits [len(logit_rows), V], the draft's hidden states at those rows
+    [len(logit_rows), H] (a chained draft forward reads them) and each row's argmax [len(logit_rows)]
+    int64 (its proposal, which a chained forward's fed rows take on the device)."""
 
     logits: torch.Tensor
     hidden: torch.Tensor
+    tokens: torch.Tensor
 
 
 class Runner(Protocol):
@@ -52,7 +54,8 @@ class Runner(Protocol):
         ...
 
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
-        """One speculative draft forward reading source's hidden states at inputs.hidden_rows."""
+        """One speculative draft forward reading source's hidden states at inputs.hidden_rows (and, for
+        inputs.fed_rows, source's tokens)."""
         ...
 
     def shutdown(self) -> None: ...

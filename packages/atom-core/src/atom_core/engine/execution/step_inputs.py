@@ -52,6 +52,10 @@ class DraftInputs:
     hidden_rows: list[int]
     source: str  # "target" or "draft"
     logit_rows: list[int]
+    # chained drafting on the device: rows fed_rows take the source draft forward's argmax at its logits
+    # rows fed_from (their ids here are placeholders)
+    fed_rows: list[int] = field(default_factory=list)
+    fed_from: list[int] = field(default_factory=list)
 
 
 def prepare_step(batch: ScheduledBatch) -> StepInputs:

@@ -12,9 +12,16 @@ A sequence that reached its last known token then proposes: the catch-up's last 
 token j + 1 comes from the draft applied to its own token j and hidden state, one row per sequence. The
 KV blocks of those chained rows come from the scheduler, as every other block does.
 
-A proposal is the draft's argmax, unless an oracle is given: oracle(seq, j, token) -> the token proposed
-as seq's draft j (0-based) where the draft's own guess was `token`. Tests force proposals with it (always
-right, always wrong, right for the first j) to check acceptance and rollback exactly.
+A proposal is the draft's argmax. Each chained forward takes the proposals of the one before it on the
+device (DraftInputs.fed_rows) and the host reads every proposal once, after the last chained forward was
+launched: the chain's shape (who drafts how many tokens, and their blocks) is known on the host without
+the tokens, so a step of k drafts waits for the device once, not k times.
+
+An oracle, when given, chooses the proposals instead: oracle(seq, j, token) -> the token proposed as
+seq's draft j (0-based) where the draft's own guess was `token`. Its choice is fed from the host, so each
+chained forward waits for the read of the one before it. Tests force proposals with it (always right,
+always wrong, right for the first j) to check acceptance and rollback exactly; the identity oracle
+proposes what the device-fed chain proposes.
 """
 
 from __future__ import annotations
@@ -88,29 +95,63 @@ class Drafter:
         if not proposing:
             return
         rows = picks if uniform else list(range(len(picks)))  # where each proposer's row is in the logits
-        logits = drafted.logits
-        tokens = logits[torch.tensor(rows, dtype=torch.long, device=logits.device)].argmax(dim=-1).tolist()
-        for (seq, _), token in zip(proposing, tokens, strict=True):
-            seq.draft_token_ids.append(self._choose(seq, token))
+        if self.oracle is None:
+            self._chain_on_device(proposing, rows, drafted)
+        else:
+            self._chain_from_host(proposing, rows, drafted)
+
+    def _chained(self, proposing: list[tuple[Sequence, int]], rows: list[int], j: int, last: list[int]):
+        """Chained forward j's inputs (one row per sequence still drafting, each fed its draft j - 1: from
+        last, or placeholders where last is None), and those sequences with their rows in its logits."""
+        chain = DraftInputs([], [], [], [], [], [], "draft", [])
+        going = []
+        for row, (seq, k), token in zip(rows, proposing, last, strict=True):
+            position = seq.num_computed_tokens + j - 1  # its token j's draft row
+            if k <= j or not self.scheduler.grant_draft_rows(seq, j):
+                continue
+            chain.ids.append(token)
+            chain.positions.append(position)
+            chain.hidden_rows.append(row)
+            chain.query_lens.append(1)
+            chain.seq_lens.append(position + 1)
+            chain.block_tables.append(list(seq.block_table))
+            chain.logit_rows.append(len(going))
+            chain.fed_rows.append(len(going))
+            chain.fed_from.append(row)
+            going.append((seq, k))
+        return chain, going
+
+    def _chain_on_device(self, proposing, rows: list[int], drafted) -> None:
+        """Every chained forward fed on the device; all proposals read in one copy at the end."""
+        found = [drafted.tokens[torch.tensor(rows, dtype=torch.long, device=drafted.tokens.device)]]
+        drafting = [proposing]
         for j in range(1, self.k):
-            chain = DraftInputs([], [], [], [], [], [], "draft", [])
-            going = []
-            for row, (seq, k) in zip(rows, proposing, strict=True):
-                position = seq.num_computed_tokens + j - 1  # its token j's draft row
-                if k <= j or not self.scheduler.grant_draft_rows(seq, j):
-                    continue
-                chain.ids.append(seq.draft_token_ids[-1])
-                chain.positions.append(position)
-                chain.hidden_rows.append(row)
-                chain.query_lens.append(1)
-                chain.seq_lens.append(position + 1)
-                chain.block_tables.append(list(seq.block_table))
-                chain.logit_rows.append(len(going))
-                going.append((seq, k))
+            chain, going = self._chained(proposing, rows, j, [0] * len(proposing))
+            if not going:
+                break
+            drafted = self.runner.run_draft(chain, drafted)
+            found.append(drafted.tokens)
+            drafting.append(going)
+            proposing, rows = going, list(range(len(going)))
+        tokens = iter(torch.cat(found).tolist())
+        for going in drafting:
+            for seq, _ in going:
+                seq.draft_token_ids.append(next(tokens))
+
+    def _chain_from_host(self, proposing, rows: list[int], drafted) -> None:
+        """The oracle's proposals, each chained forward fed from the host after reading the one before."""
+        tokens = drafted.tokens[torch.tensor(rows, dtype=torch.long, device=drafted.tokens.device)].tolist()
+        for j in range(self.k):
+            for (seq, _), token in zip(proposing, tokens, strict=True):
+                seq.draft_token_ids.append(self._choose(seq, token))
+            if j + 1 == self.k:
+                return
+            chain, going = self._chained(
+                proposing, rows, j + 1, [s.draft_token_ids[-1] for s, _ in proposing]
+            )
             if not going:
                 return
+            chain.fed_rows, chain.fed_from = [], []
             drafted = self.runner.run_draft(chain, drafted)
-            tokens = drafted.logits.argmax(dim=-1).tolist()
-            for (seq, _), token in zip(going, tokens, strict=True):
-                seq.draft_token_ids.append(self._choose(seq, token))
+            tokens = drafted.tokens.tolist()
             proposing, rows = going, list(range(len(going)))

@@ -4,7 +4,7 @@ positions that drafted them (the engine proposes, verifies and rolls back; llm_e
 The draft proposes greedily (its argmax). Greedy requests accept the longest prefix of drafts equal to the
 target's argmax and add the target's own token after it. Sampled requests do the same with the token the
 target samples at each position: at the position of draft d, x is drawn from the target's (temperature,
-top-k, top-p, min-p) distribution p with that position's keyed uniform (sampler.draw_uniform); d is kept
+top-k, top-p, min-p) distribution p with that position's key (sampler.draw_key); d is kept
 iff x == d, else x is emitted and the step stops; after every draft was kept, the bonus token is drawn at
 the next position the same way.
 
@@ -34,7 +34,6 @@ from atom_core.engine.sampling.sampler import (
     token_logprobs,
 )
 from atom_core.engine.scheduling.sequence import Sequence
-from atom_kernels.sampling import greedy_tokens
 
 
 @dataclass(slots=True)
@@ -58,73 +57,70 @@ def verify(
     logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], *, backend: str | None = None
 ) -> Verified:
     """logits [R, V]: for each sequence in order, len(drafts[i]) + 1 rows (its last known token, then each
-    draft). Sequences without drafts are sampled together as without speculation (penalized requests are
-    never drafted for: their penalties would depend on the drafts). backend: the engine's kernel backend,
-    for the rows' argmax and finiteness (greedy_tokens)."""
+    draft). Row j of a sequence is its token at output position len(output_token_ids) + j: every row of
+    every sequence is drawn in one batch (sampler.sample_rows: greedy rows their argmax) and read once.
+    Penalized requests (never drafted for: their penalties would depend on the drafts) are sampled apart,
+    their penalties applied on the host. backend: the engine's kernel backend."""
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)
-    plain_rows = [i for i, d in enumerate(drafts) if not d]
-    plain = (
-        sample(logits[[starts[i] for i in plain_rows]], [seqs[i] for i in plain_rows], backend=backend)
-        if plain_rows
+    rows_of = [range(starts[i], starts[i + 1]) for i in range(len(seqs))]
+    penalized = [i for i, s in enumerate(seqs) if s.params.penalized]
+    apart = (
+        sample(logits[[starts[i] for i in penalized]], [seqs[i] for i in penalized], backend=backend)
+        if penalized
         else None
     )
-    plain_of = {i: j for j, i in enumerate(plain_rows)}
-    argmax, finite = greedy_tokens(logits, backend=backend).tolist()
-    rows_of = [range(starts[i], starts[i + 1]) for i in range(len(seqs))]
-    # every sampled sequence's rows drawn in one batch (one read of the device)
-    drawing = [i for i, (s, d) in enumerate(zip(seqs, drafts, strict=True)) if d and not s.params.greedy]
-    drawing = [i for i in drawing if all(finite[r] for r in rows_of[i])]
-    drawn = _draw(logits, {i: (seqs[i], rows_of[i]) for i in drawing})
+    apart_of = {i: j for j, i in enumerate(penalized)}
+    drawn = [i for i in range(len(seqs)) if i not in apart_of]
+    flat = [r for i in drawn for r in rows_of[i]]
+    tokens, status = [0] * len(logits), [0] * len(logits)
+    if flat:
+        rows = SamplingRows.of(
+            [seqs[i] for i in drawn for _ in rows_of[i]],
+            [len(seqs[i].output_token_ids) + j for i in drawn for j in range(len(rows_of[i]))],
+        )
+        rows.logprobs = [-1] * len(flat)  # read below, for the tokens emitted only
+        picked = logits if len(flat) == len(logits) else logits[flat]
+        found, got = sample_rows(picked, rows, backend=backend)[0].tolist()
+        for r, t, st in zip(flat, found, got, strict=True):
+            tokens[r], status[r] = t, st
     out = Verified()
     wanted = []  # (sequence index, first row) of those that return logprobs: read in one batch
     for i, (seq, draft) in enumerate(zip(seqs, drafts, strict=True)):
-        rows = slice(starts[i], starts[i + 1])
-        if not draft:
-            j = plain_of[i]
-            token, lp = plain.tokens[j], plain.logprobs[j]
-            out.add([] if token is None else [token], None if lp is None else [lp], plain.errors[j])
+        rows = rows_of[i]
+        if i in apart_of:
+            j = apart_of[i]
+            token, lp = apart.tokens[j], apart.logprobs[j]
+            out.add([] if token is None else [token], None if lp is None else [lp], apart.errors[j])
             continue
-        if not all(finite[rows]):
+        if any(status[r] == 0 for r in rows):
             out.add([], None, NON_FINITE)
             continue
-        if seq.params.greedy:
-            tokens = _accept(argmax[rows].__getitem__, draft)
-        else:
-            try:
-                tokens = _accept_sampled(logits[rows], draft, seq, drawn[i])
-            except RuntimeError:  # a distribution with nothing to draw (sampler.draw_rows)
-                out.add([], None, SAMPLING_FAILED)
-                continue
-        out.add(tokens, None)
+        try:
+            if not draft:
+                if status[rows[0]] != 1:
+                    raise RuntimeError(SAMPLING_FAILED)
+                emitted = [tokens[rows[0]]]
+            elif seq.params.greedy:
+                emitted = _accept(tokens[rows.start : rows.stop].__getitem__, draft)
+            else:
+                drawn_here = (tokens[rows.start : rows.stop], status[rows.start : rows.stop])
+                emitted = _accept_sampled(logits[rows.start : rows.stop], draft, seq, drawn_here)
+        except RuntimeError:  # a distribution with nothing to draw (sampler.sample_rows' status -1)
+            out.add([], None, SAMPLING_FAILED)
+            continue
+        out.add(emitted, None)
         if seq.params.logprobs is not None:
             wanted.append((i, starts[i]))
     if wanted:
         rows = [start + j for i, start in wanted for j in range(len(out.tokens[i]))]
-        tokens = [t for i, _ in wanted for t in out.tokens[i]]
+        emitted = [t for i, _ in wanted for t in out.tokens[i]]
         tops = [seqs[i].params.logprobs for i, _ in wanted for _ in out.tokens[i]]
-        found = iter(token_logprobs(logits[rows], tokens, tops))
+        found = iter(token_logprobs(logits[rows], emitted, tops))
         for i, _ in wanted:
             out.logprobs[i] = [next(found) for _ in out.tokens[i]]
     return out
-
-
-def _draw(logits: torch.Tensor, spans: dict[int, tuple[Sequence, range]]) -> dict:
-    """{i: (tokens, statuses)} of each sequence at its rows (row j: its sampled token at output position
-    len(output_token_ids) + j), drawn in one sample_rows batch."""
-    if not spans:
-        return {}
-    flat = [r for _, span in spans.values() for r in span]
-    seqs = [s for s, span in spans.values() for _ in span]
-    positions = [len(s.output_token_ids) + j for s, span in spans.values() for j in range(len(span))]
-    drawn, _ = sample_rows(logits[flat], SamplingRows.of(seqs, positions))
-    tokens, status = drawn.tolist()
-    found, at = {}, 0
-    for i, (_, span) in spans.items():
-        found[i] = (tokens[at : at + len(span)], status[at : at + len(span)])
-        at += len(span)
-    return found
 
 
 def _accept(target: Callable[[int], int], draft: list[int]) -> list[int]:

@@ -41,42 +41,47 @@ def sorted_draw(logits: torch.Tensor, uniforms: torch.Tensor, top_k: int) -> tor
     return torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None], right=True)[:, 0]
 
 
+def time_case(rows: int, vocab: int, top_k: int, copy_bw: float) -> dict:
+    """One case's device times (keyed_draw, sorted draw), printed as a table row."""
+    copies = [
+        torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16) * 3
+        for _ in range(rotation(rows * vocab * 2))
+    ]
+    at = torch.arange(rows, device="cuda")
+    temperature = torch.full((rows,), TEMPERATURE, device="cuda")
+    top_p = torch.full((rows,), TOP_P, device="cuda")
+    min_p = torch.zeros(rows, device="cuda")
+    top_ks = torch.full((rows,), top_k or -1, device="cuda", dtype=torch.int64)
+    keys = torch.randint(-(2**63), 2**63 - 1, (rows,), device="cuda", dtype=torch.int64)
+    uniforms = torch.rand(rows, device="cuda", dtype=torch.float64)
+
+    def draw(x):
+        out = greedy_tokens(x)
+        return keyed_draw(x, at, temperature, top_ks, top_p, min_p, keys, out, top_k_max=top_k)
+
+    kernel = graph_ms([lambda x=x: draw(x) for x in copies]) * 1e3
+    ref = graph_ms([lambda x=x: sorted_draw(x, uniforms, top_k) for x in copies]) * 1e3
+    gbs = rows * vocab * 2 / (kernel * 1e-6) / 1e9
+    pct = gbs * 1e9 / copy_bw * 100
+    print(
+        f"{rows:>5} x {vocab:<6} {top_k or '-':>5} {kernel:>10.2f} {gbs:>7.0f} {pct:>6.0f}% {ref:>10.2f}"
+        f" {ref / kernel:>5.1f}x"
+    )
+    return dict(
+        rows=rows, vocab=vocab, top_k=top_k, kernel_us=kernel, sorted_us=ref, gbs=gbs, pct_of_copy=pct
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--out")
     args = parser.parse_args()
     copy_bw, _ = measure_ceilings()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
-    print(f"{'rows x vocab':>14} {'top-k':>5} {'kernel us':>10} {'GB/s':>7} {'% copy':>7} {'sorted us':>10} {'x':>6}")
-    cases = []
-    for rows, vocab, top_k in CASES:
-        copies = [
-            torch.randn(rows, vocab, device="cuda", dtype=torch.bfloat16) * 3
-            for _ in range(rotation(rows * vocab * 2))
-        ]
-        at = torch.arange(rows, device="cuda")
-        temperature = torch.full((rows,), TEMPERATURE, device="cuda")
-        top_p = torch.full((rows,), TOP_P, device="cuda")
-        min_p = torch.zeros(rows, device="cuda")
-        top_ks = torch.full((rows,), top_k or -1, device="cuda", dtype=torch.int64)
-        keys = torch.randint(-(2**63), 2**63 - 1, (rows,), device="cuda", dtype=torch.int64)
-        uniforms = torch.rand(rows, device="cuda", dtype=torch.float64)
-
-        def draw(x):
-            out = greedy_tokens(x)
-            return keyed_draw(x, at, temperature, top_ks, top_p, min_p, keys, out, top_k_max=top_k)
-
-        kernel = graph_ms([lambda x=x: draw(x) for x in copies]) * 1e3
-        ref = graph_ms([lambda x=x: sorted_draw(x, uniforms, top_k) for x in copies]) * 1e3
-        gbs = rows * vocab * 2 / (kernel * 1e-6) / 1e9
-        pct = gbs * 1e9 / copy_bw * 100
-        print(
-            f"{rows:>5} x {vocab:<6} {top_k or '-':>5} {kernel:>10.2f} {gbs:>7.0f} {pct:>6.0f}% {ref:>10.2f}"
-            f" {ref / kernel:>5.1f}x"
-        )
-        cases.append(
-            dict(rows=rows, vocab=vocab, top_k=top_k, kernel_us=kernel, sorted_us=ref, gbs=gbs, pct_of_copy=pct)
-        )
+    print(
+        f"{'rows x vocab':>14} {'top-k':>5} {'kernel us':>10} {'GB/s':>7} {'% copy':>7} {'sorted us':>10} {'x':>6}"
+    )
+    cases = [time_case(rows, vocab, top_k, copy_bw) for rows, vocab, top_k in CASES]
     if args.out:
         with open(args.out, "w") as f:
             json.dump(

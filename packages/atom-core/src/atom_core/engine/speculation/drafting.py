@@ -35,6 +35,7 @@ from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_core.engine.plan import CachePlan
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
+from atom_core.host_copy import to_device
 
 Oracle = Callable[[Sequence, int, int], int]
 
@@ -123,7 +124,8 @@ class Drafter:
 
     def _chain_on_device(self, proposing, rows: list[int], drafted) -> None:
         """Every chained forward fed on the device; all proposals read in one copy at the end."""
-        found = [drafted.tokens[torch.tensor(rows, dtype=torch.long, device=drafted.tokens.device)]]
+        # (a pinned copy: a pageable one would wait for the forwards just launched)
+        found = [drafted.tokens[to_device(rows, torch.long, drafted.tokens.device)]]
         drafting = [proposing]
         for j in range(1, self.k):
             chain, going = self._chained(proposing, rows, j, [0] * len(proposing))

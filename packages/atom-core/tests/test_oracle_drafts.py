@@ -241,10 +241,11 @@ def test_forced_drafts_under_tensor_parallelism(deepseek, deepseek_plain):
         engine.shutdown()
 
 
-def proposals(path, prompts, params, from_host: bool, **engine) -> list:
+def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, int]:
     """Every proposal the drafter made, step by step: (request, sample, drafts) of each sequence it ran
-    for. from_host: chained through the identity oracle (each chained forward fed from the host after a
-    read) instead of on the device."""
+    for; and how many steps caught up before the host read them. from_host: chained through the identity
+    oracle (each chained forward fed from the host after a read, the catch-up after the read too)
+    instead of on the device."""
     llm = LLM(path, **COMMON, speculative_config=mtp(3), **engine)
     try:
         drafter, log = llm.engine.drafter, []
@@ -252,15 +253,22 @@ def proposals(path, prompts, params, from_host: bool, **engine) -> list:
             drafter.oracle = lambda seq, j, token: token
         propose = drafter.propose
 
-        def recording(batch, inputs, result):
-            propose(batch, inputs, result)
+        def recording(batch, *args):
+            propose(batch, *args)
             log.append([(s.request_id, s.index, list(s.draft_token_ids)) for s in batch.seqs])
 
-        drafter.propose = recording
+        catch_up, early = drafter.catch_up, []
+
+        def counting(*args):
+            caught_up = catch_up(*args)
+            early.append(caught_up is not None)
+            return caught_up
+
+        drafter.propose, drafter.catch_up = recording, counting
         llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     finally:
         llm.shutdown()
-    return log
+    return log, sum(early)
 
 
 @pytest.mark.parametrize(
@@ -269,12 +277,14 @@ def proposals(path, prompts, params, from_host: bool, **engine) -> list:
     ids=["roomy", "preemption-dropped-drafts-chunks", "tensor-parallel"],
 )
 def test_drafts_chained_on_the_device_are_the_ones_chained_from_the_host(deepseek, engine):
-    """Chained draft forwards feed on the previous one's argmax on the device; the identity oracle
-    reads each and feeds it from the host: the same proposals, step by step, whatever the cache does."""
+    """Chained draft forwards feed on the previous one's argmax on the device, and the catch-up on the
+    verify step's draws before the host reads them; the identity oracle reads each and feeds it from the
+    host, after the read: the same proposals, step by step, whatever the cache does."""
     n = 4 if "tensor_parallel_size" in engine else len(DS_PROMPTS)
-    device = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], False, **engine)
-    host = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], True, **engine)
+    device, early = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], False, **engine)
+    host, late = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], True, **engine)
     assert device == host
+    assert early > 0 and late == 0
     assert any(len(drafts) == 3 for step in device for *_, drafts in step)  # chains ran to their end
 
 

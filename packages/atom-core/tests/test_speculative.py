@@ -409,3 +409,27 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
         else:
             assert stats.num_accepted_tokens == stats.num_verifications < stats.num_draft_tokens
         llm.engine.shutdown()
+
+
+def test_a_draft_failing_at_its_catch_up_ends_its_requests_and_later_ones_run(tmp_path):
+    """The catch-up launched before the step is read (its rows fed the verify step's draws) fails: the
+    step's tokens are still verified and emitted, then its requests fail with the draft model named, and
+    a request after them runs to its end."""
+    deepseek_mtp_checkpoint(tmp_path)
+    llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2))
+    runner, failed = llm.engine.runner, []
+    run_draft = runner.run_draft
+
+    def failing(inputs, source):
+        if inputs.source == "target" and inputs.fed_rows and not failed:  # the first early catch-up
+            failed.append(len(inputs.query_lens))
+            raise RuntimeError("a draft forward broke")
+        return run_draft(inputs, source)
+
+    runner.run_draft = failing
+    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:3]], greedy)
+    assert failed == [3]
+    assert all(o.finished and o.error and "draft model" in o.error for o in outs)
+    after = llm.generate({"prompt_token_ids": PROMPTS[3]}, greedy)[0]
+    assert after.error is None and len(after.outputs[0].token_ids) == 12

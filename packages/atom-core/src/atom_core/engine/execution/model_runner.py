@@ -178,11 +178,17 @@ class ModelRunner:
     @torch.inference_mode()
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
         """One forward of the draft over its own caches (same block tables as the target's), reading
-        source's hidden states at inputs.hidden_rows and, at inputs.fed_rows, source's proposals."""
+        source's hidden states at inputs.hidden_rows and, at inputs.fed_rows, source's tokens (a draft's
+        proposals, or the target step's draws)."""
         hidden_in = source.hidden[to_device(inputs.hidden_rows, torch.long, self.device)]
-        fed = source.tokens if inputs.fed_rows else None
-        if inputs.fed_rows and not isinstance(source, DraftResult):
-            raise RuntimeError("a draft forward feeds on the proposals of the draft forward before it")
+        # fed rows take the draft's proposals (chained) or the target's draws (a catch-up)
+        fed = (
+            (source.tokens if isinstance(source, DraftResult) else source.sampled)
+            if inputs.fed_rows
+            else None
+        )
+        if inputs.fed_rows and fed is None:
+            raise RuntimeError("a draft forward feeds on its source's tokens, but none were kept")
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:
             logits = graphs.run(inputs, hidden_in, sampled=fed)

@@ -52,8 +52,8 @@ class DraftInputs:
     hidden_rows: list[int]
     source: str  # "target" or "draft"
     logit_rows: list[int]
-    # chained drafting on the device: rows fed_rows take the source draft forward's argmax at its logits
-    # rows fed_from (their ids here are placeholders)
+    # fed on the device: rows fed_rows take the source's tokens at its logits rows fed_from (a chained
+    # forward: the draft's argmax; a catch-up: the target's draws); their ids here are placeholders
     fed_rows: list[int] = field(default_factory=list)
     fed_from: list[int] = field(default_factory=list)
 

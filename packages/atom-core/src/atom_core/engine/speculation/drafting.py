@@ -12,6 +12,10 @@ A sequence that reached its last known token then proposes: the catch-up's last 
 token j + 1 comes from the draft applied to its own token j and hidden state, one row per sequence. The
 KV blocks of those chained rows come from the scheduler, as every other block does.
 
+When the verify step drew its rows in its forward, the catch-up is launched before the host reads them
+(catch_up): its rows are fed the target's draws on the device, so it runs while the host verifies and
+emits; then only the chain waits for the acceptance.
+
 A proposal is the draft's argmax. Each chained forward takes the proposals of the one before it on the
 device (DraftInputs.fed_rows) and the host reads every proposal once, after the last chained forward was
 launched: the chain's shape (who drafts how many tokens, and their blocks) is known on the host without
@@ -30,7 +34,7 @@ from collections.abc import Callable
 
 import torch
 
-from atom_core.engine.execution.runner import Runner, StepResult
+from atom_core.engine.execution.runner import DraftResult, Runner, StepResult
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_core.engine.plan import CachePlan
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
@@ -58,16 +62,49 @@ class Drafter:
         return max(0, min(self.k, left))
 
     @torch.inference_mode()
-    def propose(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> None:
-        """After the step's tokens were accepted: write the draft rows of every running sequence's valid rows
-        and set draft_token_ids of those that propose."""
-        # When every sequence verified k drafts and runs on, the catch-up covers all k + 1 rows of each (the
-        # rejected ones too, overwritten later as the target's are): one shape a step, which a CUDA graph
-        # replays. Otherwise it covers exactly the valid rows.
-        uniform = all(
+    def catch_up(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> DraftResult | None:
+        """Before the host reads the step: when every sequence verifies k drafts and the forward drew its
+        rows (result.tokens), the catch-up over all k + 1 rows of each, fed the target's draws on the
+        device. Row j's token is the draw at row j, which is the sequence's token at that position for
+        every row up to the first rejected draft; later rows are overwritten before anything reads them.
+        None where it waits for the read (propose then catches up on the valid rows); always None with an
+        oracle, whose chain is fed from the host."""
+        if self.oracle is not None or result.tokens is None or not self._uniform(batch):
+            return None
+        q = self.k + 1
+        step = DraftInputs([], [], [], [], [], [], "target", [])
+        for i, seq in enumerate(batch.seqs):
+            first, start = i * q, inputs.positions[i * q]
+            step.ids += [0] * q
+            step.positions += range(start, start + q)
+            step.hidden_rows += range(first, first + q)
+            step.query_lens.append(q)
+            step.seq_lens.append(start + q)
+            step.block_tables.append(list(seq.block_table))
+        step.logit_rows = step.fed_rows = step.fed_from = list(range(len(step.ids)))
+        return self.runner.run_draft(step, result)
+
+    def _uniform(self, batch: ScheduledBatch) -> bool:
+        """Every sequence verifies k drafts and runs on: the catch-up covers all k + 1 rows of each (the
+        rejected ones too, overwritten later as the target's are), one shape a step, which a CUDA graph
+        replays."""
+        return all(
             len(d) == self.k and s.status is Status.RUNNING
             for s, d in zip(batch.seqs, batch.drafts, strict=True)
         )
+
+    @torch.inference_mode()
+    def propose(
+        self,
+        batch: ScheduledBatch,
+        inputs: StepInputs,
+        result: StepResult,
+        caught_up: DraftResult | None = None,
+    ) -> None:
+        """After the step's tokens were accepted: write the draft rows of every running sequence's valid rows
+        (unless catch_up did, before the read: caught_up) and set draft_token_ids of those that propose."""
+        # Otherwise the catch-up covers all rows when uniform, else exactly the valid rows.
+        uniform = caught_up is not None or self._uniform(batch)
         step = DraftInputs([], [], [], [], [], [], "target", [])
         proposing: list[tuple[Sequence, int]] = []
         picks = []  # the catch-up row whose logits draft each proposing sequence's first token
@@ -78,21 +115,26 @@ class Drafter:
                 continue
             start = inputs.positions[first]
             valid = seq.num_computed_tokens - start  # rows of this step whose target KV stands
-            n = q_len if uniform else valid
-            step.ids += seq.token_ids[start + 1 : start + valid + 1] + [0] * (n - valid)
-            step.positions += range(start, start + n)
-            step.hidden_rows += range(first, first + n)
-            step.query_lens.append(n)
-            step.seq_lens.append(start + n)
-            step.block_tables.append(list(seq.block_table))
             seq.draft_token_ids = []
+            if caught_up is None:
+                n = q_len if uniform else valid
+                step.ids += seq.token_ids[start + 1 : start + valid + 1] + [0] * (n - valid)
+                step.positions += range(start, start + n)
+                step.hidden_rows += range(first, first + n)
+                step.query_lens.append(n)
+                step.seq_lens.append(start + n)
+                step.block_tables.append(list(seq.block_table))
             if (k := self.wanted(seq)) > 0:
-                picks.append(len(step.ids) - n + valid - 1)
+                # (the caught-up rows are the step's own: each sequence's from its first)
+                picks.append(first + valid - 1 if caught_up is not None else len(step.ids) - n + valid - 1)
                 proposing.append((seq, k))
-        if not step.ids:
-            return
-        step.logit_rows = list(range(len(step.ids))) if uniform else picks
-        drafted = self.runner.run_draft(step, result)
+        if caught_up is None:
+            if not step.ids:
+                return
+            step.logit_rows = list(range(len(step.ids))) if uniform else picks
+            drafted = self.runner.run_draft(step, result)
+        else:
+            drafted = caught_up
         if not proposing:
             return
         rows = picks if uniform else list(range(len(picks)))  # where each proposer's row is in the logits

@@ -53,14 +53,38 @@ class Verified:
         self.errors.append(error)
 
 
+def verify_sampling(seqs: list[Sequence], drafts: list[list[int]]) -> SamplingRows | None:
+    """How the verify step's forward draws its rows on the device (row j of a sequence: its token at
+    output position len(output_token_ids) + j; logprobs are read later for the emitted tokens alone), or
+    None when a request is penalized (its penalties are applied on the host)."""
+    if any(seq.params.penalized for seq in seqs):
+        return None
+    rows = SamplingRows.of(
+        [seq for seq, draft in zip(seqs, drafts, strict=True) for _ in range(len(draft) + 1)],
+        [
+            len(seq.output_token_ids) + j
+            for seq, draft in zip(seqs, drafts, strict=True)
+            for j in range(len(draft) + 1)
+        ],
+    )
+    rows.logprobs = [-1] * len(rows.logprobs)
+    return rows
+
+
 def verify(
-    logits: torch.Tensor, seqs: list[Sequence], drafts: list[list[int]], *, backend: str | None = None
+    logits: torch.Tensor,
+    seqs: list[Sequence],
+    drafts: list[list[int]],
+    *,
+    backend: str | None = None,
+    drawn: torch.Tensor | None = None,
 ) -> Verified:
     """logits [R, V]: for each sequence in order, len(drafts[i]) + 1 rows (its last known token, then each
     draft). Row j of a sequence is its token at output position len(output_token_ids) + j: every row of
     every sequence is drawn in one batch (sampler.sample_rows: greedy rows their argmax) and read once.
     Penalized requests (never drafted for: their penalties would depend on the drafts) are sampled apart,
-    their penalties applied on the host. backend: the engine's kernel backend."""
+    their penalties applied on the host. backend: the engine's kernel backend. drawn: [2, R], every row
+    already drawn on the device as verify_sampling says (the forward did), read here instead."""
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)
@@ -72,13 +96,17 @@ def verify(
         else None
     )
     apart_of = {i: j for j, i in enumerate(penalized)}
-    drawn = [i for i in range(len(seqs)) if i not in apart_of]
-    flat = [r for i in drawn for r in rows_of[i]]
+    unpenalized = [i for i in range(len(seqs)) if i not in apart_of]
+    flat = [r for i in unpenalized for r in rows_of[i]]
     tokens, status = [0] * len(logits), [0] * len(logits)
-    if flat:
+    if drawn is not None:
+        if penalized:
+            raise ValueError("verify: rows drawn in the forward cannot carry a penalized request's draw")
+        tokens, status = drawn.tolist()
+    elif flat:
         rows = SamplingRows.of(
-            [seqs[i] for i in drawn for _ in rows_of[i]],
-            [len(seqs[i].output_token_ids) + j for i in drawn for j in range(len(rows_of[i]))],
+            [seqs[i] for i in unpenalized for _ in rows_of[i]],
+            [len(seqs[i].output_token_ids) + j for i in unpenalized for j in range(len(rows_of[i]))],
         )
         rows.logprobs = [-1] * len(flat)  # read below, for the tokens emitted only
         picked = logits if len(flat) == len(logits) else logits[flat]

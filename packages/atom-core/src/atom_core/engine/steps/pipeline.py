@@ -12,6 +12,7 @@ from atom_core.engine.sampling.sampler import SamplingRows
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Status
 from atom_core.engine.speculation.drafting import Drafter
+from atom_core.engine.speculation.verify import verify_sampling
 from atom_core.engine.steps.async_step import AsyncSteps
 from atom_core.engine.steps.emit import Emitter
 from atom_core.engine.steps.failures import Failures
@@ -63,6 +64,11 @@ class StepPipeline:
                 inputs.sampling = SamplingRows.of(
                     seqs, [len(s.output_token_ids) + s.num_pending for s in seqs]
                 )
+            elif self.drafter is not None and any(batch.drafts):  # verify rows drawn in the forward
+                ends = inputs.ends
+                inputs.sampling = verify_sampling(
+                    [batch.seqs[r] for r in ends], [batch.drafts[r] for r in ends]
+                )
             fed = overlap.feed(batch, inputs) if overlap is not None else None
             result = self.runner.run(inputs, fed)
         except Exception as err:  # one forward serves the whole batch: find whose requests it fails
@@ -89,15 +95,24 @@ class StepPipeline:
         return self.advance(batch, inputs, result)
 
     def advance(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> list[RequestOutput]:
-        """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts."""
+        """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts. With
+        drafts drawn in the forward, the draft's catch-up is launched before the host reads them, so it
+        runs while the host verifies and emits."""
         if self.drafter is None:
             return self.emitter.emit(sample_step(batch, inputs, result, self.scheduler, self.backend))
+        caught_up, draft_error = None, None
+        try:
+            caught_up = self.drafter.catch_up(batch, inputs, result)
+        except Exception as err:  # reported after the step's tokens, as a failed proposal is
+            draft_error = err
         advanced, failed = self.emitter.apply(
             verify_step(batch, inputs, result, self.scheduler, self.stats, self.backend)
         )
         errors = []
         try:
-            self.drafter.propose(batch, inputs, result)
+            if draft_error is not None:
+                raise draft_error
+            self.drafter.propose(batch, inputs, result, caught_up)
         except Exception as err:  # as a failed target forward: its requests end with the error
             running = [s for s in batch.seqs if s.status is Status.RUNNING]
             errors = self.failures.forward_failed(running, "draft model", err)

@@ -22,7 +22,8 @@ def verify_step(
 ) -> list[Produced]:
     sampled = [batch.seqs[row] for row in inputs.ends]
     drafts = [batch.drafts[row] for row in inputs.ends]
-    verified = verify(result.logits, sampled, drafts, backend=backend)
+    # the forward drew every row when it could (verify_sampling): read them, else draw here
+    verified = verify(result.logits, sampled, drafts, backend=backend, drawn=result.tokens)
     accepted = dict(zip(inputs.ends, verified.accepted, strict=True))
     for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)):
         # rejected drafts' KV rows stay behind num_computed_tokens: overwritten, never read

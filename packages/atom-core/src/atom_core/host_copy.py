@@ -23,3 +23,23 @@ def host_to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tens
     if device.type != "cuda":
         return host.to(device)
     return host.pin_memory().to(device, non_blocking=True)
+
+
+class PendingRead:
+    """A device tensor's copy to the host, started at once without waiting (pinned, non-blocking), and
+    read later: the work queued after it runs on while the host waits for this copy alone. On the CPU the
+    tensor itself."""
+
+    def __init__(self, values: torch.Tensor):
+        self.done: torch.cuda.Event | None = None
+        self.host = values
+        if values.is_cuda:
+            self.host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+            self.host.copy_(values, non_blocking=True)
+            self.done = torch.cuda.Event()
+            self.done.record(torch.cuda.current_stream(values.device))
+
+    def tolist(self) -> list:
+        if self.done is not None:
+            self.done.synchronize()
+        return self.host.tolist()

@@ -298,8 +298,9 @@ def keyed_draw(
     0): for each drawn row, out[0, row] becomes the drawn token and out[1, row] 1 if the row had anything
     to draw, -1 if not, 0 kept where its logits were not finite. top_k_max: the largest top_k of the rows
     below V, 0 when no row uses top-k (known on the host; None reads it from top_k, a device sync);
-    top_p_used: whether any row's top_p is below 1 (False skips the top-p rounds). Returns out. No host
-    sync when top_k_max is given."""
+    top_p_used: whether any row's top_p is below 1 (False skips the top-p rounds). Returns out. The
+    kernels need no host sync when top_k_max is given; the torch path (backend torch, fp64 logits) runs
+    keyed_draw_ref, the reference, which reads from the device every round."""
     if logits.dim() != 2 or out.shape != (2, logits.shape[0]) or not out.is_contiguous():
         raise ValueError(f"keyed_draw expects logits [R, V] and out [2, R], got {logits.shape}, {out.shape}")
     count, vocab = rows.shape[0], logits.shape[1]

@@ -19,7 +19,9 @@ emits; then only the chain waits for the acceptance.
 A proposal is the draft's argmax. Each chained forward takes the proposals of the one before it on the
 device (DraftInputs.fed_rows) and the host reads every proposal once, after the last chained forward was
 launched: the chain's shape (who drafts how many tokens, and their blocks) is known on the host without
-the tokens, so a step of k drafts waits for the device once, not k times.
+the tokens, so the host reads once, not k times. (Under CUDA graphs each chained forward replays the same
+one-token graph, whose static inputs are refilled only after the last replay's copy from the host ran:
+with k >= 3 the host still waits there between chained forwards.)
 
 An oracle, when given, chooses the proposals instead: oracle(seq, j, token) -> the token proposed as
 seq's draft j (0-based) where the draft's own guess was `token`. Its choice is fed from the host, so each

@@ -34,6 +34,7 @@ from atom_core.engine.sampling.sampler import (
     token_logprobs,
 )
 from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.host_copy import PendingRead
 
 
 @dataclass(slots=True)
@@ -77,14 +78,15 @@ def verify(
     drafts: list[list[int]],
     *,
     backend: str | None = None,
-    drawn: torch.Tensor | None = None,
+    drawn: PendingRead | None = None,
 ) -> Verified:
     """logits [R, V]: for each sequence in order, len(drafts[i]) + 1 rows (its last known token, then each
     draft). Row j of a sequence is its token at output position len(output_token_ids) + j: every row of
     every sequence is drawn in one batch (sampler.sample_rows: greedy rows their argmax) and read once.
     Penalized requests (never drafted for: their penalties would depend on the drafts) are sampled apart,
     their penalties applied on the host. backend: the engine's kernel backend. drawn: [2, R], every row
-    already drawn on the device as verify_sampling says (the forward did), read here instead."""
+    already drawn on the device as verify_sampling says (the forward did), on its way to the host: read
+    here instead."""
     starts = [0]
     for draft in drafts:
         starts.append(starts[-1] + len(draft) + 1)

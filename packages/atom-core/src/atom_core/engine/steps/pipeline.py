@@ -19,6 +19,7 @@ from atom_core.engine.steps.failures import Failures
 from atom_core.engine.steps.speculative_step import verify_step
 from atom_core.engine.steps.stats import StepStats
 from atom_core.engine.steps.sync_step import sample_step
+from atom_core.host_copy import PendingRead
 
 
 class StepPipeline:
@@ -100,13 +101,15 @@ class StepPipeline:
         runs while the host verifies and emits."""
         if self.drafter is None:
             return self.emitter.emit(sample_step(batch, inputs, result, self.scheduler, self.backend))
+        # the forward's draws start for the host before the catch-up is queued behind them
+        drawn = PendingRead(result.tokens) if result.tokens is not None else None
         caught_up, draft_error = None, None
         try:
             caught_up = self.drafter.catch_up(batch, inputs, result)
         except Exception as err:  # reported after the step's tokens, as a failed proposal is
             draft_error = err
         advanced, failed = self.emitter.apply(
-            verify_step(batch, inputs, result, self.scheduler, self.stats, self.backend)
+            verify_step(batch, inputs, result, self.scheduler, self.stats, self.backend, drawn)
         )
         errors = []
         try:

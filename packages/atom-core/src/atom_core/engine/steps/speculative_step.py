@@ -10,6 +10,7 @@ from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.speculation.verify import verify
 from atom_core.engine.steps.emit import Produced
 from atom_core.engine.steps.stats import StepStats
+from atom_core.host_copy import PendingRead
 
 
 def verify_step(
@@ -19,11 +20,13 @@ def verify_step(
     scheduler: Scheduler,
     stats: StepStats,
     backend: str | None,
+    drawn: PendingRead | None = None,
 ) -> list[Produced]:
+    """drawn: the forward's draws of every row (verify_sampling) on their way to the host; None: drawn
+    here."""
     sampled = [batch.seqs[row] for row in inputs.ends]
     drafts = [batch.drafts[row] for row in inputs.ends]
-    # the forward drew every row when it could (verify_sampling): read them, else draw here
-    verified = verify(result.logits, sampled, drafts, backend=backend, drawn=result.tokens)
+    verified = verify(result.logits, sampled, drafts, backend=backend, drawn=drawn)
     accepted = dict(zip(inputs.ends, verified.accepted, strict=True))
     for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)):
         # rejected drafts' KV rows stay behind num_computed_tokens: overwritten, never read

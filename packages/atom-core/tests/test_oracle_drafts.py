@@ -25,6 +25,8 @@ from core_support import (
 )
 
 from atom_core.engine import LLM, SamplingParams
+from atom_core.engine.execution.step_inputs import prepare_step
+from atom_core.engine.steps import pipeline
 from tools.testing_qwen import qwen_mtp_checkpoint
 
 
@@ -241,21 +243,34 @@ def test_forced_drafts_under_tensor_parallelism(deepseek, deepseek_plain):
         engine.shutdown()
 
 
-def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, int]:
-    """Every proposal the drafter made, step by step: (request, sample, drafts) of each sequence it ran
-    for; and how many steps caught up before the host read them. from_host: chained through the identity
-    oracle (each chained forward fed from the host after a read, the catch-up after the read too)
-    instead of on the device."""
+def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, int, int]:
+    """Every draft list each verify step verified, step by step: (request, sample, drafts) of each
+    sequence that verified some; how many steps caught up before the host read the target's draws; and
+    how many verify forwards took their drafts on the device (from the chain, read by the host only after
+    the forward was queued). from_host: chained through the identity oracle (each chained forward fed from
+    the host after a read, the catch-up after the read too, the drafts read before the verify step) instead
+    of on the device. Every verify forward's token ids are checked against the ids the host builds from the
+    drafts it verifies."""
     llm = LLM(path, **COMMON, speculative_config=mtp(3), **engine)
+    verify_step = pipeline.verify_step
     try:
-        drafter, log = llm.engine.drafter, []
+        drafter, log, fed = llm.engine.drafter, [], [0]
         if from_host:
             drafter.oracle = lambda seq, j, token: token
-        propose = drafter.propose
+        runner = llm.engine.runner
+        model = getattr(runner, "runner", runner).model  # (rank 0's, under tensor parallelism)
+        forward, seen = model.forward, []
 
-        def recording(batch, *args):
-            propose(batch, *args)
-            log.append([(s.request_id, s.index, list(s.draft_token_ids)) for s in batch.seqs])
+        def seeing(ids, *args, **kwargs):
+            seen.append(ids.tolist())
+            return forward(ids, *args, **kwargs)
+
+        def verifying(batch, inputs, *args):
+            assert seen[-1] == prepare_step(batch).ids  # the forward saw the drafts the host verifies
+            fed[0] += inputs.fed_source == "drafts" and bool(inputs.fed_rows)
+            verified = zip(batch.seqs, batch.drafts, strict=True)
+            log.append([(s.request_id, s.index, list(d)) for s, d in verified if d])
+            return verify_step(batch, inputs, *args)
 
         catch_up, early = drafter.catch_up, []
 
@@ -264,11 +279,12 @@ def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, i
             early.append(caught_up is not None)
             return caught_up
 
-        drafter.propose, drafter.catch_up = recording, counting
+        model.forward, drafter.catch_up, pipeline.verify_step = seeing, counting, verifying
         llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     finally:
+        pipeline.verify_step = verify_step
         llm.shutdown()
-    return log, sum(early)
+    return log, sum(early), fed[0]
 
 
 @pytest.mark.parametrize(
@@ -277,14 +293,16 @@ def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, i
     ids=["roomy", "preemption-dropped-drafts-chunks", "tensor-parallel"],
 )
 def test_drafts_chained_on_the_device_are_the_ones_chained_from_the_host(deepseek, engine):
-    """Chained draft forwards feed on the previous one's argmax on the device, and the catch-up on the
-    verify step's draws before the host reads them; the identity oracle reads each and feeds it from the
-    host, after the read: the same proposals, step by step, whatever the cache does."""
+    """Chained draft forwards feed on the previous one's argmax on the device, the catch-up on the verify
+    step's draws before the host reads them, and the next verify forward on the proposals before the host
+    reads those; the identity oracle reads each and feeds it from the host, after the read: the same
+    drafts verified, step by step, whatever the cache does, and every verify forward saw them."""
     n = 4 if "tensor_parallel_size" in engine else len(DS_PROMPTS)
-    device, early = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], False, **engine)
-    host, late = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], True, **engine)
+    device, early, fed = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], False, **engine)
+    host, late, fed_by_host = proposals(deepseek, DS_PROMPTS[:n], DS_PARAMS[:n], True, **engine)
     assert device == host
     assert early > 0 and late == 0
+    assert fed > 0 and fed_by_host == 0
     assert any(len(drafts) == 3 for step in device for *_, drafts in step)  # chains ran to their end
 
 

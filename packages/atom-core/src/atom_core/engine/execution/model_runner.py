@@ -129,11 +129,12 @@ class ModelRunner:
                     tensor[dst] = tensor[src]
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
-        """The forward for one step: logits [len(inputs.logit_rows), V] (on every tensor-parallel rank)."""
-        sampled = fed.sampled if fed is not None else None
+    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
+        """The forward for one step: logits [len(inputs.logit_rows), V] (on every tensor-parallel rank).
+        fed: [N] int64, the tokens inputs.fed_rows take (Runner.run)."""
+        sampled = fed
         if inputs.fed_rows and sampled is None:
-            raise RuntimeError("a step feeds on the last step's sampled tokens, but none were kept")
+            raise RuntimeError(f"a step feeds on tokens ({inputs.fed_source}), but none were given")
         self._copy_states(inputs.state_copies)
         logits, hidden = self._forward(inputs, sampled)
         self._copy_states(inputs.state_saves)

@@ -49,8 +49,9 @@ class Runner(Protocol):
 
     plan: CachePlan
 
-    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
-        """The target forward of one step. fed: the step whose greedy tokens inputs.fed_rows take."""
+    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
+        """The target forward of one step. fed: [N] int64 on the device, the tokens inputs.fed_rows take
+        (at inputs.fed_from), as inputs.fed_source names them."""
         ...
 
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:

@@ -37,6 +37,9 @@ class StepInputs:
     sampling: SamplingRows | None = None
     fed_rows: list[int] = field(default_factory=list)
     fed_from: list[int] = field(default_factory=list)
+    # what fed_from indexes: "target", the last target step's sampled tokens (async scheduling); "drafts",
+    # the tokens of every draft forward since it, concatenated in launch order (a verify step's drafts)
+    fed_source: str = "target"
 
 
 @dataclass(slots=True)

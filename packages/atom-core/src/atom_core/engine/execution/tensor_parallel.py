@@ -64,22 +64,35 @@ def _worker(
             device=device,
             control_group=control,
         )
-        # this rank's own last results, which rank 0's next messages refer to (fed tokens, draft sources)
+        # this rank's own last results, which rank 0's next messages refer to (fed tokens, draft sources):
+        # the last target step's, and every draft forward's since it
         last: dict[str, StepResult | DraftResult] = {}
+        drafts: list[DraftResult] = []
         while True:
             message = channel.receive(rank - 1, group=control)
             if message is None:
                 break
             if isinstance(message, StepInputs):
-                last["target"] = runner.run(message, last.get("target") if message.fed_rows else None)
+                last["target"] = runner.run(message, _fed(message, last, drafts))
+                drafts.clear()
             else:
                 last["draft"] = runner.run_draft(message, last[message.source])
+                drafts.append(last["draft"])
         runner.shutdown()
         _leave_together(device, control)
     except BaseException:
         dist.destroy_process_group()
         raise
     os._exit(0)  # torn down already; skip the interpreter's exit handlers (CUDA, NCCL) after it
+
+
+def _fed(inputs: StepInputs, last: dict, drafts: list[DraftResult]) -> torch.Tensor | None:
+    """The tokens a worker's target step takes at inputs.fed_rows, from its own results (as rank 0's)."""
+    if not inputs.fed_rows:
+        return None
+    if inputs.fed_source == "drafts":
+        return torch.cat([d.tokens for d in drafts])
+    return last["target"].sampled
 
 
 def _leave_together(device: torch.device, control) -> None:
@@ -126,8 +139,8 @@ class TensorParallelRunner:
         )
         self.plan = self.runner.plan
 
-    def run(self, inputs: StepInputs, fed: StepResult | None = None) -> StepResult:
-        """fed must be the step run just before (each worker feeds on its own copy of it)."""
+    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
+        """fed must come from the results inputs.fed_source names (each worker feeds on its own)."""
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
         return self.runner.run(inputs, fed)
 

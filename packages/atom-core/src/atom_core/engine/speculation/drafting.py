@@ -17,11 +17,12 @@ When the verify step drew its rows in its forward, the catch-up is launched befo
 emits; then only the chain waits for the acceptance.
 
 A proposal is the draft's argmax. Each chained forward takes the proposals of the one before it on the
-device (DraftInputs.fed_rows) and the host reads every proposal once, after the last chained forward was
-launched: the chain's shape (who drafts how many tokens, and their blocks) is known on the host without
-the tokens, so the host reads once, not k times. (Under CUDA graphs each chained forward replays the same
-one-token graph, whose static inputs are refilled only after the last replay's copy from the host ran:
-with k >= 3 the host still waits there between chained forwards.)
+device (DraftInputs.fed_rows): the chain's shape (who drafts how many tokens, and their blocks) is known
+on the host without the tokens. The proposals stay on the device (pending_proposals.py): the next verify
+step's draft rows take them there, and the host reads them once, after launching that step. (Under CUDA
+graphs each chained forward replays the same one-token graph, whose static inputs are refilled only after
+the last replay's copy from the host ran: with k >= 3 the host still waits there between chained
+forwards.)
 
 An oracle, when given, chooses the proposals instead: oracle(seq, j, token) -> the token proposed as
 seq's draft j (0-based) where the draft's own guess was `token`. Its choice is fed from the host, so each
@@ -41,7 +42,7 @@ from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_core.engine.plan import CachePlan
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
-from atom_core.host_copy import to_device
+from atom_core.engine.speculation.pending_proposals import PendingProposals
 
 Oracle = Callable[[Sequence, int, int], int]
 
@@ -50,6 +51,20 @@ class Drafter:
     def __init__(self, runner: Runner, scheduler: Scheduler, plan: CachePlan, oracle: Oracle | None = None):
         self.runner, self.scheduler, self.oracle = runner, scheduler, oracle
         self.k, self.max_model_len = plan.num_speculative_tokens, plan.max_model_len
+        self.pending: PendingProposals | None = None  # the last chain's proposals, not read yet
+
+    def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
+        """Before a target step is launched: its draft rows take the pending proposals on the device
+        (inputs.fed_rows); returns the tokens they are fed from, or None."""
+        return None if self.pending is None else self.pending.feed(batch, inputs)
+
+    def resolve(self, batch: ScheduledBatch) -> None:
+        """After a target step was launched (or failed to be): the pending proposals are read into the
+        sequences' and the batch's drafts. Every target step ends what was pending: the next one feeds on
+        the draft forwards after it."""
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.resolve(batch)
 
     def _choose(self, seq: Sequence, token: int) -> int:
         j = len(seq.draft_token_ids)
@@ -167,22 +182,23 @@ class Drafter:
         return chain, going
 
     def _chain_on_device(self, proposing, rows: list[int], drafted) -> None:
-        """Every chained forward fed on the device; all proposals read in one copy at the end."""
-        # (a pinned copy: a pageable one would wait for the forwards just launched)
-        found = [drafted.tokens[to_device(rows, torch.long, drafted.tokens.device)]]
-        drafting = [proposing]
+        """Every chained forward fed on the device; the proposals left pending there (self.pending), in the
+        concatenation of every draft forward's tokens since the target step."""
+        tokens, offset = [drafted.tokens], drafted.tokens.shape[0]
+        index = {id(seq): [row] for (seq, _), row in zip(proposing, rows, strict=True)}
+        everyone = [seq for seq, _ in proposing]
         for j in range(1, self.k):
             chain, going = self._chained(proposing, rows, j, [0] * len(proposing))
             if not going:
                 break
             drafted = self.runner.run_draft(chain, drafted)
-            found.append(drafted.tokens)
-            drafting.append(going)
+            for i, (seq, _) in enumerate(going):
+                index[id(seq)].append(offset + i)
+            tokens.append(drafted.tokens)
+            offset += drafted.tokens.shape[0]
             proposing, rows = going, list(range(len(going)))
-        tokens = iter(torch.cat(found).tolist())
-        for going in drafting:
-            for seq, _ in going:
-                seq.draft_token_ids.append(next(tokens))
+        where = [(seq, index[id(seq)]) for seq in everyone]
+        self.pending = PendingProposals.start(torch.cat(tokens), where)
 
     def _chain_from_host(self, proposing, rows: list[int], drafted) -> None:
         """The oracle's proposals, each chained forward fed from the host after reading the one before."""

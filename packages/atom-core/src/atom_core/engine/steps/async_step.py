@@ -127,9 +127,9 @@ class AsyncSteps:
             and all(sampled_on_device(seq.params) for seq in batch.seqs)
         )
 
-    def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> StepResult | None:
+    def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
         """Point the rows of pending tokens at the in-flight step's tokens (a sequence's pending token is
-        its first row of this step); returns that step's results, or None when nothing is in flight."""
+        its first row of this step); returns those tokens ([R] int64), or None when nothing is in flight."""
         if self.in_flight is None:
             return None
         row_of = {id(seq): row for row, seq in enumerate(self.in_flight.seqs)}
@@ -141,7 +141,7 @@ class AsyncSteps:
             row += n
         if len(inputs.fed_rows) != sum(seq.num_pending for seq in self.scheduler.running):
             raise RuntimeError("async scheduling: a sequence's pending token was not scheduled")
-        return self.result
+        return self.result.sampled
 
     def drop(self) -> None:
         """The step in flight will not be read (its sequences failed with the step after it)."""

@@ -71,9 +71,18 @@ class StepPipeline:
                     [batch.seqs[r] for r in ends], [batch.drafts[r] for r in ends]
                 )
             fed = overlap.feed(batch, inputs) if overlap is not None else None
+            if self.drafter is not None:  # (the plan turns async scheduling off under speculation)
+                fed = self.drafter.feed(batch, inputs)
             result = self.runner.run(inputs, fed)
+            if self.drafter is not None:  # read the drafts it verifies, now that it is queued
+                self.drafter.resolve(batch)
         except Exception as err:  # one forward serves the whole batch: find whose requests it fails
             self.scheduler.settle_snapshots(batch, ran=False)
+            if self.drafter is not None and self.drafter.pending is not None:
+                try:  # a rerun in halves feeds from the host
+                    self.drafter.resolve(batch)
+                except Exception:
+                    return self.failures.forward_failed(batch.seqs, "model", err)
             # the step in flight ran: its tokens are read first, so the batch's sequences hold no pending
             # token and the failed one can be rerun in halves as a synchronous step would be
             if not in_flight:

@@ -4,13 +4,16 @@ gated delta rule as a chunked prefill and a recurrent decode step."""
 from atom_kernels.gdn.chunked import GdnTiles, gated_delta_rule_chunked, gdn_tiles
 from atom_kernels.gdn.conv1d import causal_conv1d
 from atom_kernels.gdn.gating import gdn_gating
+from atom_kernels.gdn.inputs import check_gdn_head_sizes, max_key_head_size
 from atom_kernels.gdn.recurrent import gated_delta_rule_recurrent
 
 __all__ = [
     "GdnTiles",
     "causal_conv1d",
+    "check_gdn_head_sizes",
     "gated_delta_rule_chunked",
     "gated_delta_rule_recurrent",
     "gdn_gating",
     "gdn_tiles",
+    "max_key_head_size",
 ]

@@ -19,7 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.inputs import gdn_entry, unit_stride
+from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.settings import SETTINGS, Backend
 
 CHUNK = 64
@@ -60,6 +60,13 @@ def _rows_l2(x, L2NORM: tl.constexpr):
     if L2NORM:
         x = x / tl.sqrt(tl.sum(x * x, axis=1) + 1e-6)[:, None]
     return x
+
+
+@triton.jit
+def _within(offs, N: tl.constexpr, B: tl.constexpr):
+    """offs < N for offsets into a block of B >= N: a constant all-true mask when B == N, so a head that
+    needs no padding compiles to the unmasked loads and stores (a compare would cost them vectorization)."""
+    return tl.full(offs.shape, 1, tl.int1) if B == N else offs < N
 
 
 @triton.jit
@@ -108,6 +115,8 @@ def _prepare_kernel(
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     L2NORM: tl.constexpr,
     LOG2C: tl.constexpr,
     PREC_INV: tl.constexpr,
@@ -127,13 +136,18 @@ def _prepare_kernel(
     r = tl.arange(0, HALF)
     rows0, rows1 = (t0 + r).to(tl.int64), (t0 + HALF + r).to(tl.int64)
     ok0, ok1 = rows0 < end, rows1 < end
-    ks, vs = tl.arange(0, DK), tl.arange(0, DV)
+    # head sizes padded to BK, BV (powers of two): the padding columns load as zeros, so they add nothing
+    # to any product or norm, and the intermediates keep them (zeros) at the padded widths
+    ks, vs = tl.arange(0, BK), tl.arange(0, BV)
+    kcols, vcols = _within(ks, DK, BK)[None, :], _within(vs, DV, BV)[None, :]
     k_head = k_ptr + (hv // group) * stride_kh + ks[None, :]
     k0 = _rows_l2(
-        tl.load(k_head + rows0[:, None] * stride_kt, mask=ok0[:, None], other=0.0).to(tl.float32), L2NORM
+        tl.load(k_head + rows0[:, None] * stride_kt, mask=ok0[:, None] & kcols, other=0.0).to(tl.float32),
+        L2NORM,
     )
     k1 = _rows_l2(
-        tl.load(k_head + rows1[:, None] * stride_kt, mask=ok1[:, None], other=0.0).to(tl.float32), L2NORM
+        tl.load(k_head + rows1[:, None] * stride_kt, mask=ok1[:, None] & kcols, other=0.0).to(tl.float32),
+        L2NORM,
     )
     g0 = tl.load(g_ptr + rows0 * num_v_heads + hv, mask=ok0, other=0.0).to(tl.float32)
     g1 = tl.load(g_ptr + rows1 * num_v_heads + hv, mask=ok1, other=0.0).to(tl.float32)
@@ -161,30 +175,30 @@ def _prepare_kernel(
     x0, x1 = kb0 * tl.exp(cum0)[:, None], kb1 * tl.exp(cum1)[:, None]
     w0 = _mm(t00, x0, LOWP, LOW, PREC_INV)
     w1 = _mm(t10, x0, LOWP, LOW, PREC_INV) + _mm(t11, x1, LOWP, LOW, PREC_INV)
-    w_rows = w_ptr + slot * C * DK + ks[None, :]
-    tl.store(w_rows + r[:, None] * DK, w0.to(w_ptr.dtype.element_ty))
-    tl.store(w_rows + (HALF + r)[:, None] * DK, w1.to(w_ptr.dtype.element_ty))
+    w_rows = w_ptr + slot * C * BK + ks[None, :]
+    tl.store(w_rows + r[:, None] * BK, w0.to(w_ptr.dtype.element_ty))
+    tl.store(w_rows + (HALF + r)[:, None] * BK, w1.to(w_ptr.dtype.element_ty))
     v_head = v_ptr + hv * stride_vh + vs[None, :]
     v0 = (
-        tl.load(v_head + rows0[:, None] * stride_vt, mask=ok0[:, None], other=0.0).to(tl.float32)
+        tl.load(v_head + rows0[:, None] * stride_vt, mask=ok0[:, None] & vcols, other=0.0).to(tl.float32)
         * b0[:, None]
     )
     v1 = (
-        tl.load(v_head + rows1[:, None] * stride_vt, mask=ok1[:, None], other=0.0).to(tl.float32)
+        tl.load(v_head + rows1[:, None] * stride_vt, mask=ok1[:, None] & vcols, other=0.0).to(tl.float32)
         * b1[:, None]
     )
     u0 = _mm(t00, v0, LOWP, LOW, PREC_INV)
     u1 = _mm(t10, v0, LOWP, LOW, PREC_INV) + _mm(t11, v1, LOWP, LOW, PREC_INV)
-    u_rows = u_ptr + slot * C * DV + vs[None, :]
-    tl.store(u_rows + r[:, None] * DV, u0.to(u_ptr.dtype.element_ty))
-    tl.store(u_rows + (HALF + r)[:, None] * DV, u1.to(u_ptr.dtype.element_ty))
+    u_rows = u_ptr + slot * C * BV + vs[None, :]
+    tl.store(u_rows + r[:, None] * BV, u0.to(u_ptr.dtype.element_ty))
+    tl.store(u_rows + (HALF + r)[:, None] * BV, u1.to(u_ptr.dtype.element_ty))
     # For the sequential state kernel, done here in parallel: the keys decayed to the chunk's end, and the
     # chunk's whole decay (padding rows have g = 0, so the sum is the decay up to the last real token).
     total = tl.sum(g0, axis=0) + tl.sum(g1, axis=0)
-    kd_rows = kd_ptr + slot * C * DK + ks[None, :]
-    tl.store(kd_rows + r[:, None] * DK, (k0 * tl.exp(total - cum0)[:, None]).to(kd_ptr.dtype.element_ty))
+    kd_rows = kd_ptr + slot * C * BK + ks[None, :]
+    tl.store(kd_rows + r[:, None] * BK, (k0 * tl.exp(total - cum0)[:, None]).to(kd_ptr.dtype.element_ty))
     tl.store(
-        kd_rows + (HALF + r)[:, None] * DK, (k1 * tl.exp(total - cum1)[:, None]).to(kd_ptr.dtype.element_ty)
+        kd_rows + (HALF + r)[:, None] * BK, (k1 * tl.exp(total - cum1)[:, None]).to(kd_ptr.dtype.element_ty)
     )
     tl.store(decay_ptr + slot, tl.exp(total))
 
@@ -207,6 +221,8 @@ def _state_kernel(
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     BLOCK_V: tl.constexpr,
     HAS_INIT: tl.constexpr,
     PREC: tl.constexpr,
@@ -222,26 +238,27 @@ def _state_kernel(
         return
     LOW: tl.constexpr = w_ptr.dtype.element_ty
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    ks = tl.arange(0, DK)
+    ks = tl.arange(0, BK)
     i = tl.arange(0, C)
     s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[None, :] * DK + ks[:, None]
-    h = tl.load(s_ptrs).to(tl.float32)  # [DK, BLOCK_V]: S^T
+    real = _within(ks, DK, BK)[:, None] & _within(vs, DV, BV)[None, :]  # the state's own entries
+    h = tl.load(s_ptrs, mask=real, other=0.0).to(tl.float32)  # [BK, BLOCK_V]: S^T
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
         h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
     hv64 = hv.to(tl.int64)  # buffer offsets in int64: chunks * heads * 64 * 128 passes 2^31 at long prompts
     for c in range(tl.load(first_chunk_ptr + seq), tl.load(first_chunk_ptr + seq + 1)):
         slot_c = c * num_v_heads + hv64
-        w = tl.load(w_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :])
-        u = tl.load(u_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :]).to(tl.float32)
-        kd = tl.load(kd_ptr + slot_c * C * DK + i[:, None] * DK + ks[None, :])
+        w = tl.load(w_ptr + slot_c * C * BK + i[:, None] * BK + ks[None, :])
+        u = tl.load(u_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :]).to(tl.float32)
+        kd = tl.load(kd_ptr + slot_c * C * BK + i[:, None] * BK + ks[None, :])
         decay = tl.load(decay_ptr + slot_c)
         h_low = h.to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + slot_c * DK * DV + ks[:, None] * DV + vs[None, :], h_low)
+        tl.store(h_ptr + slot_c * BK * BV + ks[:, None] * BV + vs[None, :], h_low)
         v_new = u - _mm(w, h_low, LOWP, LOW, PREC)  # [C, BLOCK_V]
         v_low = v_new.to(vnew_ptr.dtype.element_ty)
         h = h * decay + _mm(tl.trans(kd), v_low, LOWP, LOW, PREC)
-        tl.store(vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :], v_low)
-    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
+        tl.store(vnew_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :], v_low)
+    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
 
 
 @triton.jit
@@ -268,6 +285,8 @@ def _output_kernel(
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
+    BK: tl.constexpr,
+    BV: tl.constexpr,
     BLOCK_V: tl.constexpr,
     L2NORM: tl.constexpr,
     PREC: tl.constexpr,
@@ -282,31 +301,37 @@ def _output_kernel(
     t0 = tl.load(chunk_start_ptr + c)
     end = tl.load(cu_ptr + seq + 1)
     i = tl.arange(0, C)
-    ks = tl.arange(0, DK)
+    ks = tl.arange(0, BK)
+    kcols = _within(ks, DK, BK)[None, :]
     rows = (t0 + i).to(tl.int64)
     ok = t0 + i < end
     o_ptrs = out_ptr + rows[:, None] * stride_ot + hv * stride_oh + vs[None, :]
+    o_mask = ok[:, None] & _within(vs, DV, BV)[None, :]
     if tl.load(idx_ptr + seq) < 0:  # padding sequence: zeros
-        tl.store(o_ptrs, tl.zeros([C, BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty), mask=ok[:, None])
+        tl.store(o_ptrs, tl.zeros([C, BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty), mask=o_mask)
         return
     LOW: tl.constexpr = h_ptr.dtype.element_ty
     hk = hv // group
-    q = tl.load(q_ptr + rows[:, None] * stride_qt + hk * stride_qh + ks[None, :], mask=ok[:, None], other=0.0)
+    q = tl.load(
+        q_ptr + rows[:, None] * stride_qt + hk * stride_qh + ks[None, :], mask=ok[:, None] & kcols, other=0.0
+    )
     q = _rows_l2(q.to(tl.float32), L2NORM) * scale
-    k = tl.load(k_ptr + rows[:, None] * stride_kt + hk * stride_kh + ks[None, :], mask=ok[:, None], other=0.0)
+    k = tl.load(
+        k_ptr + rows[:, None] * stride_kt + hk * stride_kh + ks[None, :], mask=ok[:, None] & kcols, other=0.0
+    )
     k = _rows_l2(k.to(tl.float32), L2NORM)
     slot_c = c * num_v_heads + hv
     cum = tl.load(cum_ptr + slot_c * C + i)
     h = tl.load(
-        h_ptr + slot_c * DK * DV + ks[:, None] * DV + vs[None, :]
-    )  # [DK, BLOCK_V]: S^T before the chunk
-    v_new = tl.load(vnew_ptr + slot_c * C * DV + i[:, None] * DV + vs[None, :])
+        h_ptr + slot_c * BK * BV + ks[:, None] * BV + vs[None, :]
+    )  # [BK, BLOCK_V]: S^T before the chunk
+    v_new = tl.load(vnew_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :])
     causal = i[:, None] >= i[None, :]
     decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
     o = _mm(q * tl.exp(cum)[:, None], h, LOWP, LOW, PREC)
     attn = _mm(q, tl.trans(k), LOWP, LOW, PREC) * decay
     o += _mm(attn, v_new, LOWP, LOW, PREC)
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=ok[:, None])
+    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
 
 
 def _chunk_plan(cu_seqlens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -371,10 +396,13 @@ def gated_delta_rule_chunked(
     chunk_seq, chunk_start, first_chunk = _chunk_plan(cu_seqlens, tokens)
     chunks = chunk_seq.numel()
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
+    bk, bv = padded_head_size(dk), padded_head_size(dv)
     group = num_v_heads // q.shape[1]
-    tiles = tiles or gdn_tiles(v.dtype, dv, interpret=SETTINGS.triton_interpret)
-    if dv % tiles.state_block_v or dv % tiles.out_block_v:
-        raise ValueError(f"value blocks {tiles.state_block_v}, {tiles.out_block_v} must divide Dv={dv}")
+    tiles = tiles or gdn_tiles(v.dtype, bv, interpret=SETTINGS.triton_interpret)
+    if bv % tiles.state_block_v or bv % tiles.out_block_v:
+        raise ValueError(
+            f"value blocks {tiles.state_block_v}, {tiles.out_block_v} must divide Dv={dv} padded to {bv}"
+        )
     if tiles.state_stages < 2:
         # Triton 3.6 on the H200: the unpipelined state loop intermittently faults (illegal address) at 8k
         # tokens, while compute-sanitizer finds no bad access or race; 2-4 stages never did.
@@ -386,11 +414,12 @@ def gated_delta_rule_chunked(
     lowp = tiles.lowp and v.dtype != torch.float32
     buf = dict(dtype=v.dtype, device=v.device)  # intermediates in the activations' dtype halve their traffic
     cum = torch.empty(chunks, num_v_heads, CHUNK, dtype=torch.float32, device=v.device)
-    w = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
-    u = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
-    v_new = torch.empty(chunks, num_v_heads, CHUNK, dv, **buf)
-    h = torch.empty(chunks, num_v_heads, dk, dv, **buf)  # the state before each chunk, transposed
-    kd = torch.empty(chunks, num_v_heads, CHUNK, dk, **buf)
+    # (at the padded head sizes: the kernels write every entry, the padding as zeros)
+    w = torch.empty(chunks, num_v_heads, CHUNK, bk, **buf)
+    u = torch.empty(chunks, num_v_heads, CHUNK, bv, **buf)
+    v_new = torch.empty(chunks, num_v_heads, CHUNK, bv, **buf)
+    h = torch.empty(chunks, num_v_heads, bk, bv, **buf)  # the state before each chunk, transposed
+    kd = torch.empty(chunks, num_v_heads, CHUNK, bk, **buf)
     decay = torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device)
     _prepare_kernel[(chunks, num_v_heads)](
         k,
@@ -414,6 +443,8 @@ def gated_delta_rule_chunked(
         C=CHUNK,
         DK=dk,
         DV=dv,
+        BK=bk,
+        BV=bv,
         L2NORM=use_qk_l2norm,
         LOG2C=CHUNK.bit_length() - 1,
         PREC_INV=tiles.inverse_precision,
@@ -421,7 +452,7 @@ def gated_delta_rule_chunked(
         num_warps=tiles.prepare_warps,
     )
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
-    _state_kernel[(seqs, num_v_heads, dv // tiles.state_block_v)](
+    _state_kernel[(seqs, num_v_heads, bv // tiles.state_block_v)](
         first_chunk,
         state_indices,
         init,
@@ -438,6 +469,8 @@ def gated_delta_rule_chunked(
         C=CHUNK,
         DK=dk,
         DV=dv,
+        BK=bk,
+        BV=bv,
         BLOCK_V=tiles.state_block_v,
         HAS_INIT=has_initial_state is not None,
         PREC=prec,
@@ -445,7 +478,7 @@ def gated_delta_rule_chunked(
         num_warps=tiles.state_warps,
         num_stages=tiles.state_stages,
     )
-    _output_kernel[(chunks, num_v_heads, dv // tiles.out_block_v)](
+    _output_kernel[(chunks, num_v_heads, bv // tiles.out_block_v)](
         q,
         k,
         out,
@@ -468,6 +501,8 @@ def gated_delta_rule_chunked(
         C=CHUNK,
         DK=dk,
         DV=dv,
+        BK=bk,
+        BV=bv,
         BLOCK_V=tiles.out_block_v,
         L2NORM=use_qk_l2norm,
         PREC=prec,

@@ -32,9 +32,34 @@ def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None
         )
     if not (g.is_contiguous() and beta.is_contiguous()) or min(x.stride(-1) for x in (q, k, v)) != 1:
         raise ValueError("g and beta must be contiguous, and q, k, v need a contiguous last dimension")
-    pow2 = triton.next_power_of_2
-    if pow2(dk) != dk or pow2(dv) != dv or dk < 16 or dv < 16:
-        raise ValueError(f"head dims must be powers of two >= 16, got Dk={dk}, Dv={dv}")
+    check_gdn_head_sizes(dk, dv, v.dtype)
+
+
+# The chunked state kernel keeps a chunk's keys (w and the decayed keys, [64, padded Dk]) in shared memory
+# for each stage of its pipelined loop: 256 padded key columns fit in 16-bit activations, 128 in fp32.
+MAX_PADDED_KEY_BYTES = 512
+
+
+def padded_head_size(size: int) -> int:
+    """The width a kernel holds a head of `size` at: a power of two (Triton's blocks), at least 16 (the
+    smallest matmul operand); the columns past `size` are masked to zeros."""
+    return max(16, triton.next_power_of_2(size))
+
+
+def max_key_head_size(dtype: torch.dtype) -> int:
+    """The widest key head the kernels take with activations of `dtype` (any value head size works)."""
+    return MAX_PADDED_KEY_BYTES // dtype.itemsize
+
+
+def check_gdn_head_sizes(dk: int, dv: int, dtype: torch.dtype) -> None:
+    """ValueError unless the kernels take key heads of dk and value heads of dv in `dtype` activations."""
+    if dk < 1 or dv < 1:
+        raise ValueError(f"head dims must be positive, got Dk={dk}, Dv={dv}")
+    if dk > max_key_head_size(dtype):
+        raise ValueError(
+            f"key heads of {dk} are wider than the chunked kernel's {max_key_head_size(dtype)} with {dtype} "
+            "activations (its shared memory holds a chunk's padded keys per pipeline stage)"
+        )
 
 
 def unit_stride(*index_tensors: torch.Tensor | None) -> tuple[torch.Tensor | None, ...]:

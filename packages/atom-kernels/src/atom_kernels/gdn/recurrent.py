@@ -8,7 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.inputs import gdn_entry, unit_stride
+from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.settings import Backend
 
 
@@ -47,6 +47,7 @@ def _recurrent_kernel(
     stride_sh,
     DK: tl.constexpr,
     DV: tl.constexpr,
+    BK: tl.constexpr,
     BLOCK_V: tl.constexpr,
     L2NORM: tl.constexpr,
     HAS_INIT: tl.constexpr,
@@ -56,7 +57,9 @@ def _recurrent_kernel(
     hv = tl.program_id(1)
     hk = hv // group
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    ks = tl.arange(0, DK)
+    ks = tl.arange(0, BK)  # the key head padded to a power of two: the padding loads as zeros
+    kcols, vrows = ks < DK, vs < DV
+    real = vrows[:, None] & kcols[None, :]  # the state's own entries
     start = tl.load(cu_ptr + seq)
     end = tl.load(cu_ptr + seq + 1)
     slot = tl.load(idx_ptr + seq).to(tl.int64)
@@ -66,31 +69,34 @@ def _recurrent_kernel(
             tl.store(
                 out_ptr + (start64 + (t - start)) * stride_ot + hv * stride_oh + vs,
                 tl.zeros([BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty),
+                mask=vrows,
             )
         return
     s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]  # [BLOCK_V, DK]
-    h = tl.load(s_ptrs).to(tl.float32)
+    h = tl.load(s_ptrs, mask=real, other=0.0).to(tl.float32)
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
         h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
     for t in range(start, end):
         t64 = start64 + (t - start)
-        q = _l2norm(tl.load(q_ptr + t64 * stride_qt + hk * stride_qh + ks).to(tl.float32), L2NORM) * scale
-        k = _l2norm(tl.load(k_ptr + t64 * stride_kt + hk * stride_kh + ks).to(tl.float32), L2NORM)
-        v = tl.load(v_ptr + t64 * stride_vt + hv * stride_vh + vs).to(tl.float32)
+        q = tl.load(q_ptr + t64 * stride_qt + hk * stride_qh + ks, mask=kcols, other=0.0)
+        q = _l2norm(q.to(tl.float32), L2NORM) * scale
+        k = tl.load(k_ptr + t64 * stride_kt + hk * stride_kh + ks, mask=kcols, other=0.0)
+        k = _l2norm(k.to(tl.float32), L2NORM)
+        v = tl.load(v_ptr + t64 * stride_vt + hv * stride_vh + vs, mask=vrows, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + t64 * num_v_heads + hv).to(tl.float32)
         beta = tl.load(beta_ptr + t64 * num_v_heads + hv).to(tl.float32)
         h = h * tl.exp(g)
         delta = (v - tl.sum(h * k[None, :], axis=1)) * beta
         h = h + delta[:, None] * k[None, :]
         o = tl.sum(h * q[None, :], axis=1)
-        tl.store(out_ptr + t64 * stride_ot + hv * stride_oh + vs, o.to(out_ptr.dtype.element_ty))
+        tl.store(out_ptr + t64 * stride_ot + hv * stride_oh + vs, o.to(out_ptr.dtype.element_ty), mask=vrows)
         if STEP_STATES:  # speculative verify: every token's state, for the accepted one to be kept
             step = tl.load(step_ptr + t64).to(tl.int64)
             if step >= 0:
                 step_ptrs = state_ptr + step * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]
-                tl.store(step_ptrs, h.to(state_ptr.dtype.element_ty))
+                tl.store(step_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
     if not STEP_STATES:
-        tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty))
+        tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
 
 
 def gated_delta_rule_recurrent(
@@ -146,10 +152,11 @@ def gated_delta_rule_recurrent(
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
     if seqs == 0:
         return out
+    bk, bv = padded_head_size(dk), triton.next_power_of_2(dv)
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
-        block_v = min(dv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
+        block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
-    _recurrent_kernel[(seqs, num_v_heads, dv // block_v)](
+    _recurrent_kernel[(seqs, num_v_heads, triton.cdiv(dv, block_v))](
         q,
         k,
         v,
@@ -176,6 +183,7 @@ def gated_delta_rule_recurrent(
         state.stride(1),
         DK=dk,
         DV=dv,
+        BK=bk,
         BLOCK_V=block_v,
         L2NORM=use_qk_l2norm,
         HAS_INIT=has_initial_state is not None,

@@ -36,17 +36,27 @@ ARCHS = {
 }
 
 
-def _hf_layer(arch: str):
+# (key, value) head sizes: powers of two, and sizes that are not (the kernels pad and mask them)
+HEADS = {"16-32": (16, 32), "24-40": (24, 40)}
+
+
+def _linear(heads: str) -> dict:
+    dk, dv = HEADS[heads]
+    return {**LINEAR, "linear_key_head_dim": dk, "linear_value_head_dim": dv}
+
+
+def _hf_layer(arch: str, heads: str):
+    linear = _linear(heads)
     if arch == "qwen3-next":
         from transformers import Qwen3NextConfig
         from transformers.models.qwen3_next.modeling_qwen3_next import Qwen3NextGatedDeltaNet as Layer
 
-        config = Qwen3NextConfig(**LINEAR, layer_types=["linear_attention"])
+        config = Qwen3NextConfig(**linear, layer_types=["linear_attention"])
     else:
         from transformers import Qwen3_5TextConfig
         from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5GatedDeltaNet as Layer
 
-        config = Qwen3_5TextConfig(**LINEAR, layer_types=["linear_attention"])
+        config = Qwen3_5TextConfig(**linear, layer_types=["linear_attention"])
     torch.manual_seed(0)
     layer = Layer(config, 0).eval()
     with torch.no_grad():
@@ -62,9 +72,9 @@ def _hf_layer(arch: str):
     return layer
 
 
-def _atom_layer(arch: str, hf_layer, kernel_backend: str):
+def _atom_layer(arch: str, heads: str, hf_layer, kernel_backend: str):
     name, grouped = ARCHS[arch]
-    config = ModelConfig.from_hf_dict({"architectures": [name], **LINEAR, "torch_dtype": "float32"})
+    config = ModelConfig.from_hf_dict({"architectures": [name], **_linear(heads), "torch_dtype": "float32"})
     with torch.device(DEVICE):  # where the loader would build it
         layer = GatedDeltaNet(
             config,
@@ -86,9 +96,10 @@ def _hf_outputs(layer, x: torch.Tensor) -> torch.Tensor:
         return layer(x[None])[0]
 
 
+@pytest.mark.parametrize("heads", list(HEADS))
 @pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
 @pytest.mark.parametrize("arch", list(ARCHS))
-def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, monkeypatch):
+def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, heads, monkeypatch):
     from atom_kernels import settings
     from atom_kernels.settings import Backend, Settings
 
@@ -97,8 +108,8 @@ def test_chunked_prefill_and_decode_equal_transformers(arch, kernel_backend, mon
     monkeypatch.setattr(settings, "SETTINGS", Settings(backend, settings.SETTINGS.triton_interpret))
     if backend is Backend.TRITON and not torch.cuda.is_available() and not settings.SETTINGS.triton_interpret:
         pytest.fail("the Triton path on the CPU needs TRITON_INTERPRET=1 (set by the test environment)")
-    hf = _hf_layer(arch)
-    ours = _atom_layer(arch, hf, kernel_backend)
+    hf = _hf_layer(arch, heads)
+    ours = _atom_layer(arch, heads, hf, kernel_backend)
     lengths, first_chunk, decode_steps = [9, 3, 14], [5, 3, 8], 3
     gen = torch.Generator().manual_seed(1)
     inputs = [torch.randn(n + decode_steps, LINEAR["hidden_size"], generator=gen) for n in lengths]
@@ -147,6 +158,19 @@ def test_unsupported_configs_are_refused_by_name():
     ctx = BuildContext(PagedAttentionBackend(kernel_backend="torch"))
     with pytest.raises(ConfigError, match=r"linear_num_value_heads \(3\) must be a multiple"):
         GatedDeltaNet(config, ctx, layer_index=0, prefix="x", grouped_projections=True)
+    wide = {"architectures": ["Qwen3NextForCausalLM"], **LINEAR, "linear_key_head_dim": 192}
+    with pytest.raises(  # at load, not per request
+        ConfigError, match=r"linear_key_head_dim 192, .*supported: key heads up to 128"
+    ):
+        GatedDeltaNet(
+            ModelConfig.from_hf_dict({**wide, "torch_dtype": "float32"}),
+            ctx,
+            layer_index=0,
+            prefix="x",
+            grouped_projections=True,
+        )
+    wide_bf16 = ModelConfig.from_hf_dict({**wide, "torch_dtype": "bfloat16"})
+    GatedDeltaNet(wide_bf16, ctx, layer_index=0, prefix="x", grouped_projections=True)  # key heads up to 256
     good = ModelConfig.from_hf_dict(
         {"architectures": ["Qwen3NextForCausalLM"], **LINEAR, "torch_dtype": "float32"}
     )

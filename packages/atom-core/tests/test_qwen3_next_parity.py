@@ -98,6 +98,33 @@ def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
     llm.engine.shutdown()
 
 
+@pytest.mark.parametrize("heads", [(24, 48), (48, 24)], ids=["dk24-dv48", "dk48-dv24"])
+def test_deltanet_heads_that_are_not_powers_of_two_match_transformers(tmp_path, heads):
+    """Key and value head sizes transformers accepts but Triton's blocks are not (the kernels pad and mask
+    them): greedy tokens through chunked prefill and decode equal transformers'. On a GPU the Triton
+    kernels run, decode steps replaying CUDA graphs; on the CPU their torch references."""
+    dk, dv = heads
+    hf = qwen3_next_checkpoint(tmp_path, "qwen3.5", linear_key_head_dim=dk, linear_value_head_dim=dv)
+    gpu = torch.cuda.is_available()
+    llm = LLM(
+        tmp_path,
+        kernel_backend=None if gpu else "torch",
+        dtype="float32",
+        block_size=16 if gpu else 4,
+        num_kv_blocks=64,
+        max_num_batched_tokens=24,  # the 70-token prompt prefills in chunks
+        max_model_len=128,
+        max_num_seqs=4,
+    )
+    params = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    for p, out in zip(PROMPTS, outs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy(hf, p, 16)
+    if gpu:
+        assert llm.engine.runner.graphs.decode.replays > 0
+    llm.engine.shutdown()
+
+
 @pytest.mark.parametrize("case", ["qwen3-next", "qwen3.5-moe"])  # grouped and split DeltaNet projections
 def test_tensor_parallel_2_over_gloo_equals_1(tmp_path, case):
     """TP=2 on the CPU: each rank keeps one key head's DeltaNet (its value heads, conv channels and state),

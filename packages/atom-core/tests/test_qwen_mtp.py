@@ -70,11 +70,15 @@ def run(path, prompts, params, **engine):
     return llm.engine, outs
 
 
-def test_random_and_forced_drafts_still_equal_plain(tmp_path):
+@pytest.mark.parametrize(
+    "heads", [{}, dict(linear_key_head_dim=24, linear_value_head_dim=40)], ids=["16-32", "24-40"]
+)
+def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads):
     """Qwen3.5-MoE (fused experts), n=2, a prompt longer than the 64-token DeltaNet chunk: the random
     draft's own proposals (mostly rejected), and drafts forced right for the first of two, so that each
-    step that verifies drafts accepts exactly one (its state committed) and rejects the rest."""
-    qwen_mtp_checkpoint(tmp_path, "qwen3.5-moe-fused")
+    step that verifies drafts accepts exactly one (its state committed) and rejects the rest. Also with
+    DeltaNet heads that are not powers of two (the kernels pad them)."""
+    qwen_mtp_checkpoint(tmp_path, "qwen3.5-moe-fused", **heads)
     prompts = language_prompts(VOCAB, [11, 6, 66])
     params = SamplingParams(n=2, temperature=0, max_tokens=16, ignore_eos=True)
     _, want = run(tmp_path, prompts, params, num_kv_blocks=96)

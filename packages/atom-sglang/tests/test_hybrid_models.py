@@ -48,6 +48,18 @@ def test_hybrid_wrapper_matches_transformers_through_extend_and_decode(case, tmp
     assert_generation_matches(lambda t: _reference_logits(reference, t), prompts, tokens, logits)
 
 
+def test_gdn_heads_that_are_not_powers_of_two_match_transformers(tmp_path):
+    """Key and value heads of 48 and 24 (ATOM's kernels pad them to powers of two and mask the padding)
+    through SGLang's extend and decode."""
+    reference = qwen3_next_checkpoint(
+        tmp_path, "qwen3-next", linear_key_head_dim=48, linear_value_head_dim=24, **SGLANG_FIELDS
+    )
+    h = SglangHarness(tmp_path, page_size=16)
+    prompts = _prompts(seed=7)
+    tokens, logits = generate(h, prompts)
+    assert_generation_matches(lambda t: _reference_logits(reference, t), prompts, tokens, logits)
+
+
 def test_an_fp8_qwen3_5_moe_matches_transformers_on_the_dequantized_weights(tmp_path, monkeypatch):
     """Qwen3.5-MoE's fp8 release format: 32-wide blocks over a 48-wide hidden (ragged), bf16 scales, the GDN
     gate projections in modules_to_not_convert. atom-kernels' torch path (the CPU interpreter's e4m3 math is

@@ -19,7 +19,14 @@ from atom_kernels.comm import MAX_ROWS as PEER_NORM_MAX_ROWS
 from atom_kernels.comm import all_reduce_rms_norm, fused_buffer_bytes, one_shot_all_reduce
 from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
-from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
+from atom_kernels.gdn import (
+    causal_conv1d,
+    check_gdn_head_sizes,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    gdn_gating,
+    max_key_head_size,
+)
 from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.moe import ExpertScales
 from atom_kernels.opaque import (
@@ -44,6 +51,7 @@ __all__ = [
     "apply_mrope",
     "apply_rotary",
     "causal_conv1d",
+    "check_gdn_head_sizes",
     "dequantize_fp8_weight",
     "fp8_linear",
     "fused_buffer_bytes",
@@ -54,6 +62,7 @@ __all__ = [
     "grouped_topk",
     "kv_cache_shapes",
     "linear",
+    "max_key_head_size",
     "mla_attention",
     "one_shot_all_reduce",
     "paged_decode",

@@ -33,6 +33,18 @@ def test_hybrid_runs_atoms_gdn_layers_and_equals_transformers(case, tmp_path, ca
     assert f"runs {ckpt.architecture}" in logs.out + logs.err
 
 
+def test_gdn_heads_that_are_not_powers_of_two_equal_transformers(tmp_path):
+    """Key and value heads of 24 and 48 (transformers takes any size; ATOM's kernels pad them to powers
+    of two and mask the padding): the same ragged, chunked batch gives transformers' greedy tokens."""
+    ckpt, model = save_hybrid_checkpoint(
+        "qwen3.5", tmp_path / "ckpt", linear_key_head_dim=24, linear_value_head_dim=48
+    )
+    expected = [greedy_by_recompute(model, p, STEPS) for p in PROMPTS]
+    runs, what, _ = run_vllm(ckpt.path, PROMPTS, block_size=None, enable_prefix_caching=False)
+    assert what["attention"] == ["VllmAttentionLayer:ATOM", "VllmGDNLayer:ATOM_GDN"]
+    assert runs[0] == expected
+
+
 def test_fp8_qwen3_5_moe_checkpoint_loads_into_atoms_layers(tmp_path, capfd):
     """A block-quantized fp8 copy of Qwen3.5-MoE (16-wide blocks; modules_to_not_convert as the Qwen3.5 fp8
     releases list it, tools/testing_fp8.NOT_CONVERT): vLLM runs fp8 checkpoints in fp16/bf16, and its

@@ -30,7 +30,7 @@ from atom_core.layers.linear import (
     narrow_parts,
 )
 from atom_core.layers.parallel import RankPartial
-from atom_core.ops import rms_norm_gated
+from atom_core.ops import check_gdn_head_sizes, max_key_head_size, rms_norm_gated
 
 STATE_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -57,6 +57,13 @@ class GatedDeltaNet(nn.Module):
             raise ConfigError(f"GDN state dtype must be one of {sorted(STATE_DTYPES)}, got {state_dtype!r}")
         num_k_heads, num_v_heads = hf["linear_num_key_heads"], hf["linear_num_value_heads"]
         self.head_k_dim, self.head_v_dim = hf["linear_key_head_dim"], hf["linear_value_head_dim"]
+        try:  # any size transformers takes, within the kernels' shared memory: refused here, not per request
+            check_gdn_head_sizes(self.head_k_dim, self.head_v_dim, config.dtype)
+        except ValueError as err:
+            raise ConfigError(
+                f"linear_key_head_dim {self.head_k_dim}, linear_value_head_dim {self.head_v_dim} "
+                f"({config.dtype}): {err}; supported: key heads up to {max_key_head_size(config.dtype)}"
+            ) from None
         if num_v_heads % num_k_heads:
             raise ConfigError(
                 f"linear_num_value_heads ({num_v_heads}) must be a multiple of linear_num_key_heads "

@@ -20,10 +20,10 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from atom_core.integration import ParallelConfig, SharedVocab, finish_loading
+from atom_core.integration import ParallelConfig, SharedVocab, load_atom_weights
 from atom_sglang.runtime import sglang_forward
 from atom_sglang.specs import SglangModelSpec
-from atom_sglang.wrapper import ATOM_PREFIX, build_atom
+from atom_sglang.wrapper import build_atom
 
 
 class AtomDraftForCausalLM(nn.Module):
@@ -104,6 +104,4 @@ class AtomDraftForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """The target's checkpoint (name, tensor) pairs: atom-core's draft keeps its MTP layer's."""
-        filled = self.atom.load_weights(weights)
-        finish_loading(self.atom)
-        return {f"{ATOM_PREFIX}.{name}" for name in filled}
+        return load_atom_weights(self.atom, weights)

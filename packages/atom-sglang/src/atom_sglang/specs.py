@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 
-from atom_core.integration import ModelSpec, get_model_spec, supported_architectures
+from atom_core.integration import LAYER_KINDS, ModelSpec, get_model_spec, supported_architectures
 
 
 def _same(hf_config: dict) -> dict:
@@ -51,13 +51,8 @@ def requires_no_radix_cache(wrapper) -> None:
         )
 
 
-HYBRIDS = (
-    "Qwen3NextForCausalLM",
-    "Qwen3_5ForCausalLM",
-    "Qwen3_5MoeForCausalLM",
-    "Qwen3_5ForConditionalGeneration",
-    "Qwen3_5MoeForConditionalGeneration",
-)
+# Gated DeltaNet hybrids, as atom-core's registry declares them
+HYBRIDS = tuple(arch for arch in supported_architectures() if "gdn" in get_model_spec(arch).layer_kinds)
 
 # Per-architecture differences from the defaults: {architecture: {field: value}}; keys must name an
 # architecture atom-core builds.
@@ -91,11 +86,8 @@ def adapter_spec(architecture: str) -> SglangModelSpec:
     return replace(spec, **OVERRIDES.get(architecture, {}))
 
 
-# The layer kinds ATOM's wrapper builds under SGLang; architectures with others stay SGLang's own models.
-LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
-
-
 def served_architectures() -> tuple[str, ...]:
-    """Every architecture the external model package exposes to SGLang: targets, then their drafts."""
+    """Every architecture the external model package exposes to SGLang: targets (all of atom-core's layer
+    kinds are built here; an architecture with another would stay SGLang's own model), then drafts."""
     targets = supported_architectures(layer_kinds=LAYER_KINDS)
     return targets + tuple(draft for draft, of in DRAFTS.items() if set(of) <= set(targets))

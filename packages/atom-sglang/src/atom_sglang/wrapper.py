@@ -19,14 +19,12 @@ from sglang.srt.layers.logits_processor import LogitsProcessor
 from sglang.srt.runtime_context import get_parallel
 from torch import nn
 
-from atom_core.integration import build_for_engine, finish_loading
+from atom_core.integration import atom_module_prefix, build_for_engine, load_atom_weights
 from atom_sglang.attention.layer import CoreAttentionBackend
 from atom_sglang.runtime import sglang_forward
 from atom_sglang.specs import SglangModelSpec, adapter_spec
 
 logger = logging.getLogger("atom_sglang")
-
-ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
 
 
 ATOM_QUANT_METHODS = (
@@ -113,7 +111,7 @@ def build_atom(spec: SglangModelSpec, config, quant_config, prefix: str) -> nn.M
         tp_size=tp_size,
         tp_rank=parallel.tp_rank,
         tp_group=parallel.tp_group.device_group if tp_size > 1 else None,
-        prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        prefix=atom_module_prefix(prefix),
         draft_of=draft_target(spec, config),
     )
     logger.info(
@@ -195,9 +193,7 @@ class AtomForCausalLM(nn.Module):
         """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
         cut = self.spec.checkpoint_prefix
         mine = ((name[len(cut) :], tensor) for name, tensor in weights if name.startswith(cut))
-        filled = self.atom.load_weights(mine)
-        finish_loading(self.atom)
-        return {f"{ATOM_PREFIX}.{name}" for name in filled}
+        return load_atom_weights(self.atom, mine)
 
 
 def entry_class(architecture: str) -> type[nn.Module]:

@@ -18,8 +18,8 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from atom_core.integration import finish_loading
-from atom_vllm.model import ATOM_PREFIX, build_atom
+from atom_core.integration import load_atom_weights
+from atom_vllm.model import build_atom
 from atom_vllm.registration import DRAFTS
 
 logger = logging.getLogger("vllm.atom_vllm")
@@ -107,6 +107,4 @@ class AtomMTPDraft(nn.Module):
         return self.atom.compute_logits(hidden_states)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
-        filled = self.atom.load_weights(weights)
-        finish_loading(self.atom)
-        return {f"{ATOM_PREFIX}.{name}" for name in filled}
+        return load_atom_weights(self.atom, weights)

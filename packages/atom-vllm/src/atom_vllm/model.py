@@ -12,12 +12,10 @@ from vllm.compilation.decorators import support_torch_compile
 from vllm.distributed import get_tensor_model_parallel_rank, get_tensor_model_parallel_world_size
 from vllm.distributed.parallel_state import get_tp_group
 
-from atom_core.integration import build_for_engine, finish_loading
+from atom_core.integration import atom_module_prefix, build_for_engine, load_atom_weights
 from atom_vllm.attention.layer import CoreAttentionBackend
 
 logger = logging.getLogger("vllm.atom_vllm")
-
-ATOM_PREFIX = "atom"  # the atom-core model's attribute: its parameters are "atom.<ATOM name>"
 
 
 def build_atom(vllm_config, prefix: str, draft_of: str | None = None, state_dtype: str = "float32"):
@@ -33,7 +31,7 @@ def build_atom(vllm_config, prefix: str, draft_of: str | None = None, state_dtyp
         tp_size=tp_size,
         tp_rank=get_tensor_model_parallel_rank(),
         tp_group=get_tp_group().device_group if tp_size > 1 else None,
-        prefix=f"{prefix}.{ATOM_PREFIX}" if prefix else ATOM_PREFIX,
+        prefix=atom_module_prefix(prefix),
         draft_of=draft_of,
         state_dtype=state_dtype,
     )
@@ -102,6 +100,4 @@ class AtomForCausalLM(nn.Module):
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Checkpoint (name, tensor) pairs -> the names of this module's parameters that were filled."""
-        filled = self.atom.load_weights(weights)
-        finish_loading(self.atom)
-        return {f"{ATOM_PREFIX}.{name}" for name in filled}
+        return load_atom_weights(self.atom, weights)

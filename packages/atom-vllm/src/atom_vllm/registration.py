@@ -4,7 +4,7 @@ are "module:Class" strings, so nothing heavy is imported here."""
 
 from __future__ import annotations
 
-from atom_core.integration import get_model_spec, supported_architectures
+from atom_core.integration import LAYER_KINDS, get_model_spec, supported_architectures
 
 MODEL_CLASS = "atom_vllm.model:AtomForCausalLM"
 HYBRID_MODEL_CLASS = "atom_vllm.hybrid:AtomHybridForCausalLM"  # models with Gated DeltaNet layers
@@ -17,8 +17,8 @@ DRAFTS = {
     "Qwen3_5MTP": "Qwen3_5ForCausalLM",
     "Qwen3_5MoeMTP": "Qwen3_5MoeForCausalLM",
 }
-# The layer kinds the adapter builds under vLLM: architectures with others stay vLLM's own models.
-LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
+# The adapter builds every layer kind atom-core has (LAYER_KINDS); an architecture with another would stay
+# vLLM's own model.
 ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.AtomMLABackend"
 GDN_BACKEND = "atom_vllm.attention.gdn.AtomGDNBackend"

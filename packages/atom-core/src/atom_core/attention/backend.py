@@ -8,11 +8,19 @@ pass their own backend; nothing switches on a global "framework" setting.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import torch
 
 from atom_core.cache.specs import PagedKVSpec
+
+if TYPE_CHECKING:  # (their modules import this one's specs' neighbours: named here for the protocol only)
+    from atom_core.attention.gdn import GDNLayer, GDNLayerSpec
+    from atom_core.attention.mla import MLALayer, MLALayerSpec
+
+# Every layer kind atom-core's models are built from (the attention backends' layer_kinds name which of
+# them a backend builds).
+LAYER_KINDS = frozenset({"mha", "sliding", "mla", "gdn"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,9 +70,22 @@ class AttentionLayer(Protocol):
 
 
 class AttentionBackend(Protocol):
+    """What a model's frontends ask of the surface they run on (the native engine, vLLM or SGLang): one
+    layer per attention layer of each kind, built once at model build time."""
+
     name: str
-    # The layer kinds (atom_core.cache: mha, sliding, mla, gdn) it can build; a model that needs another
-    # one is refused at build time, naming its architecture and the kind.
+    # The layer kinds (LAYER_KINDS) it can build; a model that needs another one is refused at build time,
+    # naming its architecture and the kind.
     layer_kinds: frozenset[str]
 
-    def make_layer(self, spec: AttentionLayerSpec) -> AttentionLayer: ...
+    def make_layer(self, spec: AttentionLayerSpec) -> AttentionLayer:
+        """Full (or sliding-window) attention over paged KV: kinds "mha" and "sliding"."""
+        ...
+
+    def make_mla_layer(self, spec: MLALayerSpec) -> MLALayer:
+        """Multi-head latent attention over the latent cache: kind "mla"."""
+        ...
+
+    def make_gdn_layer(self, spec: GDNLayerSpec) -> GDNLayer:
+        """Gated DeltaNet's conv and recurrent states: kind "gdn"."""
+        ...

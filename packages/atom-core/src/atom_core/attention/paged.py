@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
+from atom_core.attention.backend import LAYER_KINDS, AttentionLayerSpec, QKPrologue
 from atom_core.attention.gdn import GDNLayerSpec, GDNSlotLayer
 from atom_core.attention.metadata import PagedAttentionMetadata
 from atom_core.attention.mla import UNABSORBED_MIN_TOKENS, MLALayerSpec, MLAPagedLayer
@@ -20,7 +20,7 @@ class PagedAttentionBackend:
     """kernel_backend: "triton", "torch" (the reference, for the CPU) or None (atom_kernels decides)."""
 
     name = "atom-paged"
-    layer_kinds = frozenset({"mha", "sliding", "mla", "gdn"})
+    layer_kinds = LAYER_KINDS
 
     def __init__(
         self,

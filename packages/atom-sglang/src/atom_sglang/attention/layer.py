@@ -6,10 +6,15 @@ from __future__ import annotations
 import torch
 from sglang.srt.layers.radix_attention import RadixAttention
 
-from atom_core.integration import AttentionLayerSpec, GDNLayerSpec, MLALayerSpec, current_forward_context
+from atom_core.integration import (
+    LAYER_KINDS,
+    AttentionLayerSpec,
+    GDNLayerSpec,
+    MLALayerSpec,
+    current_forward_context,
+)
 from atom_sglang.attention.gdn_layer import SglangGDNLayer
 from atom_sglang.runtime import FORWARD_BATCH
-from atom_sglang.specs import LAYER_KINDS
 
 
 class SglangAttentionLayer(RadixAttention):

@@ -8,11 +8,10 @@ import copy
 import torch
 from vllm.model_executor.layers.attention import Attention
 
-from atom_core.integration import AttentionLayerSpec, GDNLayerSpec, MLALayerSpec
+from atom_core.integration import LAYER_KINDS, AttentionLayerSpec, GDNLayerSpec, MLALayerSpec
 from atom_vllm.attention.backend import AtomAttentionBackend
 from atom_vllm.attention.gdn import VllmGDNLayer
 from atom_vllm.attention.mla import VllmMLALayer
-from atom_vllm.registration import LAYER_KINDS
 
 
 class VllmAttentionLayer(Attention):

@@ -44,6 +44,18 @@ def test_the_real_workspace_keeps_every_contract():
         ("atom_sglang.bad", "import atom_vllm", "Layers: adapters above atom_core above atom_kernels"),
         ("atom_vllm.bad", "from atom_core.demo import ensure_demo_checkpoint", "only atom_core's public API"),
         ("atom_sglang.bad", "import atom_core.integration.version", "only atom_core's public API"),
+        # composing a stateful layer kind's step from kernel ops instead of calling atom-core's step
+        ("atom_vllm.attention.bad", "from atom_core.ops import causal_conv1d", "only atom_core's public API"),
+        (
+            "atom_sglang.attention.bad",
+            "from atom_core.ops import write_latent",
+            "only atom_core's public API",
+        ),
+        (
+            "atom_sglang.bad",
+            "from atom_core.attention.gdn_step import _slot_step",
+            "only atom_core's public API",
+        ),
     ],
 )
 def test_a_planted_violation_breaks_its_contract(workspace, module, line, broken):

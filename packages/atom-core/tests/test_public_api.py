@@ -50,6 +50,23 @@ def test_importing_the_package_does_not_import_torch():
     assert out.strip() == "False"
 
 
+def test_stateful_layer_kinds_reach_adapters_as_core_steps_not_kernel_ops():
+    """An adapter translates its engine's metadata into a view and calls core's step (the import contracts
+    keep atom_core.ops and atom_kernels from it); the ops those steps compose are not on its surface."""
+    assert {"gdn_step", "GDNStepView", "GDNBlockVerify", "GDNScratchVerify", "GDNStates", "mla_step"} <= set(
+        api.__all__
+    )
+    composed = {
+        "causal_conv1d",
+        "gdn_gating",
+        "gated_delta_rule_chunked",
+        "gated_delta_rule_recurrent",
+        "mla_attention",
+        "write_latent",
+    }
+    assert not composed & set(api.__all__)
+
+
 def test_kernel_ops_reach_adapters_through_core():
     x = torch.randn(5, 32)
     torch.testing.assert_close(api.silu_and_mul(x), silu_and_mul_ref(x), rtol=1e-5, atol=1e-5)

@@ -8,6 +8,8 @@ far (test_oracle_drafts.py forces drafts on Qwen3-Next always right, always wron
 j, with chunked prefill, prefix hits and preemption).
 """
 
+from collections import Counter
+
 import pytest
 import torch
 from core_support import forced, language_prompts, mtp, plain_tokens, torch_reference_ops
@@ -17,6 +19,7 @@ from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from tools.testing_qwen import VOCAB, qwen_mtp_checkpoint
+from tools.testing_seams import record_steps
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -73,11 +76,15 @@ def run(path, prompts, params, **engine):
 @pytest.mark.parametrize(
     "heads", [{}, dict(linear_key_head_dim=24, linear_value_head_dim=40)], ids=["16-32", "24-40"]
 )
-def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads):
+def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads, monkeypatch):
     """Qwen3.5-MoE (fused experts), n=2, a prompt longer than the 64-token DeltaNet chunk: the random
     draft's own proposals (mostly rejected), and drafts forced right for the first of two, so that each
     step that verifies drafts accepts exactly one (its state committed) and rejects the rest. Also with
-    DeltaNet heads that are not powers of two (the kernels pad them)."""
+    DeltaNet heads that are not powers of two (the kernels pad them). The seam: the native layer hands
+    every step to atom-core's gdn_step, verify steps with a slot for each token's state."""
+    import atom_core.attention.gdn as native_gdn
+
+    steps = record_steps([native_gdn], Counter(), monkeypatch.setattr)
     qwen_mtp_checkpoint(tmp_path, "qwen3.5-moe-fused", **heads)
     prompts = language_prompts(VOCAB, [11, 6, 66])
     params = SamplingParams(n=2, temperature=0, max_tokens=16, ignore_eos=True)
@@ -95,6 +102,7 @@ def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads):
         if oracle is not None:
             assert 0 < stats.num_accepted_tokens == stats.num_verifications < stats.num_draft_tokens
         assert slots.num_free == slots.num_slots  # all given back
+    assert steps["gdn_step:GDNStepView"] > 0 and steps["gdn_step:GDNStepView+step_slots"] > 0
 
 
 def test_mtp_on_a_hybrid_without_mtp_weights_is_refused(tmp_path):

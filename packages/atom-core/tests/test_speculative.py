@@ -10,6 +10,7 @@ plain ones.
 """
 
 import re
+from collections import Counter
 
 import pytest
 import torch
@@ -29,6 +30,7 @@ from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from tools.testing_models import transformers_mtp_logits
+from tools.testing_seams import record_steps
 
 VOCAB = 211
 
@@ -132,10 +134,14 @@ def test_a_trained_draft_speculates_as_plain_with_chunks_prefix_hits_and_preempt
     assert 0 <= accepted <= drafted and 0 < stats.num_verifications <= drafted <= k * stats.num_verifications
 
 
-def test_stop_strings_and_n_under_forced_drafts(untrained):
+def test_stop_strings_and_n_under_forced_drafts(untrained, monkeypatch):
     """A stop string ends a request in the middle of what one verify step accepts (every draft right:
     four tokens a step), and where every draft is rejected: output, text and finish reason are the plain
-    ones, for both samples of n=2."""
+    ones, for both samples of n=2. The seam: the native MLA layer hands every step to atom-core's
+    mla_step."""
+    import atom_core.attention.mla as native_mla
+
+    steps = record_steps([native_mla], Counter(), monkeypatch.setattr)
     path = untrained[0]
     prompts = language_prompts(VOCAB, [11, 6])
     free = SamplingParams(n=2, temperature=0, max_tokens=30, ignore_eos=True)
@@ -156,6 +162,7 @@ def test_stop_strings_and_n_under_forced_drafts(untrained):
         stats = llm.engine.stats
         assert stats.num_draft_tokens > 0
         assert stats.num_accepted_tokens == (stats.num_draft_tokens if right_for is None else 0)
+    assert steps["mla_step"] > 0
 
 
 def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrained):

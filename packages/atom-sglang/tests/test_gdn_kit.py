@@ -17,7 +17,7 @@ from sglang.test.kits.attention_unittest.runner_modes import speculative_target_
 from torch import nn
 
 from atom_core.integration import GDNLayerSpec
-from atom_sglang.attention.gdn_layer import SglangGDNLayer
+from atom_sglang.attention.gdn import SglangGDNLayer
 from atom_sglang.plugin import register
 from atom_sglang.runtime import sglang_forward
 

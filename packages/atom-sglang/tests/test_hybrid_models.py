@@ -3,6 +3,7 @@ the CPU: SGLang's own config classes, HybridReqToTokenPool with its MambaPool, H
 HybridLinearAttnBackend SGLang builds for these models (the `atom` backend on the full-attention layers,
 SGLang's GDN backend's metadata for ATOM's GDN layers), against transformers' logits and greedy tokens."""
 
+from collections import Counter
 from types import SimpleNamespace
 
 import pytest
@@ -11,6 +12,7 @@ from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_harness import SglangHarness, assert_generation_matches, generate
 
 from tools.testing_qwen import qwen3_next_checkpoint
+from tools.testing_seams import record_steps
 
 CASES = {
     "qwen3-next": "Qwen3NextForCausalLM",
@@ -118,7 +120,11 @@ def _bound(h, batch):
 
 
 @pytest.mark.parametrize("case", ["qwen3-next", "qwen3.5-moe"])
-def test_chain_verify_keeps_every_drafted_state_for_sglangs_commit(case, tmp_path):
+def test_chain_verify_keeps_every_drafted_state_for_sglangs_commit(case, tmp_path, monkeypatch):
+    # The seam: every GDN step reaches atom-core's gdn_step, the verify as SGLang's scratch rows.
+    import atom_sglang.attention.gdn as gdn
+
+    steps = record_steps([gdn], Counter(), monkeypatch.setattr)
     # SGLang's EAGLE worker verifies n drafted tokens per request, then commits the state after the last
     # accepted one from its speculative scratch (update_mamba_state_after_mtp_verify), then decodes on.
     reference = qwen3_next_checkpoint(tmp_path, case, **SGLANG_FIELDS)
@@ -147,6 +153,8 @@ def test_chain_verify_keeps_every_drafted_state_for_sglangs_commit(case, tmp_pat
     for prompt, draft, keep, token, mine in zip(prompts, drafts, accepted, bonus, after, strict=True):
         ref = _reference_logits(reference, prompt + draft[:keep] + [token])[-1]
         torch.testing.assert_close(mine, ref, atol=1e-4 * float(ref.abs().max()), rtol=1e-4)
+    kinds = ("gdn_step:GDNStepView", "gdn_step:GDNScratchVerify")
+    assert set(steps) == set(kinds) and all(steps[k] > 0 for k in kinds), steps
 
 
 def _commit(h, last_correct_step: torch.Tensor) -> None:

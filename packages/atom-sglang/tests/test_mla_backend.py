@@ -5,6 +5,7 @@ with qk_rope_head_dim 16 (the kit's default 0 is not a DeepSeek shape)."""
 
 import dataclasses
 import unittest
+from collections import Counter
 
 import pytest
 import torch
@@ -17,8 +18,9 @@ from sglang_harness import padded_decode
 
 from atom_sglang.attention.kv_cache import UnsupportedKVPool
 from atom_sglang.attention.metadata import UnsupportedForwardMode
-from atom_sglang.attention.mla_backend import AtomMLAAttnBackend
+from atom_sglang.attention.mla import AtomMLAAttnBackend
 from atom_sglang.plugin import register
+from tools.testing_seams import record_steps
 
 RANK, ROPE = 32, 16
 CASES = kit.make_mla_cases("atom")
@@ -148,8 +150,13 @@ def _verify(topk: int) -> None:
     )
 
 
-def test_chain_target_verify_matches_the_kit():
+def test_chain_target_verify_matches_the_kit(monkeypatch):
+    """The seam too: the backend hands the verify step to atom-core's mla_step."""
+    import atom_sglang.attention.mla as mla
+
+    steps = record_steps([mla], Counter(), monkeypatch.setattr)
     _verify(topk=1)
+    assert steps["mla_step"] > 0
 
 
 def test_tree_verify_is_refused_by_name():

@@ -7,6 +7,7 @@ tests import this module as `vllm_support`. The fixtures built on it are in e2e_
 """
 
 import logging
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from tools.testing_models import (  # noqa: F401 (re-exported)
     free_port,
     random_checkpoint,
 )
+from tools.testing_seams import record_steps
 
 # The dimensions every architecture's tiny config shares (the vocabulary is the trained tokenizer's).
 TINY = dict(
@@ -107,10 +109,26 @@ def run_vllm(path, prompts, *, rounds=1, block_size=16, dtype="float32", probe=N
     return runs, what, hits
 
 
-def speculate(path, prompts, steps: int, **llm_kwargs):
+# What reached atom-core's step functions in the worker (tools/testing_seams.py): record_core_steps
+# wraps them there before the prompts run, core_steps reads the counts; both through LLM.apply_model.
+CORE_STEPS: Counter = Counter()
+
+
+def record_core_steps(model) -> None:
+    import atom_vllm.attention.gdn as gdn
+    import atom_vllm.attention.mla as mla
+
+    record_steps([gdn, mla], CORE_STEPS)
+
+
+def core_steps(model) -> dict[str, int]:
+    return dict(CORE_STEPS)
+
+
+def speculate(path, prompts, steps: int, *, before=None, **llm_kwargs):
     """Greedy tokens of prompts from LLM(path) with ATOM's MTP draft proposing k = 2 tokens a step ->
-    (tokens per prompt, drafted tokens, accepted tokens, the LLM). llm_kwargs override LLM(...)'s arguments
-    below."""
+    (tokens per prompt, drafted tokens, accepted tokens, the LLM). before: run in the worker
+    (LLM.apply_model) before the prompts. llm_kwargs override LLM(...)'s arguments below."""
     from vllm import LLM, SamplingParams
     from vllm.inputs import TokensPrompt
 
@@ -125,6 +143,8 @@ def speculate(path, prompts, steps: int, **llm_kwargs):
         speculative_config={"method": "mtp", "num_speculative_tokens": 2},
     )
     llm = LLM(model=str(path), **{**options, **llm_kwargs})
+    if before is not None:
+        llm.apply_model(before)
     params = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True, detokenize=False)
     out = llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
     counters = ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens")

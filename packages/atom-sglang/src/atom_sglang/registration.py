@@ -11,7 +11,7 @@ def create_atom_backend(model_runner):
     """SGLang's backend factory signature: ModelRunner -> AttentionBackend (the MLA one when SGLang's runner
     uses MLA, which it decides from the checkpoint's architecture name)."""
     if model_runner.use_mla_backend:
-        from atom_sglang.attention.mla_backend import AtomMLAAttnBackend
+        from atom_sglang.attention.mla import AtomMLAAttnBackend
 
         return AtomMLAAttnBackend(model_runner)
     from atom_sglang.attention.backend import AtomAttnBackend

@@ -16,7 +16,7 @@ from vllm.model_executor.layers.mamba.mamba_utils import (
 )
 from vllm.model_executor.models.interfaces import HasInnerState, IsHybrid, SupportsMRoPE
 
-from atom_vllm.attention.gdn import recurrent_state_dtype, vllm_state_dtypes
+from atom_vllm.attention.gdn_backend import recurrent_state_dtype, vllm_state_dtypes
 from atom_vllm.model import AtomForCausalLM
 
 

@@ -127,15 +127,26 @@ def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
     writes ("DeepSeekMTPModel") to ATOM's MTP draft, shares the target's embedding and head with it, and
     verifies k = 2 drafts a step through ATOM's MLA layers; the tokens equal transformers' greedy ones. The
     echoing MTP layer (vllm_support.save_mtp_checkpoint) gets drafts accepted where the output repeats a
-    token and rejected elsewhere, so both paths (and the rejected rows' KV rollback) run."""
-    from vllm_support import save_mtp_checkpoint, speculate, transformers_greedy
+    token and rejected elsewhere, so both paths (and the rejected rows' KV rollback) run. The seam: every
+    MLA step reached atom-core's mla_step."""
+    from vllm_support import (
+        core_steps,
+        record_core_steps,
+        save_mtp_checkpoint,
+        speculate,
+        transformers_greedy,
+    )
 
     ckpt = save_mtp_checkpoint(tmp_path / "ckpt")
     prompts, steps = [*PROMPTS, [100] * 5], 16  # the last one's greedy output ends in a run of one token
     expected = [transformers_greedy(ckpt.path, p, steps) for p in prompts]
-    tokens, drafted, accepted, llm = speculate(ckpt.path, prompts, steps, block_size=16)
+    tokens, drafted, accepted, llm = speculate(
+        ckpt.path, prompts, steps, before=record_core_steps, block_size=16
+    )
     assert tokens == expected
     assert 0 < accepted < drafted
+    (seen,) = llm.apply_model(core_steps)
+    assert seen.get("mla_step", 0) > 0, seen
     (what,) = llm.apply_model(describe)
     assert what["atom_model_class"].endswith(".DeepseekV3ForCausalLM")
     logs = capfd.readouterr()

@@ -133,9 +133,10 @@ def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_pat
     drafts a step; ATOM's GDN layers keep the state after each verified token in the request's state
     blocks and resume from the accepted one. Target and MTP layer were trained together on a synthetic
     language (tools/testing_models.successor_language) briefly, so many drafts are accepted and some
-    rejected; the tokens equal transformers' greedy ones."""
+    rejected; the tokens equal transformers' greedy ones. The seam: every GDN step reached atom-core's
+    gdn_step, the verify steps as vLLM's per-draft state blocks (GDNBlockVerify)."""
     import torch
-    from vllm_support import speculate
+    from vllm_support import core_steps, record_core_steps, speculate
 
     from tools.testing_models import successor_language
 
@@ -145,9 +146,13 @@ def test_qwen_mtp_speculation_with_atoms_draft_equals_plain_greedy(case, tmp_pat
     # two prompts in the language, one outside it (its first drafts are guesses)
     prompts, steps = [sample(1, n, gen)[0].tolist() for n in (19, 33)] + [PROMPTS[1]], 12
     expected = [greedy_by_recompute(model, p, steps) for p in prompts]
-    tokens, drafted, accepted, _ = speculate(ckpt.path, prompts, steps, enable_prefix_caching=False)
+    tokens, drafted, accepted, llm = speculate(
+        ckpt.path, prompts, steps, before=record_core_steps, enable_prefix_caching=False
+    )
     assert tokens == expected
     assert 0.2 * drafted < accepted < drafted
+    (seen,) = llm.apply_model(core_steps)
+    assert seen.get("gdn_step:GDNBlockVerify", 0) > 0 and seen.get("gdn_step:GDNStepView", 0) > 0, seen
     logs = capfd.readouterr()
     assert (
         f"drafts for {ckpt.architecture.replace('ForConditionalGeneration', 'ForCausalLM')}"

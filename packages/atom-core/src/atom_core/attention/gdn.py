@@ -15,11 +15,11 @@ from typing import Protocol
 
 import torch
 
+from atom_core.attention.gdn_step import GDNStates, GDNStepView, gdn_step
 from atom_core.cache.allocate import StateCache
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import STATE, StateCacheSpec
 from atom_core.forward_context import current_forward_context
-from atom_core.ops import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
 
 CONV_ACTIVATIONS = ("silu", None)
 
@@ -109,43 +109,12 @@ class GDNSlotLayer:
         ctx = current_forward_context()
         meta: StateMetadata = ctx.metadata_for(STATE)
         cache: StateCache = ctx.caches[self.spec.layer_index]
-        parts = meta.parts(mixed.shape[0])
-        weights = (conv_weight, A_log, dt_bias)
-        if len(parts) == 1:
-            return self._mix(mixed, b, a, weights, meta, cache)
+        states = GDNStates(cache.states["conv"], cache.states["recurrent"])
+        outs = []
         # verifying sequences (state after every token) first, then the others
-        return torch.cat([self._mix(mixed[i:j], b[i:j], a[i:j], weights, m, cache) for i, j, m in parts])
-
-    def _mix(self, mixed, b, a, weights, meta: StateMetadata, cache: StateCache) -> torch.Tensor:
-        conv_weight, A_log, dt_bias = weights
-        started = ~meta.fresh
-        mixed = causal_conv1d(
-            mixed,
-            conv_weight,
-            None,
-            meta.cu_seqlens_q,
-            cache.states["conv"],
-            meta.slots,
-            has_initial_state=started,
-            activation=self.spec.conv_silu,
-            max_seqlen=meta.max_query_len,
-            step_state_indices=meta.step_slots,
-        )
-        q, k, v = self.spec.split_heads(mixed)
-        g, beta = gdn_gating(A_log, a, dt_bias, b)
-        state, slots = cache.states["recurrent"], meta.slots
-        if meta.step_slots is not None:  # a few tokens each: token by token, keeping each state
-            return gated_delta_rule_recurrent(
-                q,
-                k,
-                v,
-                g,
-                beta,
-                meta.cu_seqlens_q,
-                state,
-                slots,
-                has_initial_state=started,
-                step_state_indices=meta.step_slots,
+        for i, j, m in meta.parts(mixed.shape[0]):
+            view = GDNStepView(m.cu_seqlens_q, m.slots, ~m.fresh, m.max_query_len, m.step_slots)
+            outs.append(
+                gdn_step(self.spec, mixed[i:j], b[i:j], a[i:j], conv_weight, A_log, dt_bias, states, view)
             )
-        rule = gated_delta_rule_recurrent if meta.max_query_len == 1 else gated_delta_rule_chunked
-        return rule(q, k, v, g, beta, meta.cu_seqlens_q, state, slots, has_initial_state=started)
+        return outs[0] if len(outs) == 1 else torch.cat(outs)

@@ -18,6 +18,7 @@ from typing import Protocol
 
 import torch
 
+from atom_core.attention.metadata import PagedAttentionMetadata
 from atom_core.cache.allocate import LatentCache
 from atom_core.cache.specs import PAGED, LatentCacheSpec
 from atom_core.forward_context import current_forward_context
@@ -60,10 +61,78 @@ class MLALayer(Protocol):
         ...
 
 
+def mla_step(
+    q: torch.Tensor,
+    kv_c: torch.Tensor | None,
+    k_pe: torch.Tensor | None,
+    cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    *,
+    kv_lora_rank: int,
+    softmax_scale: float,
+    scale: torch.Tensor | None = None,
+    kernel_backend: str | None = None,
+) -> torch.Tensor:
+    """One absorbed MLA layer's forward over a paged latent cache: write this forward's latent rows, then
+    attend. q: [T, H, R + P]; kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated), or both None when the
+    caller wrote the rows; cache: [blocks, block_size, R + P]; scale: fp8 caches' per-tensor scale.
+    Returns [T, H, R]."""
+    if kv_c is not None:
+        write_latent(kv_c, k_pe, cache, meta.slot_mapping, scale=scale, backend=kernel_backend)
+    return mla_attention(
+        q,
+        cache,
+        meta.cu_seqlens_q,
+        meta.seq_lens,
+        meta.block_tables,
+        softmax_scale=softmax_scale,
+        max_query_len=meta.max_query_len,
+        kv_lora_rank=kv_lora_rank,
+        scale=scale,
+        backend=kernel_backend,
+    )
+
+
+def mla_unabsorbed_wanted(meta: PagedAttentionMetadata, min_tokens: int | None) -> bool:
+    """Whether a forward takes mla_unabsorbed_step: only fresh prefills, the longest of min_tokens tokens
+    or more (None: never)."""
+    return min_tokens is not None and meta.prefill_only and meta.max_query_len >= min_tokens
+
+
+def mla_unabsorbed_step(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    kv_c: torch.Tensor,
+    k_pe: torch.Tensor,
+    cache: torch.Tensor,
+    meta: PagedAttentionMetadata,
+    *,
+    softmax_scale: float,
+    scale: torch.Tensor | None = None,
+    kernel_backend: str | None = None,
+) -> torch.Tensor:
+    """Fresh prefills on up-projected K/V: q, k [T, H, nope + P], v [T, H, V]; the latent rows (kv_c, k_pe
+    as in mla_step) are written for the steps after it. Returns [T, H, V]."""
+    write_latent(kv_c, k_pe, cache, meta.slot_mapping, scale=scale, backend=kernel_backend)
+    # On a GPU torch's SDPA (flash / cuDNN): 3x atom-kernels' Triton varlen path at 192/128 on the H200
+    # (bench_mla_prefill.py). Elsewhere the engine's kernel backend (the interpreter's tests take Triton).
+    backend = "torch" if q.is_cuda else kernel_backend
+    return varlen_causal_attention(
+        q,
+        k,
+        v,
+        cu_seqlens=meta.cu_seqlens_q,
+        max_seq_len=meta.max_query_len,
+        softmax_scale=softmax_scale,
+        backend=backend,
+    )
+
+
 class MLAPagedLayer:
-    """The native backend's MLA layer: writes the latent rows, then attends over the paged latent cache
-    (or, for a batch of fresh prefills whose longest has unabsorbed_min_tokens tokens, over up-projected
-    K/V; the attention then runs sequence by sequence, so many short prompts stay absorbed)."""
+    """The native backend's MLA layer: mla_step over the engine's paged latent cache (mla_unabsorbed_step
+    for a batch of fresh prefills whose longest has unabsorbed_min_tokens tokens; the attention then runs
+    sequence by sequence, so many short prompts stay absorbed)."""
 
     def __init__(
         self, spec: MLALayerSpec, kernel_backend: str | None, unabsorbed_min_tokens: int | None = None
@@ -72,52 +141,43 @@ class MLAPagedLayer:
         self.kernel_backend = kernel_backend
         self.unabsorbed_min_tokens = unabsorbed_min_tokens  # None: never
 
-    def _write(self, kv_c: torch.Tensor, k_pe: torch.Tensor) -> LatentCache:
+    def _bound(self) -> tuple[LatentCache, PagedAttentionMetadata]:
         ctx = current_forward_context()
-        cache: LatentCache = ctx.caches[self.spec.layer_index]
-        meta = ctx.metadata_for(PAGED)
-        write_latent(
-            kv_c, k_pe, cache.rows, meta.slot_mapping, scale=cache.scale, backend=self.kernel_backend
-        )
-        return cache
+        return ctx.caches[self.spec.layer_index], ctx.metadata_for(PAGED)
 
     def __call__(self, q: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor) -> torch.Tensor:
         """q: [T, H, R + P] (absorbed), kv_c: [T, R] (normed latent), k_pe: [T, P] (rotated) -> [T, H, R]."""
-        cache = self._write(kv_c, k_pe)
-        meta = current_forward_context().metadata_for(PAGED)
-        return mla_attention(
+        cache, meta = self._bound()
+        return mla_step(
             q,
+            kv_c,
+            k_pe,
             cache.rows,
-            meta.cu_seqlens_q,
-            meta.seq_lens,
-            meta.block_tables,
-            softmax_scale=self.spec.scale,
-            max_query_len=meta.max_query_len,
+            meta,
             kv_lora_rank=self.spec.kv_lora_rank,
+            softmax_scale=self.spec.scale,
             scale=cache.scale,
-            backend=self.kernel_backend,
+            kernel_backend=self.kernel_backend,
         )
 
     def wants_unabsorbed(self) -> bool:
-        if self.unabsorbed_min_tokens is None:
-            return False
-        meta = current_forward_context().metadata_for(PAGED)
-        return meta.prefill_only and meta.max_query_len >= self.unabsorbed_min_tokens
+        return mla_unabsorbed_wanted(
+            current_forward_context().metadata_for(PAGED), self.unabsorbed_min_tokens
+        )
 
     def unabsorbed(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_c: torch.Tensor, k_pe: torch.Tensor
     ) -> torch.Tensor:
-        self._write(kv_c, k_pe)
-        meta = current_forward_context().metadata_for(PAGED)
-        # On a GPU torch's SDPA (flash / cuDNN): 3x atom-kernels' Triton varlen path at 192/128 on the H200
-        # (bench_mla_prefill.py). Elsewhere the engine's kernel backend (the interpreter's tests take Triton).
-        backend = "torch" if q.is_cuda else self.kernel_backend
-        return varlen_causal_attention(
+        cache, meta = self._bound()
+        return mla_unabsorbed_step(
             q,
             k,
             v,
-            cu_seqlens=meta.cu_seqlens_q,
-            max_seq_len=meta.max_query_len,
+            kv_c,
+            k_pe,
+            cache.rows,
+            meta,
             softmax_scale=self.spec.scale,
-            backend=backend,
+            scale=cache.scale,
+            kernel_backend=self.kernel_backend,
         )

@@ -1,9 +1,10 @@
 """The surface framework adapters may use (enforced by import-linter; see the root pyproject).
 
 Build a model for an architecture with the adapter's own attention backend and parallel setup, load its
-weights from (name, tensor) pairs, run it inside a bound ForwardContext, compute logits; plus the
-kernel entry points an adapter's attention backend calls. Adapters reach atom_kernels only through here,
-so an adapter release depends on one atom-core range.
+weights from (name, tensor) pairs, run it inside a bound ForwardContext, compute logits; plus each
+layer kind's step (paged_attention, mla_step, gdn_step), which an adapter's layer calls with a view of
+its engine's metadata. Adapters reach atom_kernels only through here, so an adapter release depends on
+one atom-core range.
 
 Importing this module is cheap (no torch): engine plugins import it from their entry-point modules,
 which engines load in every process. Everything else loads on first use.
@@ -26,7 +27,14 @@ _LAZY_MODULES = {
         "paged_attention",
     ),
     "atom_core.attention.gdn": ("GDNLayerSpec",),
-    "atom_core.attention.mla": ("MLALayerSpec",),
+    "atom_core.attention.gdn_step": (
+        "GDNBlockVerify",
+        "GDNScratchVerify",
+        "GDNStates",
+        "GDNStepView",
+        "gdn_step",
+    ),
+    "atom_core.attention.mla": ("MLALayerSpec", "mla_step"),
     "atom_core.build": ("BuildContext",),
     "atom_core.cache": (
         "CacheSpec",
@@ -43,18 +51,9 @@ _LAZY_MODULES = {
     "atom_core.integration.weights": ("ATOM_PREFIX", "atom_module_prefix", "load_atom_weights"),
     "atom_core.layers.embedding": ("SharedVocab",),
     "atom_core.loader": ("build_model", "finish_loading", "iter_checkpoint", "load_checkpoint"),
-    "atom_core.ops": (
-        "causal_conv1d",
-        "gated_delta_rule_chunked",
-        "gated_delta_rule_recurrent",
-        "gdn_gating",
-        "mla_attention",
-        "paged_decode",
-        "paged_prefill",
-        "silu_and_mul",
-        "write_kv",
-        "write_latent",
-    ),
+    # stateless kernels only: a stateful layer kind's step is composed in core (gdn_step, mla_step,
+    # paged_attention), never by an adapter
+    "atom_core.ops": ("paged_decode", "paged_prefill", "silu_and_mul", "write_kv"),
     "atom_core.registry": ("ModelSpec", "get_model_spec", "supported_architectures"),
 }
 _LAZY = {name: module for module, names in _LAZY_MODULES.items() for name in names}

@@ -3,7 +3,7 @@
 It serves any model whose attention goes through RadixAttention (ATOM's wrappers and SGLang's own
 models), for EXTEND, MIXED, DECODE, IDLE and chain TARGET_VERIFY batches, eagerly and in decode CUDA graphs.
 Responsibilities live beside it: base.py (metadata and graph buffers, shared with the MLA backend in
-mla_backend.py), kv_cache.py (the pool as paged caches); the kernels are atom-core's ops.
+mla.py), kv_cache.py (the pool as paged caches); the kernels are atom-core's ops.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""What the atom backends (MHA/GQA in backend.py, MLA in mla_backend.py) share: SGLang's backend contract
+"""What the atom backends (MHA/GQA in backend.py, MLA in mla.py) share: SGLang's backend contract
 for per-forward metadata (page tables from `req_to_token`, metadata.py) and for decode/verify CUDA graphs
 (static buffers refilled in place, graph_state.py)."""
 

@@ -13,7 +13,7 @@ from atom_core.integration import (
     MLALayerSpec,
     current_forward_context,
 )
-from atom_sglang.attention.gdn_layer import SglangGDNLayer
+from atom_sglang.attention.gdn import SglangGDNLayer
 from atom_sglang.runtime import FORWARD_BATCH
 
 

@@ -3,7 +3,7 @@ cache, and the "ATOM_MLA" backend that names its metadata builder.
 
 vLLM allocates and binds one paged latent cache per MLA layer ([blocks, block_size, kv_lora_rank + rope],
 MLAAttentionSpec) and builds the step's metadata with the backend's builder; the layer writes the step's
-latent rows and attends through atom-core's MLA ops. The frontend (atom-core's layers/mla.py) absorbs the
+latent rows and attends through atom-core's mla_step. The frontend (atom-core's layers/mla.py) absorbs the
 up-projections, so this layer sees absorbed queries and returns latent outputs, any latent width (vLLM's
 common MLA builder accepts only 320, 512 and 576). The layer is found by vLLM through
 `static_forward_context` like its own attention layers; nothing in vLLM is patched.
@@ -19,10 +19,10 @@ from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
 from vllm.v1.attention.backend import AttentionBackend, AttentionImpl
 from vllm.v1.kv_cache_interface import MLAAttentionSpec
 
-from atom_core.integration import MLALayerSpec, mla_attention, write_latent
+from atom_core.integration import MLALayerSpec, mla_step
 from atom_vllm.attention.backend import AtomAttentionBackend
 from atom_vllm.attention.metadata import AtomAttentionMetadata
-from atom_vllm.attention.opaque import MLA_OP, mla_attention_op, split_graph_at
+from atom_vllm.attention.opaque import MLA_OP, mla_attention_op, register_opaque_layer
 
 MLA_BACKEND_NAME = "ATOM_MLA"
 
@@ -79,11 +79,7 @@ class VllmMLALayer(nn.Module, AttentionLayerBase):
             )
         self.kv_cache = torch.tensor([])  # bound by vLLM's runner
         self.attn_backend, self.sliding_window = AtomMLABackend, None  # what diagnostics report
-        context = vllm_config.compilation_config.static_forward_context
-        if spec.prefix in context:
-            raise ValueError(f"duplicate layer name {spec.prefix!r} in vLLM's forward context")
-        context[spec.prefix] = self
-        split_graph_at(vllm_config.compilation_config, MLA_OP)
+        register_opaque_layer(vllm_config, self, MLA_OP)
 
     def get_attn_backend(self) -> type[AttentionBackend]:
         return AtomMLABackend
@@ -122,17 +118,14 @@ class VllmMLALayer(nn.Module, AttentionLayerBase):
         if meta is None:  # vLLM's profiling and dummy runs
             return out
         n = meta.num_actual_tokens
-        paged = meta.paged
-        write_latent(kv_c[:n], k_pe[:n], self.kv_cache, paged.slot_mapping)
-        out[:n] = mla_attention(
+        out[:n] = mla_step(
             q[:n],
+            kv_c[:n],
+            k_pe[:n],
             self.kv_cache,
-            paged.cu_seqlens_q,
-            paged.seq_lens,
-            paged.block_tables,
-            softmax_scale=self.spec.scale,
-            max_query_len=paged.max_query_len,
+            meta.paged,
             kv_lora_rank=self.spec.kv_lora_rank,
+            softmax_scale=self.spec.scale,
         )
         return out
 

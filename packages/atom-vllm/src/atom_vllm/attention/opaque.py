@@ -61,3 +61,13 @@ def split_graph_at(compilation_config, op: str) -> None:
     ops = compilation_config.splitting_ops
     if ops and compilation_config.splitting_ops_contain_attention() and op not in ops:
         ops.append(op)
+
+
+def register_opaque_layer(vllm_config, layer, op: str) -> None:
+    """Put layer in vLLM's static forward context under its layer_name (where vLLM's runner binds its cache
+    and the op finds it) and split the compiled graph at op."""
+    context = vllm_config.compilation_config.static_forward_context
+    if layer.layer_name in context:
+        raise ValueError(f"duplicate layer name {layer.layer_name!r} in vLLM's forward context")
+    context[layer.layer_name] = layer
+    split_graph_at(vllm_config.compilation_config, op)

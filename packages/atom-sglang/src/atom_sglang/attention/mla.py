@@ -1,4 +1,4 @@
-"""The "atom" backend for MLA models (DeepSeek-V2/V3): SGLang's latent pool, atom-kernels' absorbed MLA.
+"""The "atom" backend for MLA models (DeepSeek-V2/V3): SGLang's latent pool, atom-core's absorbed mla_step.
 
 SGLang picks it when its runner uses MLA (the checkpoint's architecture says so). Every query head attends
 over the same cached latent row [kv_lora_rank | rope] per token and the output stays latent
@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from atom_core.integration import mla_attention, write_latent
+from atom_core.integration import mla_step
 from atom_sglang.attention.base import AtomBackendBase, refuse
 from atom_sglang.attention.latent_cache import latent_cache, latent_geometry
 
@@ -44,25 +44,23 @@ class AtomMLAAttnBackend(AtomBackendBase):
             q = q.reshape(tokens, h, width)
         cache = latent_cache(self.token_to_kv_pool, layer.layer_id, g)
         scale = self._scale(layer)
-        meta = self.forward_metadata.paged
+        kv_c = k_pe = None  # None: the caller wrote the rows
         if save_kv_cache and k is not None:
             if k_rope is not None:
                 kv_c, k_pe = k.reshape(-1, rank), k_rope.reshape(-1, g.rope_dim)
             else:
                 rows = k.reshape(-1, width)
                 kv_c, k_pe = rows[:, :rank], rows[:, rank:]
-            write_latent(kv_c, k_pe, cache, meta.slot_mapping, scale=scale, backend=self.kernel_backend)
-        out = mla_attention(
+        out = mla_step(
             q,
+            kv_c,
+            k_pe,
             cache,
-            meta.cu_seqlens_q,
-            meta.seq_lens,
-            meta.block_tables,
-            softmax_scale=layer.scaling,
-            max_query_len=meta.max_query_len,
+            self.forward_metadata.paged,
             kv_lora_rank=rank,
+            softmax_scale=layer.scaling,
             scale=scale,
-            backend=self.kernel_backend,
+            kernel_backend=self.kernel_backend,
         )
         return out.reshape(tokens, h * rank)
 

@@ -90,4 +90,6 @@ def served_architectures() -> tuple[str, ...]:
     """Every architecture the external model package exposes to SGLang: targets (all of atom-core's layer
     kinds are built here; an architecture with another would stay SGLang's own model), then drafts."""
     targets = supported_architectures(layer_kinds=LAYER_KINDS)
-    return targets + tuple(draft for draft, of in DRAFTS.items() if set(of) <= set(targets))
+    # targets whose draft atom-core's registry names
+    drafting = {arch for arch in targets if get_model_spec(arch).draft_class is not None}
+    return targets + tuple(draft for draft, of in DRAFTS.items() if set(of) <= drafting)

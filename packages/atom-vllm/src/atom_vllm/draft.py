@@ -18,7 +18,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from atom_core.integration import load_atom_weights
+from atom_core.integration import SharedVocab, load_atom_weights
 from atom_vllm.model import build_atom
 from atom_vllm.registration import DRAFTS
 
@@ -26,19 +26,6 @@ logger = logging.getLogger("vllm.atom_vllm")
 
 # vLLM's proposer takes (hidden for the logits, hidden for the next step) from these draft architectures
 PAIR_DRAFTS = frozenset({"DeepSeekMTPModel"})
-
-
-class SharedTarget:
-    """What ATOM's draft reads from its target: the embedding and head vLLM shared with the draft."""
-
-    def __init__(self, embed_tokens: nn.Module, lm_head: nn.Module):
-        self.embed_tokens, self.lm_head = embed_tokens, lm_head
-
-    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed_tokens(input_ids)
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head.logits(hidden)
 
 
 class AtomMTPDraft(nn.Module):
@@ -68,15 +55,15 @@ class AtomMTPDraft(nn.Module):
         return getattr(self.atom, "model", self.shared)
 
     def _bind(self) -> None:
-        if not self.atom._target:
+        if self.atom.target is None:
             embed = getattr(self.model, "embed_tokens", None)
             if embed is None or self.lm_head is None:
                 raise RuntimeError("vLLM did not share the target's embedding and head with ATOM's MTP draft")
-            self.atom.bind_target(SharedTarget(embed, self.lm_head))
+            self.atom.bind_target(SharedVocab.of_modules(embed, self.lm_head))
 
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         self._bind()
-        return self.atom._target[0].embed_input_ids(input_ids)
+        return self.atom.embed_input_ids(input_ids)
 
     def forward(
         self,

@@ -21,7 +21,7 @@ DRAFTS = {
 # vLLM's own model.
 ATTENTION_BACKEND = "atom_vllm.attention.backend.AtomAttentionBackend"
 MLA_BACKEND = "atom_vllm.attention.mla.AtomMLABackend"
-GDN_BACKEND = "atom_vllm.attention.gdn.AtomGDNBackend"
+GDN_BACKEND = "atom_vllm.attention.gdn_backend.AtomGDNBackend"
 
 
 def register_models() -> tuple[str, ...]:
@@ -33,7 +33,12 @@ def register_models() -> tuple[str, ...]:
     for arch in architectures:
         hybrid = "gdn" in get_model_spec(arch).layer_kinds
         ModelRegistry.register_model(arch, HYBRID_MODEL_CLASS if hybrid else MODEL_CLASS)
-    drafts = tuple(draft for draft, target in DRAFTS.items() if target in architectures)
+    # (a target's draft exists where atom-core's registry names its draft class)
+    drafts = tuple(
+        draft
+        for draft, target in DRAFTS.items()
+        if target in architectures and get_model_spec(target).draft_class is not None
+    )
     for draft in drafts:
         ModelRegistry.register_model(draft, DRAFT_CLASS)
     return architectures + drafts

@@ -64,6 +64,17 @@ class SharedVocab(nn.Module):
         self.embed_tokens.weight = _shared(embed)
         self.lm_head.weight = _shared(head)
 
+    @classmethod
+    def of_modules(cls, embed_tokens: nn.Module, lm_head: nn.Module) -> SharedVocab:
+        """The target's own embedding and head modules (atom-core's VocabParallelEmbedding and
+        ParallelLMHead, as an engine hands them to the draft): their weights and vocab split."""
+        if not isinstance(embed_tokens, VocabParallelEmbedding) or not isinstance(lm_head, ParallelLMHead):
+            raise TypeError(
+                "a draft shares its ATOM target's VocabParallelEmbedding and ParallelLMHead, got "
+                f"{type(embed_tokens).__name__} and {type(lm_head).__name__}"
+            )
+        return cls(embed_tokens.weight, lm_head.weight, lm_head.vocab_size, lm_head.parallel)
+
     def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
         """input_ids: [T] -> [T, H]."""
         return self.embed_tokens(input_ids)

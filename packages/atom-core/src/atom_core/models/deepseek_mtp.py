@@ -26,6 +26,7 @@ from atom_core.layers.linear import ReplicatedLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.models.deepseek_v2 import DeepseekV3ForCausalLM
 from atom_core.models.llama import DecoderLayer
+from atom_core.models.target_binding import TargetBinding
 from atom_core.models.weights import WeightLoadError, load_by_rules
 
 
@@ -47,7 +48,7 @@ class MTPBlock(DecoderLayer):
         self.shared_head.norm = RMSNorm(h, eps, dtype=dtype)
 
 
-class DeepseekMTP(nn.Module):
+class DeepseekMTP(TargetBinding, nn.Module):
     """forward(input_ids [T], positions [T], hidden [T, H]) -> draft hidden [T, H] (after shared_head.norm);
     compute_logits(hidden) -> [T, vocab] through the target's head. Call bind_target before either."""
 
@@ -69,7 +70,6 @@ class DeepseekMTP(nn.Module):
         self.model = nn.Module()
         self.model.layers = nn.ModuleDict({str(self.index): block})  # parameter names as in the checkpoint
         self.block = block
-        self._target: tuple[nn.Module, ...] = ()
 
     @classmethod
     def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
@@ -89,20 +89,12 @@ class DeepseekMTP(nn.Module):
                 "(published DeepSeek-V3 has one); more are not supported"
             )
 
-    def bind_target(self, target: nn.Module) -> None:
-        """Share the target's embedding and head (kept outside this module's parameters)."""
-        self._target = (target,)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        (target,) = self._target
         b = self.block
-        x = b.eh_proj(torch.cat([b.enorm(target.embed_input_ids(input_ids)), b.hnorm(hidden)], dim=-1))
+        x = b.eh_proj(torch.cat([b.enorm(self.embed_input_ids(input_ids)), b.hnorm(hidden)], dim=-1))
         x, residual = b(positions, x, None)
         x, _ = b.shared_head.norm(x, residual)
         return x
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._target[0].compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         mine = f"model.layers.{self.index}."

@@ -29,14 +29,16 @@ from atom_core.layers.linear import ReplicatedLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.models.qwen3_5 import Qwen3_5ForCausalLM, Qwen3_5MoeForCausalLM
 from atom_core.models.qwen3_next import HybridDecoderLayer, Qwen3NextForCausalLM
+from atom_core.models.target_binding import TargetBinding
 from atom_core.models.weights import WeightLoadError, load_by_rules
 
 PREFIX = "mtp."
 
 
-class QwenMTP:
+class QwenMTP(TargetBinding):
     """forward(input_ids [T], positions [T], hidden [T, H]) -> draft hidden [T, H] (after mtp.norm);
-    compute_logits(hidden) -> [T, vocab] through the target's head. Call bind_target before either."""
+    compute_logits(hidden) -> [T, vocab] through the target's head. Call bind_target before either (the
+    target's embedding and head, not the target class's own, which this draft does not load)."""
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         nn.Module.__init__(self)
@@ -66,7 +68,6 @@ class QwenMTP:
         mlp = self.make_mlp(config, ctx, 0, f"{p}.layers.0.mlp")
         self.mtp.layers = nn.ModuleList([HybridDecoderLayer(config, attention, mlp, linear=False)])
         self.mtp.norm = RMSNorm(h, eps, dtype=dtype, offset=1.0)
-        self._target: tuple[nn.Module, ...] = ()
 
     @classmethod
     def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
@@ -88,21 +89,13 @@ class QwenMTP:
                 "the target's embedding, as every published checkpoint does)"
             )
 
-    def bind_target(self, target: nn.Module) -> None:
-        """Share the target's embedding and head (kept outside this module's parameters)."""
-        self._target = (target,)
-
     def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
-        (target,) = self._target
         m = self.mtp
-        embedded = m.pre_fc_norm_embedding(target.embed_input_ids(input_ids))
+        embedded = m.pre_fc_norm_embedding(self.embed_input_ids(input_ids))
         x = m.fc(torch.cat([embedded, m.pre_fc_norm_hidden(hidden)], dim=-1))
         x, residual = m.layers[0](positions, x, None)
         x, _ = m.norm(x, residual)
         return x
-
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self._target[0].compute_logits(hidden)
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         seen = []

@@ -98,7 +98,9 @@ def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
     llm.engine.shutdown()
 
 
-@pytest.mark.parametrize("heads", [(24, 48), (48, 24)], ids=["dk24-dv48", "dk48-dv24"])
+@pytest.mark.parametrize(
+    "heads", [(24, 48), (48, 24), (96, 192)], ids=["dk24-dv48", "dk48-dv24", "dk96-dv192"]
+)
 def test_deltanet_heads_that_are_not_powers_of_two_match_transformers(tmp_path, heads):
     """Key and value head sizes transformers accepts but Triton's blocks are not (the kernels pad and mask
     them): greedy tokens through chunked prefill and decode equal transformers'. On a GPU the Triton

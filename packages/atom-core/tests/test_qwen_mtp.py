@@ -74,7 +74,13 @@ def run(path, prompts, params, **engine):
 
 
 @pytest.mark.parametrize(
-    "heads", [{}, dict(linear_key_head_dim=24, linear_value_head_dim=40)], ids=["16-32", "24-40"]
+    "heads",
+    [
+        {},
+        dict(linear_key_head_dim=24, linear_value_head_dim=40),
+        dict(linear_key_head_dim=96, linear_value_head_dim=192),
+    ],
+    ids=["16-32", "24-40", "96-192"],
 )
 def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads, monkeypatch):
     """Qwen3.5-MoE (fused experts), n=2, a prompt longer than the 64-token DeltaNet chunk: the random

@@ -50,11 +50,13 @@ def test_hybrid_wrapper_matches_transformers_through_extend_and_decode(case, tmp
     assert_generation_matches(lambda t: _reference_logits(reference, t), prompts, tokens, logits)
 
 
-def test_gdn_heads_that_are_not_powers_of_two_match_transformers(tmp_path):
-    """Key and value heads of 48 and 24 (ATOM's kernels pad them to powers of two and mask the padding)
-    through SGLang's extend and decode."""
+@pytest.mark.parametrize("heads", [(48, 24), (96, 192)], ids=["dk48-dv24", "dk96-dv192"])
+def test_gdn_heads_that_are_not_powers_of_two_match_transformers(tmp_path, heads):
+    """Key and value heads that are not powers of two (ATOM's kernels pad them to powers of two and mask
+    the padding) through SGLang's extend and decode."""
+    dk, dv = heads
     reference = qwen3_next_checkpoint(
-        tmp_path, "qwen3-next", linear_key_head_dim=48, linear_value_head_dim=24, **SGLANG_FIELDS
+        tmp_path, "qwen3-next", linear_key_head_dim=dk, linear_value_head_dim=dv, **SGLANG_FIELDS
     )
     h = SglangHarness(tmp_path, page_size=16)
     prompts = _prompts(seed=7)

@@ -39,9 +39,9 @@ def recurrent_state_dtype(vllm_config) -> str:
 
 
 class AtomGDNMetadataBuilder(GDNAttentionMetadataBuilder):
-    """vLLM's GDN metadata (request split, state blocks, accepted counts). Eager only for now: the layer
-    reads the speculative lengths on the host, and decode CUDA graphs under vLLM are untested (the GPU
-    machine has no vLLM)."""
+    """vLLM's GDN metadata (request split, state blocks, accepted counts). Eager only for now: decode CUDA
+    graphs of these layers under vLLM are untested (the GPU machine has no vLLM), though the step itself no
+    longer reads the device on the host (atom-core's GDNBlockVerify)."""
 
     _cudagraph_support = AttentionCGSupport.NEVER
 

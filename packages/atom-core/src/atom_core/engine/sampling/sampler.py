@@ -51,16 +51,18 @@ class SamplingRows:
     @classmethod
     def of(cls, seqs: list[Sequence], positions: list[int]) -> SamplingRows:
         """Row i samples seqs[i]'s token at output position positions[i]."""
-        rows = cls([], [], [], [], [], [])
-        for seq, position in zip(seqs, positions, strict=True):
-            p = seq.params
-            rows.temperatures.append(0.0 if p.greedy else p.temperature)
-            rows.top_ks.append(p.top_k)
-            rows.top_ps.append(p.top_p)
-            rows.min_ps.append(p.min_p)
-            rows.keys.append(0 if p.greedy else draw_key(seq, position))
-            rows.logprobs.append(-1 if p.logprobs is None else p.logprobs)
-        return rows
+        params = [seq.params for seq in seqs]
+        return cls(
+            [0.0 if p.greedy else p.temperature for p in params],
+            [p.top_k for p in params],
+            [p.top_p for p in params],
+            [p.min_p for p in params],
+            [
+                0 if p.greedy else draw_key(seq, position)
+                for p, seq, position in zip(params, seqs, positions, strict=True)
+            ],
+            [-1 if p.logprobs is None else p.logprobs for p in params],
+        )
 
     @property
     def plain_greedy(self) -> bool:
@@ -216,5 +218,9 @@ def sample_token(x: torch.Tensor, seq: Sequence, position: int) -> int:
 
 def draw_key(seq: Sequence, position: int) -> int:
     """The 64-bit key of seq's draw at output position `position`: a function of (seq's seed, its sample
-    index, position) and nothing else. Its top 53 bits are the draw's first uniform (keyed_draw_ref)."""
-    return splitmix64(splitmix64(splitmix64(seq.sample_seed) ^ seq.index) ^ position)
+    index, position) and nothing else. Its top 53 bits are the draw's first uniform (keyed_draw_ref). The
+    part without the position is kept on seq (draw_base): a step draws a row per sampled token."""
+    base = seq.draw_base
+    if base is None:
+        base = seq.draw_base = splitmix64(splitmix64(seq.sample_seed) ^ seq.index)
+    return splitmix64(base ^ position)

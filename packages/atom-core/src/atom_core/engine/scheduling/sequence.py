@@ -49,6 +49,7 @@ class Sequence:
     arrival: int = field(default_factory=lambda: next(_ids))
     # with its index and an output position, keys the draw of each sampled token (sampler.draw_key)
     sample_seed: int = field(init=False)
+    draw_base: int | None = None  # the part of its draws' keys that position does not change (draw_key's)
     detokenizer: object | None = None  # the engine's IncrementalDetokenizer, when it has a tokenizer
     stop_scan: object | None = None  # its StopScan over text (engine/text/stop_strings.py), when it has stops
     # OutputKind.DELTA: the tokens and settled characters its outputs have carried so far

@@ -115,8 +115,9 @@ def mla_unabsorbed_step(
     """Fresh prefills on up-projected K/V: q, k [T, H, nope + P], v [T, H, V]; the latent rows (kv_c, k_pe
     as in mla_step) are written for the steps after it. Returns [T, H, V]."""
     write_latent(kv_c, k_pe, cache, meta.slot_mapping, scale=scale, backend=kernel_backend)
-    # On a GPU torch's SDPA (flash / cuDNN): 3x atom-kernels' Triton varlen path at 192/128 on the H200
-    # (bench_mla_prefill.py). Elsewhere the engine's kernel backend (the interpreter's tests take Triton).
+    # On a GPU torch's SDPA (flash / cuDNN), which outruns atom-kernels' Triton varlen path at these head
+    # widths (benchmarks/bench_mla_prefill.py and its ledger). Elsewhere the engine's kernel backend (the
+    # interpreter's tests take Triton).
     backend = "torch" if q.is_cuda else kernel_backend
     return varlen_causal_attention(
         q,

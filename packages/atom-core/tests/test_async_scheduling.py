@@ -129,13 +129,13 @@ def test_non_finite_logits_in_flight_fail_only_their_request(checkpoint):
 
     # NaN logits for b (row 1 of a, b, d) from its third step launched ahead on; from the forward, which
     # the runner's on-device argmax and finiteness check (greedy_tokens) then read
-    def poisoned(inputs, sampled):
-        logits, hidden = forward(inputs, sampled)
+    def poisoned(inputs, sampled, lag):
+        logits, hidden, ids = forward(inputs, sampled, lag)
         ahead.append(inputs.sampling is not None)
         if sum(ahead) >= 3 and inputs.sampling is not None and len(inputs.ends) == 3:
             logits = logits.clone()
             logits[1] = float("nan")
-        return logits, hidden
+        return logits, hidden, ids
 
     engine.runner._forward = poisoned
     for rid in ("a", "b", "d"):

@@ -48,11 +48,11 @@ def _poison(engine: LLMEngine, victim: str, monkeypatch, *, raise_in_forward: bo
         batch["now"] = scheduled  # the batch the next run() computes (a whole step's, or part of one)
         return prepare_step(scheduled)
 
-    def poisoned(inputs, fed=None):
+    def poisoned(inputs, fed=None, behind=None):
         rows = [i for i, row in enumerate(inputs.ends) if batch["now"].seqs[row].request_id == victim]
         if rows and raise_in_forward:
             raise RuntimeError("injected fault")
-        result = run(inputs, fed)
+        result = run(inputs, fed, behind)
         result.logits = result.logits.clone()
         result.logits[rows] = float("nan")
         return result
@@ -173,7 +173,9 @@ def test_a_rejected_request_leaves_nothing_behind(checkpoint):
 
 def test_an_engine_that_cannot_run_is_declared_dead_and_says_so(checkpoint):
     engine = _engine(checkpoint)
-    engine.runner.run = lambda inputs, fed=None: (_ for _ in ()).throw(RuntimeError("the device is gone"))
+    engine.runner.run = lambda inputs, fed=None, behind=None: (_ for _ in ()).throw(
+        RuntimeError("the device is gone")
+    )
     died = threading.Event()
     async_engine = AsyncEngine(engine, on_dead=lambda reason: died.set())
     app = create_app(async_engine, "m")

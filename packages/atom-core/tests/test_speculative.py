@@ -134,6 +134,49 @@ def test_a_trained_draft_speculates_as_plain_with_chunks_prefix_hits_and_preempt
     assert 0 <= accepted <= drafted and 0 < stats.num_verifications <= drafted <= k * stats.num_verifications
 
 
+AHEAD_PARAMS = [
+    GREEDY,
+    SamplingParams(n=2, temperature=0.8, top_p=0.95, seed=41, max_tokens=20, ignore_eos=True, logprobs=2),
+    SamplingParams(temperature=0.7, top_k=20, min_p=0.05, seed=42, max_tokens=17, ignore_eos=True),
+]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+@pytest.mark.parametrize("cache", ["roomy", "tight"])
+def test_verifies_launched_ahead_equal_the_synchronous_ones(trained, k, cache):
+    """Async scheduling under speculation (steps/speculative_ahead.py): each verify is launched before the
+    one before it was read, its rows moved back on the device by that one's rejected drafts, its draws
+    keyed at their true output positions. Greedy and seeded sampled requests (two samples, logprobs,
+    top-p, top-k, min-p, max_tokens mid-step) give the synchronous verify's tokens and logprobs, which are
+    the plain engine's; with a roomy cache the steps launch ahead and the drafts and acceptances counted
+    are the synchronous ones; with a tight one (preemption, chunked prefills, fewer blocks than a verify
+    and its chain need) the engine falls back to synchronous steps where it must, and output is the same."""
+    engine = dict(num_kv_blocks=128) if cache == "roomy" else TIGHT
+    params = [AHEAD_PARAMS[i % len(AHEAD_PARAMS)] for i in range(len(PROMPTS))]
+    _, plain = run(trained, PROMPTS, params, **engine)
+    runs = {
+        mode: run(trained, PROMPTS, params, speculative_config=mtp(k), async_scheduling=mode, **engine)
+        for mode in (False, True)
+    }
+    for mode, (_, spec) in runs.items():
+        for p, s in zip(plain, spec, strict=True):
+            for po, so in zip(p.outputs, s.outputs, strict=True):
+                assert so.token_ids == po.token_ids, (mode, s.request_id, so.index)
+                for lp, ls in zip(po.logprobs or [], so.logprobs or [], strict=True):
+                    assert lp.keys() == ls.keys() and max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
+    (sync, _), (ahead, spec) = runs[False], runs[True]
+    assert sync.stats.num_async_steps == 0 < ahead.stats.num_async_steps
+    counted = ("num_draft_tokens", "num_accepted_tokens", "num_verifications")
+    assert all(
+        getattr(ahead.stats, c) == sum(getattr(o, c, 0) for r in spec for o in r.outputs) for c in counted[:2]
+    )
+    if cache == "roomy":
+        assert [getattr(ahead.stats, c) for c in counted] == [getattr(sync.stats, c) for c in counted]
+        assert ahead.stats.num_accepted_tokens > 0
+    else:
+        assert ahead.scheduler.num_preemptions > 0 and ahead.scheduler.num_chunked_prefills > 0
+
+
 def test_stop_strings_and_n_under_forced_drafts(untrained, monkeypatch):
     """A stop string ends a request in the middle of what one verify step accepts (every draft right:
     four tokens a step), and where every draft is rejected: output, text and finish reason are the plain

@@ -114,9 +114,11 @@ class DecodeGraphs:
         inputs: StepInputs,
         hidden_in: torch.Tensor | None = None,
         sampled: torch.Tensor | None = None,
+        lag: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """One step of len(inputs.query_lens) sequences -> logits [batch * query_len, V] (a view of the
-        graph's output). sampled: the last step's tokens on the device, for inputs.fed_rows."""
+        graph's output). sampled: the last step's tokens on the device, for inputs.fed_rows. lag: [batch]
+        int64, how many positions each sequence's rows sit before inputs' (rows launched ahead)."""
         q, batch = self.q, len(inputs.query_lens)
         size = self.size_for(batch)
         assert size is not None, "size_for(batch) must be checked first"
@@ -130,6 +132,9 @@ class DecodeGraphs:
         buffers.copy()
         if sampled is not None and inputs.fed_rows:  # (a draft's inputs feed on nothing)
             feed_sampled(buffers["ids"], inputs.fed_rows, inputs.fed_from, sampled)
+        if lag is not None:
+            for kind in self.kinds.values():
+                kind.shift(lag)
         if hidden_in is not None:
             self.hidden_in[: hidden_in.shape[0]].copy_(hidden_in)
         self.graphs[size].replay()

@@ -14,6 +14,7 @@ from atom_core.attention import PagedAttentionMetadata
 from atom_core.attention.metadata import cache_slots
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import PAGED, STATE
+from atom_core.engine.execution.ahead_rows import shift_rows
 from atom_core.engine.execution.step_inputs import StepInputs
 
 
@@ -120,6 +121,13 @@ class PagedGraphBuffers:
         rows = [t + [0] * (used - len(t)) for t in tables] + [[0] * used] * (size - len(tables))
         self.buffers.write_rows("block_tables", rows, self.max_pages, used)
 
+    def shift(self, lag: torch.Tensor) -> None:
+        """After fill: each sequence's rows, lag [S] positions back (a step launched ahead; the positions
+        are the model's input, moved here with the slots they address)."""
+        b = self.buffers
+        tables = b["block_tables"].view(-1, self.max_pages)
+        shift_rows(b["positions"], b["seq_lens"], b["slots"], tables, lag, self.q, self.block_size)
+
 
 class StateGraphBuffers:
     """Per-sequence state (GDN): each sequence's state slot and whether it starts fresh; in a verify step,
@@ -148,6 +156,10 @@ class StateGraphBuffers:
         self.buffers.write("fresh", [int(f) for f in inputs.fresh], size)
         if self.q > 1:
             self.buffers.write("step_slots", inputs.step_slots, size * self.q)
+
+    def shift(self, lag: torch.Tensor) -> None:
+        # a state slot holds the state after a position the host must know (the plan never asks this)
+        raise NotImplementedError("state layers cannot follow a verify launched ahead")
 
 
 # every metadata kind a decode graph can carry, and the buffers it declares

@@ -4,6 +4,8 @@ needs (paged: block tables and slots; state: one state slot per sequence)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 import torch.distributed as dist
 
@@ -13,6 +15,7 @@ from atom_core.cache import StateCache, StateMetadata, allocate_caches, collect_
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
+from atom_core.engine.execution.ahead_rows import accepted_drafts, rejected_drafts, shift_rows
 from atom_core.engine.execution.cache_memory import blocks_that_fit
 from atom_core.engine.execution.graph_sets import GraphSets
 from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
@@ -129,27 +132,45 @@ class ModelRunner:
                     tensor[dst] = tensor[src]
 
     @torch.inference_mode()
-    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
+    def run(
+        self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None
+    ) -> StepResult:
         """The forward for one step: logits [len(inputs.logit_rows), V] (on every tensor-parallel rank).
-        fed: [N] int64, the tokens inputs.fed_rows take (Runner.run)."""
-        sampled = fed
-        if inputs.fed_rows and sampled is None:
+        fed: [N] int64, the tokens inputs.fed_rows take; behind: the verify launched before it (Runner.run)."""
+        if inputs.fed_rows and fed is None:
             raise RuntimeError(f"a step feeds on tokens ({inputs.fed_source}), but none were given")
+        lag = None
+        if inputs.shift_from:
+            if behind is None or behind.accepted is None:
+                raise RuntimeError("a step follows a verify launched ahead, but none was given")
+            lag = rejected_drafts(behind)[to_device(inputs.shift_from, torch.long, self.device)]
         self._copy_states(inputs.state_copies)
-        logits, hidden = self._forward(inputs, sampled)
+        logits, hidden, ids = self._forward(inputs, fed, lag)
         self._copy_states(inputs.state_saves)
         result = StepResult(logits, hidden if self.draft is not None else None)
         if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
-            result.tokens, result.logprobs = sample_rows(logits, inputs.sampling, backend=self.kernel_backend)
+            q = len(inputs.ids) // len(inputs.query_lens)
+            row_lag = None if lag is None else lag.repeat_interleave(q)  # (a lag is for uniform rows)
+            result.tokens, result.logprobs = sample_rows(
+                logits, inputs.sampling, backend=self.kernel_backend, key_lag=row_lag
+            )
+        if inputs.verify_ahead:
+            result.accepted = accepted_drafts(result.tokens[0], ids, inputs.verify_ahead + 1)
+            result.shift = lag if lag is not None else torch.zeros_like(result.accepted)
         return result
 
-    def _forward(self, inputs: StepInputs, sampled: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+    def _forward(
+        self, inputs: StepInputs, sampled: torch.Tensor | None, lag: torch.Tensor | None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """logits, every row's hidden state, and the rows' input ids (fed ones included)."""
         graphs = self.graphs.for_step(inputs) if self.graphs is not None else None
         if graphs is not None:
-            logits = graphs.run(inputs, sampled=sampled)
-            return logits, graphs.hidden
+            logits = graphs.run(inputs, sampled=sampled, lag=lag)
+            return logits, graphs.hidden, graphs.buffers["ids"][: len(inputs.ids)]
         metadata = {PAGED: self._paged_metadata(inputs)}
         if STATE in self.kinds:
+            if lag is not None:
+                raise NotImplementedError("state layers cannot follow a verify launched ahead")
             metadata[STATE] = StateMetadata.build(
                 slots=inputs.state_slots,
                 fresh=inputs.fresh,
@@ -162,10 +183,19 @@ class ModelRunner:
         ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
         if inputs.fed_rows:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, sampled)
+        if lag is not None:
+            self._shift(metadata[PAGED], pos, lag)
         with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(ids, pos)
         rows = to_device(inputs.logit_rows, torch.long, self.device)
-        return self.model.compute_logits(hidden[rows]), hidden
+        return self.model.compute_logits(hidden[rows]), hidden, ids
+
+    def _shift(self, meta: PagedAttentionMetadata, positions: torch.Tensor, lag: torch.Tensor) -> None:
+        """Uniform rows launched ahead: move them back by each sequence's lag (ahead_rows.shift_rows)."""
+        q = positions.shape[0] // lag.shape[0]
+        shift_rows(
+            positions, meta.seq_lens, meta.slot_mapping, meta.block_tables, lag, q, self.cache.block_size
+        )
 
     def _paged_metadata(self, inputs: StepInputs | DraftInputs) -> PagedAttentionMetadata:
         return PagedAttentionMetadata.build(
@@ -180,8 +210,8 @@ class ModelRunner:
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
         """One forward of the draft over its own caches (same block tables as the target's), reading
         source's hidden states at inputs.hidden_rows and, at inputs.fed_rows, source's tokens (a draft's
-        proposals, or the target step's draws)."""
-        hidden_in = source.hidden[to_device(inputs.hidden_rows, torch.long, self.device)]
+        proposals, or the target step's draws). inputs.ahead: its rows follow a verify launched ahead."""
+        hidden_index = to_device(inputs.hidden_rows, torch.long, self.device)
         # fed rows take the draft's proposals (chained) or the target's draws (a catch-up)
         fed = (
             (source.tokens if isinstance(source, DraftResult) else source.sampled)
@@ -190,15 +220,30 @@ class ModelRunner:
         )
         if inputs.fed_rows and fed is None:
             raise RuntimeError("a draft forward feeds on its source's tokens, but none were kept")
+        lag, rejected = None, None
+        if inputs.ahead:
+            if isinstance(source, StepResult):  # a catch-up: the verify's own positions
+                lag, rejected = source.shift, rejected_drafts(source)
+            elif source.rejected is not None:  # the first chained forward: after the last accepted row
+                lag = source.shift + source.rejected
+                hidden_index -= source.rejected  # (one row a sequence: its row in the catch-up's q)
+                fed = fed[to_device(inputs.fed_from, torch.long, self.device) - source.rejected]
+                inputs = dataclasses.replace(inputs, fed_from=list(range(len(inputs.fed_rows))))
+            else:
+                lag = source.shift
+        hidden_in = source.hidden[hidden_index]
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:
-            logits = graphs.run(inputs, hidden_in, sampled=fed)
-            return DraftResult(logits, graphs.hidden, logits.argmax(dim=-1))
+            logits = graphs.run(inputs, hidden_in, sampled=fed, lag=lag)
+            return DraftResult(logits, graphs.hidden, logits.argmax(dim=-1), lag, rejected)
         ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
         if fed is not None:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, fed)
-        with bind_forward_context(ForwardContext({PAGED: self._paged_metadata(inputs)}, self.draft_caches)):
+        metadata = self._paged_metadata(inputs)
+        if lag is not None:
+            self._shift(metadata, pos, lag)
+        with bind_forward_context(ForwardContext({PAGED: metadata}, self.draft_caches)):
             hidden = self.draft(ids, pos, hidden_in)
         hidden = hidden[to_device(inputs.logit_rows, torch.long, self.device)]
         logits = self.draft.compute_logits(hidden)
-        return DraftResult(logits, hidden, logits.argmax(dim=-1))
+        return DraftResult(logits, hidden, logits.argmax(dim=-1), lag, rejected)

@@ -26,6 +26,10 @@ class StepResult:
     hidden: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     logprobs: LogprobRows | None = None
+    # a verify launched ahead (inputs.verify_ahead): each sequence's accepted drafts [S] int64, and how
+    # many positions its rows sat before the host's [S] int64 (the step before it's rejected drafts)
+    accepted: torch.Tensor | None = None
+    shift: torch.Tensor | None = None
 
     @property
     def sampled(self) -> torch.Tensor | None:
@@ -42,6 +46,11 @@ class DraftResult:
     logits: torch.Tensor
     hidden: torch.Tensor
     tokens: torch.Tensor
+    # rows that follow a verify launched ahead (DraftInputs.ahead): how many positions each sequence's rows
+    # sat before the host's [S], and (a catch-up) the verify's rejected drafts [S], which the chain after it
+    # sits before too
+    shift: torch.Tensor | None = None
+    rejected: torch.Tensor | None = None
 
 
 class Runner(Protocol):
@@ -49,9 +58,12 @@ class Runner(Protocol):
 
     plan: CachePlan
 
-    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
+    def run(
+        self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None
+    ) -> StepResult:
         """The target forward of one step. fed: [N] int64 on the device, the tokens inputs.fed_rows take
-        (at inputs.fed_from), as inputs.fed_source names them."""
+        (at inputs.fed_from), as inputs.fed_source names them. behind: the verify step launched before
+        this one, whose acceptance shifts this step's rows (inputs.shift_from)."""
         ...
 
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:

@@ -38,8 +38,15 @@ class StepInputs:
     fed_rows: list[int] = field(default_factory=list)
     fed_from: list[int] = field(default_factory=list)
     # what fed_from indexes: "target", the last target step's sampled tokens (async scheduling); "drafts",
-    # the tokens of every draft forward since it, concatenated in launch order (a verify step's drafts)
+    # the tokens of every draft forward since it, concatenated in launch order (a verify step's drafts);
+    # "ahead", the next tokens of the verify step launched ahead (execution/ahead_rows.ahead_tokens)
     fed_source: str = "target"
+    # a verify step launched ahead (every sequence verifies verify_ahead drafts): the forward counts each
+    # sequence's accepted drafts on the device (StepResult.accepted), the next step's lag
+    verify_ahead: int = 0
+    # per sequence, its index in the verify step launched before this one, whose acceptance this step's
+    # positions assumed full: its rows sit that step's rejected drafts before the host's (empty: none)
+    shift_from: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -59,6 +66,10 @@ class DraftInputs:
     # forward: the draft's argmax; a catch-up: the target's draws); their ids here are placeholders
     fed_rows: list[int] = field(default_factory=list)
     fed_from: list[int] = field(default_factory=list)
+    # rows that follow a verify step launched ahead (execution/ahead_rows.py): a catch-up (source
+    # "target") sits that step's lag before the host's positions; a chained forward sits its source's
+    # lag and the verify's rejected drafts before them, its first reading rows rejected drafts earlier
+    ahead: bool = False
 
 
 def prepare_step(batch: ScheduledBatch) -> StepInputs:

@@ -18,6 +18,7 @@ import torch.multiprocessing as mp
 
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
+from atom_core.engine.execution.ahead_rows import ahead_tokens
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.runner import DraftResult, StepResult
 from atom_core.engine.execution.step_channel import StepChannel
@@ -73,7 +74,7 @@ def _worker(
             if message is None:
                 break
             if isinstance(message, StepInputs):
-                last["target"] = runner.run(message, _fed(message, last, drafts))
+                last["target"] = runner.run(message, _fed(message, last, drafts), last.get("target"))
                 drafts.clear()
             else:
                 last["draft"] = runner.run_draft(message, last[message.source])
@@ -92,6 +93,8 @@ def _fed(inputs: StepInputs, last: dict, drafts: list[DraftResult]) -> torch.Ten
         return None
     if inputs.fed_source == "drafts":
         return torch.cat([d.tokens for d in drafts])
+    if inputs.fed_source == "ahead":
+        return ahead_tokens(last["target"], drafts)
     return last["target"].sampled
 
 
@@ -139,10 +142,13 @@ class TensorParallelRunner:
         )
         self.plan = self.runner.plan
 
-    def run(self, inputs: StepInputs, fed: torch.Tensor | None = None) -> StepResult:
-        """fed must come from the results inputs.fed_source names (each worker feeds on its own)."""
+    def run(
+        self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None
+    ) -> StepResult:
+        """fed must come from the results inputs.fed_source names, behind be the last target step (each
+        worker uses its own)."""
         self.channel.send(inputs, group=self.control, workers_alive=self._workers_alive)
-        return self.runner.run(inputs, fed)
+        return self.runner.run(inputs, fed, behind)
 
     def run_draft(self, inputs: DraftInputs, source: StepResult | DraftResult) -> DraftResult:
         """source must be the last target step (inputs.source "target") or draft forward ("draft")."""

@@ -17,7 +17,7 @@ within a long request and across requests.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -47,6 +47,10 @@ class SamplingRows:
     min_ps: list[float]
     keys: list[int]
     logprobs: list[int]
+    # rows launched ahead of their sequence's output position (a verify after one whose acceptance the host
+    # has not read): per row, its keys at the assumed position and 1, 2, ... before it; the device picks
+    # the one its sequence's lag says (sample_rows' key_lag)
+    lagged_keys: list[list[int]] = field(default_factory=list)
 
     @classmethod
     def of(cls, seqs: list[Sequence], positions: list[int]) -> SamplingRows:
@@ -135,11 +139,12 @@ def sample_rows(
     *,
     backend: str | None = None,
     finite: torch.Tensor | None = None,
+    key_lag: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, LogprobRows | None]:
     """Every row's token, on the device and without reading anything back: [2, R] int64, the token and
     the row's status (1: sampled; 0: its logits were not finite; -1: nothing to draw), and the logprobs of
     the rows that asked. logits [R, V]; finite [R] bool: which rows' logits were finite before penalties
-    (computed here when None).
+    (computed here when None); key_lag [R] int64: which of rows.lagged_keys each row draws with.
 
     Every row's argmax and finiteness come from one batched launch (atom-kernels' greedy_tokens); sampled
     rows are then drawn in place with their keys (keyed_draw), their parameters in one copy."""
@@ -152,15 +157,25 @@ def sample_rows(
     if sampled:
         vocab = logits.shape[1]
         # each sampled row's parameters in one copy: its logits row, top-k and key, then the floats' bits
+        lagged = key_lag is not None and bool(rows.lagged_keys)
+        keys = [rows.lagged_keys[r] for r in sampled] if lagged else [[rows.keys[r]] for r in sampled]
         ints = torch.tensor(
-            [sampled, [rows.top_ks[r] for r in sampled], [as_signed(rows.keys[r]) for r in sampled]]
+            [
+                sampled,
+                [rows.top_ks[r] for r in sampled],
+                *([as_signed(k) for k in column] for column in zip(*keys, strict=True)),
+            ]
         )
         floats = torch.tensor(
             [[f[r] for r in sampled] for f in (rows.temperatures, rows.top_ps, rows.min_ps)],
             dtype=torch.float64,
         )
         p = host_to_device(torch.cat([ints, floats.view(torch.int64)]), logits.device)
-        temperature, top_p, min_p = p[3:].view(torch.float64).float()
+        width = len(keys[0])
+        temperature, top_p, min_p = p[2 + width :].view(torch.float64).float()
+        row_keys = p[2]
+        if lagged:  # each row's key at its sequence's true output position
+            row_keys = p[2 : 2 + width].T.gather(1, key_lag[p[0]][:, None])[:, 0].contiguous()
         keyed_draw(
             logits,
             p[0],
@@ -168,7 +183,7 @@ def sample_rows(
             p[1],
             top_p,
             min_p,
-            p[2],
+            row_keys,
             out,
             # which filters any row uses, known on the host (a device tensor's truth would wait for it)
             top_k_max=max((k for k in (rows.top_ks[r] for r in sampled) if 0 < k < vocab), default=0),

@@ -37,6 +37,7 @@ from collections.abc import Callable
 
 import torch
 
+from atom_core.engine.execution.ahead_rows import ahead_tokens
 from atom_core.engine.execution.runner import DraftResult, Runner, StepResult
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_core.engine.plan import CachePlan
@@ -100,6 +101,46 @@ class Drafter:
             step.block_tables.append(list(seq.block_table))
         step.logit_rows = step.fed_rows = step.fed_from = list(range(len(step.ids)))
         return self.runner.run_draft(step, result)
+
+    @torch.inference_mode()
+    def launch_ahead(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> None:
+        """After a verify launched ahead (steps/speculative_ahead.py), before anything is read: the
+        catch-up over every sequence's k + 1 rows, then the chained forwards after its accepted drafts,
+        all placed on the device (execution/ahead_rows.py). The next verify's tokens are left pending
+        (self.pending, in ahead_tokens' layout: the bonus token, then the k drafts)."""
+        q, n = self.k + 1, len(batch.seqs)
+        rows = list(range(n * q))
+        catch_up = DraftInputs(
+            [0] * (n * q),
+            inputs.positions,
+            [q] * n,
+            inputs.seq_lens,
+            inputs.block_tables,
+            rows,
+            "target",
+            rows,
+            fed_rows=rows,
+            fed_from=rows,
+            ahead=True,
+        )
+        drafts = [self.runner.run_draft(catch_up, result)]
+        for j in range(1, self.k):
+            chain = DraftInputs([0] * n, [], [1] * n, [], [], [], "draft", list(range(n)), ahead=True)
+            for i, seq in enumerate(batch.seqs):
+                # as the host assumes: every draft accepted, so the draft's row of token j is q + j - 1
+                # past the verify's first (the device moves it back by what was rejected)
+                position = inputs.positions[i * q] + q + j - 1
+                if not self.scheduler.grant_draft_rows(seq, q + j):
+                    raise RuntimeError("a chain launched ahead found no KV block for its row")
+                chain.positions.append(position)
+                chain.seq_lens.append(position + 1)
+                chain.block_tables.append(list(seq.block_table))
+                # the first reads the catch-up's row of the last draft (moved back to the last accepted)
+                chain.hidden_rows.append(i * q + self.k if j == 1 else i)
+            chain.fed_rows, chain.fed_from = list(range(n)), list(chain.hidden_rows)
+            drafts.append(self.runner.run_draft(chain, drafts[-1]))
+        where = [(seq, list(range(i * q + 1, i * q + q))) for i, seq in enumerate(batch.seqs)]
+        self.pending = PendingProposals.start(ahead_tokens(result, drafts), where, source="ahead")
 
     def _uniform(self, batch: ScheduledBatch) -> bool:
         """Every sequence verifies k drafts and runs on: the catch-up covers all k + 1 rows of each (the

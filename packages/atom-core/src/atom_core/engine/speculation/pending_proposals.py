@@ -32,15 +32,18 @@ class PendingProposals:
     tokens: torch.Tensor
     read: PendingRead
     drafts: list[tuple[Sequence, list[int], list[int]]]
+    source: str = "drafts"  # what tokens are, as StepInputs.fed_source names it ("ahead": ahead_tokens')
 
     @classmethod
-    def start(cls, tokens: torch.Tensor, where: list[tuple[Sequence, list[int]]]) -> PendingProposals:
+    def start(
+        cls, tokens: torch.Tensor, where: list[tuple[Sequence, list[int]]], source: str = "drafts"
+    ) -> PendingProposals:
         """Start the copy to the host, and give each sequence placeholders for its drafts."""
         drafts = []
         for seq, index in where:
             seq.draft_token_ids = [0] * len(index)
             drafts.append((seq, seq.draft_token_ids, index))
-        return cls(tokens, PendingRead(tokens), drafts)
+        return cls(tokens, PendingRead(tokens), drafts, source)
 
     def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
         """Point the batch's draft rows of still-pending sequences at their tokens; returns the tokens they
@@ -56,7 +59,7 @@ class PendingProposals:
             row += n
         if not inputs.fed_rows:
             return None
-        inputs.fed_source = "drafts"
+        inputs.fed_source = self.source
         return self.tokens
 
     def resolve(self, batch: ScheduledBatch) -> None:

@@ -14,9 +14,9 @@ launches ahead while every running and waiting request samples on the device (pe
 host's tokens) and the KV cache holds every running sequence's remaining tokens (so nothing is
 preempted while a token is on its way) (`AsyncSteps.continues`). State layers need nothing more: a
 step's state updates run on the device in stream order, and a slot a finished sequence gave back is
-reset (fresh) by the next holder's first step, queued after the step in flight. The plan turns the mode
-off for speculative drafts, naming why. Anything else settles the step in flight first and
-runs as a synchronous step.
+reset (fresh) by the next holder's first step, queued after the step in flight. Under speculation the
+verify steps launch ahead instead (steps/speculative_ahead.py). Anything else settles the step in flight
+first and runs as a synchronous step.
 """
 
 from __future__ import annotations
@@ -126,6 +126,18 @@ class AsyncSteps:
             and not any(batch.drafts)
             and all(sampled_on_device(seq.params) for seq in batch.seqs)
         )
+
+    @property
+    def behind(self) -> None:
+        """(No step's acceptance shifts a decode's rows.)"""
+        return None
+
+    def prepare(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
+        """A step launched ahead: every logits row sampled on the device, at its sequence's next output
+        position; its pending tokens fed from the step in flight (feed)."""
+        seqs = [batch.seqs[row] for row in inputs.ends]
+        inputs.sampling = SamplingRows.of(seqs, [len(s.output_token_ids) + s.num_pending for s in seqs])
+        return self.feed(batch, inputs)
 
     def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
         """Point the rows of pending tokens at the in-flight step's tokens (a sequence's pending token is

@@ -8,7 +8,6 @@ from atom_core.engine.execution.runner import Runner, StepResult
 from atom_core.engine.execution.step_inputs import StepInputs, prepare_step
 from atom_core.engine.outputs import RequestOutput
 from atom_core.engine.plan import CachePlan
-from atom_core.engine.sampling.sampler import SamplingRows
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Status
 from atom_core.engine.speculation.drafting import Drafter
@@ -16,6 +15,7 @@ from atom_core.engine.speculation.verify import verify_sampling
 from atom_core.engine.steps.async_step import AsyncSteps
 from atom_core.engine.steps.emit import Emitter
 from atom_core.engine.steps.failures import Failures
+from atom_core.engine.steps.speculative_ahead import SpeculativeAhead
 from atom_core.engine.steps.speculative_step import verify_step
 from atom_core.engine.steps.stats import StepStats
 from atom_core.engine.steps.sync_step import sample_step
@@ -38,9 +38,13 @@ class StepPipeline:
     ):
         self.runner, self.scheduler, self.emitter, self.drafter = runner, scheduler, emitter, drafter
         self.failures, self.stats, self.backend = failures, stats, kernel_backend
-        self.overlap = (
-            AsyncSteps(scheduler, stats, plan.max_num_seqs, device) if plan.async_scheduling else None
-        )
+        self.overlap: AsyncSteps | SpeculativeAhead | None = None
+        if plan.async_scheduling:  # launched ahead: decodes, or (with a draft) verifies
+            self.overlap = (
+                AsyncSteps(scheduler, stats, plan.max_num_seqs, device)
+                if drafter is None
+                else SpeculativeAhead(scheduler, drafter, stats, plan)
+            )
 
     def step(self) -> list[RequestOutput]:
         """One scheduled forward; returns the outputs of the requests it advanced (finished ones included).
@@ -60,21 +64,20 @@ class StepPipeline:
             raise RuntimeError("async scheduling: a step that continues the one in flight must launch ahead")
         try:
             inputs = prepare_step(batch)
-            if ahead:  # every logits row sampled on the device, at its sequence's next output position
-                seqs = [batch.seqs[row] for row in inputs.ends]
-                inputs.sampling = SamplingRows.of(
-                    seqs, [len(s.output_token_ids) + s.num_pending for s in seqs]
-                )
-            elif self.drafter is not None and any(batch.drafts):  # verify rows drawn in the forward
-                ends = inputs.ends
-                inputs.sampling = verify_sampling(
-                    [batch.seqs[r] for r in ends], [batch.drafts[r] for r in ends]
-                )
-            fed = overlap.feed(batch, inputs) if overlap is not None else None
-            if self.drafter is not None:  # (the plan turns async scheduling off under speculation)
-                fed = self.drafter.feed(batch, inputs)
-            result = self.runner.run(inputs, fed)
-            if self.drafter is not None:  # read the drafts it verifies, now that it is queued
+            if ahead:  # every logits row sampled on the device; its fed rows take the step in flight's
+                fed = overlap.prepare(batch, inputs)
+                result = self.runner.run(inputs, fed, overlap.behind)
+                if self.drafter is not None:  # its catch-up and chain, before anything is read
+                    self.drafter.launch_ahead(batch, inputs, result)
+            else:
+                if self.drafter is not None and any(batch.drafts):  # verify rows drawn in the forward
+                    ends = inputs.ends
+                    inputs.sampling = verify_sampling(
+                        [batch.seqs[r] for r in ends], [batch.drafts[r] for r in ends]
+                    )
+                fed = self.drafter.feed(batch, inputs) if self.drafter is not None else None
+                result = self.runner.run(inputs, fed)
+            if self.drafter is not None and not ahead:  # read the drafts it verifies, now it is queued
                 self.drafter.resolve(batch)
         except Exception as err:  # one forward serves the whole batch: find whose requests it fails
             self.scheduler.settle_snapshots(batch, ran=False)

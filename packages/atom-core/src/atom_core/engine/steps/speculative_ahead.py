@@ -1,0 +1,217 @@
+"""Async scheduling under speculation: verify step N + 1 is launched before the host has read step N.
+
+Without it the host reads each verify's draws, accepts drafts and emits tokens, then schedules and
+prepares the next verify, while the device waits. Here, as async scheduling does for plain decoding, the
+host works one step behind the device. It schedules verify N + 1 assuming every draft of N is accepted:
+each sequence then has k + 1 tokens pending (N's row tokens, counted as known until read) and k draft
+placeholders (N's proposals), so N + 1 has the same shape whatever N accepts, its KV blocks are the most
+N could need, and its sampling keys are computed for every acceptance N could have. On the device, N
+counted its accepted drafts; N + 1's rows move back by N's rejected drafts and take their tokens from N
+(the bonus draw, then the drafts chained after it), and draw with the keys of their true output
+positions (engine/execution/ahead_rows.py). N + 1's catch-up and chained draft forwards follow it at once.
+Then the host reads N: each sequence's accepted drafts and the tokens it emits (the draws up to its first
+rejected draft), corrects its computed tokens by the drafts it rejected, and emits. A sequence that stops
+at N has N + 1 computed and dropped.
+
+A step launches ahead when every sequence verifies k drafts (no prefill, no penalties: the draws are all
+on the device), the free KV blocks hold N + 1's rows and chain for every running sequence, no waiting
+request would join it, and its rows stay within max_model_len. Anything else reads the step in flight
+first (settle) and runs as a synchronous verify, whose drafts the chain left on the device for it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from atom_core.engine.execution.runner import StepResult
+from atom_core.engine.execution.step_inputs import StepInputs
+from atom_core.engine.plan import CachePlan
+from atom_core.engine.sampling.sampler import NON_FINITE, SAMPLING_FAILED, LogprobRows, SamplingRows, draw_key
+from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
+from atom_core.engine.scheduling.sequence import Sequence, Status
+from atom_core.engine.speculation.drafting import Drafter
+from atom_core.engine.steps.async_step import sampled_on_device
+from atom_core.engine.steps.emit import Produced
+from atom_core.engine.steps.stats import StepStats
+from atom_core.host_copy import PendingRead
+
+
+@dataclass(slots=True)
+class InFlightVerify:
+    """A verify launched ahead: its sequences (k + 1 rows each), and on their way to the host each row's
+    draw and status, each sequence's accepted drafts, and the logprobs of the rows that asked."""
+
+    seqs: list[Sequence]
+    read: PendingRead  # [2 * S * q + S] int64: draws, statuses, accepted
+    logprobs: LogprobRows | None
+    top: list[int]
+    result: StepResult  # (the next step's rows follow its acceptance)
+
+    @classmethod
+    def launch(cls, seqs: list[Sequence], result: StepResult, rows: SamplingRows) -> InFlightVerify:
+        logprobs = None if result.logprobs is None else result.logprobs.to_host(non_blocking=True)
+        # one copy (after the logprobs': its wait covers both)
+        read = PendingRead(torch.cat([result.tokens.view(-1), result.accepted]))
+        return cls(seqs, read, logprobs, rows.logprobs, result)
+
+
+class SpeculativeAhead:
+    """The engine's one verify in flight, and the rules for launching the next one before reading it
+    (the AsyncSteps interface, steps/async_step.py)."""
+
+    def __init__(self, scheduler: Scheduler, drafter: Drafter, stats: StepStats, plan: CachePlan):
+        self.scheduler, self.drafter, self.stats = scheduler, drafter, stats
+        self.k, self.max_model_len = plan.num_speculative_tokens, plan.max_model_len
+        self.in_flight: InFlightVerify | None = None
+        self.enabled = True
+
+    @property
+    def behind(self) -> StepResult | None:
+        """The verify in flight, whose acceptance the next one's rows follow."""
+        return None if self.in_flight is None else self.in_flight.result
+
+    def _fits(self, seq: Sequence) -> bool:
+        """seq's next verify and chain stay within max_model_len, and it drafts on the device."""
+        return (
+            seq.status is Status.RUNNING
+            and sampled_on_device(seq.params)
+            and seq.num_computed_tokens + 2 * self.k <= self.max_model_len
+        )
+
+    def _chain_blocks(self, seqs: list[Sequence], rows: int) -> bool:
+        """The free KV blocks hold `rows` more rows past each sequence's computed tokens."""
+        blocks = self.scheduler.blocks
+        return sum(blocks.blocks_needed(seq, rows) for seq in seqs) <= blocks.num_free_blocks
+
+    def continues(self) -> bool:
+        """Whether the next verify can launch before the one in flight is read: every running sequence
+        verifies k drafts again (nothing waits to join, nothing needs penalties or the host's tokens),
+        and the free blocks hold each one's verify and chain (no preemption, no dropped draft)."""
+        scheduler, q = self.scheduler, self.k + 1
+        running = scheduler.running
+        admits = scheduler.waiting and len(running) < scheduler.config.max_num_seqs
+        return (
+            self.enabled
+            and self.drafter.oracle is None
+            and bool(running)
+            and not admits
+            and len(running) * q <= scheduler.config.max_num_batched_tokens
+            and all(
+                self._fits(seq) and seq.num_uncomputed == 1 and len(seq.draft_token_ids) == self.k
+                for seq in running
+            )
+            and self._chain_blocks(running, q + self.k - 1)
+        )
+
+    def launches_ahead(self, batch: ScheduledBatch) -> bool:
+        """Whether this batch is a verify that can run ahead of the host: every sequence verifies k
+        drafts after its one known token, and the free blocks hold its chain."""
+        q = self.k + 1
+        return (
+            self.enabled
+            and self.drafter.oracle is None
+            and not batch.restores
+            and not batch.saves
+            and all(
+                n == q and len(draft) == self.k and self._fits(seq)
+                for seq, n, draft in zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)
+            )
+            and self._chain_blocks(batch.seqs, q + self.k - 1)
+        )
+
+    def prepare(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
+        """Set the step's sampling (every row on the device, with keys for each lag its sequence may
+        have), its acceptance count, and what its rows take from the device; returns the tokens fed."""
+        k, q = self.k, self.k + 1
+        inputs.verify_ahead = k
+        seqs, positions, lagged = [], [], []
+        for seq in batch.seqs:
+            assumed = len(seq.output_token_ids) + seq.num_pending  # as if the step in flight accepted all
+            # keys of the output positions assumed - k .. assumed + k: row j with lag l draws at j - l
+            window = (
+                [0] * (2 * k + 1)
+                if seq.params.greedy
+                else [draw_key(seq, assumed + i - k) for i in range(2 * k + 1)]
+            )
+            for j in range(q):
+                seqs.append(seq)
+                positions.append(assumed + j)
+                lagged.append(window[j + k :: -1][:q] if self.in_flight is not None else [])
+        inputs.sampling = SamplingRows.of(seqs, positions)
+        if self.in_flight is None:  # nothing to follow: the drafts fed from the chain before it
+            return self.drafter.feed(batch, inputs)
+        inputs.sampling.lagged_keys = lagged
+        row_of = {id(seq): row for row, seq in enumerate(self.in_flight.seqs)}
+        for i, seq in enumerate(batch.seqs):
+            r = row_of[id(seq)]
+            inputs.shift_from.append(r)
+            inputs.fed_rows += range(i * q, i * q + q)
+            inputs.fed_from += range(r * q, r * q + q)
+        inputs.fed_source = "ahead"
+        return self.drafter.pending.tokens
+
+    def launch(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> list[Produced]:
+        """After the verify and its draft forwards were launched (Drafter.launch_ahead): its tokens' copy
+        to the host; then, as if it accepted every draft, its sequences' computed and pending tokens;
+        then the step before it is read (the device runs this one meanwhile)."""
+        q = self.k + 1
+        for seq in batch.seqs:
+            seq.num_computed_tokens += q
+            seq.num_pending += q
+        launched = InFlightVerify.launch(batch.seqs, result, inputs.sampling)
+        previous, self.in_flight = self.in_flight, launched
+        if previous is None:
+            return []
+        self.stats.num_async_steps += 1
+        return self._read(previous)
+
+    def drop(self) -> None:
+        self.in_flight = None
+
+    def forget_if_unread(self) -> None:
+        """A verify in flight whose sequences all ended is dropped: nobody reads it."""
+        if self.in_flight is not None and not any(s.status is Status.RUNNING for s in self.in_flight.seqs):
+            self.drop()
+
+    def settle(self) -> list[Produced]:
+        """Read the verify in flight and take it off (its chain's drafts stay pending for the next step)."""
+        step, self.in_flight = self.in_flight, None
+        return self._read(step)
+
+    def _read(self, step: InFlightVerify) -> list[Produced]:
+        """A verify's tokens: per sequence still running, the draws up to its first rejected draft; its
+        computed tokens drop by the drafts it rejected (their KV rows are written again)."""
+        k, q = self.k, self.k + 1
+        values = step.read.tolist()
+        n = len(step.seqs) * q
+        tokens, status, accepted = values[:n], values[n : 2 * n], values[2 * n :]
+        found = {} if step.logprobs is None else step.logprobs.dicts(tokens, step.top)
+        produced = []
+        for i, seq in enumerate(step.seqs):
+            if seq.status is not Status.RUNNING:
+                continue
+            a, rows = accepted[i], range(i * q, i * q + q)
+            # the drafts a synchronous verify would have verified here (none past max_tokens or
+            # max_model_len): the counters count those
+            drafted = min(
+                k, seq.params.max_tokens - len(seq.output_token_ids), self.max_model_len - len(seq.token_ids)
+            )
+            seq.num_pending -= q
+            seq.num_computed_tokens -= k - a
+            if any(status[r] == 0 for r in rows):
+                produced.append(Produced(seq, error=NON_FINITE))
+                continue
+            if any(status[r] != 1 for r in rows[: a + 1]):
+                produced.append(Produced(seq, error=SAMPLING_FAILED))
+                continue
+            counted = min(a, max(drafted, 0))
+            seq.num_drafted += max(drafted, 0)
+            seq.num_accepted += counted
+            self.stats.num_draft_tokens += max(drafted, 0)
+            self.stats.num_accepted_tokens += counted
+            self.stats.num_verifications += drafted > 0
+            emitted = rows[: a + 1]
+            produced.append(Produced(seq, [tokens[r] for r in emitted], [found.get(r) for r in emitted]))
+        return produced

@@ -461,12 +461,14 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
         llm.engine.shutdown()
 
 
-def test_a_draft_failing_at_its_catch_up_ends_its_requests_and_later_ones_run(tmp_path):
+@pytest.mark.parametrize("ahead", [False, True], ids=["synchronous", "launched-ahead"])
+def test_a_draft_failing_at_its_catch_up_ends_its_requests_and_later_ones_run(tmp_path, ahead):
     """The catch-up launched before the step is read (its rows fed the verify step's draws) fails: the
     step's tokens are still verified and emitted, then its requests fail with the draft model named, and
-    a request after them runs to its end."""
+    a request after them runs to its end. Launched ahead (async scheduling), the verify in flight before
+    it is read first."""
     deepseek_mtp_checkpoint(tmp_path)
-    llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2))
+    llm = LLM(tmp_path, **COMMON, speculative_config=mtp(2), async_scheduling=ahead)
     runner, failed = llm.engine.runner, []
     run_draft = runner.run_draft
 

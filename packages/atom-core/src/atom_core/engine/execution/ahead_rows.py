@@ -1,12 +1,14 @@
 """The device side of a speculative step launched ahead: what the host does not know yet, the device
 computes.
 
-A verify step N is launched before the host has read step N - 1's acceptance. The host schedules and
-prepares it as if every draft of N - 1 was accepted (its positions, sequence lengths and KV blocks the
-largest they can be); each sequence's rows then sit `lag` = k - accepted positions before that, which the
-device subtracts from the step's positions and sequence lengths and from which it recomputes the cache
-slots (shift_rows). The step's tokens come from N - 1 on the device as well: the bonus token, which is the
-target's draw at the first rejected draft, then the drafts chained from it (ahead_tokens).
+A verify step N is launched before the host has read step N - 1's acceptance, which N - 1 counted on the
+device (atom-kernels' accepted_drafts: StepResult.accepted and .rejected). The host schedules and
+prepares N as if every draft of N - 1 was accepted (its positions, sequence lengths and KV blocks the
+largest they can be); each sequence's rows then sit `lag` = its rejected drafts before that (lag_behind),
+which the device subtracts from the step's positions and sequence lengths and from which it recomputes
+the cache slots (atom-kernels' move_rows_back, one launch a forward; in a graph's static buffers, their
+own). N's tokens come from N - 1 on the device as well: the bonus token, which is the target's draw at
+the first rejected draft, then the drafts chained from it (ahead_tokens).
 
 Within one verify step, every forward has the same sequences in the same order: the verify, the draft's
 catch-up over its k + 1 rows (the same positions), and the chained draft forwards, whose rows follow the
@@ -18,21 +20,21 @@ from __future__ import annotations
 
 import torch
 
+from atom_core.attention import PagedAttentionMetadata
 from atom_core.engine.execution.runner import DraftResult, StepResult
+from atom_core.host_copy import to_device
+from atom_kernels.cache import move_rows_back
 
 
-def accepted_drafts(draws: torch.Tensor, ids: torch.Tensor, q: int) -> torch.Tensor:
-    """draws, ids: [S * q] int64, each sequence's q rows (its last known token, then its q - 1 drafts):
-    the target's draw at each row and the row's input token -> [S] int64, how many leading drafts equal
-    the draw before them (the draw at row j is the target's token at draft j + 1's position)."""
-    drawn, fed = draws.view(-1, q), ids.view(-1, q)
-    return (drawn[:, :-1] == fed[:, 1:]).long().cumprod(dim=1).sum(dim=1)
-
-
-def rejected_drafts(result: StepResult) -> torch.Tensor:
-    """[S] int64: each sequence's drafts the verify launched ahead did not accept (the lag of what follows)."""
-    q = result.tokens.shape[1] // result.accepted.shape[0]
-    return (q - 1) - result.accepted
+def lag_behind(behind: StepResult | None, shift_from: list[int]) -> torch.Tensor:
+    """[S] int64: how far each sequence of a step after the verify `behind` (launched ahead) sits before
+    the host's positions: the drafts `behind` rejected of the sequence at shift_from[i] there."""
+    if behind is None or behind.rejected is None:
+        raise RuntimeError("a step follows a verify launched ahead, but none was given")
+    lag = behind.rejected
+    if shift_from == list(range(lag.shape[0])):  # nothing ended since (the usual step): as it is
+        return lag
+    return lag[to_device(shift_from, torch.long, lag.device)]
 
 
 def ahead_tokens(target: StepResult, drafts: list[DraftResult]) -> torch.Tensor:
@@ -46,21 +48,14 @@ def ahead_tokens(target: StepResult, drafts: list[DraftResult]) -> torch.Tensor:
     return torch.cat([bonus, first, *(d.tokens.view(s, 1) for d in drafts[1:])], dim=1).view(-1)
 
 
-def shift_rows(
+def move_back(
+    meta: PagedAttentionMetadata,
     positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    slots: torch.Tensor,
-    block_tables: torch.Tensor,
     lag: torch.Tensor,
-    q: int,
     block_size: int,
+    backend: str | None,
 ) -> None:
-    """In place, for S sequences of q rows each (the first S * q entries): positions [S * q] int64 and
-    seq_lens [S] int32 move back by each sequence's lag [S] int64, and slots [S * q] int64 are recomputed
-    from the moved positions and block_tables [S, P] int32."""
-    s = lag.shape[0]
-    moved = positions[: s * q].view(s, q)
-    moved -= lag[:, None]
-    seq_lens[:s] -= lag.to(seq_lens.dtype)
-    pages = block_tables[:s].gather(1, (moved // block_size).to(torch.long)).to(torch.long)
-    slots[: s * q] = (pages * block_size + moved % block_size).view(-1)
+    """An eager forward's uniform rows (and their metadata), each sequence's moved back by its lag [S]."""
+    q = positions.shape[0] // lag.shape[0]
+    tables = meta.block_tables
+    move_rows_back(positions, meta.seq_lens, meta.slot_mapping, tables, lag, q, block_size, backend=backend)

@@ -14,8 +14,8 @@ from atom_core.attention import PagedAttentionMetadata
 from atom_core.attention.metadata import cache_slots
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import PAGED, STATE
-from atom_core.engine.execution.ahead_rows import shift_rows
 from atom_core.engine.execution.step_inputs import StepInputs
+from atom_kernels.cache import move_rows_back
 
 
 class StaticBuffers:
@@ -126,7 +126,7 @@ class PagedGraphBuffers:
         are the model's input, moved here with the slots they address)."""
         b = self.buffers
         tables = b["block_tables"].view(-1, self.max_pages)
-        shift_rows(b["positions"], b["seq_lens"], b["slots"], tables, lag, self.q, self.block_size)
+        move_rows_back(b["positions"], b["seq_lens"], b["slots"], tables, lag, self.q, self.block_size)
 
 
 class StateGraphBuffers:

@@ -15,7 +15,7 @@ from atom_core.cache import StateCache, StateMetadata, allocate_caches, collect_
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
-from atom_core.engine.execution.ahead_rows import accepted_drafts, rejected_drafts, shift_rows
+from atom_core.engine.execution.ahead_rows import lag_behind, move_back
 from atom_core.engine.execution.cache_memory import blocks_that_fit
 from atom_core.engine.execution.graph_sets import GraphSets
 from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
@@ -26,6 +26,7 @@ from atom_core.engine.sampling.sampler import sample_rows
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.host_copy import to_device
 from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
+from atom_kernels.sampling import accepted_drafts
 
 
 class ModelRunner:
@@ -139,23 +140,23 @@ class ModelRunner:
         fed: [N] int64, the tokens inputs.fed_rows take; behind: the verify launched before it (Runner.run)."""
         if inputs.fed_rows and fed is None:
             raise RuntimeError(f"a step feeds on tokens ({inputs.fed_source}), but none were given")
-        lag = None
-        if inputs.shift_from:
-            if behind is None or behind.accepted is None:
-                raise RuntimeError("a step follows a verify launched ahead, but none was given")
-            lag = rejected_drafts(behind)[to_device(inputs.shift_from, torch.long, self.device)]
+        lag = lag_behind(behind, inputs.shift_from) if inputs.shift_from else None
         self._copy_states(inputs.state_copies)
         logits, hidden, ids = self._forward(inputs, fed, lag)
         self._copy_states(inputs.state_saves)
         result = StepResult(logits, hidden if self.draft is not None else None)
         if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
             q = len(inputs.ids) // len(inputs.query_lens)
-            row_lag = None if lag is None else lag.repeat_interleave(q)  # (a lag is for uniform rows)
+            drawn = lag is not None and any(inputs.sampling.temperatures)  # (greedy rows have no key)
+            row_lag = lag.repeat_interleave(q) if drawn else None  # (a lag is for uniform rows)
             result.tokens, result.logprobs = sample_rows(
                 logits, inputs.sampling, backend=self.kernel_backend, key_lag=row_lag
             )
         if inputs.verify_ahead:
-            result.accepted = accepted_drafts(result.tokens[0], ids, inputs.verify_ahead + 1)
+            q = inputs.verify_ahead + 1
+            result.accepted, result.rejected = accepted_drafts(
+                result.tokens[0], ids, q, backend=self.kernel_backend
+            )
             result.shift = lag if lag is not None else torch.zeros_like(result.accepted)
         return result
 
@@ -184,18 +185,11 @@ class ModelRunner:
         if inputs.fed_rows:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, sampled)
         if lag is not None:
-            self._shift(metadata[PAGED], pos, lag)
+            move_back(metadata[PAGED], pos, lag, self.cache.block_size, self.kernel_backend)
         with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(ids, pos)
         rows = to_device(inputs.logit_rows, torch.long, self.device)
         return self.model.compute_logits(hidden[rows]), hidden, ids
-
-    def _shift(self, meta: PagedAttentionMetadata, positions: torch.Tensor, lag: torch.Tensor) -> None:
-        """Uniform rows launched ahead: move them back by each sequence's lag (ahead_rows.shift_rows)."""
-        q = positions.shape[0] // lag.shape[0]
-        shift_rows(
-            positions, meta.seq_lens, meta.slot_mapping, meta.block_tables, lag, q, self.cache.block_size
-        )
 
     def _paged_metadata(self, inputs: StepInputs | DraftInputs) -> PagedAttentionMetadata:
         return PagedAttentionMetadata.build(
@@ -223,11 +217,13 @@ class ModelRunner:
         lag, rejected = None, None
         if inputs.ahead:
             if isinstance(source, StepResult):  # a catch-up: the verify's own positions
-                lag, rejected = source.shift, rejected_drafts(source)
+                lag, rejected = source.shift, source.rejected
             elif source.rejected is not None:  # the first chained forward: after the last accepted row
                 lag = source.shift + source.rejected
                 hidden_index -= source.rejected  # (one row a sequence: its row in the catch-up's q)
-                fed = fed[to_device(inputs.fed_from, torch.long, self.device) - source.rejected]
+                if inputs.fed_from != inputs.hidden_rows:
+                    raise ValueError("a chain launched ahead feeds on the rows it reads the hidden states of")
+                fed = fed[hidden_index]
                 inputs = dataclasses.replace(inputs, fed_from=list(range(len(inputs.fed_rows))))
             else:
                 lag = source.shift
@@ -241,7 +237,7 @@ class ModelRunner:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, fed)
         metadata = self._paged_metadata(inputs)
         if lag is not None:
-            self._shift(metadata, pos, lag)
+            move_back(metadata, pos, lag, self.cache.block_size, self.kernel_backend)
         with bind_forward_context(ForwardContext({PAGED: metadata}, self.draft_caches)):
             hidden = self.draft(ids, pos, hidden_in)
         hidden = hidden[to_device(inputs.logit_rows, torch.long, self.device)]

@@ -26,9 +26,10 @@ class StepResult:
     hidden: torch.Tensor | None = None
     tokens: torch.Tensor | None = None
     logprobs: LogprobRows | None = None
-    # a verify launched ahead (inputs.verify_ahead): each sequence's accepted drafts [S] int64, and how
-    # many positions its rows sat before the host's [S] int64 (the step before it's rejected drafts)
+    # a verify launched ahead (inputs.verify_ahead), per sequence [S] int64: its accepted and rejected
+    # drafts, and how many positions its rows sat before the host's (the step before it's rejected ones)
     accepted: torch.Tensor | None = None
+    rejected: torch.Tensor | None = None
     shift: torch.Tensor | None = None
 
     @property

@@ -68,7 +68,10 @@ class StepPipeline:
                 fed = overlap.prepare(batch, inputs)
                 result = self.runner.run(inputs, fed, overlap.behind)
                 if self.drafter is not None:  # its catch-up and chain, before anything is read
-                    self.drafter.launch_ahead(batch, inputs, result)
+                    try:
+                        self.drafter.launch_ahead(batch, inputs, result)
+                    except Exception as err:  # the verify ran: as a synchronous verify's failed proposal
+                        return self._draft_failed_ahead(batch, inputs, result, err)
             else:
                 if self.drafter is not None and any(batch.drafts):  # verify rows drawn in the forward
                     ends = inputs.ends
@@ -106,6 +109,18 @@ class StepPipeline:
             overlap.forget_if_unread()
             return outputs
         return self.advance(batch, inputs, result)
+
+    def _draft_failed_ahead(
+        self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult, err: Exception
+    ) -> list[RequestOutput]:
+        """A draft forward launched after a verify that ran ahead failed: the step in flight and this
+        verify are read and emitted, then its requests still running fail with the draft model named."""
+        self.stats.consecutive_failures = 0
+        outputs = self.emitter.emit(self.overlap.launch(batch, inputs, result))
+        outputs += self.emitter.emit(self.overlap.settle())
+        self.drafter.pending = None  # (its chain never ran)
+        running = [s for s in batch.seqs if s.status is Status.RUNNING]
+        return outputs + self.failures.forward_failed(running, "draft model", err)
 
     def advance(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> list[RequestOutput]:
         """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts. With

@@ -175,7 +175,8 @@ def sample_rows(
         temperature, top_p, min_p = p[2 + width :].view(torch.float64).float()
         row_keys = p[2]
         if lagged:  # each row's key at its sequence's true output position
-            row_keys = p[2 : 2 + width].T.gather(1, key_lag[p[0]][:, None])[:, 0].contiguous()
+            lag = key_lag if len(sampled) == len(rows.keys) else key_lag[p[0]]  # (all rows: in order)
+            row_keys = p[2 : 2 + width].gather(0, lag[None, :])[0]
         keyed_draw(
             logits,
             p[0],

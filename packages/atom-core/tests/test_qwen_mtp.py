@@ -111,6 +111,47 @@ def test_random_and_forced_drafts_still_equal_plain(tmp_path, heads, monkeypatch
     assert steps["gdn_step:GDNStepView"] > 0 and steps["gdn_step:GDNStepView+step_slots"] > 0
 
 
+@pytest.fixture(scope="module")
+def trained_qwen(tmp_path_factory):
+    """A tiny Qwen3.5 whose target and MTP layer were trained together: drafts accepted and rejected."""
+    path = tmp_path_factory.mktemp("qwen-mtp-trained")
+    qwen_mtp_checkpoint(path, "qwen3.5", train_steps=TRAIN_STEPS)
+    return path
+
+
+TRAIN_STEPS = 200
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_verifies_launched_ahead_start_from_the_accepted_state(trained_qwen, k):
+    """Async scheduling under speculation on a hybrid (steps/speculative_ahead.py): each verify is
+    launched before the one before it was read, starting each sequence from the state slot of that one's
+    last accepted token, picked on the device (ahead_rows.commit_states). Greedy and seeded sampled
+    requests (two samples, top-p) equal the synchronous verify's output and the plain engine's, with the
+    same drafts and acceptances counted, drafts accepted and rejected, and every state slot given back."""
+    prompts = language_prompts(VOCAB, [11, 6, 66, 23])
+    params = [
+        SamplingParams(temperature=0, max_tokens=16, ignore_eos=True),
+        SamplingParams(n=2, temperature=0.8, top_p=0.9, seed=7, max_tokens=16, ignore_eos=True),
+    ] * 2
+    _, plain = run(trained_qwen, prompts, params, num_kv_blocks=96)
+    runs = {
+        ahead: run(
+            trained_qwen, prompts, params, num_kv_blocks=96, speculative_config=mtp(k), async_scheduling=ahead
+        )
+        for ahead in (False, True)
+    }
+    want = [[o.token_ids for o in r.outputs] for r in plain]
+    for engine, got in runs.values():
+        assert [[o.token_ids for o in r.outputs] for r in got] == want
+        assert engine.scheduler.state_slots.num_free == engine.scheduler.state_slots.num_slots
+    (sync, _), (ahead, _) = runs[False], runs[True]
+    counted = ("num_draft_tokens", "num_accepted_tokens", "num_verifications")
+    assert [getattr(ahead.stats, c) for c in counted] == [getattr(sync.stats, c) for c in counted]
+    assert 0 < ahead.stats.num_accepted_tokens < ahead.stats.num_draft_tokens
+    assert sync.stats.num_async_steps == 0 < ahead.stats.num_async_steps
+
+
 def test_mtp_on_a_hybrid_without_mtp_weights_is_refused(tmp_path):
     from tools.testing_qwen import qwen3_next_checkpoint
 

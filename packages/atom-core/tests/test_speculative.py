@@ -461,6 +461,31 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
         llm.engine.shutdown()
 
 
+def test_verifies_launched_ahead_under_tensor_parallelism(trained):
+    """TP=2 over gloo: every rank moves its rows back, feeds its next verify and counts acceptance from its
+    own results (the message names what to use); output equals the one-process synchronous engine's."""
+    params = [AHEAD_PARAMS[i % len(AHEAD_PARAMS)] for i in range(4)]
+    sync, want = run(trained, PROMPTS[:4], params, num_kv_blocks=128, speculative_config=mtp(2))
+    llm = LLM(
+        trained,
+        **COMMON,
+        num_kv_blocks=128,
+        speculative_config=mtp(2),
+        async_scheduling=True,
+        tensor_parallel_size=2,
+        device="cpu",
+    )
+    try:
+        got = llm.generate([{"prompt_token_ids": p} for p in PROMPTS[:4]], params)
+        stats = llm.engine.stats
+        assert [[o.token_ids for o in r.outputs] for r in got] == [
+            [o.token_ids for o in r.outputs] for r in want
+        ]
+        assert stats.num_async_steps > 0 and stats.num_accepted_tokens == sync.stats.num_accepted_tokens > 0
+    finally:
+        llm.shutdown()
+
+
 @pytest.mark.parametrize("ahead", [False, True], ids=["synchronous", "launched-ahead"])
 def test_a_draft_failing_at_its_catch_up_ends_its_requests_and_later_ones_run(tmp_path, ahead):
     """The catch-up launched before the step is read (its rows fed the verify step's draws) fails: the

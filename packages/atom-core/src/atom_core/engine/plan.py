@@ -110,7 +110,7 @@ def plan_engine(
     graphs_off = _why_no_graphs(engine, model, device)
     if graphs_off:
         off.append(("CUDA graphs", graphs_off))
-    async_off = _why_no_async(engine, speculative_state=k > 0 and state)
+    async_off = _why_no_async(engine)
     if async_off:
         off.append(("async scheduling", async_off))
     return CachePlan(
@@ -158,13 +158,11 @@ def _why_no_graphs(engine: EngineConfig, model: ModelConfig, device: torch.devic
     return None
 
 
-def _why_no_async(engine: EngineConfig, *, speculative_state: bool) -> str | None:
+def _why_no_async(engine: EngineConfig) -> str | None:
     if engine.async_scheduling is False:
         return "async_scheduling=False"
     if not engine.async_scheduling_on():
         return "on by default only where a device runs beside the host (CUDA)"
-    if speculative_state:  # (a verify launched ahead would start from a state slot the host picks)
-        return "state layers under speculation commit the accepted draft's state on the host"
     return None
 
 

@@ -10,6 +10,10 @@ the cache slots (atom-kernels' move_rows_back, one launch a forward; in a graph'
 own). N's tokens come from N - 1 on the device as well: the bonus token, which is the target's draw at
 the first rejected draft, then the drafts chained from it (ahead_tokens).
 
+State layers keep each token's state of a verify in one of the sequence's k + 1 slots; the host then
+makes the last accepted one's slot the sequence's own (Sequence.commit_state). A verify launched ahead
+starts from that slot, which the device picks in its place (commit_states).
+
 Within one verify step, every forward has the same sequences in the same order: the verify, the draft's
 catch-up over its k + 1 rows (the same positions), and the chained draft forwards, whose rows follow the
 accepted drafts: they sit the verify's own rejected drafts further back, and the first of them reads the
@@ -59,3 +63,17 @@ def move_back(
     q = positions.shape[0] // lag.shape[0]
     tables = meta.block_tables
     move_rows_back(positions, meta.seq_lens, meta.slot_mapping, tables, lag, q, block_size, backend=backend)
+
+
+def commit_states(step_slots: torch.Tensor, slots: torch.Tensor, lag: torch.Tensor, q: int) -> None:
+    """In place, for a verify launched ahead of the host's commit: each sequence's q state slots in
+    step_slots [S * q] (its own first, then a spare a draft, as the host last knew them) become what
+    Sequence.commit_state(accepted) makes of them after the verify before, whose rejected drafts are lag
+    [S]: the last accepted token's slot first, then the others in order; slots [S] take the first."""
+    s = lag.shape[0]
+    group = step_slots[: s * q].view(s, q)
+    accepted = (q - 1) - lag[:, None]
+    others = torch.arange(q - 1, device=lag.device)[None, :]
+    order = torch.cat([accepted, others + (others >= accepted).long()], dim=1)
+    group.copy_(group.gather(1, order))
+    slots[:s] = group[:, 0]

@@ -14,6 +14,7 @@ from atom_core.attention import PagedAttentionMetadata
 from atom_core.attention.metadata import cache_slots
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import PAGED, STATE
+from atom_core.engine.execution.ahead_rows import commit_states
 from atom_core.engine.execution.step_inputs import StepInputs
 from atom_kernels.cache import move_rows_back
 
@@ -158,8 +159,9 @@ class StateGraphBuffers:
             self.buffers.write("step_slots", inputs.step_slots, size * self.q)
 
     def shift(self, lag: torch.Tensor) -> None:
-        # a state slot holds the state after a position the host must know (the plan never asks this)
-        raise NotImplementedError("state layers cannot follow a verify launched ahead")
+        """After fill, a verify launched ahead: each sequence starts from the slot of its last accepted
+        token of the verify before (ahead_rows.commit_states)."""
+        commit_states(self.buffers["step_slots"], self.buffers["state_slots"], lag, self.q)
 
 
 # every metadata kind a decode graph can carry, and the buffers it declares

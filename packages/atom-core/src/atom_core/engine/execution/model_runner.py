@@ -15,7 +15,7 @@ from atom_core.cache import StateCache, StateMetadata, allocate_caches, collect_
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
-from atom_core.engine.execution.ahead_rows import lag_behind, move_back
+from atom_core.engine.execution.ahead_rows import commit_states, lag_behind, move_back
 from atom_core.engine.execution.cache_memory import blocks_that_fit
 from atom_core.engine.execution.graph_sets import GraphSets
 from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
@@ -170,8 +170,6 @@ class ModelRunner:
             return logits, graphs.hidden, graphs.buffers["ids"][: len(inputs.ids)]
         metadata = {PAGED: self._paged_metadata(inputs)}
         if STATE in self.kinds:
-            if lag is not None:
-                raise NotImplementedError("state layers cannot follow a verify launched ahead")
             metadata[STATE] = StateMetadata.build(
                 slots=inputs.state_slots,
                 fresh=inputs.fresh,
@@ -186,6 +184,8 @@ class ModelRunner:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, sampled)
         if lag is not None:
             move_back(metadata[PAGED], pos, lag, self.cache.block_size, self.kernel_backend)
+            if STATE in metadata:
+                commit_states(metadata[STATE].step_slots, metadata[STATE].slots, lag, len(pos) // len(lag))
         with bind_forward_context(ForwardContext(metadata, self.caches)):
             hidden = self.model(ids, pos)
         rows = to_device(inputs.logit_rows, torch.long, self.device)

@@ -9,8 +9,10 @@ N could need, and its sampling keys are computed for every acceptance N could ha
 counted its accepted drafts; N + 1's rows move back by N's rejected drafts and take their tokens from N
 (the bonus draw, then the drafts chained after it), and draw with the keys of their true output
 positions (engine/execution/ahead_rows.py). N + 1's catch-up and chained draft forwards follow it at once.
-Then the host reads N: each sequence's accepted drafts and the tokens it emits (the draws up to its first
-rejected draft), corrects its computed tokens by the drafts it rejected, and emits. A sequence that stops
+Models with state layers start N + 1 from the state slot of N's last accepted token, which the device
+picks. Then the host reads N: each sequence's accepted drafts and the tokens it emits (the draws up to
+its first rejected draft), corrects its computed tokens by the drafts it rejected, commits the accepted
+state slot as the device did, and emits. A sequence that stops
 at N has N + 1 computed and dropped.
 
 A step launches ahead when every sequence verifies k drafts (no prefill, no penalties: the draws are all
@@ -200,6 +202,8 @@ class SpeculativeAhead:
             )
             seq.num_pending -= q
             seq.num_computed_tokens -= k - a
+            if seq.state_slot >= 0:  # (the verify after it started from this slot on the device)
+                seq.commit_state(a)
             if any(status[r] == 0 for r in rows):
                 produced.append(Produced(seq, error=NON_FINITE))
                 continue

@@ -17,6 +17,7 @@ sequences preempted, prefills chunked and prefixes hit. fp32 on the CPU, torch r
 from collections import defaultdict
 
 import pytest
+import torch
 from core_support import (
     deepseek_mtp_checkpoint,
     language_prompts,
@@ -77,7 +78,7 @@ class ForcedDrafts:
         self.plain = {(out.request_id, o.index): o.token_ids for out in plain for o in out.outputs}
         self.right_for = right_for
         self.verified: dict[tuple[str, int], list[int]] = defaultdict(list)
-        self.dropped = self.beyond = 0
+        self.dropped = self.beyond = self.ahead_calls = 0
 
     def __call__(self, seq, j: int, token: int) -> int:
         want = self.plain[(seq.request_id, seq.index)]
@@ -87,6 +88,22 @@ class ForcedDrafts:
             return token
         right = want[position]
         return right if self.right_for is ALWAYS or j < self.right_for else (right + 1) % VOCAB
+
+    def ahead(self, seqs, j: int, positions: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """The same choice on the device, for verifies launched ahead (Drafter.ahead_oracle): draft j of
+        each of seqs, at output positions the host has not read yet. Past the plain output (a verify
+        launched ahead drafts k even near max_tokens; those drafts are never counted) the draft's guess."""
+        keys = list(self.plain)
+        width = max(map(len, self.plain.values()))
+        table = torch.tensor([self.plain[key] + [0] * (width - len(self.plain[key])) for key in keys])
+        lengths = torch.tensor([len(self.plain[key]) for key in keys])
+        rows = torch.tensor([keys.index((seq.request_id, seq.index)) for seq in seqs])
+        positions = positions.cpu()
+        right = table[rows, positions.clamp(max=width - 1)]
+        if not (self.right_for is ALWAYS or j < self.right_for):
+            right = (right + 1) % VOCAB
+        self.ahead_calls += 1
+        return torch.where(positions < lengths[rows], right, tokens.cpu()).to(tokens.device)
 
     def install(self, llm: LLM) -> None:
         engine = llm.engine
@@ -304,6 +321,51 @@ def test_drafts_chained_on_the_device_are_the_ones_chained_from_the_host(deepsee
     assert early > 0 and late == 0
     assert fed > 0 and fed_by_host == 0
     assert any(len(drafts) == 3 for step in device for *_, drafts in step)  # chains ran to their end
+
+
+@pytest.mark.parametrize(
+    "model, k, right_for",
+    [("deepseek", 2, ALWAYS), ("deepseek", 2, 0), ("deepseek", 3, 1), ("qwen", 3, 2), ("qwen", 2, ALWAYS)],
+    ids=[
+        "ds-k2-always-right",
+        "ds-k2-always-wrong",
+        "ds-k3-right-for-1",
+        "gdn-k3-right-for-2",
+        "gdn-k2-always",
+    ],
+)
+def test_forced_drafts_launched_ahead_are_accepted_as_the_synchronous_ones(request, model, k, right_for):
+    """Verifies launched ahead (async scheduling), their drafts forced on the device (Drafter.ahead_oracle)
+    as the host's oracle forces the synchronous ones: the outputs (tokens, logprobs) are the plain ones, and
+    the drafts, acceptances and verifications counted are exactly the synchronous run's, whose counts
+    check_forced checks against the forcing; on Qwen3-Next each verify starts from the state of the last
+    accepted draft of the one before, which the device picked."""
+    path, prompts, params = (
+        (request.getfixturevalue("deepseek"), DS_PROMPTS, DS_PARAMS)
+        if model == "deepseek"
+        else (request.getfixturevalue("qwen"), QWEN_PROMPTS, QWEN_PARAMS)
+    )
+    plain = request.getfixturevalue(f"{model}_plain")
+    sync, oracle = speculate(path, prompts, params, plain, k, right_for, **ROOMY)
+    check_forced(oracle, sync.stats, k)
+    llm = LLM(path, **COMMON, speculative_config=mtp(k), async_scheduling=True, **ROOMY)
+    forcing = ForcedDrafts(plain, right_for)
+    llm.engine.drafter.oracle, llm.engine.drafter.ahead_oracle = (
+        forcing,
+        forcing.ahead,
+    )  # (synchronous steps too)
+    got = llm.generate([{"prompt_token_ids": p} for p in prompts], params)
+    for want, out in zip(plain, got, strict=True):
+        for w, g in zip(want.outputs, out.outputs, strict=True):
+            assert g.token_ids == w.token_ids, (out.request_id, g.index)
+            for lw, lg in zip(w.logprobs, g.logprobs, strict=True):
+                assert lw.keys() == lg.keys() and max(abs(lw[t] - lg[t]) for t in lw) < 1e-4
+    stats = llm.engine.stats
+    counted = ("num_draft_tokens", "num_accepted_tokens", "num_verifications")
+    assert [getattr(stats, c) for c in counted] == [getattr(sync.stats, c) for c in counted]
+    assert stats.num_async_steps > 0 and forcing.ahead_calls > 0
+    slots = llm.engine.scheduler.state_slots
+    assert slots is None or slots.num_free == slots.num_slots
 
 
 # Qwen3-Next (Gated DeltaNet state layers) --------------------------------------------------------------

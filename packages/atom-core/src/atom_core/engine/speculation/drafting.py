@@ -28,7 +28,11 @@ An oracle, when given, chooses the proposals instead: oracle(seq, j, token) -> t
 seq's draft j (0-based) where the draft's own guess was `token`. Its choice is fed from the host, so each
 chained forward waits for the read of the one before it. Tests force proposals with it (always right,
 always wrong, right for the first j) to check acceptance and rollback exactly; the identity oracle
-proposes what the device-fed chain proposes.
+proposes what the device-fed chain proposes. Verifies launched ahead (steps/speculative_ahead.py) are
+forced on the device instead (ahead_oracle): ahead_oracle(seqs, j, positions, tokens) -> [S] int64, the
+tokens proposed as draft j of seqs where the draft guessed tokens [S], at output positions [S] (on the
+device: they follow acceptances the host has not read). One process only: tensor-parallel workers would
+chain their own guesses.
 """
 
 from __future__ import annotations
@@ -46,11 +50,13 @@ from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.speculation.pending_proposals import PendingProposals
 
 Oracle = Callable[[Sequence, int, int], int]
+AheadOracle = Callable[[list[Sequence], int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 class Drafter:
     def __init__(self, runner: Runner, scheduler: Scheduler, plan: CachePlan, oracle: Oracle | None = None):
         self.runner, self.scheduler, self.oracle = runner, scheduler, oracle
+        self.ahead_oracle: AheadOracle | None = None  # (tests: forced proposals of verifies launched ahead)
         self.k, self.max_model_len = plan.num_speculative_tokens, plan.max_model_len
         self.pending: PendingProposals | None = None  # the last chain's proposals, not read yet
 
@@ -66,6 +72,11 @@ class Drafter:
         pending, self.pending = self.pending, None
         if pending is not None:
             pending.resolve(batch)
+
+    @property
+    def forced_on_device(self) -> bool:
+        """Whether a verify can launch ahead: no oracle forces proposals, or one does on the device too."""
+        return self.oracle is None or self.ahead_oracle is not None
 
     def _choose(self, seq: Sequence, token: int) -> int:
         j = len(seq.draft_token_ids)
@@ -124,6 +135,13 @@ class Drafter:
             ahead=True,
         )
         drafts = [self.runner.run_draft(catch_up, result)]
+        if self.ahead_oracle is not None:  # each proposal's output position, on the device
+            positions = torch.tensor(
+                [len(s.output_token_ids) + s.num_pending + q for s in batch.seqs],
+                device=result.accepted.device,
+            )
+            positions -= result.shift + result.rejected
+            self._force_ahead(batch.seqs, 0, positions, drafts[0], result.accepted)
         for j in range(1, self.k):
             chain = DraftInputs([0] * n, [], [1] * n, [], [], [], "draft", list(range(n)), ahead=True)
             for i, seq in enumerate(batch.seqs):
@@ -139,8 +157,18 @@ class Drafter:
                 chain.hidden_rows.append(i * q + self.k if j == 1 else i)
             chain.fed_rows, chain.fed_from = list(range(n)), list(chain.hidden_rows)
             drafts.append(self.runner.run_draft(chain, drafts[-1]))
+            if self.ahead_oracle is not None:
+                self._force_ahead(batch.seqs, j, positions + j, drafts[-1])
         where = [(seq, list(range(i * q + 1, i * q + q))) for i, seq in enumerate(batch.seqs)]
         self.pending = PendingProposals.start(ahead_tokens(result, drafts), where, source="ahead")
+
+    def _force_ahead(self, seqs, j: int, positions, drafted: DraftResult, accepted=None) -> None:
+        """The ahead oracle's draft j in place of the draft's own (a catch-up's: at each sequence's last
+        accepted row), so the chain and the next verify take it."""
+        tokens = drafted.tokens.view(len(seqs), -1)
+        at = accepted[:, None] if accepted is not None else torch.zeros_like(tokens[:, :1])
+        forced = self.ahead_oracle(seqs, j, positions, tokens.gather(1, at)[:, 0])
+        tokens.scatter_(1, at, forced[:, None])
 
     def _uniform(self, batch: ScheduledBatch) -> bool:
         """Every sequence verifies k drafts and runs on: the catch-up covers all k + 1 rows of each (the

@@ -16,7 +16,7 @@ state slot as the device did, and emits. A sequence that stops
 at N has N + 1 computed and dropped.
 
 A step launches ahead when every sequence verifies k drafts (no prefill, no penalties: the draws are all
-on the device), the free KV blocks hold N + 1's rows and chain for every running sequence, no waiting
+on the device; an oracle forcing the drafts must force them on the device too: Drafter.ahead_oracle), the free KV blocks hold N + 1's rows and chain for every running sequence, no waiting
 request would join it, and its rows stay within max_model_len. Anything else reads the step in flight
 first (settle) and runs as a synchronous verify, whose drafts the chain left on the device for it.
 """
@@ -96,7 +96,7 @@ class SpeculativeAhead:
         admits = scheduler.waiting and len(running) < scheduler.config.max_num_seqs
         return (
             self.enabled
-            and self.drafter.oracle is None
+            and self.drafter.forced_on_device
             and bool(running)
             and not admits
             and len(running) * q <= scheduler.config.max_num_batched_tokens
@@ -113,7 +113,7 @@ class SpeculativeAhead:
         q = self.k + 1
         return (
             self.enabled
-            and self.drafter.oracle is None
+            and self.drafter.forced_on_device
             and not batch.restores
             and not batch.saves
             and all(

@@ -146,9 +146,9 @@ class ModelRunner:
         self._copy_states(inputs.state_saves)
         result = StepResult(logits, hidden if self.draft is not None else None)
         if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
-            q = len(inputs.ids) // len(inputs.query_lens)
-            drawn = lag is not None and any(inputs.sampling.temperatures)  # (greedy rows have no key)
-            row_lag = lag[:, None].expand(-1, q).reshape(-1) if drawn else None  # (uniform rows)
+            row_lag = None  # (greedy rows have no key; a lag is for uniform rows)
+            if lag is not None and any(inputs.sampling.temperatures):
+                row_lag = lag[:, None].expand(-1, len(inputs.ids) // len(lag)).reshape(-1)
             result.tokens, result.logprobs = sample_rows(
                 logits, inputs.sampling, backend=self.kernel_backend, key_lag=row_lag
             )

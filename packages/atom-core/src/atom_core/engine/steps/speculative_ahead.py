@@ -128,23 +128,18 @@ class SpeculativeAhead:
         have), its acceptance count, and what its rows take from the device; returns the tokens fed."""
         k, q = self.k, self.k + 1
         inputs.verify_ahead = k
-        seqs, positions, lagged = [], [], []
-        for seq in batch.seqs:
-            assumed = len(seq.output_token_ids) + seq.num_pending  # as if the step in flight accepted all
-            # keys of the output positions assumed - k .. assumed + k: row j with lag l draws at j - l
-            window = (
-                [0] * (2 * k + 1)
-                if seq.params.greedy
-                else [draw_key(seq, assumed + i - k) for i in range(2 * k + 1)]
-            )
-            for j in range(q):
-                seqs.append(seq)
-                positions.append(assumed + j)
-                lagged.append(window[j + k :: -1][:q] if self.in_flight is not None else [])
-        inputs.sampling = SamplingRows.of(seqs, positions)
+        seqs = [seq for seq in batch.seqs for _ in range(q)]
+        # each row's output position as if the step in flight accepted every draft
+        positions = [len(s.output_token_ids) + s.num_pending + j for s in batch.seqs for j in range(q)]
+        inputs.sampling = rows = SamplingRows.of(seqs, positions)
         if self.in_flight is None:  # nothing to follow: the drafts fed from the chain before it
             return self.drafter.feed(batch, inputs)
-        inputs.sampling.lagged_keys = lagged
+        # each row's keys at its assumed position and the k before it: row j with lag l draws at j - l
+        for i, seq in enumerate(batch.seqs):
+            first = positions[i * q]
+            earlier = [0] * k if seq.params.greedy else [draw_key(seq, first - k + m) for m in range(k)]
+            window = earlier + rows.keys[i * q : i * q + q]  # the keys of first - k .. first + k
+            rows.lagged_keys += [window[j + k :: -1][:q] for j in range(q)]
         row_of = {id(seq): row for row, seq in enumerate(self.in_flight.seqs)}
         for i, seq in enumerate(batch.seqs):
             r = row_of[id(seq)]

@@ -98,3 +98,21 @@ def test_a_kind_without_static_buffers_is_refused_by_name():
 
     with pytest.raises(NotImplementedError, match=r"no static buffers for \['latent'\]"):
         DecodeGraphs(None, [], {PAGED, "latent"}, sizes=[1], max_model_len=8, block_size=4, device="cpu")
+
+
+def test_every_field_is_one_copy_that_ends_where_the_step_writes():
+    buffers = StaticBuffers(torch.device("cpu"))
+    buffers.add("ids", torch.int64, SEQS)
+    paged = GRAPH_BUFFERS[PAGED](buffers, seqs=SEQS, q=1, max_model_len=MAX_LEN, block_size=BLOCK)
+    buffers.allocate()
+    raw = buffers["ids"].untyped_storage().data_ptr()
+    assert all(buffers[n].untyped_storage().data_ptr() == raw for n in ("ids", "slots", "seq_lens"))
+    width = MAX_LEN // BLOCK
+    buffers.host_views["block_tables"].view(-1, width)[1:] = 77  # rows a one-sequence step never writes
+    buffers.begin()
+    buffers.write("ids", [5], 1)
+    paged.fill(StepInputs([5], [8], [1], [9], [[2, 11, 4]], [0], [-1], [False], [0]), 1)
+    buffers.copy()
+    tables = buffers["block_tables"].view(-1, width)
+    assert buffers["ids"][0] == 5 and tables[0, :3].tolist() == [2, 11, 4]
+    assert not tables[1:].any()  # the block tables go last: the copy stopped after the step's row

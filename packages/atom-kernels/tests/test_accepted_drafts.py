@@ -1,5 +1,5 @@
 """accepted_drafts: each sequence's accepted and rejected drafts from its rows' draws and input tokens,
-in one launch, against its torch reference and against the count written out by hand (CPU: Triton's
+its last accepted row and the shift of the rows after it, in one launch, against its torch reference and against the count written out by hand (CPU: Triton's
 interpreter; GPU: the kernel)."""
 
 import pytest
@@ -27,6 +27,12 @@ def test_every_acceptance_count_is_found(q):
             ids[s, 2 + right :] = draws[s, 1 + right : q - 1]  # later matches do not count
         want.append(right)
     draws, ids = draws.view(-1).to(DEVICE), ids.view(-1).to(DEVICE)
+    rejected = [q - 1 - w for w in want]
+    last_rows = [s * q + w for s, w in enumerate(want)]
     got = accepted_drafts(draws, ids, q, backend="triton")
-    assert got.tolist() == [want, [q - 1 - w for w in want]]
+    assert got.tolist() == [want, rejected, last_rows, rejected]
     assert torch.equal(got, accepted_drafts_ref(draws, ids, q))
+    shift = torch.arange(seqs, dtype=torch.int64, device=DEVICE) % 3
+    got = accepted_drafts(draws, ids, q, shift, backend="triton")
+    assert got[3].tolist() == [r + s % 3 for s, r in enumerate(rejected)]
+    assert torch.equal(got, accepted_drafts_ref(draws, ids, q, shift))

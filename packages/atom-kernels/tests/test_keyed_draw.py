@@ -165,6 +165,32 @@ def test_only_the_used_filters_run_and_without_them_the_draw_is_the_same():
     assert torch.equal(full, plain)
 
 
+def test_lagged_keys_and_float64_parameters_draw_as_their_picked_keys_and_float32_do():
+    """The engine passes each row a window of keys and which one its lag picks (keys [W, S], key_lag
+    [S]), and its float parameters as float64: the draw is that of the picked keys and float32."""
+    count, width = 6, 3
+    logits = torch.randn(count, 2 * CHUNK + 33, generator=torch.Generator().manual_seed(8)).to(DEVICE)
+    rows = torch.arange(count, device=DEVICE)
+    temperature, top_k, top_p, min_p = (t.to(DEVICE) for t in _params(count, 0.8, -1, 0.9))
+    window = _keys(count * width, seed=3).view(width, count).to(DEVICE)
+    lag = torch.tensor([0, 2, 1, 1, 0, 2], device=DEVICE)
+    picked = window.gather(0, lag[None, :])[0]
+    out = greedy_tokens(logits, backend="torch")
+    want = keyed_draw(logits, rows, temperature, top_k, top_p, min_p, picked, out.clone(), backend="triton")
+    doubles = [t.double() for t in (temperature, top_p, min_p)]
+    got = keyed_draw(
+        logits, rows, doubles[0], top_k, *doubles[1:], window, out.clone(), key_lag=lag, backend="triton"
+    )
+    assert torch.equal(got, want)
+    by_ref = keyed_draw(
+        logits, rows, temperature, top_k, top_p, min_p, window, out.clone(), key_lag=lag, backend="torch"
+    )
+    _, _, fragile = keyed_draw_ref(logits, temperature, top_k, top_p, min_p, picked, fragile_within=1e-5)
+    assert torch.equal(by_ref[0][~fragile], want[0][~fragile])
+    with pytest.raises(ValueError, match=r"keys \[W, 6\]"):
+        keyed_draw(logits, rows, temperature, top_k, top_p, min_p, picked, out, key_lag=lag)
+
+
 def test_bad_shapes_are_refused():
     logits = torch.randn(2, 10, device=DEVICE)
     with pytest.raises(ValueError, match="out \\[2, R\\]"):

@@ -15,8 +15,9 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from atom_kernels.sampling.keyed_draw import CHUNK, _check_draw, _chunk_mass, _chunk_max, _finish
 
-I64 = ("rows_ptr", "keys_ptr", "out_ptr")
+I64 = ("rows_ptr", "keys_ptr", "lag_ptr", "out_ptr")
 I32 = ("done_ptr", "round_ptr")
+F64 = ("total0_ptr", "temp_ptr", "top_p_ptr", "min_p_ptr")  # the engine's parameters come as float64
 
 def cubin_bytes(kernel, consts):
     names = kernel.arg_names
@@ -26,7 +27,7 @@ def cubin_bytes(kernel, consts):
             signature[name] = "constexpr"
         elif name.endswith("_ptr"):
             kind = ("*bf16" if name == "logits_ptr" else "*i64" if name in I64 else "*i32" if name in I32
-                    else "*fp64" if name == "total0_ptr" else "*fp32")
+                    else "*fp64" if name in F64 else "*fp32")
             signature[name], attrs[(i,)] = kind, [["tt.divisibility", 16]]
         else:
             signature[name] = "i32"
@@ -37,13 +38,16 @@ def cubin_bytes(kernel, consts):
     compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
     return len(compiled.asm["cubin"])
 
-chunks = dict(CHUNK=CHUNK, BLOCK_C=64)
+chunks = dict(CHUNK=CHUNK, BLOCK_C=64, USE_KTH=True)
+lagged = dict(chunks, HAS_LAG=True)
 print(json.dumps({
     "chunk_max": cubin_bytes(_chunk_max, dict(CHUNK=CHUNK)),
     "chunk_mass": cubin_bytes(_chunk_mass, chunks),
-    "check_draw_first": cubin_bytes(_check_draw, dict(chunks, FIRST=True)),
-    "check_draw": cubin_bytes(_check_draw, dict(chunks, FIRST=False)),
-    "finish": cubin_bytes(_finish, chunks),
+    "chunk_mass_no_kth": cubin_bytes(_chunk_mass, dict(chunks, USE_KTH=False)),
+    "check_draw_first": cubin_bytes(_check_draw, dict(lagged, FIRST=True)),
+    "check_draw": cubin_bytes(_check_draw, dict(lagged, FIRST=False)),
+    "check_draw_unlagged": cubin_bytes(_check_draw, dict(chunks, HAS_LAG=False, FIRST=False)),
+    "finish": cubin_bytes(_finish, lagged),
 }))
 """
 
@@ -55,5 +59,13 @@ def test_keyed_draw_kernels_compile_for_sm90():
     )
     assert done.returncode == 0, done.stderr[-3000:]
     sizes = json.loads(done.stdout.strip().splitlines()[-1])
-    assert set(sizes) == {"chunk_max", "chunk_mass", "check_draw_first", "check_draw", "finish"}
+    assert set(sizes) == {
+        "chunk_max",
+        "chunk_mass",
+        "chunk_mass_no_kth",
+        "check_draw_first",
+        "check_draw",
+        "check_draw_unlagged",
+        "finish",
+    }
     assert all(size > 0 for size in sizes.values())

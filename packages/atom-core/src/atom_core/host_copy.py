@@ -16,6 +16,14 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> t
     return host_to_device(torch.tensor(values, dtype=dtype), device)
 
 
+def row_index(rows: list[int], device: torch.device | str) -> slice | torch.Tensor:
+    """rows as an index of a tensor's first dimension: a slice (a view, nothing copied) when they are
+    0, 1, ..., n - 1, else an int64 tensor on device."""
+    if rows == list(range(len(rows))):
+        return slice(0, len(rows))
+    return to_device(rows, torch.long, device)
+
+
 def host_to_device(host: torch.Tensor, device: torch.device | str) -> torch.Tensor:
     """host (a CPU tensor the caller no longer writes) on device, copied without waiting for the device's
     queued work."""

@@ -5,7 +5,7 @@ A sort of the whole vocabulary for top-p, and a float64 CDF over it, cost millis
 the rejection draw of keyed_draw_ref needs only sums and one scan of one chunk a round. Each row is cut
 into CHUNK-entry chunks, one program per (row, chunk), so a row is read by many SMs at once:
 
-1. `_chunk_max`: each chunk's largest logit (the row's max is their max);
+1. `_chunk_max`: each chunk's largest logit (the row's max is their max), and the row's round state;
 2. `_chunk_mass`: each chunk's kept weight above the row's pivot (round 0: all of it);
 3. `_check_draw` (one program a row): from the chunks' masses, the check of the last round's draw (the
    mass above it against top-p) and, if it is rejected, this round's draw: the chunk where the CDF passes
@@ -63,22 +63,60 @@ def _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p
 
 
 @triton.jit
-def _params(s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C: tl.constexpr):
-    """Row s's logits row, its max (from its chunks' maxima), log2(e) / T, k-th logit and min-p."""
+def _params(
+    s,
+    rows_ptr,
+    temp_ptr,
+    kth_ptr,
+    min_p_ptr,
+    part_max_ptr,
+    chunks,
+    BLOCK_C: tl.constexpr,
+    USE_KTH: tl.constexpr,
+):
+    """Row s's logits row, its max (from its chunks' maxima), log2(e) / T, k-th logit (-inf without
+    top-k) and min-p. The float parameters are read as fp32 whether passed as fp32 or fp64."""
     row = tl.load(rows_ptr + s).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     peak = tl.max(tl.load(part_max_ptr + s * chunks + c, mask=c < chunks, other=float("-inf")), axis=0)
-    scale = 1.4426950408889634 / tl.load(temp_ptr + s)
-    return row, peak, scale, tl.load(kth_ptr + s), tl.load(min_p_ptr + s)
+    scale = 1.4426950408889634 / tl.load(temp_ptr + s).to(tl.float32)
+    kth = float("-inf")
+    if USE_KTH:
+        kth = tl.load(kth_ptr + s)
+    return row, peak, scale, kth, tl.load(min_p_ptr + s).to(tl.float32)
 
 
 @triton.jit
-def _chunk_max(logits_ptr, rows_ptr, part_max_ptr, vocab, stride, chunks, CHUNK: tl.constexpr):
+def _key(keys_ptr, lag_ptr, s, count, HAS_LAG: tl.constexpr):
+    """Row s's uint64 key: keys[s], or with lags keys[lag[s], s] (keys [W, count])."""
+    at = s.to(tl.int64)
+    if HAS_LAG:
+        at += tl.load(lag_ptr + s) * count
+    return tl.load(keys_ptr + at).to(tl.uint64, bitcast=True)
+
+
+@triton.jit
+def _chunk_max(
+    logits_ptr,
+    rows_ptr,
+    part_max_ptr,
+    pivot_ptr,
+    done_ptr,
+    round_ptr,
+    vocab,
+    stride,
+    chunks,
+    CHUNK: tl.constexpr,
+):
     s, chunk = tl.program_id(0), tl.program_id(1)
     row = tl.load(rows_ptr + s).to(tl.int64)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf"))
     tl.store(part_max_ptr + s * chunks + chunk, tl.max(x.to(tl.float32), axis=0))
+    if chunk == 0:  # the row's round state starts here (no launch of its own to zero it)
+        tl.store(pivot_ptr + s, 0.0)
+        tl.store(done_ptr + s, 0)
+        tl.store(round_ptr + s, 0)
 
 
 @triton.jit
@@ -97,10 +135,11 @@ def _chunk_mass(
     chunks,
     CHUNK: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    USE_KTH: tl.constexpr,
 ):
     s, chunk = tl.program_id(0), tl.program_id(1)
     row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
     )
     live = tl.load(done_ptr + s) == 0
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
@@ -117,6 +156,7 @@ def _check_draw(
     min_p_ptr,
     top_p_ptr,
     keys_ptr,
+    lag_ptr,
     pivot_ptr,
     done_ptr,
     round_ptr,
@@ -128,18 +168,21 @@ def _check_draw(
     vocab,
     stride,
     chunks,
+    count,
     FIRST: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    USE_KTH: tl.constexpr,
+    HAS_LAG: tl.constexpr,
 ):
     s = tl.program_id(0)
     row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
     )
     c = tl.arange(0, BLOCK_C)
     masses = tl.load(part_mass_ptr + s * chunks + c, mask=c < chunks, other=0.0).to(tl.float64)
     total = tl.sum(masses, axis=0)
-    top_p = tl.load(top_p_ptr + s)
+    top_p = tl.load(top_p_ptr + s).to(tl.float32)
     if FIRST:
         drew = (total > 0) & (total < float("inf"))
         tl.store(total0_ptr + s, total)
@@ -155,7 +198,7 @@ def _check_draw(
         r = tl.load(round_ptr + s)
     live = done == 0
     pivot = tl.load(pivot_ptr + s)
-    target = _uniform(tl.load(keys_ptr + s).to(tl.uint64, bitcast=True), r) * total
+    target = _uniform(_key(keys_ptr, lag_ptr, s, count, HAS_LAG), r) * total
     # the chunk where the CDF passes the target (the last with mass if rounding overshot them all)
     passed = tl.cumsum(masses, axis=0) > target
     chunk = tl.min(tl.where(passed & (masses > 0), c, BLOCK_C), axis=0)
@@ -195,6 +238,7 @@ def _finish(
     min_p_ptr,
     top_p_ptr,
     keys_ptr,
+    lag_ptr,
     pivot_ptr,
     done_ptr,
     round_ptr,
@@ -204,18 +248,21 @@ def _finish(
     vocab,
     stride,
     chunks,
+    count,
     CHUNK: tl.constexpr,
     BLOCK_C: tl.constexpr,
+    USE_KTH: tl.constexpr,
+    HAS_LAG: tl.constexpr,
 ):
     """The rounds a row still needs after the spread ones, in one program: check the last draw against
     the mass above it; if rejected, draw again over the whole row (read in chunks)."""
     s = tl.program_id(0)
     row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C
+        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
     )
     done = tl.load(done_ptr + s)
-    bound = tl.load(top_p_ptr + s).to(tl.float64) * tl.load(total0_ptr + s)
-    key = tl.load(keys_ptr + s).to(tl.uint64, bitcast=True)
+    bound = tl.load(top_p_ptr + s).to(tl.float32).to(tl.float64) * tl.load(total0_ptr + s)
+    key = _key(keys_ptr, lag_ptr, s, count, HAS_LAG)
     r = tl.load(round_ptr + s)
     pivot = tl.load(pivot_ptr + s)
     token = tl.load(out_ptr + row).to(tl.int32)
@@ -286,6 +333,7 @@ def keyed_draw(
     keys: torch.Tensor,
     out: torch.Tensor,
     *,
+    key_lag: torch.Tensor | None = None,
     top_k_max: int | None = None,
     top_p_used: bool = True,
     backend: Backend | str | None = None,
@@ -293,24 +341,22 @@ def keyed_draw(
     """Draw logits' rows `rows` as keyed_draw_ref does, into out.
 
     logits [R, V] (fp32 / fp16 / bf16; last dim contiguous); rows [S] int64: the rows drawn; their
-    temperature (> 0), top_p (in (0, 1]), min_p (in [0, 1]) [S] float32, top_k [S] int64 (<= 0: all) and
-    keys [S] int64. out [2, R] int64 as greedy_tokens returns it (token; 1 where the row is finite, else
-    0): for each drawn row, out[0, row] becomes the drawn token and out[1, row] 1 if the row had anything
-    to draw, -1 if not, 0 kept where its logits were not finite. top_k_max: the largest top_k of the rows
-    below V, 0 when no row uses top-k (known on the host; None reads it from top_k, a device sync);
-    top_p_used: whether any row's top_p is below 1 (False skips the top-p rounds). Returns out. The
-    kernels need no host sync when top_k_max is given; the torch path (backend torch, fp64 logits) runs
-    keyed_draw_ref, the reference, which reads from the device every round."""
+    temperature (> 0), top_p (in (0, 1]), min_p (in [0, 1]) [S] float32 or float64 (read as float32),
+    top_k [S] int64 (<= 0: all) and keys [S] int64, or with key_lag [S] int64, keys [W, S]: row s draws
+    with keys[key_lag[s], s]. out [2, R] int64 as greedy_tokens returns it (token; 1 where the row is
+    finite, else 0): for each drawn row, out[0, row] becomes the drawn token and out[1, row] 1 if the row
+    had anything to draw, -1 if not, 0 kept where its logits were not finite. top_k_max: the largest
+    top_k of the rows below V, 0 when no row uses top-k (known on the host; None reads it from top_k, a
+    device sync); top_p_used: whether any row's top_p is below 1 (False skips the top-p rounds). Returns
+    out. The kernels need no host sync when top_k_max is given; the torch path (backend torch, fp64
+    logits) runs keyed_draw_ref, the reference, which reads from the device every round."""
     if logits.dim() != 2 or out.shape != (2, logits.shape[0]) or not out.is_contiguous():
         raise ValueError(f"keyed_draw expects logits [R, V] and out [2, R], got {logits.shape}, {out.shape}")
     count, vocab = rows.shape[0], logits.shape[1]
     if count == 0:
         return out
-    kth = (
-        kth_logits(logits[rows], top_k, top_k_max)
-        if top_k_max != 0
-        else torch.full((count,), float("-inf"), dtype=torch.float32, device=logits.device)
-    )
+    if key_lag is not None and (keys.dim() != 2 or keys.shape[1] != count):
+        raise ValueError(f"keyed_draw with key_lag expects keys [W, {count}], got {tuple(keys.shape)}")
     chosen = resolve_backend(backend, logits.device)
     use_kernel = (
         chosen is not Backend.TORCH
@@ -318,7 +364,10 @@ def keyed_draw(
         and logits.stride(-1) == 1
         and logits.dtype in (torch.float32, torch.float16, torch.bfloat16)
     )
-    if not use_kernel:
+    if not use_kernel:  # (the reference finds each row's k-th logit itself)
+        if key_lag is not None:
+            keys = keys.gather(0, key_lag[None, :])[0]
+        temperature, top_p, min_p = (t.float() for t in (temperature, top_p, min_p))
         tokens, drew = keyed_draw_ref(logits[rows], temperature, top_k, top_p, min_p, keys)
         out[0, rows] = tokens
         out[1, rows] = torch.where(out[1, rows] == 0, 0, torch.where(drew, 1, -1))
@@ -326,16 +375,26 @@ def keyed_draw(
     device = logits.device
     chunks = triton.cdiv(vocab, CHUNK)
     block_c = triton.next_power_of_2(chunks)
+    # (nothing here is zeroed by a launch of its own: _chunk_max starts each row's round state)
     part_max = torch.empty(count * chunks, dtype=torch.float32, device=device)
     part_mass = torch.empty(count * chunks, dtype=torch.float32, device=device)
-    pivot = torch.zeros(count, dtype=torch.float32, device=device)
-    done = torch.zeros(count, dtype=torch.int32, device=device)
-    round_ = torch.zeros(count, dtype=torch.int32, device=device)
+    pivot = torch.empty(count, dtype=torch.float32, device=device)
+    done = torch.empty(count, dtype=torch.int32, device=device)
+    round_ = torch.empty(count, dtype=torch.int32, device=device)
     total0 = torch.empty(count, dtype=torch.float64, device=device)
-    temperature, top_p, min_p = (t.to(torch.float32) for t in (temperature, top_p, min_p))
+    temperature, top_p, min_p = (
+        t if t.dtype in (torch.float32, torch.float64) else t.float() for t in (temperature, top_p, min_p)
+    )
     rows, keys = rows.to(torch.int64), keys.to(torch.int64)
+    kth = kth_logits(logits[rows], top_k, top_k_max) if top_k_max != 0 else None
+    use_kth, has_lag = kth is not None, key_lag is not None
+    kth = kth if use_kth else part_max  # (not read)
+    lag = key_lag.to(torch.int64) if has_lag else rows  # (not read)
     stride = logits.stride(0)
-    _chunk_max[(count, chunks)](logits, rows, part_max, vocab, stride, chunks, CHUNK=CHUNK, num_warps=8)
+    _chunk_max[(count, chunks)](
+        logits, rows, part_max, pivot, done, round_, vocab, stride, chunks, CHUNK=CHUNK, num_warps=8
+    )
+    flags = dict(CHUNK=CHUNK, BLOCK_C=block_c, USE_KTH=use_kth, num_warps=8)
     mass_args = (
         logits,
         rows,
@@ -358,6 +417,7 @@ def keyed_draw(
         min_p,
         top_p,
         keys,
+        lag,
         pivot,
         done,
         round_,
@@ -369,10 +429,11 @@ def keyed_draw(
         vocab,
         stride,
         chunks,
+        count,
     )
     for r in range(1 + (SPREAD_ROUNDS if top_p_used else 0)):
-        _chunk_mass[(count, chunks)](*mass_args, CHUNK=CHUNK, BLOCK_C=block_c, num_warps=8)
-        _check_draw[(count,)](*draw_args, FIRST=r == 0, CHUNK=CHUNK, BLOCK_C=block_c, num_warps=8)
+        _chunk_mass[(count, chunks)](*mass_args, **flags)
+        _check_draw[(count,)](*draw_args, FIRST=r == 0, HAS_LAG=has_lag, **flags)
     if top_p_used:
         _finish[(count,)](
             logits,
@@ -382,6 +443,7 @@ def keyed_draw(
             min_p,
             top_p,
             keys,
+            lag,
             pivot,
             done,
             round_,
@@ -391,8 +453,8 @@ def keyed_draw(
             vocab,
             stride,
             chunks,
-            CHUNK=CHUNK,
-            BLOCK_C=block_c,
-            num_warps=8,
+            count,
+            HAS_LAG=has_lag,
+            **flags,
         )
     return out

@@ -20,67 +20,74 @@ from atom_kernels.cache import move_rows_back
 
 
 class StaticBuffers:
-    """Named 1-D fields in one device buffer per dtype, each with a pinned host twin."""
+    """Named 1-D fields of any dtypes in one device byte buffer with a pinned host twin: a step writes its
+    fields on the host and copies the prefix they reached in one transfer (a copy a dtype cost a
+    transfer's fixed cost each, several a decode step with drafts)."""
+
+    ALIGN = 16  # bytes: every field starts aligned for any element type and vector loads
 
     def __init__(self, device: torch.device):
         self.device = device
         self._fields: dict[str, tuple[torch.dtype, int, int]] = {}  # name -> (dtype, length, fill)
         self.device_views: dict[str, torch.Tensor] = {}
         self.host_views: dict[str, torch.Tensor] = {}
-        self._offsets: dict[str, int] = {}
-        self._groups: dict[torch.dtype, tuple[torch.Tensor, torch.Tensor]] = {}
-        self._ends: dict[torch.dtype, int] = {}
+        self._spans: dict[str, tuple[int, int]] = {}  # name -> (first byte, bytes per element)
+        self._device_bytes = self._host_bytes = None
+        self._end = 0  # bytes this step's writes reached
         self.copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def add(self, name: str, dtype: torch.dtype, length: int, fill: int = 0) -> None:
         self._fields[name] = (dtype, length, fill)
 
     def allocate(self) -> None:
-        pin = self.device.type == "cuda"
-        for dtype in dict.fromkeys(d for d, _, _ in self._fields.values()):
-            names = [n for n, (d, _, _) in self._fields.items() if d == dtype]
-            total = sum(self._fields[n][1] for n in names)
-            dev = torch.zeros(total, dtype=dtype, device=self.device)
-            host = torch.zeros(total, dtype=dtype, pin_memory=pin)
-            offset = 0
-            for n in names:
-                _, length, fill = self._fields[n]
-                self._offsets[n] = offset
-                self.device_views[n] = dev[offset : offset + length]
-                self.host_views[n] = host[offset : offset + length]
-                self.device_views[n].fill_(fill)
-                self.host_views[n].fill_(fill)
-                offset += length
-            self._groups[dtype] = (dev, host)
+        offset = 0
+        # smallest first: a step's copy ends where its writes do, so the block tables (sized for
+        # max_model_len) go last and a short step copies a row of them, not the whole field
+        order = sorted(self._fields, key=lambda n: self._fields[n][0].itemsize * self._fields[n][1])
+        for name in order:
+            dtype, length, _ = self._fields[name]
+            size = dtype.itemsize
+            self._spans[name] = (offset, size)
+            offset += -(-length * size // self.ALIGN) * self.ALIGN
+        self._device_bytes = torch.zeros(offset, dtype=torch.uint8, device=self.device)
+        self._host_bytes = torch.zeros(offset, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        for name, (dtype, length, fill) in self._fields.items():
+            first, size = self._spans[name]
+            for views, raw in ((self.device_views, self._device_bytes), (self.host_views, self._host_bytes)):
+                views[name] = raw[first : first + length * size].view(dtype)
+                views[name].fill_(fill)
 
     def __getitem__(self, name: str) -> torch.Tensor:
         return self.device_views[name]
 
     def begin(self) -> None:
-        """Before writing a step's fields: the last step's copies out of the host twins are done."""
+        """Before writing a step's fields: the last step's copy out of the host twin is done."""
         if self.copied is not None:
             self.copied.synchronize()
-        self._ends = {}
+        self._end = 0
+
+    def _reached(self, name: str, length: int) -> None:
+        first, size = self._spans[name]
+        self._end = max(self._end, first + length * size)
 
     def write(self, name: str, values: list[int], length: int) -> None:
         """Field `name`'s first `length` entries: values, padded with the field's fill."""
         dtype, _, fill = self._fields[name]
         self.host_views[name][:length] = torch.tensor(values + [fill] * (length - len(values)), dtype=dtype)
-        self._ends[dtype] = max(self._ends.get(dtype, 0), self._offsets[name] + length)
+        self._reached(name, length)
 
     def write_rows(self, name: str, rows: list[list[int]], width: int, used: int) -> None:
         """A field viewed as rows of `width`: the first len(rows) rows' first `used` columns (the columns
         past them keep earlier values, which the reader never reaches)."""
-        dtype = self._fields[name][0]
         table = self.host_views[name].view(-1, width)
-        table[: len(rows), :used] = torch.tensor(rows, dtype=dtype)
-        self._ends[dtype] = max(self._ends.get(dtype, 0), self._offsets[name] + len(rows) * width)
+        table[: len(rows), :used] = torch.tensor(rows, dtype=self._fields[name][0])
+        self._reached(name, len(rows) * width)
 
     def copy(self) -> None:
-        """One host-to-device copy per dtype, of the prefix this step's writes reached."""
-        for dtype, end in self._ends.items():
-            dev, host = self._groups[dtype]
-            dev[:end].copy_(host[:end], non_blocking=True)
+        """One host-to-device copy, of the prefix this step's writes reached (fields unwritten before it
+        are copied unchanged)."""
+        if self._end:
+            self._device_bytes[: self._end].copy_(self._host_bytes[: self._end], non_blocking=True)
         if self.copied is not None:  # on the device's stream (not the current device's)
             self.copied.record(torch.cuda.current_stream(self.device))
 

@@ -24,7 +24,7 @@ from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs, feed
 from atom_core.engine.plan import plan_engine
 from atom_core.engine.sampling.sampler import sample_rows
 from atom_core.forward_context import ForwardContext, bind_forward_context
-from atom_core.host_copy import to_device
+from atom_core.host_copy import row_index, to_device
 from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
 from atom_kernels.sampling import accepted_drafts, greedy_tokens
 
@@ -154,9 +154,8 @@ class ModelRunner:
             )
         if inputs.verify_ahead:
             q = inputs.verify_ahead + 1
-            result.accepted, result.rejected = accepted_drafts(
-                result.tokens[0], ids, q, backend=self.kernel_backend
-            )
+            counts = accepted_drafts(result.tokens[0], ids, q, lag, backend=self.kernel_backend)
+            result.accepted, result.rejected, result.last_rows, result.chain_shift = counts
             result.shift = lag if lag is not None else torch.zeros_like(result.accepted)
         return result
 
@@ -205,7 +204,6 @@ class ModelRunner:
         """One forward of the draft over its own caches (same block tables as the target's), reading
         source's hidden states at inputs.hidden_rows and, at inputs.fed_rows, source's tokens (a draft's
         proposals, or the target step's draws). inputs.ahead: its rows follow a verify launched ahead."""
-        hidden_index = to_device(inputs.hidden_rows, torch.long, self.device)
         # fed rows take the draft's proposals (chained) or the target's draws (a catch-up)
         fed = (
             (source.tokens if isinstance(source, DraftResult) else source.sampled)
@@ -214,24 +212,25 @@ class ModelRunner:
         )
         if inputs.fed_rows and fed is None:
             raise RuntimeError("a draft forward feeds on its source's tokens, but none were kept")
-        lag, rejected = None, None
+        lag, follows, rows = None, None, None
         if inputs.ahead:
             if isinstance(source, StepResult):  # a catch-up: the verify's own positions
-                lag, rejected = source.shift, source.rejected
-            elif source.rejected is not None:  # the first chained forward: after the last accepted row
-                lag = source.shift + source.rejected
-                hidden_index -= source.rejected  # (one row a sequence: its row in the catch-up's q)
+                lag, follows = source.shift, source
+            elif source.follows is not None:  # the first chained forward: after the last accepted row
                 if inputs.fed_from != inputs.hidden_rows:
                     raise ValueError("a chain launched ahead feeds on the rows it reads the hidden states of")
-                fed = fed[hidden_index]
+                lag, rows = source.follows.chain_shift, source.follows.last_rows
+                fed = fed[rows]
                 inputs = dataclasses.replace(inputs, fed_from=list(range(len(inputs.fed_rows))))
             else:
                 lag = source.shift
-        hidden_in = source.hidden[hidden_index]
+        if rows is None:  # (a catch-up reads every row of its target step in order: a view)
+            rows = row_index(inputs.hidden_rows, self.device)
+        hidden_in = source.hidden[rows]
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:
             logits = graphs.run(inputs, hidden_in, sampled=fed, lag=lag)
-            return DraftResult(logits, graphs.hidden, self._proposals(logits), lag, rejected)
+            return DraftResult(logits, graphs.hidden, self._proposals(logits), lag, follows)
         ids, pos = to_device([inputs.ids, inputs.positions], torch.int64, self.device)
         if fed is not None:
             feed_sampled(ids, inputs.fed_rows, inputs.fed_from, fed)
@@ -242,7 +241,7 @@ class ModelRunner:
             hidden = self.draft(ids, pos, hidden_in)
         hidden = hidden[to_device(inputs.logit_rows, torch.long, self.device)]
         logits = self.draft.compute_logits(hidden)
-        return DraftResult(logits, hidden, self._proposals(logits), lag, rejected)
+        return DraftResult(logits, hidden, self._proposals(logits), lag, follows)
 
     def _proposals(self, logits: torch.Tensor) -> torch.Tensor:
         """The draft's argmax of each row [R] int64, in one launch (torch's reduction takes several times

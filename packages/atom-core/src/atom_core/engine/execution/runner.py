@@ -27,10 +27,13 @@ class StepResult:
     tokens: torch.Tensor | None = None
     logprobs: LogprobRows | None = None
     # a verify launched ahead (inputs.verify_ahead), per sequence [S] int64: its accepted and rejected
-    # drafts, and how many positions its rows sat before the host's (the step before it's rejected ones)
+    # drafts, how many positions its rows sat before the host's (the step before it's rejected ones), the
+    # flat row of its last accepted token and how far the draft rows chained after it sit back
     accepted: torch.Tensor | None = None
     rejected: torch.Tensor | None = None
     shift: torch.Tensor | None = None
+    last_rows: torch.Tensor | None = None
+    chain_shift: torch.Tensor | None = None
 
     @property
     def sampled(self) -> torch.Tensor | None:
@@ -48,10 +51,9 @@ class DraftResult:
     hidden: torch.Tensor
     tokens: torch.Tensor
     # rows that follow a verify launched ahead (DraftInputs.ahead): how many positions each sequence's rows
-    # sat before the host's [S], and (a catch-up) the verify's rejected drafts [S], which the chain after it
-    # sits before too
+    # sat before the host's [S], and (a catch-up) that verify, whose acceptance the chain after it follows
     shift: torch.Tensor | None = None
-    rejected: torch.Tensor | None = None
+    follows: StepResult | None = None
 
 
 class Runner(Protocol):

@@ -172,11 +172,11 @@ def sample_rows(
         )
         p = host_to_device(torch.cat([ints, floats.view(torch.int64)]), logits.device)
         width = len(keys[0])
-        temperature, top_p, min_p = p[2 + width :].view(torch.float64).float()
-        row_keys = p[2]
-        if lagged:  # each row's key at its sequence's true output position
+        # (the kernels read the float64 parameters as float32 themselves: no conversion launched)
+        temperature, top_p, min_p = p[2 + width :].view(torch.float64)
+        lag = None
+        if lagged:  # each row draws with its key at its sequence's true output position
             lag = key_lag if len(sampled) == len(rows.keys) else key_lag[p[0]]  # (all rows: in order)
-            row_keys = p[2 : 2 + width].gather(0, lag[None, :])[0]
         keyed_draw(
             logits,
             p[0],
@@ -184,8 +184,9 @@ def sample_rows(
             p[1],
             top_p,
             min_p,
-            row_keys,
+            p[2 : 2 + width] if lagged else p[2],
             out,
+            key_lag=lag,
             # which filters any row uses, known on the host (a device tensor's truth would wait for it)
             top_k_max=max((k for k in (rows.top_ks[r] for r in sampled) if 0 < k < vocab), default=0),
             top_p_used=any(rows.top_ps[r] < 1 for r in sampled),

@@ -140,7 +140,7 @@ class Drafter:
                 [len(s.output_token_ids) + s.num_pending + q for s in batch.seqs],
                 device=result.accepted.device,
             )
-            positions -= result.shift + result.rejected
+            positions -= result.chain_shift
             self._force_ahead(batch.seqs, 0, positions, drafts[0], result.accepted)
         for j in range(1, self.k):
             chain = DraftInputs([0] * n, [], [1] * n, [], [], [], "draft", list(range(n)), ahead=True)

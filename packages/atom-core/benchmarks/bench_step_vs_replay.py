@@ -112,15 +112,18 @@ def isolated_replay_ms(runner, batch: int, k: int) -> float:
     return start.elapsed_time(end) / 30
 
 
-def decode_step_ms(llm: LLM, vocab: int, batch: int, params: SamplingParams, gen) -> tuple[float, float, int]:
+def decode_step_ms(
+    llm: LLM, vocab: int, batch: int, params: SamplingParams, gen
+) -> tuple[float, float, int, int]:
     """The median step of a steady decode through LLM.generate, the median GPU time of those steps' graph
-    replays, and how many steps the run took."""
+    replays, how many steps the run took and how many of them overlapped the host."""
     prompts = [
         {"prompt_token_ids": torch.randint(0, vocab, (PROMPT,), generator=gen).tolist()} for _ in range(batch)
     ]
     engine = llm.engine
     engine.step_times, engine.step_replays = [], []
     engine.replay_log.clear()
+    overlapped = _overlapped(llm)
     llm.generate(prompts, [params] * batch if params.seed is None else _seeded(params, batch))
     torch.cuda.synchronize()
     times = engine.step_times
@@ -131,7 +134,12 @@ def decode_step_ms(llm: LLM, vocab: int, batch: int, params: SamplingParams, gen
         for a, b in engine.step_replays[window]
         if b > a
     )
-    return steady[len(steady) // 2] * 1e3, replays[len(replays) // 2], len(times)
+    return (
+        steady[len(steady) // 2] * 1e3,
+        replays[len(replays) // 2],
+        len(times),
+        _overlapped(llm) - overlapped,
+    )
 
 
 def _seeded(params: SamplingParams, batch: int) -> list[SamplingParams]:
@@ -187,7 +195,7 @@ def main():
                 ):
                     full = SamplingParams(**base, max_tokens=NEW, ignore_eos=True)
                     decode_step_ms(llm, config.vocab_size, batch, full, gen)  # warm-up
-                    step, replay, steps = decode_step_ms(llm, config.vocab_size, batch, full, gen)
+                    step, replay, steps, overlapped = decode_step_ms(llm, config.vocab_size, batch, full, gen)
                     isolated = isolated_replay_ms(llm.engine.runner, batch, k)
                     row = dict(
                         model=name,
@@ -198,7 +206,7 @@ def main():
                         ratio=step / replay,
                         isolated_replay_ms=isolated,
                         steps=steps,
-                        overlapped_steps=_overlapped(llm),
+                        overlapped_steps=overlapped,  # (of this run's steps)
                     )
                     rows.append(row)
                     print(json.dumps(row), flush=True)
@@ -224,9 +232,9 @@ def main():
             )
 
 
-def _overlapped(llm: LLM) -> int | None:
-    stats = getattr(llm.engine, "stats", None)
-    return stats.num_async_steps if stats is not None else getattr(llm.engine, "num_async_steps", None)
+def _overlapped(llm: LLM) -> int:
+    """Steps launched so far while the one before was in flight (the engine counts them cumulatively)."""
+    return llm.engine.stats.num_async_steps
 
 
 if __name__ == "__main__":

@@ -268,7 +268,9 @@ def proposals(path, prompts, params, from_host: bool, **engine) -> tuple[list, i
     the host after a read, the catch-up after the read too, the drafts read before the verify step) instead
     of on the device. Every verify forward's token ids are checked against the ids the host builds from the
     drafts it verifies."""
-    llm = LLM(path, **COMMON, speculative_config=mtp(3), **engine)
+    # the synchronous verify is the subject (on a GPU async scheduling would launch verifies ahead, past
+    # verify_step: their own tests are below)
+    llm = LLM(path, **COMMON, speculative_config=mtp(3), async_scheduling=False, **engine)
     verify_step = pipeline.verify_step
     try:
         drafter, log, fed = llm.engine.drafter, [], [0]

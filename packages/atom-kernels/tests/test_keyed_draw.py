@@ -191,6 +191,38 @@ def test_lagged_keys_and_float64_parameters_draw_as_their_picked_keys_and_float3
         keyed_draw(logits, rows, temperature, top_k, top_p, min_p, picked, out, key_lag=lag)
 
 
+def test_strided_parameters_and_a_broadcast_lag_draw_as_dense_ones():
+    """One sequence's lag broadcast over its rows (stride 0, as the engine's row lag of a single
+    sequence is) and parameters taken as strided views: the draw is the dense inputs'. Before they were
+    made dense the kernels read the rows past the first from the memory after them (here: other lags)."""
+    count, width = 3, 3
+    logits = torch.randn(count, 2 * CHUNK + 33, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    window = _keys(count * width, seed=4).view(width, count).to(DEVICE)
+    lags = torch.tensor([1, 2, 0, 2], device=DEVICE)  # what follows the first lag in memory differs from it
+    broadcast = lags[:1].expand(count)
+    assert broadcast.stride(0) == 0
+    temperature, top_k, top_p, min_p = _params(2 * count, 0.7, -1, 0.9)
+    strided = [t.to(DEVICE)[::2] for t in (temperature, top_k, top_p, min_p)]
+    rows = torch.arange(2 * count, device=DEVICE)[::2] // 2
+    out = greedy_tokens(logits, backend="torch")
+    got = keyed_draw(logits, rows, *strided, window, out.clone(), key_lag=broadcast, backend="triton")
+    dense = [t.contiguous() for t in strided]
+    want = keyed_draw(
+        logits,
+        rows.contiguous(),
+        *dense,
+        window,
+        out.clone(),
+        key_lag=broadcast.contiguous(),
+        backend="triton",
+    )
+    assert torch.equal(got, want)
+    picked = window[1]  # every row's key at lag 1
+    assert torch.equal(
+        want, keyed_draw(logits, rows.contiguous(), *dense, picked, out.clone(), backend="triton")
+    )
+
+
 def test_bad_shapes_are_refused():
     logits = torch.randn(2, 10, device=DEVICE)
     with pytest.raises(ValueError, match="out \\[2, R\\]"):

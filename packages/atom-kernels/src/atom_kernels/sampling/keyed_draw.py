@@ -340,7 +340,8 @@ def keyed_draw(
 ) -> torch.Tensor:
     """Draw logits' rows `rows` as keyed_draw_ref does, into out.
 
-    logits [R, V] (fp32 / fp16 / bf16; last dim contiguous); rows [S] int64: the rows drawn; their
+    logits [R, V] (fp32 / fp16 / bf16; last dim contiguous); rows [S] int64: the rows drawn (the
+    per-row parameters may be strided views, a broadcast lag too: they are made dense here); their
     temperature (> 0), top_p (in (0, 1]), min_p (in [0, 1]) [S] float32 or float64 (read as float32),
     top_k [S] int64 (<= 0: all) and keys [S] int64, or with key_lag [S] int64, keys [W, S]: row s draws
     with keys[key_lag[s], s]. out [2, R] int64 as greedy_tokens returns it (token; 1 where the row is
@@ -383,13 +384,18 @@ def keyed_draw(
     round_ = torch.empty(count, dtype=torch.int32, device=device)
     total0 = torch.empty(count, dtype=torch.float64, device=device)
     temperature, top_p, min_p = (
-        t if t.dtype in (torch.float32, torch.float64) else t.float() for t in (temperature, top_p, min_p)
+        (t if t.dtype in (torch.float32, torch.float64) else t.float()).contiguous()
+        for t in (temperature, top_p, min_p)
     )
-    rows, keys = rows.to(torch.int64), keys.to(torch.int64)
+    # the kernels index every parameter by row (keys by [W, S]): a strided view, such as one sequence's
+    # lag broadcast over its rows (stride 0), is laid out densely first, or its rows past the first
+    # would be read from whatever memory follows it
+    rows, keys = rows.to(torch.int64).contiguous(), keys.to(torch.int64).contiguous()
+    top_k = top_k.contiguous()
     kth = kth_logits(logits[rows], top_k, top_k_max) if top_k_max != 0 else None
     use_kth, has_lag = kth is not None, key_lag is not None
     kth = kth if use_kth else part_max  # (not read)
-    lag = key_lag.to(torch.int64) if has_lag else rows  # (not read)
+    lag = key_lag.to(torch.int64).contiguous() if has_lag else rows  # (not read)
     stride = logits.stride(0)
     _chunk_max[(count, chunks)](
         logits, rows, part_max, pivot, done, round_, vocab, stride, chunks, CHUNK=CHUNK, num_warps=8

@@ -116,3 +116,22 @@ def test_every_field_is_one_copy_that_ends_where_the_step_writes():
     tables = buffers["block_tables"].view(-1, width)
     assert buffers["ids"][0] == 5 and tables[0, :3].tolist() == [2, 11, 4]
     assert not tables[1:].any()  # the block tables go last: the copy stopped after the step's row
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a transfer still queued needs a CUDA stream")
+def test_refilling_before_the_device_reaches_the_last_transfer_keeps_each_step_s_values():
+    """A graph replayed twice in one step: the second fill must neither wait for the device nor change
+    what the first transfer carries (it runs from a staging copy, not from the host twin)."""
+    buffers = StaticBuffers(torch.device("cuda"))
+    buffers.add("ids", torch.int64, SEQS)
+    buffers.allocate()
+    seen = []
+    torch.cuda._sleep(200_000_000)  # the stream stays busy past both fills (~0.1 s)
+    for value in (1, 2):
+        buffers.begin()
+        buffers.write("ids", [value] * SEQS, SEQS)
+        buffers.copy()
+        seen.append(buffers["ids"].clone())  # queued after this fill's transfer
+    assert not torch.cuda.current_stream().query()  # the host did not wait for the device
+    torch.cuda.synchronize()
+    assert [s.tolist() for s in seen] == [[1] * SEQS, [2] * SEQS]

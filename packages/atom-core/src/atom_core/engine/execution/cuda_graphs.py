@@ -123,7 +123,7 @@ class DecodeGraphs:
         size = self.size_for(batch)
         assert size is not None, "size_for(batch) must be checked first"
         buffers = self.buffers
-        buffers.begin()  # the last step's copies out of the pinned twins are done (long since)
+        buffers.begin()
         # padded rows: token 0 at position 0; each kind pads its own fields (no writes, no state)
         buffers.write("ids", inputs.ids, size * q)
         buffers.write("positions", inputs.positions, size * q)

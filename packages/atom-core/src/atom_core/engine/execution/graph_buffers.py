@@ -2,8 +2,8 @@
 
 A CUDA graph replays on fixed addresses: a step's inputs are copied into static device buffers first.
 Each metadata kind (paged attention, per-sequence state) declares the fields it needs and how a step
-fills them and how its captured metadata views them; `StaticBuffers` lays the fields out so that all the
-fields of one dtype share a buffer, and a step copies each dtype once from a pinned host twin.
+fills them and how its captured metadata views them; `StaticBuffers` lays every field out in one byte
+buffer, which a step fills on the host and copies in one transfer.
 """
 
 from __future__ import annotations
@@ -20,9 +20,12 @@ from atom_kernels.cache import move_rows_back
 
 
 class StaticBuffers:
-    """Named 1-D fields of any dtypes in one device byte buffer with a pinned host twin: a step writes its
-    fields on the host and copies the prefix they reached in one transfer (a copy a dtype cost a
-    transfer's fixed cost each, several a decode step with drafts)."""
+    """Named 1-D fields of any dtypes in one device byte buffer with a host twin: a step writes its fields
+    on the host and copies the prefix they reached in one transfer (a copy a dtype cost a transfer's
+    fixed cost each, several a decode step with drafts). The transfer goes out of a pinned staging copy
+    of that prefix (PyTorch's caching host allocator, which reuses it only once the transfer ran), so a
+    graph replayed twice in one step (a verify's chain, then the chain of prefills beside it) refills
+    its fields without waiting for the device to reach the first replay's transfer."""
 
     ALIGN = 16  # bytes: every field starts aligned for any element type and vector loads
 
@@ -34,7 +37,6 @@ class StaticBuffers:
         self._spans: dict[str, tuple[int, int]] = {}  # name -> (first byte, bytes per element)
         self._device_bytes = self._host_bytes = None
         self._end = 0  # bytes this step's writes reached
-        self.copied = torch.cuda.Event() if device.type == "cuda" else None
 
     def add(self, name: str, dtype: torch.dtype, length: int, fill: int = 0) -> None:
         self._fields[name] = (dtype, length, fill)
@@ -50,7 +52,7 @@ class StaticBuffers:
             self._spans[name] = (offset, size)
             offset += -(-length * size // self.ALIGN) * self.ALIGN
         self._device_bytes = torch.zeros(offset, dtype=torch.uint8, device=self.device)
-        self._host_bytes = torch.zeros(offset, dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+        self._host_bytes = torch.zeros(offset, dtype=torch.uint8)
         for name, (dtype, length, fill) in self._fields.items():
             first, size = self._spans[name]
             for views, raw in ((self.device_views, self._device_bytes), (self.host_views, self._host_bytes)):
@@ -61,9 +63,7 @@ class StaticBuffers:
         return self.device_views[name]
 
     def begin(self) -> None:
-        """Before writing a step's fields: the last step's copy out of the host twin is done."""
-        if self.copied is not None:
-            self.copied.synchronize()
+        """Before writing a step's fields (the host twin is the host's own: nothing to wait for)."""
         self._end = 0
 
     def _reached(self, name: str, length: int) -> None:
@@ -85,11 +85,13 @@ class StaticBuffers:
 
     def copy(self) -> None:
         """One host-to-device copy, of the prefix this step's writes reached (fields unwritten before it
-        are copied unchanged)."""
-        if self._end:
-            self._device_bytes[: self._end].copy_(self._host_bytes[: self._end], non_blocking=True)
-        if self.copied is not None:  # on the device's stream (not the current device's)
-            self.copied.record(torch.cuda.current_stream(self.device))
+        are copied unchanged), queued on the current stream."""
+        if not self._end:
+            return
+        prefix = self._host_bytes[: self._end]
+        if self.device.type == "cuda":
+            prefix = prefix.pin_memory()
+        self._device_bytes[: self._end].copy_(prefix, non_blocking=True)
 
 
 class PagedGraphBuffers:

@@ -19,10 +19,7 @@ emits; then only the chain waits for the acceptance.
 A proposal is the draft's argmax. Each chained forward takes the proposals of the one before it on the
 device (DraftInputs.fed_rows): the chain's shape (who drafts how many tokens, and their blocks) is known
 on the host without the tokens. The proposals stay on the device (pending_proposals.py): the next verify
-step's draft rows take them there, and the host reads them once, after launching that step. (Under CUDA
-graphs each chained forward replays the same one-token graph, whose static inputs are refilled only after
-the last replay's copy from the host ran: with k >= 3 the host still waits there between chained
-forwards.)
+step's draft rows take them there, and the host reads them once, after launching that step.
 
 An oracle, when given, chooses the proposals instead: oracle(seq, j, token) -> the token proposed as
 seq's draft j (0-based) where the draft's own guess was `token`. Its choice is fed from the host, so each

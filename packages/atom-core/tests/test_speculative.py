@@ -141,6 +141,15 @@ AHEAD_PARAMS = [
 ]
 
 
+def assert_plain(plain, spec, mode) -> None:
+    """spec's outputs are plain's: the same tokens, and logprobs over the same tokens within 1e-4."""
+    for p, s in zip(plain, spec, strict=True):
+        for po, so in zip(p.outputs, s.outputs, strict=True):
+            assert so.token_ids == po.token_ids, (mode, s.request_id, so.index)
+            for lp, ls in zip(po.logprobs or [], so.logprobs or [], strict=True):
+                assert lp.keys() == ls.keys() and max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
+
+
 @pytest.mark.parametrize("k", [1, 3])
 @pytest.mark.parametrize("cache", ["roomy", "tight"])
 def test_verifies_launched_ahead_equal_the_synchronous_ones(trained, k, cache):
@@ -159,11 +168,7 @@ def test_verifies_launched_ahead_equal_the_synchronous_ones(trained, k, cache):
         for mode in (False, True)
     }
     for mode, (_, spec) in runs.items():
-        for p, s in zip(plain, spec, strict=True):
-            for po, so in zip(p.outputs, s.outputs, strict=True):
-                assert so.token_ids == po.token_ids, (mode, s.request_id, so.index)
-                for lp, ls in zip(po.logprobs or [], so.logprobs or [], strict=True):
-                    assert lp.keys() == ls.keys() and max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
+        assert_plain(plain, spec, mode)
     (sync, _), (ahead, spec) = runs[False], runs[True]
     assert sync.stats.num_async_steps == 0 < ahead.stats.num_async_steps
     counted = ("num_draft_tokens", "num_accepted_tokens", "num_verifications")
@@ -175,6 +180,74 @@ def test_verifies_launched_ahead_equal_the_synchronous_ones(trained, k, cache):
         assert ahead.stats.num_accepted_tokens > 0
     else:
         assert ahead.scheduler.num_preemptions > 0 and ahead.scheduler.num_chunked_prefills > 0
+
+
+def arrivals(path, prompts, params, every: int, **engine):
+    """Each request added `every` steps after the one before (while the others decode), run to the end:
+    the engine and each request's output."""
+    llm = LLM(path, **COMMON, **engine)
+    core, outs, step = llm.engine, {}, 0
+    while step // every < len(prompts) or core.has_unfinished_requests():
+        if step % every == 0 and step // every < len(prompts):
+            i = step // every
+            core.add_request({"prompt_token_ids": prompts[i]}, params[i], request_id=str(i))
+        for out in core.step():
+            if out.finished:
+                outs[out.request_id] = out
+        step += 1
+    core.steps_run = step
+    return core, [outs[str(i)] for i in range(len(prompts))]
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_requests_arriving_prefill_beside_verifies_launched_ahead(trained, k, monkeypatch):
+    """Requests that arrive while verifies run ahead of the host are admitted beside them (their prefill
+    chunks in a forward of their own, the first token drawn on the device, their draft rows and chains
+    after the verify's) instead of settling the verify in flight: greedy and seeded sampled requests (two
+    samples, logprobs, top-k, min-p), prompts chunked by a small token budget, give the plain engine's
+    tokens and logprobs, and no verify in flight is read early for them."""
+    from atom_core.engine.steps.speculative_ahead import SpeculativeAhead  # (patched below)
+
+    beside = Counter()
+    run_prefills = SpeculativeAhead.run_prefills
+
+    def counting(self, batch, runner):
+        beside["steps"] += 1
+        beside["chunks"] += sum(
+            n < s.num_uncomputed for s, n in zip(batch.seqs, batch.num_new_tokens, strict=True)
+        )
+        return run_prefills(self, batch, runner)
+
+    continues, settled_for_prefills = SpeculativeAhead.continues, []
+
+    def deciding(self):
+        goes = continues(self)
+        settled_for_prefills.append(not goes and self.verifiers_continue())
+        return goes
+
+    monkeypatch.setattr(SpeculativeAhead, "run_prefills", counting)
+    monkeypatch.setattr(SpeculativeAhead, "continues", deciding)
+    params = [AHEAD_PARAMS[i % len(AHEAD_PARAMS)] for i in range(len(PROMPTS))]
+    engine = dict(num_kv_blocks=128, max_num_batched_tokens=12)
+    _, plain = run(trained, PROMPTS, params, **engine)
+    runs = {
+        mode: arrivals(
+            trained, PROMPTS, params, 3, speculative_config=mtp(k), async_scheduling=mode, **engine
+        )
+        for mode in (False, True)
+    }
+    for mode, (_, spec) in runs.items():
+        assert_plain(plain, spec, mode)
+    ahead, spec = runs[True]
+    # (the two engines' steps differ, so the drafts a short budget cut differ: counters add up per request)
+    for c in ("num_draft_tokens", "num_accepted_tokens"):
+        assert getattr(ahead.stats, c) == sum(getattr(o, c) for r in spec for o in r.outputs) > 0
+    assert beside["steps"] >= len(PROMPTS) - 1 and beside["chunks"] > 0  # every later arrival, chunked
+    assert ahead.plan.prefills_ahead
+    # no verify in flight was read early for a request arriving or prefilling: where one was, a verifying
+    # sequence could not go on (fewer drafts near its max_tokens)
+    assert settled_for_prefills and not any(settled_for_prefills)
+    assert ahead.stats.num_async_steps > ahead.steps_run // 2
 
 
 def test_stop_strings_and_n_under_forced_drafts(untrained, monkeypatch):

@@ -45,6 +45,8 @@ class CachePlan:
     async_scheduling: bool
     graph_sizes: tuple[int, ...]  # captured decode batch sizes; (): eager forwards only
     off: tuple[tuple[str, str], ...] = ()  # (mode, why) of every mode turned off
+    # under speculation with async scheduling: prefill chunks run beside a verify launched ahead
+    prefills_ahead: bool = False
 
     @property
     def has_state(self) -> bool:
@@ -113,6 +115,9 @@ def plan_engine(
     async_off = _why_no_async(engine)
     if async_off:
         off.append(("async scheduling", async_off))
+    prefills_off = None if async_off or k == 0 else _why_no_prefills_ahead(engine, state)
+    if prefills_off:
+        off.append(("prefills beside verifies launched ahead", prefills_off))
     return CachePlan(
         block_size=engine.block_size,
         num_blocks=num_blocks,
@@ -125,6 +130,7 @@ def plan_engine(
         async_scheduling=async_off is None,
         graph_sizes=() if graphs_off else _graph_sizes(engine.max_num_seqs),
         off=tuple(off),
+        prefills_ahead=not async_off and k > 0 and prefills_off is None,
     )
 
 
@@ -163,6 +169,17 @@ def _why_no_async(engine: EngineConfig) -> str | None:
         return "async_scheduling=False"
     if not engine.async_scheduling_on():
         return "on by default only where a device runs beside the host (CUDA)"
+    return None
+
+
+def _why_no_prefills_ahead(engine: EngineConfig, state: bool) -> str | None:
+    if state:
+        # the device starts each sequence of a verify launched ahead from the state slot of the last
+        # draft the verify before accepted; a sequence that prefilled instead keeps its state elsewhere
+        return "state layers: a verify launched ahead starts from the last accepted draft's state slot"
+    if engine.tensor_parallel_size > 1:
+        # a worker builds a verify's fed tokens from its own last verify and chain (ahead_tokens)
+        return "tensor-parallel workers feed a verify launched ahead from verifying sequences only"
     return None
 
 

@@ -65,14 +65,17 @@ class Scheduler:
         admissible = self.waiting and len(self.running) < self.config.max_num_seqs
         prefill_budget = max(1, budget // 2) if admissible else budget
         batch = ScheduledBatch([], [])
-        # a prefill leaves a token for each decode behind it: decodes never wait for a long prompt (and
-        # under async scheduling every pending token is computed the step after it was sampled)
-        decodes = sum(seq.status is Status.RUNNING and seq.num_uncomputed == 1 for seq in self.running)
+        # a prefill leaves a token for each decode behind it, and its drafts too when all of them fit:
+        # decodes never wait for a long prompt (under async scheduling every pending token is computed the
+        # step after it was sampled, and a verify launched ahead keeps its shape beside prefills)
+        decoding = [s for s in self.running if s.status is Status.RUNNING and s.num_uncomputed == 1]
+        with_drafts = sum(1 + len(s.draft_token_ids) for s in decoding) <= budget
+        decodes = sum(1 + len(s.draft_token_ids) * with_drafts for s in decoding)
         for seq in list(self.running):
             if seq.status is not Status.RUNNING or budget == 0:
                 continue
             prefilling = seq.num_uncomputed > 1
-            decodes -= not prefilling
+            decodes -= 0 if prefilling else 1 + len(seq.draft_token_ids) * with_drafts
             if prefilling and min(prefill_budget, budget - decodes) <= 0:
                 continue
             # drafts ride behind a decoding sequence's last token, as many as the budget leaves room for

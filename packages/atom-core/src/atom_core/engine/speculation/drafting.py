@@ -45,6 +45,7 @@ from atom_core.engine.plan import CachePlan
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.speculation.pending_proposals import PendingProposals
+from atom_core.engine.speculation.prefill_drafts import PrefillPart, draft_prefills
 
 Oracle = Callable[[Sequence, int, int], int]
 AheadOracle = Callable[[list[Sequence], int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -111,11 +112,18 @@ class Drafter:
         return self.runner.run_draft(step, result)
 
     @torch.inference_mode()
-    def launch_ahead(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> None:
+    def launch_ahead(
+        self,
+        batch: ScheduledBatch,
+        inputs: StepInputs,
+        result: StepResult,
+        prefills: PrefillPart | None = None,
+    ) -> None:
         """After a verify launched ahead (steps/speculative_ahead.py), before anything is read: the
         catch-up over every sequence's k + 1 rows, then the chained forwards after its accepted drafts,
         all placed on the device (execution/ahead_rows.py). The next verify's tokens are left pending
-        (self.pending, in ahead_tokens' layout: the bonus token, then the k drafts)."""
+        (self.pending, in ahead_tokens' layout: the bonus token, then the k drafts), followed by those of
+        the prefills launched beside it (speculation/prefill_drafts.py)."""
         q, n = self.k + 1, len(batch.seqs)
         rows = list(range(n * q))
         catch_up = DraftInputs(
@@ -157,7 +165,13 @@ class Drafter:
             if self.ahead_oracle is not None:
                 self._force_ahead(batch.seqs, j, positions + j, drafts[-1])
         where = [(seq, list(range(i * q + 1, i * q + q))) for i, seq in enumerate(batch.seqs)]
-        self.pending = PendingProposals.start(ahead_tokens(result, drafts), where, source="ahead")
+        tokens = ahead_tokens(result, drafts)
+        if prefills is not None:  # beside it: the prefills' draft rows and chains, after its sequences
+            more, also = draft_prefills(
+                self.runner, self.scheduler, prefills, self.k, self.max_model_len, n * q
+            )
+            tokens, where = torch.cat([tokens, more]), where + also
+        self.pending = PendingProposals.start(tokens, where, source="ahead")
 
     def _force_ahead(self, seqs, j: int, positions, drafted: DraftResult, accepted=None) -> None:
         """The ahead oracle's draft j in place of the draft's own (a catch-up's: at each sequence's last

@@ -59,19 +59,38 @@ class StepPipeline:
         if not batch.seqs:
             return []
         ahead = overlap is not None and overlap.launches_ahead(batch)
-        if in_flight and not ahead:  # continues() admits only batches that launch ahead
+        if in_flight and not ahead:
+            # continues() admits only batches that launch ahead, but admissions may have taken the
+            # blocks a verify's chain needed, or the budget its drafts: read the step in flight, then
+            # schedule again from what it computed (nothing was preempted or restored: continues())
             self.scheduler.settle_snapshots(batch, ran=False)
-            raise RuntimeError("async scheduling: a step that continues the one in flight must launch ahead")
+            if batch.restores:
+                raise RuntimeError("async scheduling: a step in flight met a state restore")
+            settled = self.emitter.emit(overlap.settle())
+            batch = self.scheduler.schedule()
+            if not batch.seqs:
+                return settled
+            return settled + self._run(batch, overlap.launches_ahead(batch), False)
+        return self._run(batch, ahead, in_flight)
+
+    def _run(self, batch: ScheduledBatch, ahead: bool, in_flight: bool) -> list[RequestOutput]:
+        """The scheduled batch's forward(s), launched ahead of the host or not, and their outputs."""
+        overlap = self.overlap
+        # a verify launched ahead runs its prefill chunks in a forward of their own (speculative_ahead.py)
+        split = ahead and self.drafter is not None
+        verify, prefills = overlap.split(batch) if split else (batch, None)
         try:
-            inputs = prepare_step(batch)
+            inputs = prepare_step(verify)
             if ahead:  # every logits row sampled on the device; its fed rows take the step in flight's
-                fed = overlap.prepare(batch, inputs)
+                if prefills is not None:  # first: a failure there fails the batch with nothing ahead
+                    overlap.run_prefills(prefills, self.runner)
+                fed = overlap.prepare(verify, inputs)
                 result = self.runner.run(inputs, fed, overlap.behind)
                 if self.drafter is not None:  # its catch-up and chain, before anything is read
                     try:
-                        self.drafter.launch_ahead(batch, inputs, result)
+                        self.drafter.launch_ahead(verify, inputs, result, overlap.prefill)
                     except Exception as err:  # the verify ran: as a synchronous verify's failed proposal
-                        return self._draft_failed_ahead(batch, inputs, result, err)
+                        return self._draft_failed_ahead(batch, verify, inputs, result, err)
             else:
                 if self.drafter is not None and any(batch.drafts):  # verify rows drawn in the forward
                     ends = inputs.ends
@@ -83,6 +102,8 @@ class StepPipeline:
             if self.drafter is not None and not ahead:  # read the drafts it verifies, now it is queued
                 self.drafter.resolve(batch)
         except Exception as err:  # one forward serves the whole batch: find whose requests it fails
+            if split:
+                overlap.forget_prefills()
             self.scheduler.settle_snapshots(batch, ran=False)
             if self.drafter is not None and self.drafter.pending is not None:
                 try:  # a rerun in halves feeds from the host
@@ -105,18 +126,24 @@ class StepPipeline:
             return settled + self.failures.step_failed(left, err, self.advance)
         self.stats.consecutive_failures = 0
         if ahead:
-            outputs = self.emitter.emit(overlap.launch(batch, inputs, result))
+            outputs = self.emitter.emit(overlap.launch(verify, inputs, result))
             overlap.forget_if_unread()
             return outputs
         return self.advance(batch, inputs, result)
 
     def _draft_failed_ahead(
-        self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult, err: Exception
+        self,
+        batch: ScheduledBatch,
+        verify: ScheduledBatch,
+        inputs: StepInputs,
+        result: StepResult,
+        err: Exception,
     ) -> list[RequestOutput]:
         """A draft forward launched after a verify that ran ahead failed: the step in flight and this
-        verify are read and emitted, then its requests still running fail with the draft model named."""
+        verify (with the prefills beside it) are read and emitted, then the batch's requests still
+        running fail with the draft model named."""
         self.stats.consecutive_failures = 0
-        outputs = self.emitter.emit(self.overlap.launch(batch, inputs, result))
+        outputs = self.emitter.emit(self.overlap.launch(verify, inputs, result))
         outputs += self.emitter.emit(self.overlap.settle())
         self.drafter.pending = None  # (its chain never ran)
         running = [s for s in batch.seqs if s.status is Status.RUNNING]

@@ -15,48 +15,33 @@ its first rejected draft), corrects its computed tokens by the drafts it rejecte
 state slot as the device did, and emits. A sequence that stops
 at N has N + 1 computed and dropped.
 
-A step launches ahead when every sequence verifies k drafts (no prefill, no penalties: the draws are all
-on the device; an oracle forcing the drafts must force them on the device too: Drafter.ahead_oracle), the free KV blocks hold N + 1's rows and chain for every running sequence, no waiting
-request would join it, and its rows stay within max_model_len. Anything else reads the step in flight
-first (settle) and runs as a synchronous verify, whose drafts the chain left on the device for it.
+A step launches ahead when every sequence verifies k drafts or computes known tokens (a prefill chunk),
+none has penalties (the draws are all on the device; an oracle forcing the drafts must force them on
+the device too: Drafter.ahead_oracle), the free KV blocks hold N + 1's rows and chain for every running
+sequence, and its rows stay within max_model_len. Requests that arrive are admitted beside it: their
+chunks run in a forward of their own, launched first, whose final chunks' tokens are drawn on the device
+and read with N + 1; their draft rows and chains follow N + 1's (speculation/prefill_drafts.py), and the
+next verify takes them with no rows to move back (plan.prefills_ahead: one process, no state snapshots
+kept around a chunk). Anything else reads the step in flight first (settle) and runs as a synchronous
+verify, whose drafts the chain left on the device for it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 
-from atom_core.engine.execution.runner import StepResult
-from atom_core.engine.execution.step_inputs import StepInputs
+from atom_core.engine.execution.runner import Runner, StepResult
+from atom_core.engine.execution.step_inputs import StepInputs, prepare_step
 from atom_core.engine.plan import CachePlan
-from atom_core.engine.sampling.sampler import NON_FINITE, SAMPLING_FAILED, LogprobRows, SamplingRows, draw_key
+from atom_core.engine.sampling.sampler import NON_FINITE, SAMPLING_FAILED, SamplingRows, draw_key
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.speculation.drafting import Drafter
+from atom_core.engine.speculation.prefill_drafts import PrefillPart
 from atom_core.engine.steps.async_step import sampled_on_device
 from atom_core.engine.steps.emit import Produced
+from atom_core.engine.steps.in_flight_verify import InFlightVerify
 from atom_core.engine.steps.stats import StepStats
-from atom_core.host_copy import PendingRead
-
-
-@dataclass(slots=True)
-class InFlightVerify:
-    """A verify launched ahead: its sequences (k + 1 rows each), and on their way to the host each row's
-    draw and status, each sequence's accepted drafts, and the logprobs of the rows that asked."""
-
-    seqs: list[Sequence]
-    read: PendingRead  # [2 * S * q + S] int64: draws, statuses, accepted
-    logprobs: LogprobRows | None
-    top: list[int]
-    result: StepResult  # (the next step's rows follow its acceptance)
-
-    @classmethod
-    def launch(cls, seqs: list[Sequence], result: StepResult, rows: SamplingRows) -> InFlightVerify:
-        logprobs = None if result.logprobs is None else result.logprobs.to_host(non_blocking=True)
-        # one copy (after the logprobs': its wait covers both)
-        read = PendingRead(torch.cat([result.tokens.view(-1), result.accepted]))
-        return cls(seqs, read, logprobs, rows.logprobs, result)
 
 
 class SpeculativeAhead:
@@ -68,6 +53,8 @@ class SpeculativeAhead:
         self.k, self.max_model_len = plan.num_speculative_tokens, plan.max_model_len
         self.in_flight: InFlightVerify | None = None
         self.enabled = True
+        self.prefills = plan.prefills_ahead
+        self.prefill: PrefillPart | None = None  # this step's prefill forward, launched before its verify
 
     @property
     def behind(self) -> StepResult | None:
@@ -89,39 +76,101 @@ class SpeculativeAhead:
 
     def continues(self) -> bool:
         """Whether the next verify can launch before the one in flight is read: every running sequence
-        verifies k drafts again (nothing waits to join, nothing needs penalties or the host's tokens),
-        and the free blocks hold each one's verify and chain (no preemption, no dropped draft)."""
-        scheduler, q = self.scheduler, self.k + 1
+        verifies k drafts again or prefills (with prefills_ahead; requests waiting to join too), none
+        needs penalties or the host's tokens, and the free blocks hold each verify and chain and each
+        prefill's rest (no preemption, no dropped draft)."""
+        scheduler, blocks = self.scheduler, self.scheduler.blocks
         running = scheduler.running
-        admits = scheduler.waiting and len(running) < scheduler.config.max_num_seqs
+        admits = bool(scheduler.waiting) and len(running) < scheduler.config.max_num_seqs
+        # (a sequence with nothing on the device and no drafts computes known tokens: a prefill chunk)
+        prefilling = [seq for seq in running if not seq.num_pending and not seq.draft_token_ids]
+        if (admits or prefilling) and not self._prefills_beside():
+            return False
+        return (
+            self.verifiers_continue()
+            and all(self._prefill_fits(seq) for seq in prefilling)
+            and (not admits or all(sampled_on_device(seq.params) for seq in scheduler.waiting))
+            and sum(blocks.blocks_needed(seq, self.k * 2) for seq in self._verifying())
+            + sum(blocks.blocks_needed(seq, seq.num_uncomputed) for seq in prefilling)
+            <= blocks.num_free_blocks
+        )
+
+    def _verifying(self) -> list[Sequence]:
+        return [seq for seq in self.scheduler.running if seq.num_pending or seq.draft_token_ids]
+
+    def verifiers_continue(self) -> bool:
+        """The verifying sequences' part of continues(): each follows the step in flight (its tokens there
+        pending) with k drafts again, and all of them fit the token budget and their verify and chain
+        the free blocks."""
+        verifying, q = self._verifying(), self.k + 1
         return (
             self.enabled
             and self.drafter.forced_on_device
-            and bool(running)
-            and not admits
-            and len(running) * q <= scheduler.config.max_num_batched_tokens
+            and bool(verifying)
+            and len(verifying) * q <= self.scheduler.config.max_num_batched_tokens
             and all(
-                self._fits(seq) and seq.num_uncomputed == 1 and len(seq.draft_token_ids) == self.k
-                for seq in running
+                self._fits(seq)
+                and seq.num_pending
+                and seq.num_uncomputed == 1
+                and len(seq.draft_token_ids) == self.k
+                for seq in verifying
             )
-            and self._chain_blocks(running, q + self.k - 1)
+            and self._chain_blocks(verifying, q + self.k - 1)
         )
+
+    def _prefills_beside(self) -> bool:
+        """Prefill chunks may run beside a verify launched ahead: the plan allows it, and no state
+        snapshot is kept or restored around a chunk (the host copies those around the forward)."""
+        return self.prefills and self.scheduler.blocks.snapshots is None
+
+    @staticmethod
+    def _prefill_fits(seq: Sequence) -> bool:
+        """seq computes known tokens only, and its draw is on the device."""
+        return seq.status is Status.RUNNING and seq.num_pending == 0 and sampled_on_device(seq.params)
 
     def launches_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether this batch is a verify that can run ahead of the host: every sequence verifies k
         drafts after its one known token, and the free blocks hold its chain."""
         q = self.k + 1
+        verifying = [seq for seq, draft in zip(batch.seqs, batch.drafts, strict=True) if draft]
+        prefills = len(verifying) < len(batch.seqs)
         return (
             self.enabled
             and self.drafter.forced_on_device
+            and bool(verifying)
             and not batch.restores
             and not batch.saves
+            and (not prefills or self._prefills_beside())
             and all(
-                n == q and len(draft) == self.k and self._fits(seq)
+                (n == q and len(draft) == self.k and self._fits(seq)) if draft else self._prefill_fits(seq)
                 for seq, n, draft in zip(batch.seqs, batch.num_new_tokens, batch.drafts, strict=True)
             )
-            and self._chain_blocks(batch.seqs, q + self.k - 1)
+            and self._chain_blocks(verifying, q + self.k - 1)
         )
+
+    def split(self, batch: ScheduledBatch) -> tuple[ScheduledBatch, ScheduledBatch | None]:
+        """A batch launching ahead: its verify (the sequences verifying drafts lead it) and its prefill
+        chunks (None when it has none)."""
+        n = sum(bool(draft) for draft in batch.drafts)
+        if n == len(batch.seqs):
+            return batch, None
+
+        def part(rows: slice) -> ScheduledBatch:
+            return ScheduledBatch(batch.seqs[rows], batch.num_new_tokens[rows], batch.drafts[rows])
+
+        return part(slice(0, n)), part(slice(n, None))
+
+    def run_prefills(self, batch: ScheduledBatch, runner: Runner) -> None:
+        """The prefill chunks beside a verify launched ahead, before it: their forward, each final chunk's
+        token drawn on the device (read with the verify). A failure here fails the batch as one forward."""
+        inputs = prepare_step(batch)
+        drawn = [batch.seqs[row] for row in inputs.ends]
+        inputs.sampling = SamplingRows.of(drawn, [len(seq.output_token_ids) for seq in drawn])
+        self.prefill = PrefillPart(batch, inputs, runner.run(inputs))
+
+    def forget_prefills(self) -> None:
+        """The batch failed: its prefills count as never run."""
+        self.prefill = None
 
     def prepare(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
         """Set the step's sampling (every row on the device, with keys for each lag its sequence may
@@ -134,13 +183,14 @@ class SpeculativeAhead:
         inputs.sampling = rows = SamplingRows.of(seqs, positions)
         if self.in_flight is None:  # nothing to follow: the drafts fed from the chain before it
             return self.drafter.feed(batch, inputs)
+        behind = self.in_flight.seqs + self.in_flight.drawn  # (the pending tokens' order)
         # each row's keys at its assumed position and the k before it: row j with lag l draws at j - l
         for i, seq in enumerate(batch.seqs):
             first = positions[i * q]
             earlier = [0] * k if seq.params.greedy else [draw_key(seq, first - k + m) for m in range(k)]
             window = earlier + rows.keys[i * q : i * q + q]  # the keys of first - k .. first + k
             rows.lagged_keys += [window[j + k :: -1][:q] for j in range(q)]
-        row_of = {id(seq): row for row, seq in enumerate(self.in_flight.seqs)}
+        row_of = {id(seq): row for row, seq in enumerate(behind)}
         for i, seq in enumerate(batch.seqs):
             r = row_of[id(seq)]
             inputs.shift_from.append(r)
@@ -157,7 +207,16 @@ class SpeculativeAhead:
         for seq in batch.seqs:
             seq.num_computed_tokens += q
             seq.num_pending += q
-        launched = InFlightVerify.launch(batch.seqs, result, inputs.sampling)
+        part, self.prefill = self.prefill, None
+        if part is not None:
+            for seq, n in zip(part.batch.seqs, part.batch.num_new_tokens, strict=True):
+                seq.num_computed_tokens += n
+                self.scheduler.blocks.register_full_blocks(seq)
+            for seq in part.drawn:
+                seq.num_pending += 1
+            # the next verify's rows of the prefilled sequences follow no acceptance: no lag
+            result.rejected = torch.cat([result.rejected, result.rejected.new_zeros(len(part.drawn))])
+        launched = InFlightVerify.launch(batch.seqs, result, inputs.sampling, part)
         previous, self.in_flight = self.in_flight, launched
         if previous is None:
             return []
@@ -169,7 +228,8 @@ class SpeculativeAhead:
 
     def forget_if_unread(self) -> None:
         """A verify in flight whose sequences all ended is dropped: nobody reads it."""
-        if self.in_flight is not None and not any(s.status is Status.RUNNING for s in self.in_flight.seqs):
+        step = self.in_flight
+        if step is not None and not any(s.status is Status.RUNNING for s in step.seqs + step.drawn):
             self.drop()
 
     def settle(self) -> list[Produced]:
@@ -182,8 +242,8 @@ class SpeculativeAhead:
         computed tokens drop by the drafts it rejected (their KV rows are written again)."""
         k, q = self.k, self.k + 1
         values = step.read.tolist()
-        n = len(step.seqs) * q
-        tokens, status, accepted = values[:n], values[n : 2 * n], values[2 * n :]
+        n, s = len(step.seqs) * q, len(step.seqs)
+        tokens, status, accepted = values[:n], values[n : 2 * n], values[2 * n : 2 * n + s]
         found = {} if step.logprobs is None else step.logprobs.dicts(tokens, step.top)
         produced = []
         for i, seq in enumerate(step.seqs):
@@ -213,4 +273,4 @@ class SpeculativeAhead:
             self.stats.num_verifications += drafted > 0
             emitted = rows[: a + 1]
             produced.append(Produced(seq, [tokens[r] for r in emitted], [found.get(r) for r in emitted]))
-        return produced
+        return produced + step.read_drawn(values[2 * n + s :])

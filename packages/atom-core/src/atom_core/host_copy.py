@@ -16,9 +16,13 @@ def to_device(values: list, dtype: torch.dtype, device: torch.device | str) -> t
     return host_to_device(torch.tensor(values, dtype=dtype), device)
 
 
-def row_index(rows: list[int], device: torch.device | str) -> slice | torch.Tensor:
-    """rows as an index of a tensor's first dimension: a slice (a view, nothing copied) when they are
-    0, 1, ..., n - 1, else an int64 tensor on device."""
+def row_index(rows: list[int], device: torch.device | str, length: int) -> slice | torch.Tensor:
+    """rows as an index of the first dimension of a tensor of `length` rows: a slice (a view, nothing
+    copied) when they are 0, 1, ..., n - 1, else an int64 tensor on device. Rows past the end raise
+    here, as a tensor index would (a slice would cut them off silently)."""
+    if rows and not -length <= min(rows) <= max(rows) < length:
+        bad = next(r for r in rows if not -length <= r < length)
+        raise IndexError(f"row index {bad} is out of range for {length} rows")
     if rows == list(range(len(rows))):
         return slice(0, len(rows))
     return to_device(rows, torch.long, device)

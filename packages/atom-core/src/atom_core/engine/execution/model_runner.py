@@ -225,7 +225,7 @@ class ModelRunner:
             else:
                 lag = source.shift
         if rows is None:  # (a catch-up reads every row of its target step in order: a view)
-            rows = row_index(inputs.hidden_rows, self.device)
+            rows = row_index(inputs.hidden_rows, self.device, source.hidden.shape[0])
         hidden_in = source.hidden[rows]
         graphs = self.graphs.for_draft(inputs) if self.graphs is not None else None
         if graphs is not None:

@@ -100,7 +100,7 @@ def draft_prefills(
         proposed = runner.run_draft(chain, proposed)
         # (an index built on the host and copied without waiting: a pageable copy would wait for the
         # verify and prefills queued before it)
-        columns[row_index(kept, columns.device), j + 1] = proposed.tokens
+        columns[row_index(kept, columns.device, len(drawn)), j + 1] = proposed.tokens
         for i in kept:
             counts[i] += 1
         going = [(i, r) for r, i in enumerate(kept)]

@@ -153,12 +153,17 @@ ENGINE_OPTIONS = {  # every engine option, each away from its default
     "--speculative-config": '{"method": "mtp", "num_speculative_tokens": 2}',
     "--state-snapshots": "3",
     "--state-cache-dtype": "bfloat16",
+    "--generation-config": "vllm",
+    "--tokenizer": "/tok",
+    "--chat-template": "{{ messages }}",
+    "--seed": "5",
 }
 ENGINE_FLAGS = [
     *(part for pair in ENGINE_OPTIONS.items() for part in pair),
     "--enforce-eager",
     "--disable-custom-all-reduce",
     "--no-async-scheduling",
+    "--no-enable-prefix-caching",
 ]
 
 

@@ -8,8 +8,19 @@ from safetensors.torch import load_file, save_file
 
 from atom_core.cli import main
 
-# An address no machine can bind: a case that is not refused fails at once instead of serving forever.
-NO_SERVER = ["--host", "256.0.0.1", "--port", "1"]
+# Any free port: the socket is bound before the model loads; never_serves makes a case that is not refused
+# fail at once instead of serving forever.
+NO_SERVER = ["--host", "127.0.0.1", "--port", "0"]
+
+
+@pytest.fixture(autouse=True)
+def never_serves(monkeypatch):
+    from atom_core.entrypoints.openai.connections import Server
+
+    def run(self, sockets=None):
+        raise AssertionError("the command was not refused: it would serve")
+
+    monkeypatch.setattr(Server, "run", run)
 
 
 @pytest.fixture(scope="module")

@@ -1,5 +1,6 @@
 """`atom serve` on a free localhost port, driven by the official openai client; bad requests get 400."""
 
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
@@ -81,10 +82,57 @@ def test_n_choices(client):
     assert all(c.finish_reason == "length" for c in out.choices)
 
 
+def test_a_list_of_prompts_gets_a_choice_per_prompt_and_sample_streaming_and_not(client, offline):
+    """OpenAI's batched completions: strings or token lists; choice i * n + j is prompt i's sample j;
+    usage counts every prompt; the stream's text per choice equals the whole answer's."""
+    texts = ["Paged attention keeps the", "The quick brown fox"]
+    greedy = SamplingParams(temperature=0, max_tokens=6)
+    expected = [o.outputs[0] for o in offline.generate(texts, greedy)]
+    prompt_ids = [o.prompt_token_ids for o in offline.generate(texts, greedy)]
+    for prompt in (texts, prompt_ids):
+        whole = client.completions.create(model="atom-demo", prompt=prompt, max_tokens=6, temperature=0, n=2)
+        assert [c.index for c in sorted(whole.choices, key=lambda c: c.index)] == [0, 1, 2, 3]
+        by_index = {c.index: c.text for c in whole.choices}
+        assert [by_index[i] for i in range(4)] == [e.text for e in expected for _ in range(2)]
+        assert whole.usage.prompt_tokens == sum(map(len, prompt_ids))
+        assert whole.usage.completion_tokens == 2 * sum(len(e.token_ids) for e in expected)
+    chunks = list(
+        client.completions.create(
+            model="atom-demo",
+            prompt=texts,
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    streamed = {}
+    for chunk in chunks:
+        for c in chunk.choices:
+            streamed[c.index] = streamed.get(c.index, "") + c.text
+    assert streamed == {0: expected[0].text, 1: expected[1].text}
+    assert chunks[-1].usage.prompt_tokens == sum(map(len, prompt_ids))
+
+
+def test_a_bad_prompt_in_a_list_names_it_and_runs_none(server):
+    body = {"model": "atom-demo", "prompt": ["fine", "word " * 200], "max_tokens": 4}
+    r = httpx.post(
+        f"{server[0]}/v1/completions", json=body, headers={"Authorization": f"Bearer {KEY}"}, timeout=30
+    )
+    assert r.status_code == 400 and r.json()["error"]["message"].startswith("prompt 1: "), r.text
+    # the first prompt, admitted before, is dropped with it (by the engine thread, before its next step)
+    deadline = time.monotonic() + 10
+    while httpx.get(f"{server[0]}/health", timeout=10).json()["requests"] and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert httpx.get(f"{server[0]}/health", timeout=10).json()["requests"] == 0
+
+
 @pytest.mark.parametrize(
     ("body", "message"),
     [
         ({"model": "atom-demo"}, "prompt"),
+        ({"model": "atom-demo", "prompt": ["a"] * 65}, "at most 64 are accepted"),
+        ({"model": "atom-demo", "prompt": ["a", "b"], "echo": True}, "echo with a list of prompts"),
         ({"model": "atom-demo", "prompt": "x", "max_tokens": -3}, "max_tokens"),
         ({"model": "atom-demo", "prompt": "x", "temperature": -1}, "temperature"),
         ({"model": "atom-demo", "prompt": "word " * 200, "max_tokens": 8}, "max_model_len"),
@@ -133,3 +181,16 @@ def test_good_requests_finish_while_bad_ones_fail(server, client):
         assert [f.result() for f in goods] == ["length"] * 6
         assert [f.result() for f in bads] == [400] * 4
     assert httpx.get(f"{server[0]}/health").status_code == 200
+
+
+def test_the_startup_block_says_what_is_served_and_where_then_ready(server):
+    base, cache = server
+    port = base.rsplit(":", 1)[1]
+    log = (cache / f"server-{port}.log").read_text()
+    block = [line.split("atom.server: ", 1)[1] for line in log.splitlines() if "atom.server: " in line]
+    assert block[0].startswith("model atom-demo: LlamaForCausalLM from "), log
+    assert block[1].startswith("dtype ") and ", device cpu, weights " in block[1], log
+    assert block[2].startswith("KV cache: 96 blocks of 16 tokens (1536 tokens), max_model_len 128"), log
+    ready = [line for line in block if line.startswith("ready:")]
+    assert ready == [f"ready: serving atom-demo at {base}/v1"], log
+    assert block.index(ready[0]) > 2  # after the block, before any request line

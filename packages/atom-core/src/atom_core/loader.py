@@ -240,6 +240,16 @@ def _too_big(
     return message
 
 
+def parameter_bytes(*models: nn.Module | None) -> int:
+    """Bytes of the models' parameters on this process, each storage counted once (a draft shares its
+    target's embedding and head)."""
+    seen: dict[int, int] = {}
+    for model in models:
+        for param in model.parameters() if model is not None else ():
+            seen[param.data_ptr()] = _nbytes(param)
+    return sum(seen.values())
+
+
 def _nbytes(t: torch.Tensor) -> int:
     return t.numel() * t.element_size()
 

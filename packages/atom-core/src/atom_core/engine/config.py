@@ -47,7 +47,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     device: str | None = None  # cpu or cuda; None: cuda if available
     kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
-    gpu_memory_utilization: float = 0.9  # the share of free GPU memory the KV cache may take
+    # the share of the GPU's total memory the engine may use, weights and KV cache together (vLLM's meaning);
+    # the KV cache takes what the weights and anything else on the device leave of it
+    gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
     disable_custom_all_reduce: bool = (
         False  # tensor parallel: NCCL for every all-reduce (no peer-memory kernel)
@@ -61,6 +63,17 @@ class EngineConfig:
     # launch step k+1 before reading step k's tokens, which are sampled on the device
     # (engine/steps/async_step.py), so the host's work between steps overlaps the GPU's; None: on for CUDA
     async_scheduling: bool | None = None
+    # sampling defaults for fields a request leaves unset (engine/generation_defaults.py): "auto", the
+    # checkpoint's generation_config.json; "vllm", none; or a directory holding a generation_config.json
+    generation_config: str = "auto"
+    tokenizer: str | Path | None = None  # a tokenizer dir other than the checkpoint's (vLLM's `tokenizer`)
+    # the chat template (a file, or the Jinja text itself) in place of the tokenizer's own, or for one that
+    # has none
+    chat_template: str | Path | None = None
+    # seeds every request that brings no seed of its own (one generator an engine): a run repeats its
+    # sampled output; None: torch's global generator (torch.manual_seed repeats a run)
+    seed: int | None = None
+    enable_prefix_caching: bool | None = None  # None: on where the model allows it; False: off
 
     def __post_init__(self):
         from atom_core.config import ConfigError
@@ -93,6 +106,8 @@ class EngineConfig:
             or self.state_snapshots < 0
         ):
             raise ConfigError(f"state_snapshots must be a non-negative integer, got {self.state_snapshots!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise ConfigError(f"seed must be an integer, got {self.seed!r}")
         if self.max_model_len is not None and (
             isinstance(self.max_model_len, bool)
             or not isinstance(self.max_model_len, int)
@@ -141,21 +156,59 @@ class EngineConfig:
         group.add_argument(
             "--model", type=Path, default=None, help="HF checkpoint dir; default: built-in demo"
         )
-        group.add_argument("--dtype", default=d.dtype, choices=["auto", "float32", "float16", "bfloat16"])
-        group.add_argument("--load-format", default=d.load_format, choices=LOAD_FORMATS)
+        group.add_argument(
+            "--dtype",
+            default=d.dtype,
+            choices=["auto", "float32", "float16", "bfloat16"],
+            help="weights' and activations' dtype (auto: the checkpoint's torch_dtype)",
+        )
+        group.add_argument(
+            "--load-format",
+            default=d.load_format,
+            choices=LOAD_FORMATS,
+            help="dummy: random weights at the checkpoint's shapes (benchmarks), no weight files read",
+        )
         group.add_argument("--max-model-len", type=int, default=None, help="default: the model's limit")
-        group.add_argument("--tensor-parallel-size", type=int, default=d.tensor_parallel_size)
+        group.add_argument(
+            "--tensor-parallel-size",
+            type=int,
+            default=d.tensor_parallel_size,
+            help="GPUs the model is split over",
+        )
         group.add_argument("--block-size", type=int, default=d.block_size, help="tokens per KV page")
         group.add_argument("--num-kv-blocks", type=int, default=None, help="default: sized from free memory")
-        group.add_argument("--kv-cache-dtype", default=d.kv_cache_dtype, choices=["auto", "fp8"])
-        group.add_argument("--kv-layout", default=d.kv_layout, choices=["flash", "shuffle"])
-        group.add_argument("--max-num-seqs", type=int, default=d.max_num_seqs)
-        group.add_argument("--max-num-batched-tokens", type=int, default=d.max_num_batched_tokens)
+        group.add_argument(
+            "--kv-cache-dtype",
+            default=d.kv_cache_dtype,
+            choices=["auto", "fp8"],
+            help="auto: the model's dtype; fp8: e4m3 with per-tensor scales",
+        )
+        group.add_argument(
+            "--kv-layout",
+            default=d.kv_layout,
+            choices=["flash", "shuffle"],
+            help="the paged KV cache's memory layout (shuffle: the one AMD's decode kernels read)",
+        )
+        group.add_argument(
+            "--max-num-seqs", type=int, default=d.max_num_seqs, help="sequences running at once, at most"
+        )
+        group.add_argument(
+            "--max-num-batched-tokens",
+            type=int,
+            default=d.max_num_batched_tokens,
+            help="tokens one step computes, at most (longer prompts are prefilled in chunks)",
+        )
         group.add_argument("--device", default=None, help="cpu or cuda (default: cuda if available)")
         group.add_argument(
             "--kernel-backend", default=None, choices=KERNEL_BACKENDS, help="default: by device"
         )
-        group.add_argument("--gpu-memory-utilization", type=float, default=d.gpu_memory_utilization)
+        group.add_argument(
+            "--gpu-memory-utilization",
+            type=float,
+            default=d.gpu_memory_utilization,
+            help="share of the GPU's total memory the engine may use, weights and KV cache together "
+            "(as vLLM's); the KV cache takes what is left",
+        )
         group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
         group.add_argument(
             "--disable-custom-all-reduce",
@@ -179,6 +232,32 @@ class EngineConfig:
             action=argparse.BooleanOptionalAction,
             default=None,
             help="launch each step before the last one's tokens reach the host (default: on for CUDA)",
+        )
+        group.add_argument(
+            "--generation-config",
+            default=d.generation_config,
+            help="sampling defaults for what a request leaves unset: auto (the checkpoint's "
+            "generation_config.json, as vLLM), vllm (none), or a directory holding one",
+        )
+        group.add_argument(
+            "--tokenizer", type=Path, default=None, help="a tokenizer dir (default: the model's)"
+        )
+        group.add_argument(
+            "--chat-template",
+            default=None,
+            help="a chat template file, or the Jinja text itself (default: the tokenizer's own)",
+        )
+        group.add_argument(
+            "--seed",
+            type=int,
+            default=None,
+            help="seeds every request that gives no seed of its own: sampled output repeats run to run",
+        )
+        group.add_argument(
+            "--enable-prefix-caching",
+            action=argparse.BooleanOptionalAction,
+            default=None,
+            help="reuse the KV cache of prompts' shared prefixes (default: on where the model allows it)",
         )
         group.add_argument(
             "--speculative-config",

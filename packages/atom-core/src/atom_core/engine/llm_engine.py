@@ -8,15 +8,18 @@ into tokens and outputs through one emit stage.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import logging
+import random
 from pathlib import Path
 
-from atom_core.config import ModelConfig, ParallelConfig
+from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.runner import Runner
 from atom_core.engine.execution.tensor_parallel import TensorParallelRunner
+from atom_core.engine.generation_defaults import described, generation_defaults
 from atom_core.engine.outputs import RequestOutput
 from atom_core.engine.plan import check_max_model_len
 from atom_core.engine.sampling_params import SamplingParams
@@ -29,6 +32,7 @@ from atom_core.engine.steps.pipeline import StepPipeline
 from atom_core.engine.steps.requests import Request, RequestTable
 from atom_core.engine.steps.stats import StepStats
 from atom_core.engine.steps.stop_check import StopCheck
+from atom_core.engine.text.chat_template import chat_template_text
 from atom_core.engine.tokenizing import Prompt, Tokenizing
 
 __all__ = ["LLMEngine", "Prompt"]
@@ -47,7 +51,21 @@ class LLMEngine:
 
             model = ensure_demo_checkpoint(log=lambda _: None)
         self.model_config = ModelConfig.from_pretrained(model, dtype=config.dtype)
+        # a request's unset sampling fields take these (checked before anything loads)
+        self.generation_defaults = generation_defaults(self.model_config, config.generation_config)
+        if self.generation_defaults:
+            logger.info(
+                "sampling defaults from the checkpoint's generation config: %s (generation_config='vllm' "
+                "ignores them)",
+                described(self.generation_defaults),
+            )
         check_max_model_len(config.max_model_len, self.model_config)  # before loading anything
+        tokenizer_dir = Path(config.tokenizer).expanduser() if config.tokenizer is not None else Path(model)
+        if not tokenizer_dir.is_dir():  # (the paths are checked before anything loads)
+            raise ConfigError(f"tokenizer {config.tokenizer}: no such directory")
+        template = chat_template_text(config.chat_template)
+        # requests that bring no seed take one from here (config.seed), or from torch's generator
+        self._seeds = random.Random(config.seed) if config.seed is not None else None
         self.device = config.torch_device()
         self.runner: Runner = (
             TensorParallelRunner(self.model_config, config, device=self.device)
@@ -62,8 +80,10 @@ class LLMEngine:
         self.drafter = (
             None if plan.num_speculative_tokens == 0 else Drafter(self.runner, self.scheduler, plan)
         )
-        self.tokenizing = Tokenizing(Path(model), self.model_config, self.max_model_len)
+        self.tokenizing = Tokenizing(tokenizer_dir, self.model_config, self.max_model_len)
         self.tokenizer, self.eos_token_ids = self.tokenizing.tokenizer, self.tokenizing.eos_token_ids
+        if template is not None and self.tokenizer is not None:
+            self.tokenizer.chat_template = template
         self.requests = RequestTable(self.scheduler)
         self.stats = StepStats()
         stop_check = StopCheck(self.tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler)
@@ -96,6 +116,8 @@ class LLMEngine:
         """Validate the whole request, then queue all its samples: a request that raises ValueError
         left nothing behind."""
         params = params or SamplingParams()
+        if params.seed is None and self._seeds is not None:
+            params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
         text, ids = self.tokenize(prompt)
         vocab = self.model_config.vocab_size
         if not ids:

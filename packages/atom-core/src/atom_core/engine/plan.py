@@ -100,10 +100,20 @@ def plan_engine(
     k = spec.num_speculative_tokens if spec is not None else 0
     state = STATE in kinds
     per_seq = 1 + k if state else 0
+    wanted = engine.enable_prefix_caching
+    # (without prefix caching a state model keeps no snapshots, unless asked for them)
+    default_snapshots = engine.max_num_seqs if wanted is not False else 0
     snapshots = (
-        (engine.max_num_seqs if engine.state_snapshots is None else engine.state_snapshots) if state else 0
+        (default_snapshots if engine.state_snapshots is None else engine.state_snapshots) if state else 0
     )
-    if state and snapshots == 0:
+    if wanted is False:
+        off.append(("prefix caching", "enable_prefix_caching=False"))
+    elif state and snapshots == 0:
+        if wanted:
+            raise ConfigError(
+                "enable_prefix_caching=True: a model with state layers resumes a prefix from a state "
+                "snapshot, and state_snapshots=0 keeps none"
+            )
         off.append(("prefix caching", "state layers resume a prefix from a snapshot; state_snapshots=0"))
     num_blocks = engine.num_kv_blocks or fit_blocks(engine.max_num_seqs * per_seq + snapshots)
     max_model_len = _fit_max_model_len(
@@ -126,7 +136,7 @@ def plan_engine(
         num_speculative_tokens=k,
         state_slots_per_seq=per_seq,
         snapshot_slots=snapshots,
-        prefix_caching=not state or snapshots > 0,
+        prefix_caching=wanted is not False and (not state or snapshots > 0),
         async_scheduling=async_off is None,
         graph_sizes=() if graphs_off else _graph_sizes(engine.max_num_seqs),
         off=tuple(off),

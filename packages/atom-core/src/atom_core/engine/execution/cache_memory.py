@@ -23,12 +23,21 @@ def blocks_that_fit(
     fraction: float,
     state_rows: int,
 ) -> int:
-    """Blocks of every paged layer in paged_specs (the target's and its draft's) that fit in `fraction` of
-    the device's free memory (CPU_KV_BYTES on the CPU), after state_rows rows of state_specs' layers."""
+    """Blocks of every paged layer in paged_specs (the target's and its draft's) that fit, after state_rows
+    rows of state_specs' layers, in what is left of `fraction` of the device's total memory once the memory
+    in use now (the weights, anything else on the device) is counted, as vLLM's gpu_memory_utilization
+    means it (CPU_KV_BYTES on the CPU)."""
     per_block = bytes_per_block(paged_specs, cache, dtype=dtype, device=device)
     if device.type == "cuda":
-        free, _ = torch.cuda.mem_get_info(device)
-        available = int(free * fraction)
+        free, total = torch.cuda.mem_get_info(device)
+        available = int(total * fraction) - (total - free)
+        if available <= 0:
+            gib = 1 << 30
+            raise ValueError(
+                f"gpu_memory_utilization {fraction} allows {total * fraction / gib:.1f} GiB of the device's "
+                f"{total / gib:.1f} GiB, but {(total - free) / gib:.1f} GiB are in use already (weights and "
+                "other processes): raise it, or free the device"
+            )
     else:
         available = CPU_KV_BYTES
     available -= state_rows * bytes_per_slot(state_specs, dtype=dtype)

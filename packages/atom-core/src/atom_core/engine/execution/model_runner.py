@@ -25,7 +25,7 @@ from atom_core.engine.plan import plan_engine
 from atom_core.engine.sampling.sampler import sample_rows
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.host_copy import row_index, to_device
-from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint
+from atom_core.loader import build_draft, build_model, draft_class_for, load_checkpoint, parameter_bytes
 from atom_kernels.sampling import accepted_drafts, greedy_tokens
 
 
@@ -69,6 +69,7 @@ class ModelRunner:
                     f"{model_config.architecture}'s draft has {sorted(metadata_kinds(self.draft_specs))} "
                     "caches: speculative decoding supports drafts with paged caches only"
                 )
+        self.weight_bytes = parameter_bytes(self.model, self.draft)  # (what the startup log reports)
 
         def fit_blocks(state_rows: int) -> int:
             blocks = blocks_that_fit(

@@ -60,6 +60,7 @@ class Runner(Protocol):
     """The engine's view of whatever runs the model."""
 
     plan: CachePlan
+    weight_bytes: int  # the model's (and its draft's) parameters on this process's device
 
     def run(
         self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None

@@ -141,6 +141,7 @@ class TensorParallelRunner:
             control_group=self.control,
         )
         self.plan = self.runner.plan
+        self.weight_bytes = self.runner.weight_bytes  # (rank 0's: every rank holds as much)
 
     def run(
         self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None

@@ -193,10 +193,17 @@ class Server(uvicorn.Server):
         shutdown_timeout: float,
         closing: Callable[[], None] = lambda: None,
         end_requests: Callable[[], None] = lambda: None,
+        on_ready: Callable[[], None] = lambda: None,
     ):
         super().__init__(config)
         self.shutdown_timeout, self.closing, self.end_requests = shutdown_timeout, closing, end_requests
+        self.on_ready = on_ready
         self.end_now = False
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if self.started:  # listening: requests are accepted from now on
+            self.on_ready()
 
     def handle_exit(self, sig: int, frame) -> None:
         # a signal handler: it only sets flags (ending the requests takes locks the loop may hold)
@@ -241,8 +248,10 @@ def make_server(
     limits: ServerLimits,
     closing: Callable[[], None] = lambda: None,
     end_requests: Callable[[], None] = lambda: None,
+    on_ready: Callable[[], None] = lambda: None,
 ) -> Server:
-    """closing: new requests are refused from now on; end_requests: end every request still running."""
+    """closing: new requests are refused from now on; end_requests: end every request still running;
+    on_ready: the server listens."""
     config = uvicorn.Config(
         app,
         host=host,
@@ -252,4 +261,4 @@ def make_server(
         timeout_keep_alive=limits.keep_alive_timeout,
         timeout_graceful_shutdown=limits.shutdown_timeout + CANCEL_GRACE,
     )
-    return Server(config, limits.shutdown_timeout, closing, end_requests)
+    return Server(config, limits.shutdown_timeout, closing, end_requests, on_ready)

@@ -1,7 +1,8 @@
 """One generation request, from the engine to its answer: admitted first (bad input is refused there,
-before any byte is sent), then either streamed as server-sent events (the engine sends deltas) or
-collected whole (the engine sends only the final output). A collecting request whose client leaves is
-aborted rather than left to run for nobody. Large answers are serialised off the event loop."""
+before any byte is sent; a completion's prompts all or none), then either streamed as server-sent
+events (the engine sends deltas) or collected whole (the engine sends only the final output). A
+collecting request whose client leaves is aborted rather than left to run for nobody. Large answers are
+serialised off the event loop."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import asyncio
 import json
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 from fastapi import Request
 from fastapi.responses import Response, StreamingResponse
@@ -19,6 +20,7 @@ from atom_core.engine.llm_engine import Prompt
 from atom_core.engine.outputs import OutputKind, RequestOutput
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.entrypoints.openai.errors import ENDED, ApiError, engine_failure
+from atom_core.entrypoints.openai.prompt_batch import merged_final, merged_outputs
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.openai.responses import Formatter
 from atom_core.entrypoints.openai.streaming import event_stream
@@ -30,41 +32,55 @@ async def generate(
     engine: AsyncEngine,
     request: Request,
     body: CompletionRequest | ChatCompletionRequest,
-    prompt: Prompt,
+    prompts: list[Prompt],
     params: SamplingParams,
     formatter_for: FormatterFor,
 ) -> Response | StreamingResponse:
+    """One answer for `prompts` (a completion may carry several: prompt_batch.py), each an engine request."""
     kind = "chatcmpl" if isinstance(body, ChatCompletionRequest) else "cmpl"
     request_id = f"{kind}-{uuid.uuid4().hex}"
     fmt = formatter_for(request_id, int(time.time()))
     # a stream sends what is new at each step; a whole answer needs only the final output
     params.output_kind = OutputKind.DELTA if body.stream else OutputKind.FINAL_ONLY
+    ids = [request_id] if len(prompts) == 1 else [f"{request_id}-{i}" for i in range(len(prompts))]
+    streams = []
     try:
-        stream = await engine.add(prompt, params, request_id)  # bad input raises here, before any byte
-    except ValueError as err:
-        raise ApiError(400, str(err)) from err
-    except (EngineDead, ShuttingDown) as err:
-        raise engine_failure(err) from err
-    outputs = engine.outputs(stream, request_id)
+        for prompt, rid in zip(prompts, ids, strict=True):  # bad input raises here, before any byte
+            streams.append(await engine.add(prompt, params, rid))
+    except BaseException as err:
+        for rid in ids[: len(streams)]:  # (the prompts admitted before it)
+            engine.abort(rid)
+        where = f"prompt {len(streams)}: " if len(prompts) > 1 else ""
+        if isinstance(err, ValueError):
+            raise ApiError(400, f"{where}{err}") from err
+        if isinstance(err, EngineDead | ShuttingDown):
+            raise engine_failure(err) from err
+        raise
+    outputs = [engine.outputs(stream, rid) for stream, rid in zip(streams, ids, strict=True)]
     try:
         if body.stream:
-            first = await anext(outputs)  # a request failing at once gets its status, not an event
-            return event_stream(first, outputs, fmt, include_usage=body.include_usage)
-        final = await _collect_while_connected(request, outputs)
-    except ENDED as err:
-        raise engine_failure(err) from err
-    except BaseException:
-        engine.abort(request_id)  # never read: nothing else would tell the engine
+            merged = outputs[0] if len(outputs) == 1 else merged_outputs(outputs, params.n)
+            first = await anext(merged)  # a request failing at once gets its status, not an event
+            return event_stream(first, merged, fmt, include_usage=body.include_usage)
+        finals = await _collect_while_connected(request, asyncio.gather(*(_last(o) for o in outputs)))
+    except BaseException as err:
+        for rid in ids:  # never read (or one prompt failed): nothing else would tell the engine
+            engine.abort(rid)
+        if isinstance(err, ENDED):
+            raise engine_failure(err) from err
         raise
+    final = finals[0] if len(finals) == 1 else merged_final(finals, params.n)
     return await json_response(fmt.full(final), size=sum(len(c.token_ids) for c in final.outputs))
 
 
-async def _collect_while_connected(request: Request, stream: AsyncIterator[RequestOutput]) -> RequestOutput:
-    """The request's final output; 499 if the client leaves first."""
-    collect = asyncio.ensure_future(_last(stream))
+async def _collect_while_connected(
+    request: Request, finals: Awaitable[list[RequestOutput]]
+) -> list[RequestOutput]:
+    """The requests' final outputs; 499 if the client leaves first."""
+    collect = asyncio.ensure_future(finals)
     gone = asyncio.ensure_future(_client_gone(request))
     await asyncio.wait({collect, gone}, return_when=asyncio.FIRST_COMPLETED)
-    if not collect.done():  # the client left: stop the work (the stream's close aborts the request)
+    if not collect.done():  # the client left: stop the work (each stream's close aborts its request)
         collect.cancel()
         await asyncio.gather(collect, return_exceptions=True)
         raise ApiError(499, "the client closed the connection")

@@ -14,6 +14,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 from atom_core.engine.sampling_params import SamplingParams
 
 MAX_N = 16
+MAX_PROMPTS = 64  # a completion's list of prompts, each its own engine request
+MAX_CHOICES = 256  # prompts x n: what one request may put in the engine at once
 # far above what a real conversation sends: bounds what one request makes the tokenizer thread do
 MAX_MESSAGES = 4096
 MAX_CONTENT_PARTS = 1024  # per message
@@ -56,22 +58,29 @@ class _Request(BaseModel):
     user: Text | None = None  # the caller's end-user id: metadata, it changes no answer
     logit_bias: dict[str, float] | None = None
 
-    def sampling_params(self, max_tokens: int, logprobs: int | None) -> SamplingParams:
+    def sampling_params(
+        self, max_tokens: int, logprobs: int | None, defaults: dict | None = None
+    ) -> SamplingParams:
+        """defaults: the checkpoint's sampling defaults (engine/generation_defaults.py), for the fields
+        this request leaves unset."""
         if self.n > MAX_N:
             raise ValueError(f"n must be at most {MAX_N}")
         if self.logit_bias:
             raise ValueError("logit_bias is not supported")
         if self.stream_options is not None and not self.stream:
             raise ValueError("stream_options is only allowed with stream: true")
+        unset = {
+            k: v for k, v in (defaults or {}).items() if k != "max_tokens" and k not in self.model_fields_set
+        }
         return SamplingParams(
             n=self.n,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k,
-            min_p=self.min_p,
+            temperature=unset.get("temperature", self.temperature),
+            top_p=unset.get("top_p", self.top_p),
+            top_k=unset.get("top_k", self.top_k),
+            min_p=unset.get("min_p", self.min_p),
             presence_penalty=self.presence_penalty,
             frequency_penalty=self.frequency_penalty,
-            repetition_penalty=self.repetition_penalty,
+            repetition_penalty=unset.get("repetition_penalty", self.repetition_penalty),
             seed=self.seed,
             max_tokens=max_tokens,
             stop=self.stop,
@@ -86,21 +95,41 @@ class _Request(BaseModel):
 
 
 class CompletionRequest(_Request):
-    prompt: Text | list[int]
+    # one prompt (text or token ids) or a list of them (prompt_batch.py)
+    prompt: Text | list[int] | list[Text] | list[list[int]]
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
     suffix: Text | None = None
     best_of: int | None = None
 
-    def checked_params(self) -> SamplingParams:
+    def prompts(self) -> list[str | dict]:
+        """Each prompt as the engine takes it: text, or {"prompt_token_ids": [...]}."""
+        many = isinstance(self.prompt, list) and self.prompt and not isinstance(self.prompt[0], int)
+        prompts = self.prompt if many else [self.prompt]
+        return [p if isinstance(p, str) else {"prompt_token_ids": p} for p in prompts]
+
+    def checked_params(self, defaults: dict | None = None) -> SamplingParams:
+        """defaults: the checkpoint's sampling defaults, for the fields left unset (max_tokens too)."""
+        count = len(self.prompts())
+        if count > MAX_PROMPTS:
+            raise ValueError(f"prompt holds {count} prompts: at most {MAX_PROMPTS} are accepted")
+        if count > 1 and count * self.n > MAX_CHOICES:  # (one prompt: n's own bound)
+            raise ValueError(
+                f"{count} prompts x n={self.n} is {count * self.n} choices: at most {MAX_CHOICES}"
+            )
+        if self.echo and count > 1:
+            raise ValueError("echo with a list of prompts is not supported: send them one at a time")
         if self.suffix:
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (other than equal to n)")
         if self.echo and self.logprobs is not None:
             raise ValueError("echo with logprobs is not supported (it needs the prompt's logprobs)")
-        return self.sampling_params(16 if self.max_tokens is None else self.max_tokens, self.logprobs)
+        budget = (
+            self.max_tokens if "max_tokens" in self.model_fields_set else (defaults or {}).get("max_tokens")
+        )
+        return self.sampling_params(16 if budget is None else budget, self.logprobs, defaults)
 
 
 class TextPart(BaseModel):
@@ -143,8 +172,9 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = None
 
-    def checked_params(self, room: int) -> SamplingParams:
-        """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's)."""
+    def checked_params(self, room: int, defaults: dict | None = None) -> SamplingParams:
+        """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's, capped by
+        the checkpoint's max_new_tokens); defaults: the checkpoint's sampling defaults, for unset fields."""
         if (
             None not in (self.max_tokens, self.max_completion_tokens)
             and self.max_tokens != self.max_completion_tokens
@@ -153,6 +183,6 @@ class ChatCompletionRequest(_Request):
         if self.top_logprobs is not None and not self.logprobs:
             raise ValueError("top_logprobs needs logprobs: true")
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
-        return self.sampling_params(
-            max(room, 1) if budget is None else budget, (self.top_logprobs or 0) if self.logprobs else None
-        )
+        if budget is None:
+            budget = min(max(room, 1), (defaults or {}).get("max_tokens", max(room, 1)))
+        return self.sampling_params(budget, (self.top_logprobs or 0) if self.logprobs else None, defaults)

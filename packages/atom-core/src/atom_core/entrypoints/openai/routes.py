@@ -73,11 +73,12 @@ async def completions(request: Request) -> Response | StreamingResponse:
     body = await _parse(request, CompletionRequest)
     state = server_state(request)
     check_model(body.model, state.model_name)
-    params = completion_params(body)
-    prompt = {"prompt_token_ids": body.prompt} if isinstance(body.prompt, list) else body.prompt
-    echo = await _as_text(state.engine, body.prompt) if body.echo else ""
+    params = completion_params(body, state.engine.engine.generation_defaults)
+    prompts = body.prompts()
+    first = prompts[0] if isinstance(prompts[0], str) else prompts[0]["prompt_token_ids"]
+    echo = await _as_text(state.engine, first) if body.echo else ""  # (one prompt: checked_params)
     formatter_for = _formatter_for(state, params, chat=False, echo=echo)
-    return await generate(state.engine, request, body, prompt, params, formatter_for)
+    return await generate(state.engine, request, body, prompts, params, formatter_for)
 
 
 @router.post("/v1/chat/completions", response_model=None)
@@ -87,7 +88,7 @@ async def chat(request: Request) -> Response | StreamingResponse:
     check_model(body.model, state.model_name)
     ids, params = await chat_prompt(state.engine, body)
     formatter_for = _formatter_for(state, params, chat=True)
-    return await generate(state.engine, request, body, {"prompt_token_ids": ids}, params, formatter_for)
+    return await generate(state.engine, request, body, [{"prompt_token_ids": ids}], params, formatter_for)
 
 
 def _formatter_for(state: ServerState, params: SamplingParams, *, chat: bool, echo: str = "") -> FormatterFor:

@@ -34,6 +34,7 @@ async def stream_events(
     out = first
     try:
         while True:
+            prompt_tokens = len(out.prompt_token_ids)  # (a batch's grows as its prompts report)
             choices = []
             for c in out.outputs:
                 if c.index in done or (not c.text and not c.token_ids and c.finish_reason is None):
@@ -52,7 +53,7 @@ async def stream_events(
             if out is None:
                 break
         if include_usage:
-            yield fmt.chunk([], usage_counts(len(first.prompt_token_ids), sum(sent_tokens.values())))
+            yield fmt.chunk([], usage_counts(prompt_tokens, sum(sent_tokens.values())))
     except ENDED as err:
         api = engine_failure(err)
         yield f"data: {json.dumps(error_body(api.status, api.message, api.kind))}\n\n"

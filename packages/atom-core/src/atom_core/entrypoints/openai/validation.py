@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.sampling_params import SamplingParams
-from atom_core.entrypoints.openai.chat import chat_prompt_ids
+from atom_core.engine.text.chat_template import chat_prompt_ids
 from atom_core.entrypoints.openai.errors import ApiError
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
@@ -19,9 +19,10 @@ def check_model(asked: str | None, served: str) -> None:
         )
 
 
-def completion_params(body: CompletionRequest) -> SamplingParams:
+def completion_params(body: CompletionRequest, defaults: dict) -> SamplingParams:
+    """defaults: the checkpoint's sampling defaults (LLMEngine.generation_defaults), for unset fields."""
     try:
-        return body.checked_params()
+        return body.checked_params(defaults)
     except ValueError as err:
         raise ApiError(400, str(err)) from err
 
@@ -41,6 +42,7 @@ async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple
         )
     try:
         ids = await engine.run_tokenizer(chat_prompt_ids, tokenizer, messages)
-        return ids, body.checked_params(room=engine.engine.max_model_len - len(ids))
+        room = engine.engine.max_model_len - len(ids)
+        return ids, body.checked_params(room=room, defaults=engine.engine.generation_defaults)
     except ValueError as err:
         raise ApiError(400, str(err)) from err

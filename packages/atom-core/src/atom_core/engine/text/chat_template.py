@@ -10,21 +10,29 @@ is tokenized whole, exactly as transformers' apply_chat_template(tokenize=True) 
 from __future__ import annotations
 
 import re
+from pathlib import Path
+
+from atom_core.config import ConfigError
 
 _MARK = "\ue000{}\ue001"  # private-use characters around a message's index
 _SPLIT = re.compile("\ue000(\\d+)\ue001")
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
-    """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended."""
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError("this model has no chat template")
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], template: str | None = None) -> list[int]:
+    """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended.
+    template: Jinja text used instead of the tokenizer's own chat template."""
+    if template is None and not getattr(tokenizer, "chat_template", None):
+        raise ValueError("this model has no chat template: give one (--chat-template, chat_template=)")
     controls = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t]
     if not any(t in m["content"] for m in messages for t in controls):
-        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = tokenizer.apply_chat_template(
+            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+        )
         return tokenizer(text, add_special_tokens=False).input_ids
     marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
-    rendered = tokenizer.apply_chat_template(marked, tokenize=False, add_generation_prompt=True)
+    rendered = tokenizer.apply_chat_template(
+        marked, chat_template=template, tokenize=False, add_generation_prompt=True
+    )
     ids: list[int] = []
     for i, piece in enumerate(_SPLIT.split(rendered)):
         if i % 2 == 0:  # the template's own text, control tokens included
@@ -33,3 +41,16 @@ def chat_prompt_ids(tokenizer, messages: list[dict[str, str]]) -> list[int]:
             content = messages[int(piece)]["content"]
             ids += tokenizer(content, add_special_tokens=False, split_special_tokens=True).input_ids
     return ids
+
+
+def chat_template_text(given: str | Path | None) -> str | None:
+    """The chat template an engine was given (vLLM's --chat-template): a file's text, or the Jinja text
+    itself; None when none was given. Anything else is refused by name before the model loads."""
+    if given is None:
+        return None
+    path = Path(given).expanduser()
+    if len(str(given)) < 4096 and path.is_file():
+        return path.read_text()
+    if isinstance(given, str) and ("{{" in given or "{%" in given):
+        return given
+    raise ConfigError(f"chat_template {str(given)[:80]!r}: no such file, and not a Jinja template")

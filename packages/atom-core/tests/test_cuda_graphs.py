@@ -47,6 +47,7 @@ def test_graph_replays_equal_eager_steps(tmp_path, cls, kw):
             dtype="float32",
             max_model_len=256,
             max_num_seqs=8,
+            gpu_memory_utilization=0.3,  # (the engine of the loop before is still alive)
             enforce_eager=eager,
             async_scheduling=asynchronous,
         )
@@ -69,7 +70,14 @@ def test_a_state_layer_replays_in_graphs_as_it_runs_eagerly(tmp_path, with_token
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     outputs = {}
     for eager in (True, False):
-        llm = LLM(path, dtype="float32", max_model_len=256, max_num_seqs=8, enforce_eager=eager)
+        llm = LLM(
+            path,
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=8,
+            enforce_eager=eager,
+            gpu_memory_utilization=0.3,
+        )
         outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         counter = with_token_counter[-1]
         assert int(counter.problems) == 0 and int(counter.fresh_starts) >= len(PROMPTS)

@@ -252,7 +252,14 @@ def test_decode_graphs_equal_eager_steps_on_a_gpu(tmp_path):
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (20, 9, 14, 12)]
     outputs = {}
     for eager in (True, False):
-        llm = LLM(tmp_path / "ckpt", dtype="float32", max_model_len=256, max_num_seqs=4, enforce_eager=eager)
+        llm = LLM(
+            tmp_path / "ckpt",
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=4,
+            enforce_eager=eager,
+            gpu_memory_utilization=0.3,  # (the engine of the loop before is still alive)
+        )
         outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
         assert eager or llm.engine.runner.graphs.decode.replays >= 19
         llm.shutdown()

@@ -111,3 +111,13 @@ def test_leaving_a_with_block_shuts_the_engine_down(demo, monkeypatch):
         calls = []
         monkeypatch.setattr(llm.engine, "shutdown", lambda: calls.append(True))
     assert calls == [True]
+
+
+def test_an_engine_shut_down_drops_its_model_and_refuses_requests(demo):
+    with LLM(demo, **CPU) as llm:
+        llm.generate(["a"], SamplingParams(max_tokens=2), use_tqdm=False)
+    runner = llm.engine.runner
+    assert (runner.model, runner.caches) == (None, [])  # nothing of it is held any more
+    with pytest.raises(RuntimeError, match=r"^this engine was shut down and takes no more requests"):
+        llm.generate(["a"], SamplingParams(max_tokens=2), use_tqdm=False)
+    llm.shutdown()  # a second call does nothing

@@ -31,7 +31,8 @@ def torch_reference_ops_on_the_cpu():
         yield
 
 
-COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
+# (on a GPU a test holds up to three of these engines at once, each asking for its share of the memory)
+COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32", gpu_memory_utilization=0.3)
 
 
 @pytest.mark.parametrize(
@@ -179,7 +180,7 @@ def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(tmp_path):
     qwen_mtp_checkpoint(tmp_path, "qwen3-next")
     prompts = language_prompts(VOCAB, [9, 70, 3, 14, 30, 17])
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    gpu = dict(dtype="float32", max_model_len=256, max_num_seqs=8)
+    gpu = dict(dtype="float32", max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.3)
     plain_llm = LLM(tmp_path, **gpu)
     plain = plain_llm.generate([{"prompt_token_ids": p} for p in prompts], params)
     want = [o.outputs[0].token_ids for o in plain]

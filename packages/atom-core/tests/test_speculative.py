@@ -44,7 +44,8 @@ def torch_reference_ops_on_the_cpu():
         yield
 
 
-COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32")
+# (on a GPU a test holds up to three of these engines at once, each asking for its share of the memory)
+COMMON = dict(kernel_backend="torch", block_size=4, dtype="float32", gpu_memory_utilization=0.3)
 
 
 @pytest.fixture(scope="module")

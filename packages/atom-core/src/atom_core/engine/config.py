@@ -47,8 +47,9 @@ class EngineConfig:
     max_num_batched_tokens: int = 8192
     device: str | None = None  # cpu or cuda; None: cuda if available
     kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
-    # the share of the GPU's total memory the engine may use, weights and KV cache together (vLLM's meaning);
-    # the KV cache takes what the weights and anything else on the device leave of it
+    # the share of the GPU's total memory this engine may use, weights and KV cache together (vLLM's meaning):
+    # it must be free when the engine starts, and the KV cache takes what the weights leave of it (unused when
+    # num_kv_blocks sizes the cache)
     gpu_memory_utilization: float = 0.9
     enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
     disable_custom_all_reduce: bool = (

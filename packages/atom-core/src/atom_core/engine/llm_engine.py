@@ -101,6 +101,7 @@ class LLMEngine:
             device=self.device,
         )
         self._ids = itertools.count()
+        self.shut_down = False
 
     def tokenize(self, prompt: Prompt) -> tuple[str | None, list[int]]:
         return self.tokenizing.tokenize(prompt)
@@ -115,6 +116,8 @@ class LLMEngine:
     ) -> str:
         """Validate the whole request, then queue all its samples: a request that raises ValueError
         left nothing behind."""
+        if self.shut_down:
+            raise RuntimeError("this engine was shut down and takes no more requests: start a new one")
         params = params or SamplingParams()
         if params.seed is None and self._seeds is not None:
             params = dataclasses.replace(params, seed=self._seeds.getrandbits(63))
@@ -145,8 +148,10 @@ class LLMEngine:
         return self.requests.fail(reasons)
 
     def shutdown(self) -> None:
-        """Stop tensor-parallel workers and free the CUDA graphs; the engine takes no more steps."""
+        """Stop tensor-parallel workers, free the CUDA graphs, weights and caches and hand their memory back
+        to the device; the engine takes no more requests (a second call does nothing)."""
         self.runner.shutdown()
+        self.shut_down = True
 
     def has_unfinished_requests(self) -> bool:
         return bool(self.requests)

@@ -16,7 +16,7 @@ from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
 from atom_core.engine.execution.ahead_rows import commit_states, lag_behind, move_back
-from atom_core.engine.execution.cache_memory import blocks_that_fit
+from atom_core.engine.execution.cache_memory import MemoryBudget, blocks_that_fit, release_cached_memory
 from atom_core.engine.execution.graph_sets import GraphSets
 from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
 from atom_core.engine.execution.runner import DraftResult, StepResult
@@ -53,6 +53,10 @@ class ModelRunner:
         )
         if engine.speculative_config is not None:
             draft_class_for(model_config)  # refuse before loading a target that could not be speculated with
+        # the memory share is asked for before loading; a cache sized by num_kv_blocks asks for none
+        budget = (
+            None if engine.num_kv_blocks else MemoryBudget.at_start(device, engine.gpu_memory_utilization)
+        )
         self.model = build_model(model_config, context)
         load_checkpoint(self.model, model_config.path, load_format=engine.load_format)
         self.cache_specs = collect_cache_specs(self.model)
@@ -78,7 +82,7 @@ class ModelRunner:
                 self.cache,
                 dtype=model_config.dtype,
                 device=device,
-                fraction=engine.gpu_memory_utilization,
+                budget=budget,
                 state_rows=state_rows,
             )
             if parallel.tp_size > 1:  # every rank must hold the same block count
@@ -118,10 +122,15 @@ class ModelRunner:
             )
 
     def shutdown(self) -> None:
-        """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed)."""
+        """Release the CUDA graphs (a tensor-parallel rank must, before its NCCL group is destroyed), then the
+        weights and caches, and hand their memory back to the device: a runner shut down takes no more
+        steps, and an engine started after it in the same process gets the whole budget."""
         if self.graphs is not None:
             self.graphs.release()
             self.graphs = None
+        self.model = self.draft = None
+        self.caches, self.draft_caches = [], []
+        release_cached_memory(self.device)
 
     def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
         """Copy every state layer's rows source -> destination (snapshots in and out of running slots)."""

@@ -33,7 +33,13 @@ class FakeDevice:
 
 def _fit(budget: MemoryBudget) -> int:
     return cache_memory.blocks_that_fit(
-        SPECS, [], CacheConfig(block_size=16), dtype=torch.bfloat16, device=CUDA, budget=budget, state_rows=0
+        0,
+        paged_specs=SPECS,
+        state_specs=[],
+        cache=CacheConfig(block_size=16),
+        dtype=torch.bfloat16,
+        device=CUDA,
+        budget=budget,
     )
 
 
@@ -77,12 +83,12 @@ def test_weights_that_take_the_whole_share_leave_no_cache_and_say_so(monkeypatch
 def test_the_cpu_has_no_budget_and_a_fixed_cache():
     assert MemoryBudget.at_start(torch.device("cpu"), 0.9) is None
     blocks = cache_memory.blocks_that_fit(
-        SPECS,
-        [],
-        CacheConfig(block_size=16),
+        0,
+        paged_specs=SPECS,
+        state_specs=[],
+        cache=CacheConfig(block_size=16),
         dtype=torch.bfloat16,
         device=torch.device("cpu"),
         budget=None,
-        state_rows=0,
     )
     assert blocks == cache_memory.CPU_KV_BYTES // PER_BLOCK

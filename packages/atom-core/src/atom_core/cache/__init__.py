@@ -8,6 +8,7 @@ from atom_core.cache.allocate import (
     allocate_caches,
     bytes_per_block,
     bytes_per_slot,
+    copy_state_rows,
 )
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import (
@@ -33,5 +34,6 @@ __all__ = [
     "bytes_per_block",
     "bytes_per_slot",
     "collect_cache_specs",
+    "copy_state_rows",
     "metadata_kinds",
 ]

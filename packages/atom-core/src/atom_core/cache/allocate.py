@@ -10,6 +10,7 @@ import torch
 
 from atom_core.cache.specs import CacheSpec, LatentCacheSpec, PagedKVSpec, StateCacheSpec
 from atom_core.config import CacheConfig
+from atom_core.host_copy import to_device
 from atom_kernels.cache import KVLayout, default_fp8_dtype, kv_cache_shapes
 
 
@@ -39,6 +40,20 @@ class StateCache:
 
 
 LayerCache = LayerKVCache | LatentCache | StateCache
+
+
+def copy_state_rows(
+    caches: Sequence[LayerCache], pairs: Sequence[tuple[int, int]], device: torch.device
+) -> None:
+    """Copy every state layer's slot rows source -> destination, for each (source, destination) in pairs
+    (snapshots into and out of running slots), in one index copy each."""
+    if not pairs:
+        return
+    src, dst = to_device([list(x) for x in zip(*pairs, strict=True)], torch.long, device)
+    for cache in caches:
+        if isinstance(cache, StateCache):
+            for tensor in cache.states.values():
+                tensor[dst] = tensor[src]
 
 
 def paged_dtype(model_dtype: torch.dtype, cache: CacheConfig, device: torch.device) -> torch.dtype:

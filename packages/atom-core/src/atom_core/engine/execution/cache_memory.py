@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.distributed as dist
 
 from atom_core.cache import bytes_per_block, bytes_per_slot
 from atom_core.cache.specs import CacheSpec
@@ -64,23 +65,30 @@ class MemoryBudget:
 
 
 def blocks_that_fit(
+    state_rows: int,
+    *,
     paged_specs: Sequence[CacheSpec],
     state_specs: Sequence[CacheSpec],
     cache: CacheConfig,
-    *,
     dtype: torch.dtype,
     device: torch.device,
     budget: MemoryBudget | None,
-    state_rows: int,
+    group: dist.ProcessGroup | None = None,
 ) -> int:
     """Blocks of every paged layer in paged_specs (the target's and its draft's) that fit, after state_rows
-    rows of state_specs' layers, in what is left of the engine's budget (CPU_KV_BYTES on the CPU)."""
+    rows of state_specs' layers, in what is left of the engine's budget (CPU_KV_BYTES on the CPU). With a
+    tensor-parallel control group every rank gets the fewest any rank fits (they must hold the same
+    count)."""
     per_block = bytes_per_block(paged_specs, cache, dtype=dtype, device=device)
     available = CPU_KV_BYTES if budget is None else budget.left(device)
     available -= state_rows * bytes_per_slot(state_specs, dtype=dtype)
     if per_block == 0:  # no paged layers: the block tables address nothing, one block will do
         return 1
     blocks = available // per_block
+    if group is not None:
+        agreed = torch.tensor([blocks])
+        dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=group)
+        blocks = int(agreed)
     if blocks < 1:
         raise RuntimeError(
             f"the KV cache does not fit: one block of {cache.block_size} tokens needs {per_block} bytes, "

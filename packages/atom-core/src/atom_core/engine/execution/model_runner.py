@@ -5,13 +5,19 @@ needs (paged: block tables and slots; state: one state slot per sequence)."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 
 import torch
-import torch.distributed as dist
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
 from atom_core.build import BuildContext
-from atom_core.cache import StateCache, StateMetadata, allocate_caches, collect_cache_specs, metadata_kinds
+from atom_core.cache import (
+    StateMetadata,
+    allocate_caches,
+    collect_cache_specs,
+    copy_state_rows,
+    metadata_kinds,
+)
 from atom_core.cache.specs import PAGED, STATE
 from atom_core.config import ModelConfig, ParallelConfig
 from atom_core.engine.config import EngineConfig
@@ -75,22 +81,16 @@ class ModelRunner:
                 )
         self.weight_bytes = parameter_bytes(self.model, self.draft)  # (what the startup log reports)
 
-        def fit_blocks(state_rows: int) -> int:
-            blocks = blocks_that_fit(
-                [*self.cache_specs, *self.draft_specs],
-                self.cache_specs,
-                self.cache,
-                dtype=model_config.dtype,
-                device=device,
-                budget=budget,
-                state_rows=state_rows,
-            )
-            if parallel.tp_size > 1:  # every rank must hold the same block count
-                agreed = torch.tensor([blocks])
-                dist.all_reduce(agreed, op=dist.ReduceOp.MIN, group=control_group)
-                blocks = int(agreed)
-            return blocks
-
+        fit_blocks = functools.partial(
+            blocks_that_fit,
+            paged_specs=[*self.cache_specs, *self.draft_specs],
+            state_specs=self.cache_specs,
+            cache=self.cache,
+            dtype=model_config.dtype,
+            device=device,
+            budget=budget,
+            group=control_group if parallel.tp_size > 1 else None,
+        )
         self.plan = plan = plan_engine(engine, model_config, self.kinds, device=device, fit_blocks=fit_blocks)
         self.caches = allocate_caches(
             self.cache_specs,
@@ -132,16 +132,6 @@ class ModelRunner:
         self.caches, self.draft_caches = [], []
         release_cached_memory(self.device)
 
-    def _copy_states(self, pairs: list[tuple[int, int]]) -> None:
-        """Copy every state layer's rows source -> destination (snapshots in and out of running slots)."""
-        if not pairs:
-            return
-        src, dst = to_device([list(x) for x in zip(*pairs, strict=True)], torch.long, self.device)
-        for cache in self.caches:
-            if isinstance(cache, StateCache):
-                for tensor in cache.states.values():
-                    tensor[dst] = tensor[src]
-
     @torch.inference_mode()
     def run(
         self, inputs: StepInputs, fed: torch.Tensor | None = None, behind: StepResult | None = None
@@ -151,9 +141,9 @@ class ModelRunner:
         if inputs.fed_rows and fed is None:
             raise RuntimeError(f"a step feeds on tokens ({inputs.fed_source}), but none were given")
         lag = lag_behind(behind, inputs.shift_from) if inputs.shift_from else None
-        self._copy_states(inputs.state_copies)
+        copy_state_rows(self.caches, inputs.state_copies, self.device)
         logits, hidden, ids = self._forward(inputs, fed, lag)
-        self._copy_states(inputs.state_saves)
+        copy_state_rows(self.caches, inputs.state_saves, self.device)
         result = StepResult(logits, hidden if self.draft is not None else None)
         if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
             row_lag = None  # (greedy rows have no key; a lag is for uniform rows)

@@ -1,5 +1,6 @@
 """`atom serve` on a free localhost port, driven by the official openai client; bad requests get 400."""
 
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -189,8 +190,61 @@ def test_the_startup_block_says_what_is_served_and_where_then_ready(server):
     log = (cache / f"server-{port}.log").read_text()
     block = [line.split("atom.server: ", 1)[1] for line in log.splitlines() if "atom.server: " in line]
     assert block[0].startswith("model atom-demo: LlamaForCausalLM from "), log
-    assert block[1].startswith("dtype ") and ", device cpu, weights " in block[1], log
-    assert block[2].startswith("KV cache: 96 blocks of 16 tokens (1536 tokens), max_model_len 128"), log
-    ready = [line for line in block if line.startswith("ready:")]
-    assert ready == [f"ready: serving atom-demo at {base}/v1"], log
-    assert block.index(ready[0]) > 2  # after the block, before any request line
+    assert re.fullmatch(r"dtype float32, device cpu, weights \d+\.\d KiB a device", block[1]), log
+    assert (
+        block[2] == "KV cache: 96 blocks of 16 tokens (1536 tokens), max_model_len 128, max_num_seqs 256"
+    ), log
+    assert block[3] == f"ready: serving atom-demo at {base}/v1", log  # right after the block, once
+    assert sum(line.startswith("ready:") for line in block) == 1
+    engine = [line.split("atom.engine: ", 1)[1] for line in log.splitlines() if "atom.engine: " in line]
+    assert engine.count("CUDA graphs: off (cpu runs eagerly)") == 1, log  # said once, with its reason
+
+
+def test_memory_sizes_are_given_in_a_unit_that_fits():
+    from atom_core.entrypoints.openai.startup import memory_size
+
+    assert [memory_size(n) for n in (512, 304_384, 5 << 20, 3 << 29)] == [
+        "512 B",
+        "297.2 KiB",
+        "5.0 MiB",
+        "1.50 GiB",
+    ]
+
+
+def _access_line(server, pattern: str, timeout: float = 20.0) -> str:
+    """The first access line of the server's log matching pattern (waited for: a stream's is written
+    when it ends)."""
+    import re
+
+    base, cache = server
+    log = cache / f"server-{base.rsplit(':', 1)[1]}.log"
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        lines = [line.split("atom.server: ", 1)[-1] for line in log.read_text().splitlines()]
+        found = [line for line in lines if re.fullmatch(pattern, line)]
+        if found:
+            return found[0]
+        time.sleep(0.1)
+    raise AssertionError(f"no access line matches {pattern!r}:\n" + "\n".join(lines))
+
+
+def test_access_lines_give_status_tokens_and_time_streams_included(server, client):
+    """One line per request once its answer has ended: a whole answer's and a stream's tokens, and 499
+    for a stream whose client left (its status line had said 200)."""
+    client_part = r"127\.0\.0\.1:\d+ POST /v1/completions"
+    greedy = dict(model="atom-demo", temperature=0, extra_body={"ignore_eos": True})
+    whole = client.completions.create(prompt="access, whole", max_tokens=5, **greedy)
+    _access_line(
+        server,
+        rf"{client_part} -> 200 in [\d.]+ ms, {whole.usage.prompt_tokens} prompt \+ 5 completion tokens",
+    )
+    events = list(client.completions.create(prompt="access, streamed", max_tokens=7, stream=True, **greedy))
+    assert events
+    _access_line(server, rf"{client_part} -> 200 in [\d.]+ ms, \d+ prompt \+ 7 completion tokens")
+    body = {"prompt": "access, left", "max_tokens": 120, "stream": True, "temperature": 0, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {KEY}"}
+    with httpx.stream("POST", f"{server[0]}/v1/completions", json=body, headers=headers) as response:
+        assert response.status_code == 200
+        next(response.iter_lines())  # one event, then the client goes
+    _access_line(server, rf"{client_part} -> 499 in [\d.]+ ms, \d+ prompt \+ \d+ completion tokens")
+    assert httpx.get(f"{server[0]}/health").status_code == 200

@@ -19,6 +19,7 @@ from atom_core.engine.async_engine import AsyncEngine, EngineDead, ShuttingDown
 from atom_core.engine.llm_engine import Prompt
 from atom_core.engine.outputs import OutputKind, RequestOutput
 from atom_core.engine.sampling_params import SamplingParams
+from atom_core.entrypoints.openai.access import access_record
 from atom_core.entrypoints.openai.errors import ENDED, ApiError, engine_failure
 from atom_core.entrypoints.openai.prompt_batch import merged_final, merged_outputs
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
@@ -61,8 +62,9 @@ async def generate(
         if body.stream:
             merged = outputs[0] if len(outputs) == 1 else merged_outputs(outputs, params.n)
             first = await anext(merged)  # a request failing at once gets its status, not an event
-            return event_stream(first, merged, fmt, include_usage=body.include_usage)
-        finals = await _collect_while_connected(request, asyncio.gather(*(_last(o) for o in outputs)))
+            record = access_record(request)
+            return event_stream(first, merged, fmt, include_usage=body.include_usage, record=record)
+        finals = await _collect_while_connected(request, _finals(outputs))
     except BaseException as err:
         for rid in ids:  # never read (or one prompt failed): nothing else would tell the engine
             engine.abort(rid)
@@ -70,7 +72,9 @@ async def generate(
             raise engine_failure(err) from err
         raise
     final = finals[0] if len(finals) == 1 else merged_final(finals, params.n)
-    return await json_response(fmt.full(final), size=sum(len(c.token_ids) for c in final.outputs))
+    size = sum(len(c.token_ids) for c in final.outputs)
+    access_record(request).tokens(len(final.prompt_token_ids), size)
+    return await json_response(fmt.full(final), size=size)
 
 
 async def _collect_while_connected(
@@ -86,6 +90,18 @@ async def _collect_while_connected(
         raise ApiError(499, "the client closed the connection")
     gone.cancel()
     return collect.result()
+
+
+async def _finals(outputs: list[AsyncIterator[RequestOutput]]) -> list[RequestOutput]:
+    """Each stream's last output; when one fails (or this is cancelled) the others stop reading at once
+    (gather alone would leave them parked on requests the caller then aborts)."""
+    readers = [asyncio.ensure_future(_last(o)) for o in outputs]
+    try:
+        return await asyncio.gather(*readers)
+    finally:
+        for reader in readers:
+            reader.cancel()
+        await asyncio.gather(*readers, return_exceptions=True)
 
 
 async def _last(stream: AsyncIterator[RequestOutput]) -> RequestOutput:

@@ -52,18 +52,25 @@ def startup_lines(engine: LLMEngine, served_name: str) -> list[str]:
     config, plan, model = engine.config, engine.plan, engine.model_config
     tp = config.tensor_parallel_size
     devices = f"{engine.device}" + (f" x {tp} (tensor parallel)" if tp > 1 else "")
-    weights = engine.runner.weight_bytes / GIB
+    weights = memory_size(engine.runner.weight_bytes)
     tokens = plan.num_blocks * plan.block_size
     lines = [
         f"model {served_name}: {model.architecture} from {config.model or 'the built-in demo checkpoint'}",
-        f"dtype {str(model.dtype).removeprefix('torch.')}, device {devices}, weights {weights:.2f} GiB a device",
+        f"dtype {str(model.dtype).removeprefix('torch.')}, device {devices}, weights {weights} a device",
         f"KV cache: {plan.num_blocks} blocks of {plan.block_size} tokens ({tokens} tokens), "
         f"max_model_len {plan.max_model_len}, max_num_seqs {plan.max_num_seqs}",
-        "CUDA graphs: batch sizes " + ", ".join(map(str, plan.graph_sizes))
-        if plan.graph_sizes
-        else "CUDA graphs: none (eager steps)",
     ]
+    # (the modes the plan turned off, CUDA graphs among them, the engine has logged with their reasons)
+    if plan.graph_sizes:
+        lines.append("CUDA graphs: batch sizes " + ", ".join(map(str, plan.graph_sizes)))
     if plan.num_speculative_tokens:
         lines.append(f"speculative decoding: {plan.num_speculative_tokens} draft tokens a step")
-    lines += [f"{mode}: off ({why})" for mode, why in plan.off]
     return lines
+
+
+def memory_size(size: int) -> str:
+    """Bytes in the largest binary unit that leaves at least one: 1.50 GiB, 297.2 KiB."""
+    for unit, scale, digits in (("GiB", GIB, 2), ("MiB", 1 << 20, 1), ("KiB", 1 << 10, 1)):
+        if size >= scale:
+            return f"{size / scale:.{digits}f} {unit}"
+    return f"{size} B"

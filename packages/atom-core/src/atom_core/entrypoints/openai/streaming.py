@@ -6,27 +6,60 @@ client stopped reading) ends with an error event, then [DONE]."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import AsyncIterator
 
 from fastapi.responses import StreamingResponse
 
 from atom_core.engine.outputs import RequestOutput
+from atom_core.entrypoints.openai.access import CLIENT_LEFT, AccessRecord
 from atom_core.entrypoints.openai.errors import ENDED, engine_failure
 from atom_core.entrypoints.openai.responses import Formatter, error_body, usage_counts
 
 
 def event_stream(
-    first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
+    first: RequestOutput,
+    stream: AsyncIterator[RequestOutput],
+    fmt: Formatter,
+    *,
+    include_usage: bool,
+    record: AccessRecord,
 ) -> StreamingResponse:
-    """The streaming answer to a request whose first output (a delta) is `first`, the rest still to come."""
-    return StreamingResponse(
-        stream_events(first, stream, fmt, include_usage=include_usage), media_type="text/event-stream"
-    )
+    """The streaming answer to a request whose first output (a delta) is `first`, the rest still to come;
+    record: its access line's tokens and, where it ends in an error event, that error's status."""
+    events = stream_events(first, stream, fmt, include_usage=include_usage, record=record)
+    return StreamingResponse(events, media_type="text/event-stream")
 
 
 async def stream_events(
-    first: RequestOutput, stream: AsyncIterator[RequestOutput], fmt: Formatter, *, include_usage: bool
+    first: RequestOutput,
+    stream: AsyncIterator[RequestOutput],
+    fmt: Formatter,
+    *,
+    include_usage: bool,
+    record: AccessRecord | None = None,
+) -> AsyncIterator[str]:
+    """The events; a stream stopped before its [DONE] (its client left: the server cancels it) records
+    499 for the access line, whose response had already said 200."""
+    record = record or AccessRecord()
+    ended = False
+    try:
+        async with contextlib.aclosing(_events(first, stream, fmt, include_usage, record)) as events:
+            async for event in events:
+                yield event
+        ended = True
+    finally:
+        if not ended and record.status is None:
+            record.status = CLIENT_LEFT
+
+
+async def _events(
+    first: RequestOutput,
+    stream: AsyncIterator[RequestOutput],
+    fmt: Formatter,
+    include_usage: bool,
+    record: AccessRecord,
 ) -> AsyncIterator[str]:
     sent_chars: dict[int, int] = {}  # choice -> characters sent (completions' logprobs offsets)
     sent_tokens: dict[int, int] = {}  # choice -> tokens sent (usage)
@@ -45,6 +78,7 @@ async def stream_events(
                 sent_tokens[c.index] = sent_tokens.get(c.index, 0) + len(c.token_ids)
                 if c.finish_reason is not None:
                     done.add(c.index)
+            record.tokens(prompt_tokens, sum(sent_tokens.values()))
             if choices:
                 yield fmt.chunk(choices)
             if out.finished:
@@ -56,8 +90,10 @@ async def stream_events(
             yield fmt.chunk([], usage_counts(prompt_tokens, sum(sent_tokens.values())))
     except ENDED as err:
         api = engine_failure(err)
+        record.status = api.status
         yield f"data: {json.dumps(error_body(api.status, api.message, api.kind))}\n\n"
     except ValueError:  # a chunk held a non-finite number: this request fails, in the stream
         message = "the answer held a non-finite number"
+        record.status = 500
         yield f"data: {json.dumps(error_body(500, message, 'internal_error'))}\n\n"
     yield "data: [DONE]\n\n"

@@ -73,11 +73,15 @@ def _assert_error(r: httpx.Response, status: int, words: str) -> None:
 CHAT = "/v1/chat/completions"
 USER = [{"role": "user", "content": "hello"}]
 HOSTILE = {
-    "integer as a string": ({"prompt": "x", "max_tokens": "5"}, 400, "max_tokens"),
-    "integer as a boolean": ({"prompt": "x", "max_tokens": True}, 400, "max_tokens"),
+    "integer as a string": (
+        {"prompt": "x", "max_tokens": "5"},
+        400,
+        "Invalid type for 'max_tokens': expected an integer, but got a string instead.",
+    ),
+    "integer as a boolean": ({"prompt": "x", "max_tokens": True}, 400, "but got a boolean instead"),
     "max_tokens 0": ({"prompt": "x", "max_tokens": 0}, 400, "max_tokens must be at least 1"),
     "seed as a string": ({"prompt": "x", "seed": "7"}, 400, "seed"),
-    "unknown field": ({"prompt": "x", "tools": []}, 400, "tools: this field is not supported"),
+    "unknown field": ({"prompt": "x", "tools": []}, 400, "Unrecognized request argument supplied: tools"),
     "logit_bias": ({"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias is not supported"),
     "suffix": ({"prompt": "x", "suffix": "y"}, 400, "suffix is not supported"),
     "echo with logprobs": ({"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo with logprobs"),
@@ -88,7 +92,7 @@ HOSTILE = {
     "prompt past max_model_len": ({"prompt": [3] * 1020, "max_tokens": 10}, 400, "max_model_len 1024"),
     "token id outside the vocabulary": ({"prompt": [1, 99999]}, 400, "prompt token ids"),
     "lone surrogate": ('{"prompt": "abc \\ud800 def"}', 400, "lone surrogate"),
-    "invalid JSON": ('{"prompt": ', 400, "not valid JSON"),
+    "invalid JSON": ('{"prompt": ', 400, "could not parse the request body: it is not valid JSON"),
     "stream_options without stream": (
         {"prompt": "x", "stream_options": {"include_usage": True}},
         400,

@@ -16,14 +16,19 @@ from starlette.exceptions import HTTPException
 
 from atom_core.engine.async_engine import EngineDead, ReaderTooSlow, RequestFailed, ShuttingDown
 from atom_core.entrypoints.openai.responses import error_body
+from atom_core.entrypoints.openai.schema_errors import schema_error
 
 logger = logging.getLogger("atom.server")
 
 
 def error_response(
-    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
 ) -> JSONResponse:
-    return JSONResponse(error_body(status, message, kind, code), status_code=status)
+    return JSONResponse(error_body(status, message, kind, code, param), status_code=status)
 
 
 class ApiError(Exception):
@@ -68,15 +73,9 @@ async def _api_error(request: Request, err: ApiError) -> JSONResponse:
 
 
 async def _invalid_body(request: Request, err: RequestValidationError) -> JSONResponse:
-    """The first problem, named by its field's path (pydantic's wording kept where it is already clear)."""
-    first = err.errors()[0] if err.errors() else {}
-    where = ".".join(str(p) for p in first.get("loc", ()) if p != "body") or "body"
-    message = first.get("msg", "invalid request")
-    if first.get("type") == "extra_forbidden":
-        message = "this field is not supported"
-    elif first.get("type") == "json_invalid":
-        message = "the body is not valid JSON"
-    return error_response(400, f"{where}: {message}")
+    """The first problem, in OpenAI's words and with its param (schema_errors.py)."""
+    problem = schema_error(list(err.errors()))
+    return error_response(400, problem.message, code=problem.code, param=problem.param)
 
 
 async def _http_error(request: Request, err: HTTPException) -> JSONResponse:

@@ -8,9 +8,13 @@ from atom_core.engine.outputs import CompletionOutput, RequestOutput
 
 
 def error_body(
-    status: int, message: str, kind: str = "invalid_request_error", code: str | None = None
+    status: int,
+    message: str,
+    kind: str = "invalid_request_error",
+    code: str | None = None,
+    param: str | None = None,
 ) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code or status}}
+    return {"error": {"message": message, "type": kind, "param": param, "code": code or status}}
 
 
 def usage(out: RequestOutput) -> dict:

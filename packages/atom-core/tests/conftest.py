@@ -133,3 +133,13 @@ def start_server(tmp_path_factory):
         if server.proc.poll() is None:
             server.proc.kill()
             server.proc.wait()
+
+
+@pytest.fixture(scope="module")
+def demo(tmp_path_factory):
+    """The built-in demo checkpoint (a tokenizer with a chat template), made once in a cache of its own."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("ATOM_CACHE_DIR", str(tmp_path_factory.mktemp("atom-cache")))
+        from atom_core.demo import ensure_demo_checkpoint
+
+        return ensure_demo_checkpoint(log=lambda _: None)

@@ -135,7 +135,10 @@ class LLMEngine:
         request_id = request_id if request_id is not None else str(next(self._ids))
         if request_id in self.requests:
             raise ValueError(f"request id {request_id!r} is already in use")
-        seqs = [Sequence(request_id, i, ids, params) for i in range(params.n)]
+        # before min_tokens, the tokens that would stop it are banned (vLLM's: EOS unless ignored, stop ids)
+        banned = params.stop_token_ids | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
+        banned = frozenset(banned) if params.min_tokens else frozenset()
+        seqs = [Sequence(request_id, i, ids, params, min_tokens_stops=banned) for i in range(params.n)]
         self.requests.add(Request(request_id, text, ids, seqs))
         return request_id
 

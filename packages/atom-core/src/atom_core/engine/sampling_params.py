@@ -37,13 +37,24 @@ class SamplingParams:
     stop_token_ids: list[int] | frozenset[int] = field(default_factory=list)  # kept as a frozenset
     ignore_eos: bool = False
     logprobs: int | None = None  # how many top logprobs to return with each token (0: only the sampled one)
+    # before this many output tokens, EOS and stop_token_ids cannot be drawn and stop strings do not stop
+    min_tokens: int = 0
+    skip_special_tokens: bool = True  # the output's text leaves special tokens out (its token ids keep them)
+    include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
+    prompt_logprobs: int | None = None  # vLLM's; refused: the engine computes no logits over the prompt
     # what each output of a running request carries (vLLM's RequestOutputKind): the whole output so far,
     # only what is new since the last one, or nothing until it finishes
     output_kind: OutputKind = OutputKind.CUMULATIVE
     _stops: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self):
-        _integers(self, "n", "top_k", "max_tokens")
+        _integers(self, "n", "top_k", "max_tokens", "min_tokens")
+        _booleans(self, "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
+        if self.prompt_logprobs is not None:
+            raise ValueError(
+                "prompt_logprobs is not supported: the engine computes logits for the tokens it samples "
+                "only (logprobs gives each sampled token's)"
+            )
         _integers(self, "seed", "logprobs", optional=True)
         _finite(
             self,
@@ -64,6 +75,7 @@ class SamplingParams:
             (-2 <= self.frequency_penalty <= 2, "frequency_penalty must be in [-2, 2]"),
             (0 < self.repetition_penalty <= 2, "repetition_penalty must be in (0, 2]"),
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
+            (0 <= self.min_tokens <= self.max_tokens, "min_tokens must be between 0 and max_tokens"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
         ]
         for ok, message in checks:
@@ -107,7 +119,14 @@ class SamplingParams:
 
     @property
     def penalized(self) -> bool:
-        return self.presence_penalty != 0 or self.frequency_penalty != 0 or self.repetition_penalty != 1
+        """Whether its logits are changed from the tokens so far, on the host (penalties.py): penalties,
+        and min_tokens' ban on stopping early."""
+        return (
+            self.presence_penalty != 0
+            or self.frequency_penalty != 0
+            or self.repetition_penalty != 1
+            or self.min_tokens > 0
+        )
 
 
 def _integers(params: SamplingParams, *names: str, optional: bool = False) -> None:
@@ -116,6 +135,12 @@ def _integers(params: SamplingParams, *names: str, optional: bool = False) -> No
         if (value is None and optional) or (isinstance(value, int) and not isinstance(value, bool)):
             continue
         raise ValueError(f"{name} must be an integer, got {value!r}")
+
+
+def _booleans(params: SamplingParams, *names: str) -> None:
+    for name in names:
+        if not isinstance(value := getattr(params, name), bool):
+            raise ValueError(f"{name} must be true or false, got {value!r}")
 
 
 def _finite(params: SamplingParams, *names: str) -> None:

@@ -1,5 +1,6 @@
 """OpenAI/vLLM penalties on a row of logits: repetition over the prompt and output, presence and frequency
-over the output. They read every token so far, so they apply where the host knows them all."""
+over the output, and min_tokens' ban on the stop tokens before that many. They read every token so far,
+so they apply where the host knows them all."""
 
 from __future__ import annotations
 
@@ -16,6 +17,8 @@ def apply_penalties(row: torch.Tensor, seq: Sequence) -> None:
     (validation accepts any in (0, 2]) takes logits past fp32's range, and softmax, argmax and log-softmax,
     all that reads the row, do not change under a shift."""
     p = seq.params
+    if len(seq.output_token_ids) < p.min_tokens and seq.min_tokens_stops:  # it may not stop yet
+        row[torch.tensor(sorted(seq.min_tokens_stops), device=row.device)] = float("-inf")
     if p.repetition_penalty != 1:
         _apply_repetition_penalty(row, torch.tensor(sorted(set(seq.token_ids)), device=row.device), p)
     if seq.output_token_ids and (p.presence_penalty or p.frequency_penalty):

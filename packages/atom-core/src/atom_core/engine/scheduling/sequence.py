@@ -26,6 +26,7 @@ class Sequence:
     index: int  # which of the request's n samples
     prompt_token_ids: list[int]
     params: SamplingParams
+    min_tokens_stops: frozenset[int] = frozenset()  # what it may not draw before params.min_tokens (EOS, ...)
     token_ids: list[int] = field(init=False)
     output_token_ids: list[int] = field(default_factory=list)
     output_logprobs: list[dict[int, float]] = field(default_factory=list)

@@ -20,13 +20,17 @@ class StopCheck:
         token = seq.output_token_ids[-1]
         if self.tokenizer is not None:
             if seq.detokenizer is None:
-                seq.detokenizer = IncrementalDetokenizer(self.tokenizer)
+                seq.detokenizer = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)
             seq.text = seq.detokenizer.update(seq.output_token_ids)
         reason = None
-        if token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
+        if len(seq.output_token_ids) < p.min_tokens:  # its stop tokens were banned from the draw, and
+            while _stop_string_start(seq) >= 0:  # a stop string completed before min_tokens does not stop
+                pass
+        elif token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
             reason = "stop"
         elif (cut := _stop_string_start(seq)) >= 0:
-            seq.text, reason = seq.text[:cut], "stop"
+            end = seq.stop_scan.scanned if p.include_stop_str_in_output else cut
+            seq.text, reason = seq.text[:end], "stop"
             seq.detokenizer = None  # the text is final
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"

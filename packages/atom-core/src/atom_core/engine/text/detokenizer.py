@@ -12,16 +12,16 @@ REPLACEMENT = "\ufffd"
 
 
 class IncrementalDetokenizer:
-    __slots__ = ("_prefix", "_read", "text", "tokenizer")
+    __slots__ = ("_prefix", "_read", "skip_special_tokens", "text", "tokenizer")
 
-    def __init__(self, tokenizer):
-        self.tokenizer = tokenizer
+    def __init__(self, tokenizer, skip_special_tokens: bool = True):
+        self.tokenizer, self.skip_special_tokens = tokenizer, skip_special_tokens
         self.text = ""
         self._prefix = 0  # ids[_prefix:_read] decode to the context before the next emitted text
         self._read = 0  # ids[:_read] are reflected in self.text
 
     def _decode(self, ids: list[int]) -> str:
-        return self.tokenizer.decode(ids, skip_special_tokens=True)
+        return self.tokenizer.decode(ids, skip_special_tokens=self.skip_special_tokens)
 
     def update(self, ids: list[int], *, final: bool = False) -> str:
         """The text of ids (the whole output so far); final: also emit held-back partial characters."""

@@ -55,6 +55,9 @@ class _Request(BaseModel):
     stream: bool = False
     stream_options: StreamOptions | None = None
     ignore_eos: bool = False
+    min_tokens: int = 0  # vLLM's extensions too, as SamplingParams takes them
+    skip_special_tokens: bool = True
+    include_stop_str_in_output: bool = False
     user: Text | None = None  # the caller's end-user id: metadata, it changes no answer
     logit_bias: dict[str, float] | None = None
 
@@ -87,6 +90,9 @@ class _Request(BaseModel):
             stop_token_ids=list(self.stop_token_ids or []),
             ignore_eos=self.ignore_eos,
             logprobs=logprobs,
+            min_tokens=self.min_tokens,
+            skip_special_tokens=self.skip_special_tokens,
+            include_stop_str_in_output=self.include_stop_str_in_output,
         )
 
     @property

@@ -1,4 +1,5 @@
 import json
+import re
 import subprocess
 import sys
 
@@ -92,7 +93,7 @@ def test_bench_reports_throughput_and_latency(atom_cache, capsys):
     result = json.loads(captured.out.strip().splitlines()[-1])
     assert result["num_prompts"] == 5 and result["output_tokens"] == 20
     assert result["output_tok_s"] > 0 and result["latency_ms_p90"] >= result["latency_ms_p50"] > 0
-    assert "5/5 requests done" in captured.err
+    assert "5/5 requests done" in captured.err and "20/20" in captured.err  # the bar counts tokens
     assert (
         main(
             ["bench", "--num-prompts", "2", "--input-len", "3", "--output-len", "2", "--num-kv-blocks", "16"]
@@ -115,6 +116,22 @@ def test_bench_with_arrivals_and_sampling_reports_the_steps_that_overlapped(atom
     assert "--request-rate must be positive, got 0.0" in capsys.readouterr().err
     assert main([*argv, "--top-p", "0"]) == 2
     assert "top_p must be in (0, 1]" in capsys.readouterr().err
+
+
+def test_bench_draws_each_requests_lengths_around_the_asked_ones(atom_cache, capsys):
+    """--random-range-ratio 0.5: lengths uniform in [len/2, 3 len/2], each output exactly its own; the
+    progress bar moves by tokens as steps make them."""
+    argv = ["bench", "--num-prompts", "12", "--input-len", "10", "--output-len", "6", "--num-kv-blocks", "96"]
+    assert main([*argv, "--random-range-ratio", "0.5", "--json"]) == 0
+    captured = capsys.readouterr()
+    result = json.loads(captured.out.strip().splitlines()[-1])
+    assert 12 * 3 <= result["output_tokens"] <= 12 * 9 and result["output_tokens"] != 12 * 6
+    assert 12 * 5 <= result["input_tokens"] <= 12 * 15 and result["input_tokens"] != 12 * 10
+    assert result["range_ratio"] == 0.5
+    ticks = re.findall(r"(\d+)/(\d+) \[", captured.err)  # tqdm's "made/total [" at each refresh
+    assert ticks[-1] == (str(result["output_tokens"]),) * 2, captured.err
+    assert main([*argv, "--random-range-ratio", "1"]) == 2
+    assert "error: --random-range-ratio must be in [0, 1), got 1.0" in capsys.readouterr().err
 
 
 def test_generate_with_tensor_parallel_2_equals_1(atom_cache, capsys):
@@ -170,10 +187,10 @@ ENGINE_FLAGS = [
 def test_generate_serve_and_bench_accept_every_engine_option_alike():
     from dataclasses import fields
 
-    from atom_core.cli import _build_parser
+    from atom_core.cli import build_parser
     from atom_core.engine import EngineConfig
 
-    parser = _build_parser()
+    parser = build_parser()
     configs = {
         cmd: EngineConfig.from_cli_args(parser.parse_args([cmd, *ENGINE_FLAGS]))
         for cmd in ("generate", "serve", "bench")

@@ -145,7 +145,6 @@ CASES = {
         [],
         "rms_norm_eps must be a positive finite number, got -1",
     ),
-    "aiter on the CPU": (None, ["--kernel-backend", "aiter"], "kernel_backend 'aiter' cannot run on cpu"),
     "a non-ASCII API key": (None, ["--api-key", "clé"], "the API key from --api-key has a non-ASCII"),
     "checkpoint code in the tokenizer": (_custom_tokenizer_code, [], "its tokenizer could not be loaded"),
     "max-model-len above the model's": (
@@ -240,3 +239,35 @@ def test_generate_exits_1_when_the_engine_fails_a_request(base, tmp_path, capsys
     code = main(["generate", "--model", str(path), "--device", "cpu", "--prompt-token-ids", "1,2,3"])
     assert code == 1
     assert "failed: the model produced non-finite logits" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has the GPU the case says is missing")
+def test_device_cuda_without_a_gpu_is_one_line(base, capsys):
+    rc = main(["generate", "--model", str(base), "--device", "cuda", "--prompt-token-ids", "1,2"])
+    line = _one_error_line(capsys)
+    assert rc == 2
+    assert "device 'cuda': torch" in line and "sees no CUDA GPU here; use device 'cpu'" in line, line
+
+
+def test_a_tensor_parallel_size_the_heads_do_not_divide_is_refused_before_any_worker(base, capsys):
+    """(tiny Llama: 4 heads) one line from this process; no worker started, so none prints its traceback."""
+    import multiprocessing
+
+    rc = main(["generate", "--model", str(base), "--device", "cpu", "--tensor-parallel-size", "3"])
+    line = _one_error_line(capsys)
+    assert rc == 2
+    assert line == "[atom] error: num_attention_heads 4 is not divisible by tensor-parallel size 3", line
+    assert multiprocessing.active_children() == []
+
+
+def test_an_architecture_atom_has_no_model_for_says_so_not_which_field_it_lacks(tmp_path, capsys):
+    (tmp_path / "config.json").write_text(
+        json.dumps({"architectures": ["GPT2LMHeadModel"], "n_embd": 64, "n_head": 4, "vocab_size": 100})
+    )
+    rc = main(["generate", "--model", str(tmp_path), "--device", "cpu"])
+    line = _one_error_line(capsys)
+    assert rc == 2
+    assert line.startswith(
+        "[atom] error: architecture 'GPT2LMHeadModel' is not supported by ATOM; supported: "
+    )
+    assert "LlamaForCausalLM" in line

@@ -3,12 +3,14 @@ checkpoint mistakes refused in one line before the engine (torch, transformers) 
 that shows every flag's meaning and default."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
 
-from atom_core.cli import _build_parser, _looks_like_a_checkpoint, main
+from atom_core.cli import build_parser, main
+from atom_core.cli.checks import looks_like_a_checkpoint
 
 
 def _one_error(capsys) -> str:
@@ -61,7 +63,7 @@ def test_a_checkpoint_where_a_prompt_goes_is_refused_not_completed(checkpoint, c
     ],
 )
 def test_what_counts_as_a_path_among_prompts(text, path):
-    assert _looks_like_a_checkpoint(text) is path
+    assert looks_like_a_checkpoint(text) is path
 
 
 def test_a_file_given_as_the_model_is_named(checkpoint, capsys):
@@ -76,11 +78,15 @@ def test_a_file_given_as_the_model_is_named(checkpoint, capsys):
         ["serve", "/nonexistent/ckpt"],
         ["bench", "--model", "/nonexistent/ckpt"],
         ["generate", "./some/ckpt/"],
+        ["serve", "--kernel-backend", "aiter"],  # (offered by no --help: no op implements it)
+        ["generate", "--log-level", "loud"],
+        ["bench", "--max-num-seqs", "many"],
     ],
 )
 def test_argument_errors_come_before_the_engine_is_imported(args):
     code = (
-        "import sys; from atom_core.cli import main; rc = main(sys.argv[1:]); "
+        "import sys\nfrom atom_core.cli import main\n"
+        "try:\n    rc = main(sys.argv[1:])\nexcept SystemExit as exit_:\n    rc = exit_.code\n"
         "print(rc, [m for m in ('torch', 'transformers') if m in sys.modules])"
     )
     done = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=120)
@@ -89,7 +95,7 @@ def test_argument_errors_come_before_the_engine_is_imported(args):
 
 
 def test_help_shows_every_flag_with_its_meaning_and_default():
-    parser = _build_parser()
+    parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
     assert set(commands) == {"generate", "serve", "bench"}
     for name, command in commands.items():
@@ -98,6 +104,9 @@ def test_help_shows_every_flag_with_its_meaning_and_default():
         text = " ".join(command.format_help().split())  # (unwrapped)
         assert "(default: 256)" in text  # --max-num-seqs
         assert "(default: None)" not in text and "(default: False)" not in text
+        for flag in text.split(" --"):  # a default the help text gives already is not repeated
+            assert flag.count("default:") <= 1, flag
+        assert "aiter" not in text
     assert "greedy unless --temperature" in " ".join(parser.format_help().split())
 
 
@@ -125,3 +134,16 @@ def test_a_busy_port_is_refused_before_the_model_loads():
     lines = [line for line in done.stderr.splitlines() if line.startswith("[atom] error:")]
     assert len(lines) == 1 and f"cannot listen on 127.0.0.1:{port}" in lines[0], done.stderr
     assert "pick another --port" in lines[0]
+
+
+def test_a_bad_command_line_is_one_error_line_naming_the_flag_and_the_help(capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--kernel-backend", "aiter"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2
+    [line] = err.splitlines()  # (argparse quotes the choices or not, by Python version)
+    assert re.fullmatch(
+        r"\[atom\] error: argument --kernel-backend: invalid choice: 'aiter' \(choose from '?triton'?, "
+        r"'?torch'?\) \(see atom serve --help\)",
+        line,
+    ), line

@@ -13,16 +13,6 @@ MESSAGES = [{"role": "user", "content": "Tell me about paged attention"}]
 
 
 @pytest.fixture(scope="module")
-def demo(tmp_path_factory):
-    """The built-in demo checkpoint (a tokenizer with a chat template), made once in a cache of its own."""
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("ATOM_CACHE_DIR", str(tmp_path_factory.mktemp("atom-cache")))
-        from atom_core.demo import ensure_demo_checkpoint
-
-        return ensure_demo_checkpoint(log=lambda _: None)
-
-
-@pytest.fixture(scope="module")
 def llm(demo):
     with LLM(demo, **CPU) as llm:
         yield llm
@@ -121,3 +111,10 @@ def test_an_engine_shut_down_drops_its_model_and_refuses_requests(demo):
     with pytest.raises(RuntimeError, match=r"^this engine was shut down and takes no more requests"):
         llm.generate(["a"], SamplingParams(max_tokens=2), use_tqdm=False)
     llm.shutdown()  # a second call does nothing
+
+
+def test_a_kernel_backend_no_op_implements_is_refused_by_name_before_loading():
+    with pytest.raises(
+        ConfigError, match=r"^kernel_backend 'aiter': no atom-kernels op has an aiter \(ROCm\)"
+    ):
+        LLM("/nonexistent", kernel_backend="aiter")

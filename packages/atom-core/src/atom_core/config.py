@@ -228,6 +228,9 @@ class ModelConfig:
             if k not in hf
         ]
         if missing:
+            from atom_core.registry import get_model_spec
+
+            get_model_spec(archs[0])  # an architecture ATOM has no model for says so (GPT-2's n_embd...)
             raise ConfigError(f"config.json lacks {', '.join(missing)}")
         for name in ("hidden_size", "num_attention_heads"):  # divided by below
             _positive(name, hf[name])

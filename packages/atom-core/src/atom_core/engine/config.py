@@ -16,7 +16,7 @@ if TYPE_CHECKING:  # this module stays cheap to import: the CLI builds its parse
 from atom_core.engine.speculative_config import SpeculativeConfig
 
 LOAD_FORMATS = ("safetensors", "dummy")
-KERNEL_BACKENDS = ("triton", "torch", "aiter")
+KERNEL_BACKENDS = ("triton", "torch")  # (aiter, atom-kernels' ROCm name, has no op yet: refused by name)
 STATE_CACHE_DTYPES = ("float32", "bfloat16")
 
 
@@ -46,7 +46,7 @@ class EngineConfig:
     max_num_seqs: int = 256
     max_num_batched_tokens: int = 8192
     device: str | None = None  # cpu or cuda; None: cuda if available
-    kernel_backend: str | None = None  # triton, torch or aiter; None: atom-kernels decides per device
+    kernel_backend: str | None = None  # triton or torch; None: atom-kernels decides per device
     # the share of the GPU's total memory this engine may use, weights and KV cache together (vLLM's meaning):
     # it must be free when the engine starts, and the KV cache takes what the weights leave of it (unused when
     # num_kv_blocks sizes the cache)
@@ -86,6 +86,11 @@ class EngineConfig:
         if self.load_format not in LOAD_FORMATS:
             raise ConfigError(
                 f"load_format must be one of {', '.join(LOAD_FORMATS)}, got {self.load_format!r}"
+            )
+        if self.kernel_backend == "aiter":
+            raise ConfigError(
+                "kernel_backend 'aiter': no atom-kernels op has an aiter (ROCm) implementation yet; "
+                f"choose one of {', '.join(KERNEL_BACKENDS)}, or None (by device)"
             )
         if self.kernel_backend is not None and self.kernel_backend not in KERNEL_BACKENDS:
             raise ConfigError(
@@ -139,15 +144,39 @@ class EngineConfig:
         return SchedulerConfig(self.max_num_seqs, self.max_num_batched_tokens)
 
     def async_scheduling_on(self) -> bool:
-        """async_scheduling as asked, or by device when not asked."""
+        """async_scheduling as asked, or by device when not asked (the device's kind only: torch_device()
+        checks that it is there)."""
         if self.async_scheduling is not None:
             return self.async_scheduling
-        return self.torch_device().type == "cuda"
-
-    def torch_device(self) -> torch.device:
+        if self.device is not None:
+            return str(self.device).split(":")[0] == "cuda"
         import torch
 
-        return torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        return torch.cuda.is_available()
+
+    def torch_device(self) -> torch.device:
+        """The device asked for (None: cuda if torch sees a GPU, else cpu); a GPU torch cannot see is refused
+        by name, with what it sees (torch's own error is a traceback from its first CUDA call)."""
+        import torch
+
+        from atom_core.config import ConfigError
+
+        device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if device.type == "cuda":
+            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
+            if visible == 0:
+                build = (
+                    "a CPU-only build"
+                    if torch.version.cuda is None
+                    else f"built for CUDA {torch.version.cuda}"
+                )
+                raise ConfigError(
+                    f"device {self.device!r}: torch {torch.__version__} ({build}) sees no CUDA GPU here; "
+                    "use device 'cpu'"
+                )
+            if device.index is not None and device.index >= visible:
+                raise ConfigError(f"device {self.device!r}: torch sees {visible} GPU(s), numbered from 0")
+        return device
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -1,6 +1,7 @@
 """Offline throughput and latency: N random prompts, submitted at once or arriving over time (a Poisson
 process of --request-rate requests a second, as vLLM's serving benchmark draws them), run to completion
-through the engine."""
+through the engine. Each request's prompt and output lengths are drawn uniformly from
+[len x (1 - range_ratio), len x (1 + range_ratio)], as vLLM's random dataset draws them (0: all equal)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import time
 from dataclasses import asdict, dataclass, replace
 
 import torch
+from tqdm import tqdm
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.engine.sampling_params import SamplingParams
@@ -19,7 +21,7 @@ from atom_core.engine.sampling_params import SamplingParams
 @dataclass(slots=True)
 class BenchResult:
     num_prompts: int
-    input_len: int
+    input_len: int  # the mean asked for (each request's drawn around it: range_ratio)
     output_len: int
     elapsed_s: float
     output_tokens: int
@@ -37,10 +39,13 @@ class BenchResult:
     accepted_tokens: int = 0  # and accepted
     acceptance_rate: float | None = None
     mean_accepted_length: float | None = None  # tokens a verifying step emits per sequence (1 + accepted)
+    range_ratio: float = 0.0
+    input_tokens: int = 0  # all prompts' tokens
 
     def table(self) -> str:
+        spread = f", each within ±{self.range_ratio:.0%}" if self.range_ratio else ""
         rows = [
-            ("requests", f"{self.num_prompts} x ({self.input_len} in, {self.output_len} out)"),
+            ("requests", f"{self.num_prompts} x ({self.input_len} in, {self.output_len} out){spread}"),
             ("elapsed", f"{self.elapsed_s:.2f} s"),
             ("output throughput", f"{self.output_tok_s:,.1f} tok/s"),
             ("total throughput", f"{self.total_tok_s:,.1f} tok/s"),
@@ -69,6 +74,13 @@ class BenchResult:
         return asdict(self)
 
 
+def _lengths(mean: int, ratio: float, count: int, gen: torch.Generator) -> list[int]:
+    """count lengths drawn uniformly from the integers in [mean x (1 - ratio), mean x (1 + ratio)], at
+    least 1 (vLLM's random dataset's rule)."""
+    low, high = max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
+    return torch.randint(low, high + 1, (count,), generator=gen).tolist()
+
+
 def _pct(values: list[float], q: float) -> float:
     return (
         statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
@@ -85,9 +97,13 @@ def run_bench(
     request_rate: float = math.inf,
     params: SamplingParams | None = None,
     progress=None,
+    range_ratio: float = 0.0,
 ) -> BenchResult:
-    """params: each request's sampling (max_tokens is output_len; default greedy); request_rate: mean
-    arrivals a second (inf: all at once)."""
+    """params: each request's sampling (max_tokens is its output length; default greedy); request_rate:
+    mean arrivals a second (inf: all at once); range_ratio in [0, 1): how far each request's lengths
+    spread around input_len and output_len."""
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
     progress = (
         progress or sys.stderr
     )  # looked up now: a default bound at import would outlive a swapped stderr
@@ -102,7 +118,9 @@ def run_bench(
     )
     while engine.has_unfinished_requests():
         engine.step()
-    prompts = [torch.randint(0, vocab, (input_len,), generator=gen).tolist() for _ in range(num_prompts)]
+    in_lens = _lengths(input_len, range_ratio, num_prompts, gen)
+    out_lens = _lengths(output_len, range_ratio, num_prompts, gen)
+    prompts = [torch.randint(0, vocab, (n,), generator=gen).tolist() for n in in_lens]
     gaps = (
         torch.distributions.Exponential(request_rate).sample((num_prompts,))
         if math.isfinite(request_rate)
@@ -117,12 +135,16 @@ def run_bench(
         engine.stats.num_verifications,
         engine.stats.num_async_steps,
     )
-    steps, added = 0, 0
+    steps, added, produced = 0, 0, {}
+    out_tokens = sum(out_lens)
+    # the tokens made so far, updated every step (requests finishing together would move it only at the end)
+    bar = tqdm(total=out_tokens, unit="tok", desc="[atom bench] output", file=progress, dynamic_ncols=True)
     start = time.perf_counter()
     while added < num_prompts or engine.has_unfinished_requests():
         now = time.perf_counter() - start
         while added < num_prompts and arrivals[added] <= now:
-            engine.add_request({"prompt_token_ids": prompts[added]}, params, request_id=f"bench-{added}")
+            each = replace(params, max_tokens=out_lens[added])
+            engine.add_request({"prompt_token_ids": prompts[added]}, each, request_id=f"bench-{added}")
             added += 1
         if not engine.has_unfinished_requests():  # idle until the next arrival
             time.sleep(max(0.0, arrivals[added] - now))
@@ -131,19 +153,16 @@ def run_bench(
         for out in engine.step():
             now = time.perf_counter() - start
             first_token.setdefault(out.request_id, now - arrivals[int(out.request_id[6:])])
+            made = len(out.outputs[0].token_ids)  # (cumulative outputs: the bar moves by what is new)
+            bar.update(made - produced.get(out.request_id, 0))
+            produced[out.request_id] = made
             if out.finished:
                 done[out.request_id] = now - arrivals[int(out.request_id[6:])]
-                print(
-                    f"\r[atom bench] {len(done)}/{num_prompts} requests done",
-                    end="",
-                    file=progress,
-                    flush=True,
-                )
+                bar.set_postfix_str(f"{len(done)}/{num_prompts} requests done", refresh=False)
     elapsed = time.perf_counter() - start
-    print(file=progress)
+    bar.close()
     ttft = [v * 1e3 for v in first_token.values()]
     latency = [v * 1e3 for v in done.values()]
-    out_tokens = num_prompts * output_len
     result = BenchResult(
         num_prompts,
         input_len,
@@ -151,7 +170,7 @@ def run_bench(
         elapsed,
         out_tokens,
         out_tokens / elapsed,
-        num_prompts * (input_len + output_len) / elapsed,
+        (sum(in_lens) + out_tokens) / elapsed,
         _pct(ttft, 50),
         _pct(ttft, 90),
         _pct(latency, 50),
@@ -160,6 +179,8 @@ def run_bench(
         steps,
         engine.stats.num_async_steps - overlapped,
         None if math.isinf(request_rate) else request_rate,
+        range_ratio=range_ratio,
+        input_tokens=sum(in_lens),
     )
     if engine.drafter is not None:
         result.draft_tokens = engine.stats.num_draft_tokens - drafted

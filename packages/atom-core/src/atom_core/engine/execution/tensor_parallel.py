@@ -23,6 +23,7 @@ from atom_core.engine.execution.model_runner import ModelRunner
 from atom_core.engine.execution.runner import DraftResult, StepResult
 from atom_core.engine.execution.step_channel import StepChannel
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
+from atom_core.engine.execution.tensor_split import check_tensor_split
 
 
 def _loopback_listener() -> socket.socket:
@@ -121,6 +122,7 @@ class TensorParallelRunner:
                 f"tensor_parallel_size {size} needs {size} GPUs, {torch.cuda.device_count()} are visible "
                 "(use fewer ranks, or device='cpu' for tensor parallel over gloo)"
             )
+        check_tensor_split(model_config, engine, size)  # here, before size - 1 workers would each raise it
         listener = _loopback_listener()
         port = listener.getsockname()[1]
         args = dict(model_config=model_config, engine=engine)

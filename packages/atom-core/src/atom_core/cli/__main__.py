@@ -1,0 +1,5 @@
+"""python -m atom_core.cli: the `atom` command."""
+
+from atom_core.cli import main
+
+raise SystemExit(main())

@@ -155,28 +155,11 @@ class EngineConfig:
         return torch.cuda.is_available()
 
     def torch_device(self) -> torch.device:
-        """The device asked for (None: cuda if torch sees a GPU, else cpu); a GPU torch cannot see is refused
-        by name, with what it sees (torch's own error is a traceback from its first CUDA call)."""
-        import torch
+        """The device asked for (None: cuda if torch sees a GPU, else cpu), refused by name where torch
+        cannot see it (devices.py)."""
+        from atom_core.engine.devices import resolve_device
 
-        from atom_core.config import ConfigError
-
-        device = torch.device(self.device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if device.type == "cuda":
-            visible = torch.cuda.device_count() if torch.cuda.is_available() else 0
-            if visible == 0:
-                build = (
-                    "a CPU-only build"
-                    if torch.version.cuda is None
-                    else f"built for CUDA {torch.version.cuda}"
-                )
-                raise ConfigError(
-                    f"device {self.device!r}: torch {torch.__version__} ({build}) sees no CUDA GPU here; "
-                    "use device 'cpu'"
-                )
-            if device.index is not None and device.index >= visible:
-                raise ConfigError(f"device {self.device!r}: torch sees {visible} GPU(s), numbered from 0")
-        return device
+        return resolve_device(self.device)
 
     @staticmethod
     def add_cli_args(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:

@@ -76,7 +76,10 @@ class BenchResult:
 
 def _lengths(mean: int, ratio: float, count: int, gen: torch.Generator) -> list[int]:
     """count lengths drawn uniformly from the integers in [mean x (1 - ratio), mean x (1 + ratio)], at
-    least 1 (vLLM's random dataset's rule)."""
+    least 1 (vLLM's random dataset's rule). Ratio 0 draws nothing: a seed's prompts stay those of the runs
+    before lengths could spread."""
+    if ratio == 0:
+        return [mean] * count
     low, high = max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
     return torch.randint(low, high + 1, (count,), generator=gen).tolist()
 

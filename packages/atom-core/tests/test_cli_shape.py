@@ -81,6 +81,9 @@ def test_a_file_given_as_the_model_is_named(checkpoint, capsys):
         ["serve", "--kernel-backend", "aiter"],  # (offered by no --help: no op implements it)
         ["generate", "--log-level", "loud"],
         ["bench", "--max-num-seqs", "many"],
+        ["bench-serve"],  # (--max-token-id is required)
+        ["bench-serve", "--max-token-id", "9", "--request-rate", "0"],
+        ["bench-serve", "--max-token-id", "9", "--base-url", "localhost:8000"],
     ],
 )
 def test_argument_errors_come_before_the_engine_is_imported(args):
@@ -97,12 +100,15 @@ def test_argument_errors_come_before_the_engine_is_imported(args):
 def test_help_shows_every_flag_with_its_meaning_and_default():
     parser = build_parser()
     commands = parser._subparsers._group_actions[0].choices
-    assert set(commands) == {"generate", "serve", "bench"}
+    assert set(commands) == {"generate", "serve", "bench", "bench-serve"}
     for name, command in commands.items():
         for action in command._actions:
             assert action.help, f"atom {name} {'/'.join(action.option_strings) or action.dest} has no help"
         text = " ".join(command.format_help().split())  # (unwrapped)
-        assert "(default: 256)" in text  # --max-num-seqs
+        if name == "bench-serve":  # a client of a running server: no engine flags
+            assert "(default: http://127.0.0.1:8000)" in text and "--max-num-seqs" not in text
+        else:
+            assert "(default: 256)" in text  # --max-num-seqs
         assert "(default: None)" not in text and "(default: False)" not in text
         for flag in text.split(" --"):  # a default the help text gives already is not repeated
             assert flag.count("default:") <= 1, flag

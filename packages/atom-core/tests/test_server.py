@@ -1,5 +1,6 @@
 """`atom serve` on a free localhost port, driven by the official openai client; bad requests get 400."""
 
+import json
 import re
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -248,3 +249,30 @@ def test_access_lines_give_status_tokens_and_time_streams_included(server, clien
         next(response.iter_lines())  # one event, then the client goes
     _access_line(server, rf"{client_part} -> 499 in [\d.]+ ms, \d+ prompt \+ \d+ completion tokens")
     assert httpx.get(f"{server[0]}/health").status_code == 200
+
+
+def test_atom_bench_serve_measures_this_server(server, capsys):
+    """The serving benchmark against the server: every request completes with the tokens asked for
+    (ignore_eos), its prompt tokens are the server's usage, and each latency has its percentiles."""
+    from atom_core.cli import main
+
+    argv = ["bench-serve", "--base-url", server[0], "--api-key", KEY, "--max-token-id", "512", "--json"]
+    argv += ["--num-prompts", "6", "--input-len", "12", "--output-len", "6", "--random-range-ratio", "0.5"]
+    argv += [
+        "--request-rate",
+        "50",
+        "--max-concurrency",
+        "3",
+        "--ignore-eos",
+        "--metric-percentiles",
+        "50,99",
+    ]
+    assert main(argv) == 0
+    result = json.loads(capsys.readouterr().out)
+    assert (result["model"], result["completed"], result["failed"]) == ("atom-demo", 6, 0)
+    assert 6 * 6 * 0.5 <= result["output_tokens"] <= 6 * 6 * 1.5 and 36 <= result["input_tokens"] <= 108
+    assert result["max_concurrency"] == 3 and result["request_rate"] == 50
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert set(result["latency_ms"][metric]) == {"mean", "median", "p50", "p99"}
+        assert 0 < result["latency_ms"][metric]["median"] <= result["latency_ms"][metric]["p99"]
+

@@ -1,5 +1,5 @@
 """`vllm serve` of a tiny DeepSeek-V3 with its MTP layer, ATOM active and speculative decoding on, answering
-the official OpenAI client on localhost."""
+the official OpenAI client on localhost, and measured by `atom bench-serve` (another engine's endpoint)."""
 
 import os
 import signal
@@ -16,8 +16,9 @@ from vllm_support import free_port, save_mtp_checkpoint
 STEPS = 8
 
 
-@pytest.fixture
-def server(tmp_path):
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    tmp_path = tmp_path_factory.mktemp("vllm-serve")
     ckpt = save_mtp_checkpoint(tmp_path / "ckpt")  # its MTP layer echoes: some drafts accepted
     port = free_port()
     log = tmp_path / "serve.log"
@@ -112,3 +113,25 @@ def test_vllm_serve_with_atom_answers_the_openai_client(server, greedy_reference
     assert "ATOM plugin active: atom-vllm" in text
     assert "ATOM model atom_core.models.deepseek_v2.DeepseekV3ForCausalLM runs DeepseekV3ForCausalLM" in text
     assert "ATOM MTP draft DeepseekMTP drafts for DeepseekV3ForCausalLM" in text
+
+
+def test_atom_bench_serve_measures_vllm_serve(server):
+    """ATOM's serving benchmark against vLLM's OpenAI server: every request completes with the tokens it
+    asked for (vLLM honours ignore_eos) and each latency has its percentiles."""
+    import json
+
+    from transformers import AutoTokenizer
+
+    ckpt, base, _ = server
+    vocab = AutoTokenizer.from_pretrained(ckpt.path).vocab_size
+    atom_cli = Path(sys.executable).with_name("atom")
+    argv = [str(atom_cli), "bench-serve", "--base-url", base, "--max-token-id", str(vocab), "--json"]
+    argv += ["--num-prompts", "4", "--input-len", "10", "--output-len", "5", "--max-concurrency", "2"]
+    argv += ["--ignore-eos", "--request-rate", "20"]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert (result["completed"], result["failed"]) == (4, 0)
+    assert (result["input_tokens"], result["output_tokens"]) == (40, 20)
+    for metric in ("ttft", "tpot", "itl", "e2el"):
+        assert 0 < result["latency_ms"][metric]["median"] <= result["latency_ms"][metric]["p99"]

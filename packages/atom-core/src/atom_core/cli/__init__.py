@@ -1,5 +1,6 @@
 """The `atom` command line, in vLLM's shape: `atom serve [MODEL]`, `atom generate --model MODEL [PROMPT ...]`
 and `atom bench --model MODEL`; with no model, the built-in demo checkpoint (random weights).
+`atom bench-serve --base-url URL` benchmarks a running OpenAI-compatible server.
 
 Arguments are checked before the engine (torch, transformers) is imported: a missing checkpoint dir or a
 checkpoint given where a prompt goes fails at once, with one line.
@@ -8,11 +9,11 @@ checkpoint given where a prompt goes fails at once, with one line.
 from __future__ import annotations
 
 from atom_core import __version__
-from atom_core.cli import bench, generate, serve
+from atom_core.cli import bench, bench_serve, generate, serve
 from atom_core.cli.checks import check_arguments
 from atom_core.cli.common import Help, Parser, one_line, say
 
-COMMANDS = {"generate": generate, "serve": serve, "bench": bench}
+COMMANDS = {"generate": generate, "serve": serve, "bench": bench, "bench-serve": bench_serve}
 
 
 def build_parser() -> Parser:

@@ -36,6 +36,8 @@ def model_error(model: Path | None) -> str | None:
 def check_arguments(args: argparse.Namespace) -> str | None:
     """What is wrong with the command line that needs no engine to see, or None. Sets args.model from
     serve's positional MODEL."""
+    if args.command == "bench-serve":  # its --model names a served model, not a checkpoint dir
+        return None
     if args.command == "serve" and args.model_tag is not None:
         if args.model is not None and args.model != args.model_tag:
             return f"two models given: MODEL {args.model_tag} and --model {args.model}; give one"

@@ -6,7 +6,6 @@ through the engine. Each request's prompt and output lengths are drawn uniformly
 from __future__ import annotations
 
 import math
-import statistics
 import sys
 import time
 from dataclasses import asdict, dataclass, replace
@@ -16,6 +15,8 @@ from tqdm import tqdm
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.engine.sampling_params import SamplingParams
+from atom_core.entrypoints.percentiles import percentile
+from atom_core.entrypoints.random_lengths import length_bounds
 
 
 @dataclass(slots=True)
@@ -80,14 +81,8 @@ def _lengths(mean: int, ratio: float, count: int, gen: torch.Generator) -> list[
     before lengths could spread."""
     if ratio == 0:
         return [mean] * count
-    low, high = max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
+    low, high = length_bounds(mean, ratio)
     return torch.randint(low, high + 1, (count,), generator=gen).tolist()
-
-
-def _pct(values: list[float], q: float) -> float:
-    return (
-        statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1] if len(values) > 1 else values[0]
-    )
 
 
 def run_bench(
@@ -174,10 +169,10 @@ def run_bench(
         out_tokens,
         out_tokens / elapsed,
         (sum(in_lens) + out_tokens) / elapsed,
-        _pct(ttft, 50),
-        _pct(ttft, 90),
-        _pct(latency, 50),
-        _pct(latency, 90),
+        percentile(ttft, 50),
+        percentile(ttft, 90),
+        percentile(latency, 50),
+        percentile(latency, 90),
         engine.scheduler.num_preemptions - preempted_before,
         steps,
         engine.stats.num_async_steps - overlapped,

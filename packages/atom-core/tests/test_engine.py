@@ -1,6 +1,7 @@
 """The native engine: batched output equals each request alone and transformers; sampling controls behave."""
 
 import contextlib
+import dataclasses
 import ipaddress
 import os
 from pathlib import Path
@@ -171,12 +172,20 @@ def test_tensor_parallel_2_over_gloo_equals_1(checkpoint):
     _, path = checkpoint
     prompts = [{"prompt_token_ids": p} for p in _prompts()]
     # On the CPU everywhere (gloo); on a machine with GPUs, TP=2 would need two of them.
-    single = [o.outputs[0].token_ids for o in _llm(path, device="cpu").generate(prompts, GREEDY)]
+    one = _llm(path, device="cpu")
+    single = [o.outputs[0].token_ids for o in one.generate(prompts, GREEDY)]
+    scoring = dataclasses.replace(GREEDY, prompt_logprobs=2)  # every rank computes the prompt's logits
+    scored = one.generate(prompts[:1], scoring)[0].prompt_logprobs
+    one.shutdown()
     # async scheduling (as on GPUs by default): the workers feed each step their own last argmax
     tp = _llm(path, tensor_parallel_size=2, device="cpu", async_scheduling=True)
     try:
         assert [o.outputs[0].token_ids for o in tp.generate(prompts, GREEDY)] == single
         assert tp.engine.stats.num_async_steps > 0
+        tp_scored = tp.generate(prompts[:1], scoring)[0].prompt_logprobs  # (a synchronous step)
+        assert tp_scored[0] is None and [list(e) for e in tp_scored[1:]] == [list(e) for e in scored[1:]]
+        for got, expected in zip(tp_scored[1:], scored[1:], strict=True):
+            assert list(got.values()) == pytest.approx(list(expected.values()), abs=1e-4)
         workers = tp.engine.runner.workers
         assert len(workers) == 1 and workers[0].is_alive()
         for pid in (os.getpid(), workers[0].pid):  # the rendezvous and gloo listen on loopback only

@@ -1,6 +1,6 @@
 """SamplingParams' vLLM fields beyond the sampling distribution: min_tokens (the stop tokens banned from
 the draw, and stop strings not stopping, before that many tokens), include_stop_str_in_output,
-skip_special_tokens, and prompt_logprobs refused by name; the server maps them from a request."""
+and skip_special_tokens; the server maps them from a request (prompt_logprobs: test_prompt_logprobs.py)."""
 
 import pytest
 
@@ -69,7 +69,6 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(demo):
 @pytest.mark.parametrize(
     "fields, message",
     [
-        (dict(prompt_logprobs=1), r"^prompt_logprobs is not supported: the engine computes logits for"),
         (dict(min_tokens=20, max_tokens=10), r"^min_tokens must be between 0 and max_tokens$"),
         (dict(min_tokens=-1), r"^min_tokens must be between 0 and max_tokens$"),
         (dict(skip_special_tokens="no"), r"^skip_special_tokens must be true or false, got 'no'$"),

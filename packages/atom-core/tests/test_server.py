@@ -276,3 +276,27 @@ def test_atom_bench_serve_measures_this_server(server, capsys):
         assert set(result["latency_ms"][metric]) == {"mean", "median", "p50", "p99"}
         assert 0 < result["latency_ms"][metric]["median"] <= result["latency_ms"][metric]["p99"]
 
+
+def test_echo_with_logprobs_scores_the_prompt_streaming_and_not(client, offline):
+    """OpenAI's way to get the prompt's logprobs: its tokens come first in logprobs, the first with none,
+    then the completion's; the values are the engine's prompt_logprobs, and a stream gives the same."""
+    prompt = "Paged attention keeps the"
+    ask = dict(model="atom-demo", prompt=prompt, max_tokens=4, temperature=0, echo=True, logprobs=2)
+    whole = client.completions.create(**ask).choices[0]
+    (ref,) = offline.generate(
+        [prompt], SamplingParams(temperature=0, max_tokens=4, prompt_logprobs=2, logprobs=2)
+    )
+    ids, scored = ref.prompt_token_ids, ref.prompt_logprobs
+    lp = whole.logprobs
+    assert whole.text == prompt + ref.outputs[0].text
+    assert len(lp.tokens) == len(ids) + 4 and lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    expected = [scored[i][ids[i]] for i in range(1, len(ids))] + [
+        d[t] for t, d in zip(ref.outputs[0].token_ids, ref.outputs[0].logprobs, strict=True)
+    ]
+    assert lp.token_logprobs[1:] == pytest.approx(expected, abs=1e-4)
+    assert lp.text_offset[0] == 0 and lp.text_offset[len(ids)] == len(prompt)
+    assert all(len(top) >= 2 for top in lp.top_logprobs[1:])
+    events = list(client.completions.create(stream=True, **ask))
+    streamed = [t for e in events for c in e.choices if c.logprobs for t in c.logprobs.token_logprobs]
+    assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
+    assert "".join(c.text for e in events for c in e.choices) == whole.text

@@ -84,7 +84,6 @@ HOSTILE = {
     "unknown field": ({"prompt": "x", "tools": []}, 400, "Unrecognized request argument supplied: tools"),
     "logit_bias": ({"prompt": "x", "logit_bias": {"5": 1.0}}, 400, "logit_bias is not supported"),
     "suffix": ({"prompt": "x", "suffix": "y"}, 400, "suffix is not supported"),
-    "echo with logprobs": ({"prompt": "x", "echo": True, "logprobs": 1}, 400, "echo with logprobs"),
     "n over the cap": ({"prompt": "x", "n": 1000}, 400, "n must be at most 16"),
     "top_p out of range": ({"prompt": "x", "top_p": 7}, 400, "top_p"),
     "penalty out of range": ({"prompt": "x", "presence_penalty": 3}, 400, "presence_penalty"),

@@ -294,6 +294,21 @@ def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrain
     assert [o.outputs[0].token_ids for o in free] != [o.outputs[0].token_ids for o in plain]  # it matters
 
 
+def test_prompt_logprobs_under_speculation_equal_plain_ones(trained):
+    """A request that scores its prompt beside drafted ones: its scores, and every output, as without a
+    draft (its prefill is chunked; it and the others are drafted for once they decode)."""
+    scoring = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, prompt_logprobs=2)
+    engine_args = dict(num_kv_blocks=64, max_num_batched_tokens=16, async_scheduling=True)
+    _, plain = run(trained, PROMPTS[:3], scoring, **engine_args)
+    engine, spec = run(trained, PROMPTS[:3], scoring, speculative_config=mtp(2), **engine_args)
+    assert engine.stats.num_draft_tokens > 0
+    for p, s in zip(plain, spec, strict=True):
+        assert s.outputs[0].token_ids == p.outputs[0].token_ids
+        assert len(s.prompt_logprobs) == len(p.prompt_token_ids) and s.prompt_logprobs[0] is None
+        for lp, ls in zip(p.prompt_logprobs[1:], s.prompt_logprobs[1:], strict=True):
+            assert lp.keys() == ls.keys() and max(abs(lp[t] - ls[t]) for t in lp) < 1e-4
+
+
 CHI2_0999 = {7: 24.32, 8: 26.12}  # the chi-square distribution's 99.9% points, by degrees of freedom
 
 

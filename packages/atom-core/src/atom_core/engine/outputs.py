@@ -35,3 +35,6 @@ class RequestOutput:
     outputs: list[CompletionOutput] = field(default_factory=list)
     finished: bool = False
     error: str | None = None  # why the request failed (it is then finished; the engine goes on with others)
+    # SamplingParams.prompt_logprobs: per prompt token, None for the first, then {token: logprob} of the
+    # prompt's token and the top ones (with OutputKind.DELTA, in the request's first output only)
+    prompt_logprobs: list[dict[int, float] | None] | None = None

@@ -41,7 +41,9 @@ class SamplingParams:
     min_tokens: int = 0
     skip_special_tokens: bool = True  # the output's text leaves special tokens out (its token ids keep them)
     include_stop_str_in_output: bool = False  # the text keeps the stop string that ended it
-    prompt_logprobs: int | None = None  # vLLM's; refused: the engine computes no logits over the prompt
+    # vLLM's: per prompt token after the first, its logprob and the top ones given the tokens before it
+    # (raw logits: no temperature or penalty); such a request's prefix is computed, never cached
+    prompt_logprobs: int | None = None
     # what each output of a running request carries (vLLM's RequestOutputKind): the whole output so far,
     # only what is new since the last one, or nothing until it finishes
     output_kind: OutputKind = OutputKind.CUMULATIVE
@@ -50,12 +52,7 @@ class SamplingParams:
     def __post_init__(self):
         _integers(self, "n", "top_k", "max_tokens", "min_tokens")
         _booleans(self, "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
-        if self.prompt_logprobs is not None:
-            raise ValueError(
-                "prompt_logprobs is not supported: the engine computes logits for the tokens it samples "
-                "only (logprobs gives each sampled token's)"
-            )
-        _integers(self, "seed", "logprobs", optional=True)
+        _integers(self, "seed", "logprobs", "prompt_logprobs", optional=True)
         _finite(
             self,
             "temperature",
@@ -77,6 +74,10 @@ class SamplingParams:
             (self.max_tokens >= 1, "max_tokens must be at least 1"),
             (0 <= self.min_tokens <= self.max_tokens, "min_tokens must be between 0 and max_tokens"),
             (self.logprobs is None or 0 <= self.logprobs <= 20, "logprobs must be between 0 and 20"),
+            (
+                self.prompt_logprobs is None or 0 <= self.prompt_logprobs <= 20,
+                "prompt_logprobs must be between 0 and 20",
+            ),
         ]
         for ok, message in checks:
             if not ok:

@@ -28,6 +28,7 @@ from atom_core.engine.execution.peer_all_reduce import with_peer_all_reduce
 from atom_core.engine.execution.runner import DraftResult, StepResult
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs, feed_sampled
 from atom_core.engine.plan import plan_engine
+from atom_core.engine.sampling.prompt_logprobs import score_prompt_rows
 from atom_core.engine.sampling.sampler import sample_rows
 from atom_core.forward_context import ForwardContext, bind_forward_context
 from atom_core.host_copy import row_index, to_device
@@ -145,6 +146,14 @@ class ModelRunner:
         logits, hidden, ids = self._forward(inputs, fed, lag)
         copy_state_rows(self.caches, inputs.state_saves, self.device)
         result = StepResult(logits, hidden if self.draft is not None else None)
+        if inputs.prompt_rows:  # (on every tensor-parallel rank: the logits are gathered across them)
+            result.prompt_logprobs = score_prompt_rows(
+                self.model.compute_logits,
+                hidden,
+                inputs.prompt_rows,
+                inputs.prompt_targets,
+                inputs.prompt_tops,
+            )
         if inputs.sampling is not None:  # sampled on the device, read by the host later (or never)
             row_lag = None  # (greedy rows have no key; a lag is for uniform rows)
             if lag is not None and any(inputs.sampling.temperatures):

@@ -34,6 +34,8 @@ class StepResult:
     shift: torch.Tensor | None = None
     last_rows: torch.Tensor | None = None
     chain_shift: torch.Tensor | None = None
+    # inputs.prompt_rows' {token: logprob}, read on the host (SamplingParams.prompt_logprobs)
+    prompt_logprobs: list[dict[int, float]] | None = None
 
     @property
     def sampled(self) -> torch.Tensor | None:

@@ -9,6 +9,7 @@ import torch
 
 from atom_core.engine.sampling.sampler import SamplingRows
 from atom_core.engine.scheduling.scheduler import ScheduledBatch
+from atom_core.engine.scheduling.sequence import Sequence
 from atom_core.host_copy import to_device
 
 
@@ -47,6 +48,12 @@ class StepInputs:
     # per sequence, its index in the verify step launched before this one, whose acceptance this step's
     # positions assumed full: its rows sit that step's rejected drafts before the host's (empty: none)
     shift_from: list[int] = field(default_factory=list)
+    # SamplingParams.prompt_logprobs: token rows whose logits score the prompt's next token (prompt_targets),
+    # with the top prompt_tops[i] others; prompt_owners: each one's sequence (its batch row)
+    prompt_rows: list[int] = field(default_factory=list)
+    prompt_targets: list[int] = field(default_factory=list)
+    prompt_tops: list[int] = field(default_factory=list)
+    prompt_owners: list[int] = field(default_factory=list)
 
 
 @dataclass(slots=True)
@@ -79,6 +86,8 @@ def prepare_step(batch: ScheduledBatch) -> StepInputs:
     drafts = batch.drafts or [[]] * len(batch.seqs)
     for row, (seq, n, draft) in enumerate(zip(batch.seqs, batch.num_new_tokens, drafts, strict=True)):
         start, known = seq.num_computed_tokens, n - len(draft)
+        if seq.scores_prompt:
+            _score_prompt(inputs, row, seq, start, known)
         ids = seq.token_ids[start : start + known]  # short by the tokens still on the device
         inputs.ids += ids + [0] * (known - len(ids)) + draft
         inputs.positions += range(start, start + n)
@@ -96,6 +105,18 @@ def prepare_step(batch: ScheduledBatch) -> StepInputs:
     inputs.state_copies = [(snapshot, seq.state_slot) for seq, snapshot in batch.restores]
     inputs.state_saves = [(seq.state_slot, snapshot) for seq, _, snapshot in batch.saves]
     return inputs
+
+
+def _score_prompt(inputs: StepInputs, row: int, seq: Sequence, start: int, known: int) -> None:
+    """The rows of seq's chunk (positions start..start+known-1) whose logits give the logprob of a prompt
+    token not yet scored: position p scores token p + 1."""
+    prompt, first = seq.prompt_token_ids, len(seq.prompt_logprobs) - 1  # (position 0 has no score)
+    base = len(inputs.ids) - start  # the chunk's row of position p is base + p
+    for p in range(max(start, first), min(start + known, len(prompt) - 1)):
+        inputs.prompt_rows.append(base + p)
+        inputs.prompt_targets.append(prompt[p + 1])
+        inputs.prompt_tops.append(seq.params.prompt_logprobs)
+        inputs.prompt_owners.append(row)
 
 
 def feed_sampled(ids: torch.Tensor, rows: list[int], sources: list[int], sampled: torch.Tensor) -> None:

@@ -58,7 +58,8 @@ class BlockManager:
         """Reuse cached blocks for the longest cached prefix of seq's tokens; returns how many blocks."""
         b = self.block_size
         parent, hits, keys = 0, [], []
-        for i in range(self.cacheable_blocks(seq)):  # never the block of the last token
+        # never the block of the last token; none for a prompt whose logprobs are read from its forward
+        for i in range(0 if seq.scores_prompt else self.cacheable_blocks(seq)):
             key = (parent, tuple(seq.token_ids[i * b : (i + 1) * b]))
             block = self.block_of.get(key)
             if block is None:

@@ -56,6 +56,9 @@ class Sequence:
     # OutputKind.DELTA: the tokens and settled characters its outputs have carried so far
     num_sent_tokens: int = 0
     num_sent_chars: int = 0
+    # SamplingParams.prompt_logprobs (the request's first sample only): per prompt position, None for the
+    # first, then {token: logprob} of the prompt's token and the top ones, filled as its chunks run
+    prompt_logprobs: list[dict[int, float] | None] | None = None
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)
@@ -63,6 +66,14 @@ class Sequence:
         if seed is None:  # its own random one, from torch's generator: torch.manual_seed repeats a run
             seed = int(torch.randint(-(2**63), 2**63 - 1, (), dtype=torch.int64))
         self.sample_seed = seed % 2**64
+        if self.params.prompt_logprobs is not None and self.index == 0:
+            self.prompt_logprobs = [None]
+
+    @property
+    def scores_prompt(self) -> bool:
+        """Whether its prompt still has positions whose logprobs are to be read (its prefix is then
+        computed, not taken from the prefix cache)."""
+        return self.prompt_logprobs is not None and len(self.prompt_logprobs) < len(self.prompt_token_ids)
 
     @property
     def num_tokens(self) -> int:

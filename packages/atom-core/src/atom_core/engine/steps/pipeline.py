@@ -8,6 +8,7 @@ from atom_core.engine.execution.runner import Runner, StepResult
 from atom_core.engine.execution.step_inputs import StepInputs, prepare_step
 from atom_core.engine.outputs import RequestOutput
 from atom_core.engine.plan import CachePlan
+from atom_core.engine.sampling.prompt_logprobs import record_prompt_logprobs
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Status
 from atom_core.engine.speculation.drafting import Drafter
@@ -153,6 +154,8 @@ class StepPipeline:
         """After a synchronous forward: sample (or verify drafts), emit, then propose the next drafts. With
         drafts drawn in the forward, the draft's catch-up is launched before the host reads them, so it
         runs while the host verifies and emits."""
+        if result.prompt_logprobs is not None:
+            record_prompt_logprobs(batch.seqs, inputs.prompt_owners, result.prompt_logprobs)
         if self.drafter is None:
             return self.emitter.emit(sample_step(batch, inputs, result, self.scheduler, self.backend))
         # the forward's draws start for the host before the catch-up is queued behind them

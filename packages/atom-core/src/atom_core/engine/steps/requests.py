@@ -63,8 +63,18 @@ class RequestTable(dict[str, Request]):
         kind = request.seqs[0].params.output_kind
         if kind is OutputKind.FINAL_ONLY and not finished:
             return None
+        scored = request.seqs[0].prompt_logprobs
+        if kind is OutputKind.DELTA and request.seqs[0].num_sent_tokens > 0:
+            scored = None  # (carried by the first output)
         outputs = [_completion(s, delta=kind is OutputKind.DELTA) for s in request.seqs]
-        return RequestOutput(request.request_id, request.prompt, request.prompt_token_ids, outputs, finished)
+        return RequestOutput(
+            request.request_id,
+            request.prompt,
+            request.prompt_token_ids,
+            outputs,
+            finished,
+            prompt_logprobs=scored,
+        )
 
     def outputs(self, advanced: list[str], failed: dict[str, str]) -> list[RequestOutput]:
         """A step's outputs: the failed requests' errors, then each advanced request's output (in order,

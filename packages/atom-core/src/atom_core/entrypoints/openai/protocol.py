@@ -7,6 +7,7 @@ SamplingParams, which checks their ranges.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
@@ -130,12 +131,13 @@ class CompletionRequest(_Request):
             raise ValueError("suffix is not supported")
         if self.best_of is not None and self.best_of != self.n:
             raise ValueError("best_of is not supported (other than equal to n)")
-        if self.echo and self.logprobs is not None:
-            raise ValueError("echo with logprobs is not supported (it needs the prompt's logprobs)")
         budget = (
             self.max_tokens if "max_tokens" in self.model_fields_set else (defaults or {}).get("max_tokens")
         )
-        return self.sampling_params(16 if budget is None else budget, self.logprobs, defaults)
+        params = self.sampling_params(16 if budget is None else budget, self.logprobs, defaults)
+        if self.echo and self.logprobs is not None:  # the echoed prompt's tokens carry theirs too
+            params = dataclasses.replace(params, prompt_logprobs=self.logprobs)
+        return params
 
 
 class TextPart(BaseModel):

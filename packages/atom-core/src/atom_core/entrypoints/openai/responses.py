@@ -27,7 +27,8 @@ def usage_counts(prompt: int, completion: int) -> dict:
 
 
 class Formatter:
-    """Builds one request's bodies; `chat` picks the chat shapes, `echo` prefixes completions with the prompt."""
+    """Builds one request's bodies; `chat` picks the chat shapes, `echo` prefixes completions with the prompt
+    (and with echo_scores, their logprobs with the prompt's: the outputs carry prompt_logprobs)."""
 
     def __init__(
         self,
@@ -39,30 +40,43 @@ class Formatter:
         chat: bool,
         echo: str = "",
         top_logprobs: int = 0,
+        echo_scores: bool = False,
     ):
         self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
         self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
+        self.echo_scores = echo_scores
 
     def _token(self, t: int) -> str:
         return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
 
-    def logprobs(self, c: CompletionOutput, start: int = 0, text_offset: int = 0) -> dict | None:
-        """The logprobs of c's tokens from `start` on (a stream sends each token's once)."""
+    def logprobs(
+        self, c: CompletionOutput, start: int = 0, text_offset: int = 0, echoed: RequestOutput | None = None
+    ) -> dict | None:
+        """The logprobs of c's tokens from `start` on (a stream sends each token's once); text_offset: the
+        characters of c's text before them. echoed: the output whose prompt this chunk echoes (echo with
+        logprobs): its prompt tokens come first, the first with no logprob, as OpenAI and vLLM give them."""
         if c.logprobs is None:
             return None
         ids, lps = c.token_ids[start:], c.logprobs[start:]
         if self.chat:
             return {"content": [self._chat_entry(t, lp) for t, lp in zip(ids, lps, strict=True)]}
-        tokens = [self._token(t) for t in ids]
-        offsets, at = [], text_offset
-        for token in tokens:
-            offsets.append(at)
-            at += len(token)
+        entries = []  # (token's text, its logprob, the top ones, its offset in the choice's text)
+        if echoed is not None:  # the echo is the prompt's text: its tokens' offsets count from 0
+            at = 0
+            for t, lp in zip(echoed.prompt_token_ids, echoed.prompt_logprobs, strict=True):
+                entries.append((self._token(t), None if lp is None else lp[t], lp, at))
+                at += len(entries[-1][0])
+        at = len(self.echo) + text_offset
+        for t, lp in zip(ids, lps, strict=True):
+            entries.append((self._token(t), lp[t], lp, at))
+            at += len(entries[-1][0])
         return {
-            "tokens": tokens,
-            "token_logprobs": [lp[t] for t, lp in zip(ids, lps, strict=True)],
-            "top_logprobs": [{self._token(k): v for k, v in lp.items()} for lp in lps],
-            "text_offset": offsets,
+            "tokens": [e[0] for e in entries],
+            "token_logprobs": [e[1] for e in entries],
+            "top_logprobs": [
+                None if e[2] is None else {self._token(k): v for k, v in e[2].items()} for e in entries
+            ],
+            "text_offset": [e[3] for e in entries],
         }
 
     def _chat_entry(self, t: int, lp: dict[int, float]) -> dict:
@@ -77,7 +91,12 @@ class Formatter:
     def full(self, out: RequestOutput) -> dict:
         choices = []
         for c in out.outputs:
-            choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": self.logprobs(c)}
+            echoed = out if self.echo_scores else None
+            choice = {
+                "index": c.index,
+                "finish_reason": c.finish_reason,
+                "logprobs": self.logprobs(c, echoed=echoed),
+            }
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": c.text}
             else:

@@ -101,6 +101,7 @@ def _formatter_for(state: ServerState, params: SamplingParams, *, chat: bool, ec
         chat=chat,
         echo=echo,
         top_logprobs=top_logprobs,
+        echo_scores=params.prompt_logprobs is not None,
     )
 
 

@@ -64,16 +64,19 @@ async def _events(
     sent_chars: dict[int, int] = {}  # choice -> characters sent (completions' logprobs offsets)
     sent_tokens: dict[int, int] = {}  # choice -> tokens sent (usage)
     done: set[int] = set()
-    out = first
+    out = scored = first  # scored: the output that carried the prompt's logprobs (echo with logprobs)
     try:
         while True:
             prompt_tokens = len(out.prompt_token_ids)  # (a batch's grows as its prompts report)
+            scored = scored if out.prompt_logprobs is None else out
             choices = []
             for c in out.outputs:
                 if c.index in done or (not c.text and not c.token_ids and c.finish_reason is None):
                     continue
-                logprobs = fmt.logprobs(c, 0, text_offset=sent_chars.get(c.index, 0))
-                choices.append(fmt.delta(c, c.text, first=c.index not in sent_chars, logprobs=logprobs))
+                first_chunk = c.index not in sent_chars  # (a delta carries its prompt's scores once)
+                echoed = scored if fmt.echo_scores and first_chunk else None
+                logprobs = fmt.logprobs(c, 0, text_offset=sent_chars.get(c.index, 0), echoed=echoed)
+                choices.append(fmt.delta(c, c.text, first=first_chunk, logprobs=logprobs))
                 sent_chars[c.index] = sent_chars.get(c.index, 0) + len(c.text)
                 sent_tokens[c.index] = sent_tokens.get(c.index, 0) + len(c.token_ids)
                 if c.finish_reason is not None:

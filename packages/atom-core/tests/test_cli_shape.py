@@ -81,6 +81,7 @@ def test_a_file_given_as_the_model_is_named(checkpoint, capsys):
         ["serve", "--kernel-backend", "aiter"],  # (offered by no --help: no op implements it)
         ["generate", "--log-level", "loud"],
         ["bench", "--max-num-seqs", "many"],
+        ["serve", "--served-model-name", "a", "a"],
         ["bench-serve"],  # (--max-token-id is required)
         ["bench-serve", "--max-token-id", "9", "--request-rate", "0"],
         ["bench-serve", "--max-token-id", "9", "--base-url", "localhost:8000"],

@@ -16,7 +16,8 @@ KEY = "test-key"
 
 @pytest.fixture(scope="module")
 def server(start_server):
-    process = start_server(["--api-key", KEY, "--max-model-len", "128", "--num-kv-blocks", "96"])
+    args = ["--api-key", KEY, "--max-model-len", "128", "--num-kv-blocks", "96"]
+    process = start_server([*args, "--served-model-name", "atom-demo", "atom-alias"])
     yield process.base, process.log_path.parent
     assert process.stop(timeout=15) == 0  # shuts down cleanly on SIGTERM
 
@@ -39,7 +40,14 @@ def monkeypatch_module():
 
 
 def test_models_and_health(client):
-    assert [m.id for m in client.models.list().data] == ["atom-demo"]
+    assert [m.id for m in client.models.list().data] == ["atom-demo", "atom-alias"]
+
+
+def test_every_served_name_is_asked_for_and_answers_carry_the_first(client, server):
+    reply = client.completions.create(model="atom-alias", prompt="names", max_tokens=2)
+    assert reply.model == "atom-demo"
+    with pytest.raises(openai.NotFoundError, match="this server serves 'atom-demo', 'atom-alias'"):
+        client.completions.create(model="other", prompt="names", max_tokens=2)
 
 
 def test_completion_equals_the_offline_engine_and_streaming_equals_whole(client, offline):
@@ -300,3 +308,74 @@ def test_echo_with_logprobs_scores_the_prompt_streaming_and_not(client, offline)
     streamed = [t for e in events for c in e.choices if c.logprobs for t in c.logprobs.token_logprobs]
     assert streamed[0] is None and streamed[1:] == pytest.approx(lp.token_logprobs[1:], abs=1e-5)
     assert "".join(c.text for e in events for c in e.choices) == whole.text
+
+
+def _metrics(base: str) -> dict[str, float]:
+    """/metrics (no API key: not a /v1 route) as {name{labels}: value}, the labels but model_name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    response = httpx.get(f"{base}/metrics")
+    assert response.status_code == 200 and response.headers["content-type"].startswith("text/plain")
+    found = {}
+    for family in text_string_to_metric_families(response.text):
+        for sample in family.samples:
+            assert sample.labels.pop("model_name") == "atom-demo"
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+            found[f"{sample.name}{{{labels}}}" if labels else sample.name] = sample.value
+    return found
+
+
+def test_metrics_move_with_the_requests_served(server, client):
+    """vLLM's names with an atom: prefix: finished requests by reason, token counters and latency
+    histograms move by what two requests did (one whole, one streamed, 5 tokens each); the engine's
+    gauges and cache counters are there (aborts and failures: test_request_timing.py)."""
+    before = _metrics(server[0])
+    greedy = dict(model="atom-demo", temperature=0, max_tokens=5, extra_body={"ignore_eos": True})
+    whole = client.completions.create(prompt="metrics, whole", **greedy)
+    streamed = list(client.completions.create(prompt="metrics, streamed", stream=True, **greedy))
+    assert streamed
+    after = _metrics(server[0])
+
+    def moved(name: str) -> float:
+        return after[name] - before.get(name, 0.0)
+
+    assert moved("atom:request_success_total{finished_reason=length}") == 2
+    assert moved("atom:generation_tokens_total") >= 10
+    assert moved("atom:prompt_tokens_total") >= 2 * whole.usage.prompt_tokens - 2
+    assert moved("atom:time_to_first_token_seconds_count") == 2
+    assert moved("atom:e2e_request_latency_seconds_count") == 2
+    assert moved("atom:inter_token_latency_seconds_count") >= 8  # 4 later steps for each of the two
+    assert moved("atom:prefix_cache_queries_total") > 0
+    assert after["atom:num_requests_running"] == 0 and after["atom:num_requests_waiting"] == 0
+    assert 0 <= after["atom:kv_cache_usage_perc"] <= 1
+    assert (
+        after["atom:time_to_first_token_seconds_bucket{le=+Inf}"]
+        == after["atom:time_to_first_token_seconds_count"]
+    )
+
+
+def test_tokenize_and_detokenize_as_vllm_has_them(server, offline):
+    """A prompt's ids are the engine's; a chat's are those its completion counts; detokenize inverts;
+    bad input is a 400 naming it."""
+    base, tokenizer = server[0], offline.get_tokenizer()
+    text = "Paged attention keeps the"
+    got = httpx.post(f"{base}/tokenize", json={"prompt": text, "return_token_strs": True}).json()
+    assert got["tokens"] == tokenizer(text).input_ids and got["count"] == len(got["tokens"])
+    assert got["max_model_len"] == 128 and got["token_strs"] == tokenizer.convert_ids_to_tokens(got["tokens"])
+    assert httpx.post(f"{base}/detokenize", json={"tokens": got["tokens"]}).json()["prompt"].endswith(text)
+    messages = [{"role": "user", "content": "Hello there"}]
+    chat = httpx.post(f"{base}/tokenize", json={"messages": messages, "model": "atom-alias"}).json()
+    headers = {"Authorization": f"Bearer {KEY}"}
+    answer = httpx.post(
+        f"{base}/v1/chat/completions", json={"messages": messages, "max_tokens": 1}, headers=headers
+    )
+    assert chat["count"] == answer.json()["usage"]["prompt_tokens"]
+    bare = httpx.post(f"{base}/tokenize", json={"messages": messages, "add_generation_prompt": False}).json()
+    assert bare["count"] < chat["count"] and chat["tokens"][: bare["count"]] == bare["tokens"]
+    for route, payload, message in [
+        ("/tokenize", {"prompt": "x", "messages": messages}, "give either prompt or messages"),
+        ("/detokenize", {"tokens": [1, 10**6]}, "tokens must be integers in [0, "),
+        ("/tokenize", {"prompt": "x", "model": "other"}, "does not exist"),
+    ]:
+        refused = httpx.post(f"{base}{route}", json=payload)
+        assert refused.status_code in (400, 404) and message in refused.json()["error"]["message"]

@@ -42,6 +42,9 @@ def check_arguments(args: argparse.Namespace) -> str | None:
         if args.model is not None and args.model != args.model_tag:
             return f"two models given: MODEL {args.model_tag} and --model {args.model}; give one"
         args.model = args.model_tag
+    names = getattr(args, "served_model_name", None) or []
+    if len(set(names)) != len(names) or not all(n.strip() for n in names):
+        return f"--served-model-name wants distinct, non-empty names, got {names}"
     if args.model is not None:
         args.model = args.model.expanduser()
     if args.command == "generate":

@@ -35,7 +35,10 @@ def add_parser(sub) -> None:
     )
     serve.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     serve.add_argument(
-        "--served-model-name", default=None, help="the model's name in the API (default: MODEL as given)"
+        "--served-model-name",
+        nargs="+",
+        default=None,
+        help="the model's names in the API; answers carry the first (default: MODEL as given)",
     )
     limits = ServerLimits()
     serve.add_argument("--max-request-bytes", type=int, default=limits.max_body_bytes, help="413 above this")
@@ -145,7 +148,8 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     if args.model is None:
         say("serving the built-in demo checkpoint: RANDOM weights, so its text is meaningless")
     engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir))
-    name = args.served_model_name or (str(args.model) if args.model else "atom-demo")
+    names = args.served_model_name or [str(args.model) if args.model else "atom-demo"]
+    name = names[0]
     for line in startup_lines(engine, name):
         log.info("%s", line)
     server: list[Server] = []
@@ -155,7 +159,7 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
         max_buffered_tokens=limits.max_stream_buffer_tokens,
     )
     closing = threading.Event()
-    app = create_app(async_engine, name, api_key=api_key, limits=limits, closing=closing)
+    app = create_app(async_engine, names, api_key=api_key, limits=limits, closing=closing)
     end = functools.partial(async_engine.fail_all, "the server is shutting down")
     address = address_of(sock)
     ready = functools.partial(log.info, "ready: serving %s at %s/v1", name, address)

@@ -62,6 +62,10 @@ class LLM:
     def __exit__(self, *exc) -> None:
         self.shutdown()
 
+    def get_tokenizer(self):
+        """The checkpoint's tokenizer (a transformers tokenizer), or None when it ships none (vLLM's)."""
+        return self.engine.tokenizer
+
     def get_default_sampling_params(self) -> SamplingParams:
         """What generate() samples with when given no SamplingParams: SamplingParams' defaults, under the
         checkpoint's generation_config.json where it sets them (as vLLM's; generation_config="vllm": none)."""

@@ -29,6 +29,7 @@ from atom_core.engine.speculation.drafting import Drafter
 from atom_core.engine.steps.emit import Emitter
 from atom_core.engine.steps.failures import Failures
 from atom_core.engine.steps.pipeline import StepPipeline
+from atom_core.engine.steps.request_timing import RequestObserver
 from atom_core.engine.steps.requests import Request, RequestTable
 from atom_core.engine.steps.stats import StepStats
 from atom_core.engine.steps.stop_check import StopCheck
@@ -144,6 +145,11 @@ class LLMEngine:
 
     def abort(self, request_id: str) -> None:
         self.requests.abort(request_id)
+
+    def observe_requests(self, observer: RequestObserver | None) -> None:
+        """Tell observer each request's first token, new tokens and end as they happen (the server's
+        metrics), on the thread that steps the engine; None stops."""
+        self.requests.observer = observer
 
     def fail(self, reasons: dict[str, str]) -> list[RequestOutput]:
         """End these requests ({request id: why}) with an error, their blocks freed; the engine goes on

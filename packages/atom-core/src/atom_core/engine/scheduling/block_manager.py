@@ -39,6 +39,7 @@ class BlockManager:
         self.content_id: dict[int, int] = {}  # block -> id used as the parent of the next block's key
         self._next_content = itertools.count(1)
         self.num_prefix_hits = 0  # blocks reused from the cache (for tests and stats)
+        self.num_prefix_queried_tokens = 0  # tokens of the sequences admitted while prefix caching is on
 
     @property
     def num_free_blocks(self) -> int:
@@ -57,6 +58,8 @@ class BlockManager:
     def admit(self, seq: Sequence) -> int:
         """Reuse cached blocks for the longest cached prefix of seq's tokens; returns how many blocks."""
         b = self.block_size
+        if self.prefix_caching:  # (the hit rate's denominator: vLLM's prefix_cache_queries)
+            self.num_prefix_queried_tokens += len(seq.token_ids)
         parent, hits, keys = 0, [], []
         # never the block of the last token; none for a prompt whose logprobs are read from its forward
         for i in range(0 if seq.scores_prompt else self.cacheable_blocks(seq)):

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from atom_core.engine.outputs import CompletionOutput, OutputKind, RequestOutput
 from atom_core.engine.scheduling.scheduler import Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
+from atom_core.engine.steps.request_timing import RequestClock, RequestObserver
 
 
 @dataclass(slots=True)
@@ -16,14 +17,22 @@ class Request:
     prompt: str | None
     prompt_token_ids: list[int]
     seqs: list[Sequence] = field(default_factory=list)
+    clock: RequestClock = field(default_factory=RequestClock)
+
+    @property
+    def generated(self) -> int:
+        """Output tokens of all its samples so far."""
+        return sum(len(s.output_token_ids) for s in self.seqs)
 
 
 class RequestTable(dict[str, Request]):
-    """Request id -> Request, for every request not yet reported finished."""
+    """Request id -> Request, for every request not yet reported finished. observer: told each request's
+    timing and end (metrics), or None."""
 
     def __init__(self, scheduler: Scheduler):
         super().__init__()
         self.scheduler = scheduler
+        self.observer: RequestObserver | None = None
 
     def add(self, request: Request) -> None:
         for seq in request.seqs:
@@ -34,6 +43,12 @@ class RequestTable(dict[str, Request]):
         request = self.pop(request_id, None)
         for seq in request.seqs if request else []:
             self._end(seq, "abort")
+        if request is not None:
+            self._observe_end(request, "abort")
+
+    def _observe_end(self, request: Request, reason: str) -> None:
+        if self.observer is not None:
+            request.clock.end(self.observer, reason, len(request.prompt_token_ids), request.generated)
 
     def fail(self, reasons: dict[str, str]) -> list[RequestOutput]:
         """End these requests ({request id: why}) with an error, their blocks freed."""
@@ -43,6 +58,7 @@ class RequestTable(dict[str, Request]):
                 continue
             for seq in request.seqs:
                 self._end(seq, "error")
+            self._observe_end(request, "error")
             out = self.output(request, pop=False)
             out.error = reason
             outputs.append(out)
@@ -58,6 +74,10 @@ class RequestTable(dict[str, Request]):
     def output(self, request: Request, pop: bool) -> RequestOutput | None:
         """The request's output after a step, as its output kind asks (None: FINAL_ONLY, still running)."""
         finished = all(s.status is Status.FINISHED for s in request.seqs)
+        if pop and self.observer is not None:  # (a step's output: fail() reports its own end)
+            request.clock.advance(self.observer, request.generated, len(request.prompt_token_ids))
+            if finished:
+                self._observe_end(request, request.seqs[0].finish_reason or "stop")
         if finished and pop:
             self.pop(request.request_id, None)
         kind = request.seqs[0].params.output_kind

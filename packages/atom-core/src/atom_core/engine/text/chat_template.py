@@ -18,20 +18,26 @@ _MARK = "\ue000{}\ue001"  # private-use characters around a message's index
 _SPLIT = re.compile("\ue000(\\d+)\ue001")
 
 
-def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], template: str | None = None) -> list[int]:
-    """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended.
-    template: Jinja text used instead of the tokenizer's own chat template."""
+def chat_prompt_ids(
+    tokenizer,
+    messages: list[dict[str, str]],
+    template: str | None = None,
+    *,
+    add_generation_prompt: bool = True,
+) -> list[int]:
+    """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended (unless
+    add_generation_prompt is False). template: Jinja text used instead of the tokenizer's own chat template."""
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template: give one (--chat-template, chat_template=)")
     controls = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t]
     if not any(t in m["content"] for m in messages for t in controls):
         text = tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=True
+            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
         )
         return tokenizer(text, add_special_tokens=False).input_ids
     marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
     rendered = tokenizer.apply_chat_template(
-        marked, chat_template=template, tokenize=False, add_generation_prompt=True
+        marked, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
     )
     ids: list[int] = []
     for i, piece in enumerate(_SPLIT.split(rendered)):

@@ -1,4 +1,4 @@
-"""The routes: /health, /v1/models, /v1/completions and /v1/chat/completions.
+"""The routes: /health, /metrics, /v1/models, /v1/completions and /v1/chat/completions.
 
 Each handler reads what it serves from the app (state.py), checks the request (validation.py) and hands
 it to generation.py; a refusal is raised as an ApiError (errors.py). response_model=None: bodies are
@@ -37,10 +37,20 @@ async def health(request: Request) -> dict:
     return {"status": "ok", "requests": len(engine.engine.requests)}  # requests in the engine now
 
 
+@router.get("/metrics", response_model=None)
+async def metrics(request: Request) -> Response:
+    from prometheus_client import CONTENT_TYPE_LATEST
+
+    body = server_state(request).metrics.render()
+    return Response(body, media_type=CONTENT_TYPE_LATEST)
+
+
 @router.get("/v1/models", response_model=None)
 async def models(request: Request) -> dict:
-    name = server_state(request).model_name
-    return {"object": "list", "data": [{"id": name, "object": "model", "owned_by": "atom"}]}
+    state = server_state(request)
+    max_len = state.engine.engine.max_model_len
+    cards = [{"id": n, "object": "model", "owned_by": "atom", "max_model_len": max_len} for n in state.names]
+    return {"object": "list", "data": cards}
 
 
 Body = TypeVar("Body", bound=BaseModel)
@@ -48,7 +58,7 @@ Body = TypeVar("Body", bound=BaseModel)
 LARGE_BODY_BYTES = 64 * 1024
 
 
-async def _parse(request: Request, model: type[Body]) -> Body:
+async def parse_body(request: Request, model: type[Body]) -> Body:
     """The request's JSON body as `model` (as FastAPI would parse it, errors included), large ones off
     the event loop."""
     raw = await request.body()
@@ -70,9 +80,9 @@ def _validate(raw: bytes, model: type[Body]) -> Body:
 
 @router.post("/v1/completions", response_model=None)
 async def completions(request: Request) -> Response | StreamingResponse:
-    body = await _parse(request, CompletionRequest)
+    body = await parse_body(request, CompletionRequest)
     state = server_state(request)
-    check_model(body.model, state.model_name)
+    check_model(body.model, state.names)
     params = completion_params(body, state.engine.engine.generation_defaults)
     prompts = body.prompts()
     first = prompts[0] if isinstance(prompts[0], str) else prompts[0]["prompt_token_ids"]
@@ -83,9 +93,9 @@ async def completions(request: Request) -> Response | StreamingResponse:
 
 @router.post("/v1/chat/completions", response_model=None)
 async def chat(request: Request) -> Response | StreamingResponse:
-    body = await _parse(request, ChatCompletionRequest)
+    body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
-    check_model(body.model, state.model_name)
+    check_model(body.model, state.names)
     ids, params = await chat_prompt(state.engine, body)
     formatter_for = _formatter_for(state, params, chat=True)
     return await generate(state.engine, request, body, [{"prompt_token_ids": ids}], params, formatter_for)

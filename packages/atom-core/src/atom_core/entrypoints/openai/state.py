@@ -9,14 +9,21 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from atom_core.engine.async_engine import AsyncEngine
+from atom_core.entrypoints.openai.metrics import ServingMetrics
 
 
 @dataclass(frozen=True, slots=True)
 class ServerState:
     engine: AsyncEngine
-    model_name: str  # the one model served; a request naming another gets 404
+    model_name: str  # the name answers carry (the first served name)
     api_key: str | None  # None: /v1 routes need no key
     closing: threading.Event = field(default_factory=threading.Event)  # set on shutdown: new requests 503
+    metrics: ServingMetrics | None = None  # /metrics
+    served_names: tuple[str, ...] = ()  # every name a request may ask for (model_name first)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return self.served_names or (self.model_name,)
 
 
 def server_state(request: HTTPConnection) -> ServerState:

@@ -11,11 +11,12 @@ from atom_core.entrypoints.openai.errors import ApiError
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 
 
-def check_model(asked: str | None, served: str) -> None:
-    """No model named means the one served."""
-    if asked is not None and asked != served:
+def check_model(asked: str | None, served: tuple[str, ...]) -> None:
+    """No model named means the one served; a named one must be one of its names."""
+    if asked is not None and asked not in served:
+        names = ", ".join(repr(n) for n in served)
         raise ApiError(
-            404, f"the model {asked!r} does not exist (this server serves {served!r})", code="model_not_found"
+            404, f"the model {asked!r} does not exist (this server serves {names})", code="model_not_found"
         )
 
 

@@ -379,3 +379,53 @@ def test_tokenize_and_detokenize_as_vllm_has_them(server, offline):
     ]:
         refused = httpx.post(f"{base}{route}", json=payload)
         assert refused.status_code in (400, 404) and message in refused.json()["error"]["message"]
+
+
+TRIP = {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1}},
+    "required": ["city", "days"],
+    "additionalProperties": False,
+}
+
+
+def test_response_format_and_structured_outputs_through_the_openai_client(client):
+    """json_schema (n=2, whole and streamed) answers validate; vLLM's structured_outputs choice and regex
+    hold; a bad constraint is a 400 naming it, and the server serves on."""
+    import jsonschema
+
+    fmt = {"type": "json_schema", "json_schema": {"name": "trip", "schema": TRIP, "strict": True}}
+    ask = dict(model="atom-alias", messages=[{"role": "user", "content": "Plan a trip"}], max_tokens=80)
+    whole = client.chat.completions.create(n=2, seed=4, response_format=fmt, **ask)
+    for choice in whole.choices:
+        assert choice.finish_reason in ("stop", "length")
+        if choice.finish_reason == "stop":
+            jsonschema.validate(json.loads(choice.message.content), TRIP)
+    events = list(client.chat.completions.create(seed=4, stream=True, response_format=fmt, **ask))
+    streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
+    assert streamed == whole.choices[0].message.content  # (same seed, sample 0)
+    pick = client.completions.create(
+        model="atom-demo",
+        prompt="Pick:",
+        max_tokens=8,
+        extra_body={"structured_outputs": {"choice": ["up", "down"]}},
+    )
+    assert pick.choices[0].text in ("up", "down") and pick.choices[0].finish_reason == "stop"
+    code = client.completions.create(
+        model="atom-demo",
+        prompt="Code:",
+        max_tokens=12,
+        extra_body={"structured_outputs": {"regex": r"[A-Z]{2}\d{3}"}},
+    )
+    assert re.fullmatch(r"[A-Z]{2}\d{3}", code.choices[0].text)
+    for extra, message in [
+        ({"structured_outputs": {"regex": "(x"}}, "the regex constraint is invalid"),
+        (
+            {"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}},
+            "needs json_schema.schema",
+        ),
+        ({"response_format": {"type": "json_object"}, "structured_outputs": {"choice": ["a"]}}, "not both"),
+    ]:
+        with pytest.raises(openai.BadRequestError, match=re.escape(message)):
+            client.completions.create(model="atom-demo", prompt="A", max_tokens=3, extra_body=extra)
+    assert client.completions.create(model="atom-demo", prompt="A", max_tokens=2).choices[0].text is not None

@@ -282,6 +282,17 @@ def test_stop_strings_and_n_under_forced_drafts(untrained, monkeypatch):
     assert steps["mla_step"] > 0
 
 
+def test_structured_outputs_are_refused_by_name_under_speculation(untrained):
+    """Drafts are not checked against a grammar yet: such a request is refused before it runs."""
+    llm = LLM(untrained[0], **COMMON, num_kv_blocks=64, speculative_config=mtp(2))
+    params = SamplingParams(max_tokens=4, structured_outputs={"choice": ["a", "b"]})
+    with pytest.raises(
+        ValueError, match="structured outputs are not supported with speculative decoding yet"
+    ):
+        llm.generate([{"prompt_token_ids": [3, 4, 5]}], params)
+    assert not llm.engine.has_unfinished_requests()
+
+
 def test_penalized_requests_keep_their_penalties_and_are_not_drafted_for(untrained):
     prompts = language_prompts(VOCAB, [7, 12])
     penalized = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, repetition_penalty=1.8)

@@ -13,6 +13,7 @@ if TYPE_CHECKING:
     from atom_core.engine.llm_engine import LLMEngine
     from atom_core.engine.outputs import CompletionOutput, OutputKind, RequestOutput
     from atom_core.engine.sampling_params import SamplingParams
+    from atom_core.engine.structured.params import StructuredOutputsParams
 
 _LAZY = {
     "LLM": "atom_core.engine.llm",
@@ -21,6 +22,7 @@ _LAZY = {
     "RequestOutput": "atom_core.engine.outputs",
     "OutputKind": "atom_core.engine.outputs",
     "SamplingParams": "atom_core.engine.sampling_params",
+    "StructuredOutputsParams": "atom_core.engine.structured.params",
 }
 
 __all__ = [
@@ -31,6 +33,7 @@ __all__ = [
     "OutputKind",
     "RequestOutput",
     "SamplingParams",
+    "StructuredOutputsParams",
 ]
 
 

@@ -225,7 +225,9 @@ class AsyncEngine:
 
 
 def _prepare(engine: LLMEngine, prompt: Prompt, params: SamplingParams) -> tuple[str | None, list[int]]:
-    """On the tokenizer thread: the prompt's tokens, and the stop strings' automaton built (not on the
-    engine thread, where every running request would wait for it)."""
+    """On the tokenizer thread: the prompt's tokens, the stop strings' automaton and the structured output's
+    grammar built (not on the engine thread, where every running request would wait for them)."""
     params.stop_strings()
+    if params.structured_outputs is not None:
+        engine.compile_grammar(params)
     return engine.tokenize(prompt)

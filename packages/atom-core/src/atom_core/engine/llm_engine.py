@@ -33,6 +33,7 @@ from atom_core.engine.steps.request_timing import RequestObserver
 from atom_core.engine.steps.requests import Request, RequestTable
 from atom_core.engine.steps.stats import StepStats
 from atom_core.engine.steps.stop_check import StopCheck
+from atom_core.engine.structured.grammars import Grammars
 from atom_core.engine.text.chat_template import chat_template_text
 from atom_core.engine.tokenizing import Prompt, Tokenizing
 
@@ -86,6 +87,7 @@ class LLMEngine:
         if template is not None and self.tokenizer is not None:
             self.tokenizer.chat_template = template
         self.requests = RequestTable(self.scheduler)
+        self._grammars: Grammars | None = None  # built with the first structured request
         self.stats = StepStats()
         stop_check = StopCheck(self.tokenizer, self.eos_token_ids, self.max_model_len, self.scheduler)
         # rerunning a failed forward's halves is safe only where it changed nothing a sequence reads
@@ -140,11 +142,31 @@ class LLMEngine:
         banned = params.stop_token_ids | (frozenset() if params.ignore_eos else frozenset(self.eos_token_ids))
         banned = frozenset(banned) if params.min_tokens else frozenset()
         seqs = [Sequence(request_id, i, ids, params, min_tokens_stops=banned) for i in range(params.n)]
+        if params.structured_outputs is not None:  # each sample's own matcher, over one compiled grammar
+            compiled, stops = self.compile_grammar(params), sorted(params.stop_token_ids | self.eos_token_ids)
+            for seq in seqs:
+                seq.grammar = self._grammars.matcher(compiled, stops)
         self.requests.add(Request(request_id, text, ids, seqs))
         return request_id
 
     def abort(self, request_id: str) -> None:
         self.requests.abort(request_id)
+
+    def compile_grammar(self, params: SamplingParams) -> object:
+        """params' structured output compiled (once: kept on params; the server compiles it off the engine's
+        thread); ValueError naming what is wrong, or what cannot carry one."""
+        if params._grammar is None:
+            if self.tokenizer is None:
+                raise ValueError("structured outputs need the checkpoint's tokenizer, and this one has none")
+            if self.drafter is not None:
+                raise ValueError(
+                    "structured outputs are not supported with speculative decoding yet: serve without "
+                    "--speculative-config for them"
+                )
+            if self._grammars is None:
+                self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
+            params._grammar = self._grammars.compile(params.structured_outputs)
+        return params._grammar
 
     def observe_requests(self, observer: RequestObserver | None) -> None:
         """Tell observer each request's first token, new tokens and end as they happen (the server's
@@ -160,6 +182,8 @@ class LLMEngine:
         """Stop tensor-parallel workers, free the CUDA graphs, weights and caches and hand their memory back
         to the device; the engine takes no more requests (a second call does nothing)."""
         self.runner.shutdown()
+        if self._grammars is not None:
+            self._grammars.shutdown()
         self.shut_down = True
 
     def has_unfinished_requests(self) -> bool:

@@ -11,6 +11,7 @@ import math
 from dataclasses import dataclass, field
 
 from atom_core.engine.outputs import OutputKind
+from atom_core.engine.structured.params import StructuredOutputsParams
 from atom_core.engine.text.stop_strings import StopStrings
 
 # Temperatures below this sample greedily (as vLLM does): dividing logits by less overflows fp32.
@@ -47,12 +48,24 @@ class SamplingParams:
     # what each output of a running request carries (vLLM's RequestOutputKind): the whole output so far,
     # only what is new since the last one, or nothing until it finishes
     output_kind: OutputKind = OutputKind.CUMULATIVE
+    # vLLM's: what the output must match (a JSON schema, JSON, a regex, a choice, a grammar); a dict is
+    # taken as StructuredOutputsParams' fields
+    structured_outputs: StructuredOutputsParams | None = None
     _stops: StopStrings | None = field(default=None, init=False, repr=False, compare=False)
+    _grammar: object | None = field(default=None, init=False, repr=False, compare=False)  # compiled
 
     def __post_init__(self):
         _integers(self, "n", "top_k", "max_tokens", "min_tokens")
         _booleans(self, "ignore_eos", "skip_special_tokens", "include_stop_str_in_output")
         _integers(self, "seed", "logprobs", "prompt_logprobs", optional=True)
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
+        elif self.structured_outputs is not None and not isinstance(
+            self.structured_outputs, StructuredOutputsParams
+        ):
+            raise ValueError(
+                f"structured_outputs must be StructuredOutputsParams, got {self.structured_outputs!r}"
+            )
         _finite(
             self,
             "temperature",

@@ -23,6 +23,7 @@ import torch
 
 from atom_core.engine.sampling.penalties import apply_penalties
 from atom_core.engine.scheduling.sequence import Sequence
+from atom_core.engine.structured.masking import mask_disallowed
 from atom_core.host_copy import host_to_device, to_device
 from atom_kernels.sampling import greedy_tokens, keyed_draw
 from atom_kernels.sampling.keyed_draw_ref import as_signed, splitmix64
@@ -110,15 +111,19 @@ class LogprobRows:
 def sample(logits: torch.Tensor, seqs: list[Sequence], *, backend: str | None = None) -> Sampled:
     """logits: [B, V], one row per sequence -> the next token of each (and its logprobs if asked for),
     read on the host. Penalties apply here (from the tokens the host knows); the draw is sample_rows'."""
-    finite = None  # which rows were finite before penalties (which may take tokens to -inf)
+    finite = None  # which rows were finite before penalties and grammars (which take tokens to -inf)
     penalized = [row for row, s in enumerate(seqs) if s.params.penalized]
-    if penalized:
+    constrained = any(s.grammar is not None for s in seqs)
+    if penalized or constrained:
         finite = torch.isfinite(logits).all(dim=-1)
+    if penalized:
         ok = finite.tolist()
         logits = logits.float().clone()
         for row in penalized:
             if ok[row]:
                 apply_penalties(logits[row], seqs[row])
+    if constrained:  # (in place: the forward's logits are read by this draw only)
+        mask_disallowed(logits, seqs)
     rows = SamplingRows.of(seqs, [len(s.output_token_ids) for s in seqs])
     drawn, lps = sample_rows(logits, rows, backend=backend, finite=finite)
     return read_sampled(drawn, lps, rows)

@@ -37,9 +37,9 @@ from atom_core.engine.steps.stats import StepStats
 
 def sampled_on_device(params: SamplingParams) -> bool:
     """Whether a request's next token can be drawn on the device: all but penalties, which read the
-    tokens so far (the one in flight included), and prompt logprobs, which the synchronous step reads
-    from its prefill chunks."""
-    return not params.penalized and params.prompt_logprobs is None
+    tokens so far (the one in flight included), prompt logprobs, which the synchronous step reads from
+    its prefill chunks, and structured outputs, whose mask follows the tokens so far."""
+    return not params.penalized and params.prompt_logprobs is None and params.structured_outputs is None
 
 
 class HostTokens:

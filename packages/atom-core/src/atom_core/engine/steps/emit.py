@@ -10,6 +10,7 @@ from atom_core.engine.scheduling.block_manager import BlockManager
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.steps.requests import RequestTable
 from atom_core.engine.steps.stop_check import StopCheck
+from atom_core.engine.structured.masking import accept
 
 
 @dataclass(slots=True)
@@ -45,6 +46,11 @@ class Emitter:
                 continue
             for i, token in enumerate(item.tokens):
                 seq.append(token, None if item.logprobs is None else item.logprobs[i])
+                if not accept(seq, token):  # (the mask allowed only what it accepts: never expected)
+                    failed.setdefault(
+                        seq.request_id, f"token {token} is outside the request's structured output"
+                    )
+                    break
                 self.blocks.register_full_blocks(seq)  # its blocks are findable by content now
                 self.stop_check(seq)
                 if seq.status is Status.FINISHED:

@@ -32,6 +32,8 @@ class StopCheck:
             end = seq.stop_scan.scanned if p.include_stop_str_in_output else cut
             seq.text, reason = seq.text[:end], "stop"
             seq.detokenizer = None  # the text is final
+        elif seq.grammar is not None and seq.grammar.is_terminated():  # its structured output is complete
+            reason = "stop"
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"
         if reason is not None:

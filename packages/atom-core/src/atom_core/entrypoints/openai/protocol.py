@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from atom_core.engine.sampling_params import SamplingParams
+from atom_core.engine.structured.params import StructuredOutputsParams
 
 MAX_N = 16
 MAX_PROMPTS = 64  # a completion's list of prompts, each its own engine request
@@ -38,6 +39,33 @@ class StreamOptions(BaseModel):
     include_usage: bool = False
 
 
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True)
+    name: Text
+    description: Text | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: bool | None = None  # (the schema is always held strictly: no property it does not list)
+
+
+class ResponseFormat(BaseModel):
+    """OpenAI's response_format."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputs(BaseModel):
+    """vLLM's structured_outputs request field: exactly one constraint."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    json_: dict[str, Any] | Text | None = Field(default=None, alias="json")
+    regex: Text | None = None
+    choice: list[Text] | None = None
+    grammar: Text | None = None
+    json_object: bool | None = None
+
+
 class _Request(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
@@ -61,6 +89,29 @@ class _Request(BaseModel):
     include_stop_str_in_output: bool = False
     user: Text | None = None  # the caller's end-user id: metadata, it changes no answer
     logit_bias: dict[str, float] | None = None
+    response_format: ResponseFormat | None = None  # OpenAI's
+    structured_outputs: StructuredOutputs | None = None  # vLLM's
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """What the output must match, from response_format or structured_outputs (not both)."""
+        fmt, so = self.response_format, self.structured_outputs
+        if fmt is not None and so is not None:
+            raise ValueError("give response_format or structured_outputs, not both")
+        if so is not None:
+            return StructuredOutputsParams(
+                json=so.json_,
+                regex=so.regex,
+                choice=so.choice,
+                grammar=so.grammar,
+                json_object=bool(so.json_object),
+            )
+        if fmt is None or fmt.type == "text":
+            return None
+        if fmt.type == "json_object":
+            return StructuredOutputsParams(json_object=True)
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise ValueError("response_format json_schema needs json_schema.schema")
+        return StructuredOutputsParams(json=fmt.json_schema.schema_)
 
     def sampling_params(
         self, max_tokens: int, logprobs: int | None, defaults: dict | None = None
@@ -94,6 +145,7 @@ class _Request(BaseModel):
             min_tokens=self.min_tokens,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
+            structured_outputs=self.structured(),
         )
 
     @property

@@ -1,0 +1,28 @@
+"""The grammar's part of a draw: before it, each constrained row's disallowed tokens are set to -inf (its
+matcher fills the row of a bitmask on the host; xgrammar applies the mask in place on the logits'
+device, to those rows only); after it, the drawn token advances the row's matcher."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.engine.scheduling.sequence import Sequence
+
+
+def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
+    """logits: [B, V], row b sequence seqs[b]'s; rows without a grammar are not touched."""
+    rows = [b for b, s in enumerate(seqs) if s.grammar is not None]
+    if not rows:
+        return
+    import xgrammar as xgr
+
+    bitmask = xgr.allocate_token_bitmask(len(seqs), logits.shape[1])
+    applied = [b for b in rows if seqs[b].grammar.fill_next_token_bitmask(bitmask, b)]  # False: all allowed
+    if applied:
+        on_device = bitmask.to(logits.device, non_blocking=logits.device.type == "cuda")
+        xgr.apply_token_bitmask_inplace(logits, on_device, indices=applied)
+
+
+def accept(seq: Sequence, token: int) -> bool:
+    """Advance seq's matcher by its new token; False if the grammar does not allow it."""
+    return seq.grammar is None or seq.grammar.accept_token(token)

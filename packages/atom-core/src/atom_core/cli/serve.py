@@ -35,6 +35,13 @@ def add_parser(sub) -> None:
     )
     serve.add_argument("--api-key-file", type=Path, default=None, help="read the API key from this file")
     serve.add_argument(
+        "--reasoning-parser",
+        default="auto",
+        choices=("auto", "none", "qwen3", "deepseek_r1"),
+        help="give chat answers' <think> part as reasoning_content (auto: by the model family, where the "
+        "tokenizer has the tags)",
+    )
+    serve.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
@@ -140,6 +147,7 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     from atom_core.engine.async_engine import AsyncEngine
     from atom_core.entrypoints.openai.app import create_app
     from atom_core.entrypoints.openai.connections import Server, make_server
+    from atom_core.entrypoints.openai.reasoning import default_parser
     from atom_core.entrypoints.openai.startup import address_of, startup_lines
 
     configure_logging(args.log_level)
@@ -150,7 +158,11 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir))
     names = args.served_model_name or [str(args.model) if args.model else "atom-demo"]
     name = names[0]
-    for line in startup_lines(engine, name):
+    reasoning = args.reasoning_parser
+    if reasoning == "auto":
+        reasoning = default_parser(engine.model_config.architecture, engine.tokenizer)
+    reasoning = None if reasoning == "none" else reasoning
+    for line in startup_lines(engine, name, reasoning):
         log.info("%s", line)
     server: list[Server] = []
     async_engine = AsyncEngine(
@@ -159,7 +171,9 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
         max_buffered_tokens=limits.max_stream_buffer_tokens,
     )
     closing = threading.Event()
-    app = create_app(async_engine, names, api_key=api_key, limits=limits, closing=closing)
+    app = create_app(
+        async_engine, names, api_key=api_key, limits=limits, closing=closing, reasoning_parser=reasoning
+    )
     end = functools.partial(async_engine.fail_all, "the server is shutting down")
     address = address_of(sock)
     ready = functools.partial(log.info, "ready: serving %s at %s/v1", name, address)

@@ -18,26 +18,41 @@ _MARK = "\ue000{}\ue001"  # private-use characters around a message's index
 _SPLIT = re.compile("\ue000(\\d+)\ue001")
 
 
+# what the template call itself sets: a request's template arguments may not name them
+RESERVED_TEMPLATE_ARGS = frozenset(
+    {"conversation", "messages", "chat_template", "tokenize", "add_generation_prompt", "return_dict"}
+)
+
+
 def chat_prompt_ids(
     tokenizer,
     messages: list[dict[str, str]],
     template: str | None = None,
     *,
     add_generation_prompt: bool = True,
+    template_kwargs: dict | None = None,
 ) -> list[int]:
     """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended (unless
-    add_generation_prompt is False). template: Jinja text used instead of the tokenizer's own chat template."""
+    add_generation_prompt is False). template: Jinja text used instead of the tokenizer's own chat template;
+    template_kwargs: variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking)."""
+    extra = dict(template_kwargs or {})
+    if reserved := sorted(RESERVED_TEMPLATE_ARGS & set(extra)):
+        raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template: give one (--chat-template, chat_template=)")
     controls = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t]
     if not any(t in m["content"] for m in messages for t in controls):
         text = tokenizer.apply_chat_template(
-            messages, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+            messages,
+            chat_template=template,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            **extra,
         )
         return tokenizer(text, add_special_tokens=False).input_ids
     marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
     rendered = tokenizer.apply_chat_template(
-        marked, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt
+        marked, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )
     ids: list[int] = []
     for i, piece in enumerate(_SPLIT.split(rendered)):

@@ -23,6 +23,7 @@ from atom_core.entrypoints.openai.access import auth_and_log
 from atom_core.entrypoints.openai.errors import install_error_handlers
 from atom_core.entrypoints.openai.limits import BodyLimit, ServerLimits
 from atom_core.entrypoints.openai.metrics import ServingMetrics
+from atom_core.entrypoints.openai.reasoning import PARSERS
 from atom_core.entrypoints.openai.routes import router
 from atom_core.entrypoints.openai.state import ServerState
 from atom_core.entrypoints.openai.tokenization import router as tokenization_router
@@ -34,6 +35,7 @@ def create_app(
     api_key: str | None = None,
     limits: ServerLimits | None = None,
     closing: threading.Event | None = None,
+    reasoning_parser: str | None = None,
 ) -> BodyLimit:
     """The ASGI app serving `engine` as `model_name` (FastAPI inside the body-limit middleware): a name, or
     several a request may ask for (answers carry the first, as vLLM's do); once `closing` is set, new
@@ -50,7 +52,11 @@ def create_app(
     app = FastAPI(title="ATOM", docs_url=None, redoc_url=None, openapi_url=None)
     metrics = ServingMetrics(engine.engine, names[0])
     engine.engine.observe_requests(metrics)
-    app.state.server = ServerState(engine, names[0], api_key, closing or threading.Event(), metrics, names)
+    if reasoning_parser is not None and reasoning_parser not in PARSERS:
+        raise ValueError(f"reasoning parser {reasoning_parser!r} is not one of {', '.join(PARSERS)}")
+    app.state.server = ServerState(
+        engine, names[0], api_key, closing or threading.Event(), metrics, names, reasoning_parser
+    )
     install_error_handlers(app)
     app.middleware("http")(auth_and_log)
     app.include_router(router)

@@ -231,6 +231,7 @@ class ChatCompletionRequest(_Request):
     max_completion_tokens: int | None = None
     logprobs: bool = False
     top_logprobs: int | None = None
+    chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the template (enable_thinking)
 
     def checked_params(self, room: int, defaults: dict | None = None) -> SamplingParams:
         """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's, capped by

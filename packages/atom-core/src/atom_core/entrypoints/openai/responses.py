@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
+from atom_core.entrypoints.openai.reasoning import ReasoningSplitter, split_reasoning
 
 
 def error_body(
@@ -41,10 +42,15 @@ class Formatter:
         echo: str = "",
         top_logprobs: int = 0,
         echo_scores: bool = False,
+        reasoning: tuple[str, bool] | None = None,
     ):
         self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
         self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
         self.echo_scores = echo_scores
+        # chat with a reasoning parser: (its name, whether the prompt left a think block open), and each
+        # streamed choice's splitter
+        self.reasoning = reasoning
+        self._splitters: dict[int, ReasoningSplitter] = {}
 
     def _token(self, t: int) -> str:
         return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
@@ -99,6 +105,9 @@ class Formatter:
             }
             if self.chat:
                 choice["message"] = {"role": "assistant", "content": c.text}
+                if self.reasoning is not None:
+                    thought, content = split_reasoning(c.text, *self.reasoning)
+                    choice["message"].update(content=content, reasoning_content=thought)
             else:
                 choice["text"] = self.echo + c.text
             choices.append(choice)
@@ -126,7 +135,15 @@ class Formatter:
     def delta(self, c: CompletionOutput, text: str, first: bool, logprobs: dict | None) -> dict:
         choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": logprobs}
         if self.chat:
-            choice["delta"] = {"role": "assistant", "content": text} if first else {"content": text}
+            delta = {"role": "assistant"} if first else {}
+            if self.reasoning is None:
+                delta["content"] = text
+            else:  # (a piece that may be the start of a tag waits for the next)
+                splitter = self._splitters.setdefault(c.index, ReasoningSplitter(*self.reasoning))
+                thought, content = splitter.feed(text, final=c.finish_reason is not None)
+                delta.update({"reasoning_content": thought} if thought else {})
+                delta.update({"content": content} if content or not thought else {})
+            choice["delta"] = delta
         else:
             choice["text"] = (self.echo if first else "") + text
         return choice

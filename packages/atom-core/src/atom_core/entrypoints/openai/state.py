@@ -20,6 +20,7 @@ class ServerState:
     closing: threading.Event = field(default_factory=threading.Event)  # set on shutdown: new requests 503
     metrics: ServingMetrics | None = None  # /metrics
     served_names: tuple[str, ...] = ()  # every name a request may ask for (model_name first)
+    reasoning_parser: str | None = None  # chat answers' <think> part as reasoning_content (reasoning.py)
 
     @property
     def names(self) -> tuple[str, ...]:

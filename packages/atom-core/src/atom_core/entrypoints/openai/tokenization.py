@@ -4,6 +4,8 @@ the API key does not guard them."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -26,6 +28,7 @@ class TokenizeRequest(BaseModel):
     messages: list[ChatMessage] | None = Field(default=None, min_length=1, max_length=MAX_MESSAGES)
     add_special_tokens: bool = True  # a prompt's BOS and the like (a chat's come from its template)
     add_generation_prompt: bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: bool = False
 
     @model_validator(mode="after")
@@ -63,7 +66,12 @@ async def tokenize(request: Request) -> dict:
                 )
             return tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        return chat_prompt_ids(tokenizer, messages, add_generation_prompt=body.add_generation_prompt)
+        return chat_prompt_ids(
+            tokenizer,
+            messages,
+            add_generation_prompt=body.add_generation_prompt,
+            template_kwargs=body.chat_template_kwargs,
+        )
 
     try:
         ids = await engine.run_tokenizer(run)

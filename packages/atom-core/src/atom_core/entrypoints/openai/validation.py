@@ -4,6 +4,8 @@ problem, raised before the engine sees the request."""
 
 from __future__ import annotations
 
+from functools import partial
+
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.text.chat_template import chat_prompt_ids
@@ -42,7 +44,10 @@ async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple
             f"{engine.engine.max_model_len} tokens can hold",
         )
     try:
-        ids = await engine.run_tokenizer(chat_prompt_ids, tokenizer, messages)
+        kwargs = body.chat_template_kwargs
+        ids = await engine.run_tokenizer(
+            partial(chat_prompt_ids, template_kwargs=kwargs), tokenizer, messages
+        )
         room = engine.engine.max_model_len - len(ids)
         return ids, body.checked_params(room=room, defaults=engine.engine.generation_defaults)
     except ValueError as err:

@@ -50,8 +50,8 @@ CASES = {
     "enum": (
         ChatCompletionRequest,
         {"messages": [{"role": "bot", "content": "x"}]},
-        "Invalid value for 'messages[0].role': 'bot'. Supported values are: 'system', 'developer', 'user' "
-        "or 'assistant'.",
+        "Invalid value for 'messages[0].role': 'bot'. Supported values are: 'system', 'developer', 'user', "
+        "'assistant' or 'tool'.",
         "messages[0].role",
     ),
     "empty array": (
@@ -63,8 +63,7 @@ CASES = {
     "content of a wrong type": (
         ChatCompletionRequest,
         {"messages": [{"role": "user", "content": None}]},
-        "Invalid type for 'messages[0].content': expected a string or an array of content parts, but got "
-        "null instead.",
+        "Invalid 'messages[0].content': null is allowed only for an assistant's message with tool_calls.",
         "messages[0].content",
     ),
 }

@@ -42,6 +42,13 @@ def add_parser(sub) -> None:
         "tokenizer has the tags)",
     )
     serve.add_argument(
+        "--tool-call-parser",
+        default="auto",
+        choices=("auto", "none", "hermes"),
+        help="how tool_choice \"auto\" answers' calls are read (auto: from the chat template's own call "
+        "format, where a parser knows it)",
+    )
+    serve.add_argument(
         "--served-model-name",
         nargs="+",
         default=None,
@@ -147,7 +154,7 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     from atom_core.engine.async_engine import AsyncEngine
     from atom_core.entrypoints.openai.app import create_app
     from atom_core.entrypoints.openai.connections import Server, make_server
-    from atom_core.entrypoints.openai.reasoning import default_parser
+    from atom_core.entrypoints.openai.parser_choice import chosen_parsers
     from atom_core.entrypoints.openai.startup import address_of, startup_lines
 
     configure_logging(args.log_level)
@@ -158,11 +165,8 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     engine = LLMEngine(EngineConfig.from_cli_args(args, model=model_dir))
     names = args.served_model_name or [str(args.model) if args.model else "atom-demo"]
     name = names[0]
-    reasoning = args.reasoning_parser
-    if reasoning == "auto":
-        reasoning = default_parser(engine.model_config.architecture, engine.tokenizer)
-    reasoning = None if reasoning == "none" else reasoning
-    for line in startup_lines(engine, name, reasoning):
+    reasoning, tool_parser = chosen_parsers(engine, args.reasoning_parser, args.tool_call_parser)
+    for line in startup_lines(engine, name, reasoning, tool_parser):
         log.info("%s", line)
     server: list[Server] = []
     async_engine = AsyncEngine(
@@ -172,7 +176,13 @@ def _serve_on(args: argparse.Namespace, sock, api_key: str | None, limits: Serve
     )
     closing = threading.Event()
     app = create_app(
-        async_engine, names, api_key=api_key, limits=limits, closing=closing, reasoning_parser=reasoning
+        async_engine,
+        names,
+        api_key=api_key,
+        limits=limits,
+        closing=closing,
+        reasoning_parser=reasoning,
+        tool_parser=tool_parser,
     )
     end = functools.partial(async_engine.fail_all, "the server is shutting down")
     address = address_of(sock)

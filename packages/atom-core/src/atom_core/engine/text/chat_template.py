@@ -31,17 +31,22 @@ def chat_prompt_ids(
     *,
     add_generation_prompt: bool = True,
     template_kwargs: dict | None = None,
+    tools: list[dict] | None = None,
 ) -> list[int]:
     """messages: [{"role", "content"}] -> the prompt's token ids, with a generation prompt appended (unless
     add_generation_prompt is False). template: Jinja text used instead of the tokenizer's own chat template;
-    template_kwargs: variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking)."""
+    template_kwargs: variables the template reads (vLLM's chat_template_kwargs, e.g. enable_thinking);
+    tools: the functions offered ([{"type": "function", "function": {...}}]), as templates take them. A
+    message's content may be None (an assistant's tool calls)."""
     extra = dict(template_kwargs or {})
     if reserved := sorted(RESERVED_TEMPLATE_ARGS & set(extra)):
         raise ValueError(f"chat_template_kwargs may not set {', '.join(reserved)}")
+    if tools:
+        extra["tools"] = tools
     if template is None and not getattr(tokenizer, "chat_template", None):
         raise ValueError("this model has no chat template: give one (--chat-template, chat_template=)")
     controls = [t for t in tokenizer.all_special_tokens + list(tokenizer.get_added_vocab()) if t]
-    if not any(t in m["content"] for m in messages for t in controls):
+    if not any(t in (m.get("content") or "") for m in messages for t in controls):
         text = tokenizer.apply_chat_template(
             messages,
             chat_template=template,
@@ -50,7 +55,7 @@ def chat_prompt_ids(
             **extra,
         )
         return tokenizer(text, add_special_tokens=False).input_ids
-    marked = [{**m, "content": _MARK.format(i)} for i, m in enumerate(messages)]
+    marked = [{**m, "content": _MARK.format(i)} if m.get("content") else m for i, m in enumerate(messages)]
     rendered = tokenizer.apply_chat_template(
         marked, chat_template=template, tokenize=False, add_generation_prompt=add_generation_prompt, **extra
     )

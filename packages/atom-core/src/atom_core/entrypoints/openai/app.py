@@ -27,6 +27,7 @@ from atom_core.entrypoints.openai.reasoning import PARSERS
 from atom_core.entrypoints.openai.routes import router
 from atom_core.entrypoints.openai.state import ServerState
 from atom_core.entrypoints.openai.tokenization import router as tokenization_router
+from atom_core.entrypoints.openai.tool_calls import PARSERS as TOOL_PARSERS
 
 
 def create_app(
@@ -36,6 +37,7 @@ def create_app(
     limits: ServerLimits | None = None,
     closing: threading.Event | None = None,
     reasoning_parser: str | None = None,
+    tool_parser: str | None = None,
 ) -> BodyLimit:
     """The ASGI app serving `engine` as `model_name` (FastAPI inside the body-limit middleware): a name, or
     several a request may ask for (answers carry the first, as vLLM's do); once `closing` is set, new
@@ -54,8 +56,10 @@ def create_app(
     engine.engine.observe_requests(metrics)
     if reasoning_parser is not None and reasoning_parser not in PARSERS:
         raise ValueError(f"reasoning parser {reasoning_parser!r} is not one of {', '.join(PARSERS)}")
+    if tool_parser is not None and tool_parser not in TOOL_PARSERS:
+        raise ValueError(f"tool-call parser {tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
     app.state.server = ServerState(
-        engine, names[0], api_key, closing or threading.Event(), metrics, names, reasoning_parser
+        engine, names[0], api_key, closing or threading.Event(), metrics, names, reasoning_parser, tool_parser
     )
     install_error_handlers(app)
     app.middleware("http")(auth_and_log)

@@ -8,30 +8,22 @@ SamplingParams, which checks their ranges.
 from __future__ import annotations
 
 import dataclasses
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field
 
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.structured.params import StructuredOutputsParams
+from atom_core.entrypoints.openai.chat_messages import ChatMessage
+from atom_core.entrypoints.openai.text_field import Text
+from atom_core.entrypoints.openai.tool_calls import tool_constraint
+from atom_core.entrypoints.openai.tool_protocol import ToolChoice, ToolDef, tools_field
 
 MAX_N = 16
 MAX_PROMPTS = 64  # a completion's list of prompts, each its own engine request
 MAX_CHOICES = 256  # prompts x n: what one request may put in the engine at once
 # far above what a real conversation sends: bounds what one request makes the tokenizer thread do
 MAX_MESSAGES = 4096
-MAX_CONTENT_PARTS = 1024  # per message
-
-
-def _unicode(text: str) -> str:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (it holds a lone surrogate)") from None
-    return text
-
-
-Text = Annotated[str, AfterValidator(_unicode)]
 
 
 class StreamOptions(BaseModel):
@@ -192,39 +184,6 @@ class CompletionRequest(_Request):
         return params
 
 
-class TextPart(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    type: Literal["text"]
-    text: Text
-
-
-MEDIA_PARTS = ("image_url", "image", "input_image", "video_url", "video", "input_audio", "audio_url")
-
-
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-    role: Literal["system", "developer", "user", "assistant"]
-    content: Text | list[TextPart]
-    name: Text | None = None
-
-    @model_validator(mode="before")
-    @classmethod
-    def _text_only(cls, data: Any) -> Any:
-        """Image, video or audio parts get their own 400 (served models are text-only, multimodal
-        checkpoints included), not a schema mismatch."""
-        parts = data.get("content") if isinstance(data, dict) else None
-        if isinstance(parts, list) and len(parts) > MAX_CONTENT_PARTS:
-            raise ValueError(f"content has {len(parts)} parts: at most {MAX_CONTENT_PARTS} are accepted")
-        for part in parts if isinstance(parts, list) else ():
-            kind = part.get("type") if isinstance(part, dict) else None
-            if kind in MEDIA_PARTS:
-                raise ValueError(f"{kind} content is not supported: this server takes text only")
-        return data
-
-    def text(self) -> str:
-        return self.content if isinstance(self.content, str) else "".join(p.text for p in self.content)
-
-
 class ChatCompletionRequest(_Request):
     messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
     max_tokens: int | None = None
@@ -232,6 +191,22 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the template (enable_thinking)
+    tools: list[ToolDef] | None = tools_field()
+    tool_choice: ToolChoice | None = None  # default: "auto" with tools, "none" without
+    parallel_tool_calls: bool = True
+
+    def structured(self) -> StructuredOutputsParams | None:
+        """A named or required tool_choice's grammar, or what response_format / structured_outputs ask."""
+        forced = tool_constraint(self.tools, self.tool_choice, self.parallel_tool_calls)
+        asked = super().structured()
+        if forced is not None and asked is not None:
+            raise ValueError(
+                "tool_choice and response_format (or structured_outputs) both shape the answer: give one"
+            )
+        return forced or asked
+
+    def template_tools(self) -> list[dict] | None:
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def checked_params(self, room: int, defaults: dict | None = None) -> SamplingParams:
         """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's, capped by

@@ -58,7 +58,7 @@ class ReasoningSplitter:
                     reasoning += buf[:at]
                     buf, self.state, self.after_end = buf[at + len(self.end) :], "content", True
                     continue
-                keep = 0 if final else _partial_tag(buf, self.end)
+                keep = 0 if final else partial_tag(buf, self.end)
                 reasoning, self.held, buf = reasoning + buf[: len(buf) - keep], buf[len(buf) - keep :], ""
             else:
                 if self.after_end:
@@ -68,7 +68,7 @@ class ReasoningSplitter:
         return reasoning, content
 
 
-def _partial_tag(text: str, tag: str) -> int:
+def partial_tag(text: str, tag: str) -> int:
     """How many of text's last characters are the start of tag (held back: they may complete it)."""
     for n in range(min(len(tag) - 1, len(text)), 0, -1):
         if text.endswith(tag[:n]):

@@ -6,6 +6,7 @@ import json
 
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
 from atom_core.entrypoints.openai.reasoning import ReasoningSplitter, split_reasoning
+from atom_core.entrypoints.openai.tool_calls import ToolPlan, ToolStream, read_calls
 
 
 def error_body(
@@ -43,6 +44,7 @@ class Formatter:
         top_logprobs: int = 0,
         echo_scores: bool = False,
         reasoning: tuple[str, bool] | None = None,
+        tools: ToolPlan | None = None,
     ):
         self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
         self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
@@ -51,6 +53,8 @@ class Formatter:
         # streamed choice's splitter
         self.reasoning = reasoning
         self._splitters: dict[int, ReasoningSplitter] = {}
+        self.tools = tools  # chat with tools: how the answer's calls are read (tool_calls.py)
+        self._tool_streams: dict[int, ToolStream] = {}
 
     def _token(self, t: int) -> str:
         return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
@@ -108,6 +112,12 @@ class Formatter:
                 if self.reasoning is not None:
                     thought, content = split_reasoning(c.text, *self.reasoning)
                     choice["message"].update(content=content, reasoning_content=thought)
+                if self.tools is not None:
+                    content, calls = read_calls(self.tools, choice["message"]["content"])
+                    choice["message"]["content"] = content
+                    if calls:
+                        choice["message"]["tool_calls"] = calls
+                        choice["finish_reason"] = self._finish_with_calls(c.finish_reason)
             else:
                 choice["text"] = self.echo + c.text
             choices.append(choice)
@@ -119,6 +129,11 @@ class Formatter:
             "choices": choices,
             "usage": usage(out),
         }
+
+    def _finish_with_calls(self, reason: str | None) -> str | None:
+        """OpenAI's finish reason for an answer that made calls: tool_calls, unless a named function was
+        forced (then the answer simply stopped) or max_tokens cut it."""
+        return reason if self.tools.mode == "named" or reason == "length" else "tool_calls"
 
     def chunk(self, choices: list[dict], usage_stats: dict | None = None) -> str:
         body = {
@@ -136,13 +151,19 @@ class Formatter:
         choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": logprobs}
         if self.chat:
             delta = {"role": "assistant"} if first else {}
-            if self.reasoning is None:
-                delta["content"] = text
-            else:  # (a piece that may be the start of a tag waits for the next)
+            final, thought, content = c.finish_reason is not None, "", text
+            if self.reasoning is not None:  # (a piece that may be the start of a tag waits for the next)
                 splitter = self._splitters.setdefault(c.index, ReasoningSplitter(*self.reasoning))
-                thought, content = splitter.feed(text, final=c.finish_reason is not None)
-                delta.update({"reasoning_content": thought} if thought else {})
-                delta.update({"content": content} if content or not thought else {})
+                thought, content = splitter.feed(text, final=final)
+            calls = []
+            if self.tools is not None:
+                stream = self._tool_streams.setdefault(c.index, ToolStream(self.tools))
+                content, calls = stream.feed(content, final=final)
+                if final and stream.calls:
+                    choice["finish_reason"] = self._finish_with_calls(c.finish_reason)
+            delta.update({"reasoning_content": thought} if thought else {})
+            delta.update({"content": content} if content or not (thought or calls) else {})
+            delta.update({"tool_calls": calls} if calls else {})
             choice["delta"] = delta
         else:
             choice["text"] = (self.echo if first else "") + text

@@ -19,12 +19,13 @@ from pydantic import BaseModel, ValidationError
 
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.sampling_params import SamplingParams
-from atom_core.entrypoints.openai.errors import engine_dead
+from atom_core.entrypoints.openai.errors import ApiError, engine_dead
 from atom_core.entrypoints.openai.generation import FormatterFor, generate
 from atom_core.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from atom_core.entrypoints.openai.reasoning import opened_in_prompt
 from atom_core.entrypoints.openai.responses import Formatter
 from atom_core.entrypoints.openai.state import ServerState, server_state
+from atom_core.entrypoints.openai.tool_calls import ToolPlan, tool_plan
 from atom_core.entrypoints.openai.validation import chat_prompt, check_model, completion_params
 
 router = APIRouter()
@@ -98,11 +99,15 @@ async def chat(request: Request) -> Response | StreamingResponse:
     state = server_state(request)
     check_model(body.model, state.names)
     ids, params = await chat_prompt(state.engine, body)
+    try:
+        tools = tool_plan(body.tools, body.tool_choice, state.tool_parser)
+    except ValueError as err:
+        raise ApiError(400, str(err), code="tool_choice_unsupported") from err
     reasoning = None
     if state.reasoning_parser is not None:  # does the prompt leave a think block open? (its tail tells)
         tail = await state.engine.run_tokenizer(state.engine.engine.tokenizer.decode, ids[-16:])
         reasoning = (state.reasoning_parser, opened_in_prompt(tail, state.reasoning_parser))
-    formatter_for = _formatter_for(state, params, chat=True, reasoning=reasoning)
+    formatter_for = _formatter_for(state, params, chat=True, reasoning=reasoning, tools=tools)
     return await generate(state.engine, request, body, [{"prompt_token_ids": ids}], params, formatter_for)
 
 
@@ -113,6 +118,7 @@ def _formatter_for(
     chat: bool,
     echo: str = "",
     reasoning: tuple[str, bool] | None = None,
+    tools: ToolPlan | None = None,
 ) -> FormatterFor:
     """The request's Formatter, once generate() has given it an id and a creation time."""
     top_logprobs = params.logprobs or 0
@@ -125,6 +131,7 @@ def _formatter_for(
         top_logprobs=top_logprobs,
         echo_scores=params.prompt_logprobs is not None,
         reasoning=reasoning,
+        tools=tools,
     )
 
 

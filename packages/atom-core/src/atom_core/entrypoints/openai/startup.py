@@ -47,7 +47,9 @@ def address_of(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def startup_lines(engine: LLMEngine, served_name: str, reasoning_parser: str | None = None) -> list[str]:
+def startup_lines(
+    engine: LLMEngine, served_name: str, reasoning_parser: str | None = None, tool_parser: str | None = None
+) -> list[str]:
     """The startup block: the model, where it runs, its memory and cache, its step modes."""
     config, plan, model = engine.config, engine.plan, engine.model_config
     tp = config.tensor_parallel_size
@@ -67,6 +69,8 @@ def startup_lines(engine: LLMEngine, served_name: str, reasoning_parser: str | N
         lines.append(f"speculative decoding: {plan.num_speculative_tokens} draft tokens a step")
     if reasoning_parser is not None:
         lines.append(f"reasoning parser: {reasoning_parser} (chat answers' reasoning_content)")
+    if tool_parser is not None:
+        lines.append(f'tool-call parser: {tool_parser} (tool_choice "auto")')
     return lines
 
 

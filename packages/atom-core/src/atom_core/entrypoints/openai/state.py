@@ -21,6 +21,7 @@ class ServerState:
     metrics: ServingMetrics | None = None  # /metrics
     served_names: tuple[str, ...] = ()  # every name a request may ask for (model_name first)
     reasoning_parser: str | None = None  # chat answers' <think> part as reasoning_content (reasoning.py)
+    tool_parser: str | None = None  # how tool_choice "auto" answers' calls are read (tool_calls.py)
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -65,7 +65,7 @@ async def tokenize(request: Request) -> dict:
                     f"the prompt has {len(body.prompt)} characters: more than max_model_len can hold"
                 )
             return tokenizer(body.prompt, add_special_tokens=body.add_special_tokens).input_ids
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+        messages = [m.for_template() for m in body.messages]
         return chat_prompt_ids(
             tokenizer,
             messages,

@@ -35,18 +35,18 @@ async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple
     tokenizer = engine.engine.tokenizer
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so no chat template")
-    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    messages = [m.for_template() for m in body.messages]
     # refused on its size before the tokenizer spends time on it
-    if (chars := sum(len(m["content"]) for m in messages)) > engine.engine.max_prompt_chars:
+    if (chars := sum(len(m["content"] or "") for m in messages)) > engine.engine.max_prompt_chars:
         raise ApiError(
             400,
             f"the messages have {chars} characters: more than max_model_len "
             f"{engine.engine.max_model_len} tokens can hold",
         )
     try:
-        kwargs = body.chat_template_kwargs
+        kwargs, tools = body.chat_template_kwargs, body.template_tools()
         ids = await engine.run_tokenizer(
-            partial(chat_prompt_ids, template_kwargs=kwargs), tokenizer, messages
+            partial(chat_prompt_ids, template_kwargs=kwargs, tools=tools), tokenizer, messages
         )
         room = engine.engine.max_model_len - len(ids)
         return ids, body.checked_params(room=room, defaults=engine.engine.generation_defaults)

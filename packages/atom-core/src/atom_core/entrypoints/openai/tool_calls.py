@@ -1,0 +1,194 @@
+"""Tool calls in chat answers, as OpenAI gives them (`tool_calls`, streamed as deltas that join to the
+whole answer's).
+
+How the request's tool_choice shapes the answer:
+- a named function, or "required": the grammar writes the call (the function's arguments schema, or an
+  array of {name, parameters} over all tools, one item unless parallel_tool_calls), so even a weak model
+  returns a valid call;
+- "auto": the model writes calls in its chat template's own format, read by the tool-call parser for it
+  (hermes: `<tool_call>{"name": …, "arguments": …}</tool_call>`, Qwen3's and many others'); a template
+  whose format has no parser here is refused by name rather than answered with unparsed calls;
+- "none": the tools reach the template; nothing is parsed.
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from dataclasses import dataclass
+
+from atom_core.engine.structured.params import StructuredOutputsParams
+from atom_core.entrypoints.openai.reasoning import partial_tag
+from atom_core.entrypoints.openai.tool_protocol import NamedToolChoice, ToolDef
+
+# the formats a template may use for calls, by a mark its text holds: the parser for each (None: none yet)
+TEMPLATE_FORMATS = (("<function=", None), ("<｜tool▁call▁begin｜>", None), ("<tool_call>", "hermes"))
+PARSERS = ("hermes",)
+_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
+
+
+def template_parser(template: str | None) -> str | None:
+    """The tool-call parser for a chat template's own call format (None: no format it knows)."""
+    for mark, parser in TEMPLATE_FORMATS:
+        if template and mark in template:
+            return parser
+    return None
+
+
+@dataclass(frozen=True, slots=True)
+class ToolPlan:
+    mode: str  # "named", "required", "auto" or "none"
+    name: str | None = None  # the named function
+    parser: str | None = None  # auto: how calls are read
+
+
+def tool_mode(tools: list[ToolDef] | None, choice) -> str:
+    if choice is None:
+        return "auto" if tools else "none"
+    return "named" if isinstance(choice, NamedToolChoice) else choice
+
+
+def tool_constraint(tools: list[ToolDef] | None, choice, parallel: bool) -> StructuredOutputsParams | None:
+    """The grammar a named or required tool_choice puts on the answer; ValueError for a choice that
+    names what is not there."""
+    mode = tool_mode(tools, choice)
+    if mode != "none" and not tools:
+        raise ValueError(f"tool_choice {mode!r} needs tools")
+    if mode == "named":
+        found = [t for t in tools if t.function.name == choice.function.name]
+        if not found:
+            offered = ", ".join(t.function.name for t in tools)
+            raise ValueError(
+                f"tool_choice names {choice.function.name!r}, which is not among the tools ({offered})"
+            )
+        return StructuredOutputsParams(json=_parameters(found[0]))
+    if mode == "required":
+        items = [
+            {
+                "type": "object",
+                "properties": {"name": {"const": t.function.name}, "parameters": _parameters(t)},
+                "required": ["name", "parameters"],
+                "additionalProperties": False,
+            }
+            for t in tools
+        ]
+        schema = {"type": "array", "minItems": 1, "items": {"anyOf": items}}
+        return StructuredOutputsParams(json=schema if parallel else {**schema, "maxItems": 1})
+    return None
+
+
+def _parameters(tool: ToolDef) -> dict:
+    return tool.function.parameters or {"type": "object"}
+
+
+def tool_plan(tools, choice, parser: str | None) -> ToolPlan | None:
+    """How the answer's calls are read (None: not at all); ValueError for "auto" without a parser."""
+    mode = tool_mode(tools, choice)
+    if mode == "none":
+        return None
+    if mode == "auto" and parser is None:
+        raise ValueError(
+            'tool_choice "auto" needs a tool-call parser for this model\'s call format, and there is none '
+            '(--tool-call-parser; supported: hermes): use tool_choice "required" or a named function'
+        )
+    return ToolPlan(
+        mode, choice.function.name if mode == "named" else None, parser if mode == "auto" else None
+    )
+
+
+def _call(name: str, arguments: str, index: int | None = None) -> dict:
+    call = {
+        "id": f"call_{uuid.uuid4().hex[:24]}",
+        "type": "function",
+        "function": {"name": name, "arguments": arguments},
+    }
+    return call if index is None else {"index": index, **call}
+
+
+def _hermes_call(body: str) -> dict | None:
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
+        return None
+    args = data.get("arguments", data.get("parameters", {}))
+    return {"name": data["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}
+
+
+def read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]]:
+    """A whole answer's (content, calls). Text that does not parse as calls stays content."""
+    if plan.mode == "named":
+        return None, [_call(plan.name, text)]
+    if plan.mode == "required":
+        try:
+            items = json.loads(text)
+            return None, [_call(i["name"], json.dumps(i["parameters"])) for i in items]
+        except (ValueError, TypeError, KeyError):
+            return text, []  # (cut by max_tokens)
+    stream = ToolStream(plan)
+    content, deltas = stream.feed(text, final=True)
+    return (content or None) if deltas else text, [
+        {k: v for k, v in d.items() if k != "index"} for d in deltas
+    ]
+
+
+class ToolStream:
+    """One streamed choice's calls: feed() its text pieces; returns the content piece and the tool_calls
+    deltas (OpenAI's: the first of a call carries its index, id, type and name)."""
+
+    def __init__(self, plan: ToolPlan):
+        self.plan, self.calls, self.buffer, self.inside, self.held = plan, 0, "", False, ""
+
+    def feed(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        if self.plan.mode == "named":
+            if not text:
+                return "", []
+            if self.calls == 0:
+                self.calls = 1
+                return "", [_call(self.plan.name, text, index=0)]
+            return "", [{"index": 0, "function": {"arguments": text}}]
+        if self.plan.mode == "required":
+            self.buffer += text
+            if not final:
+                return "", []
+            content, calls = read_calls(self.plan, self.buffer)
+            self.calls = len(calls)
+            return content or "", [{"index": i, **c} for i, c in enumerate(calls)]
+        return self._hermes(text, final)
+
+    def _hermes(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        buf, self.held = self.held + text, ""
+        content, deltas = "", []
+        while buf:
+            if not self.inside:
+                at = buf.find(_HERMES_OPEN)
+                if at < 0:
+                    keep = 0 if final else partial_tag(buf, _HERMES_OPEN)
+                    content, self.held, buf = content + buf[: len(buf) - keep], buf[len(buf) - keep :], ""
+                    break
+                content += buf[:at]
+                buf, self.inside = buf[at + len(_HERMES_OPEN) :], True
+            self.buffer += buf  # (the close tag may span pieces: looked for in all of the call so far)
+            at = self.buffer.find(_HERMES_CLOSE)
+            if at < 0:
+                buf = ""
+                break
+            if not self._emit(self.buffer[:at], deltas):  # not a call after all: its text is content
+                content += _HERMES_OPEN + self.buffer[: at + len(_HERMES_CLOSE)]
+            buf, self.buffer, self.inside = self.buffer[at + len(_HERMES_CLOSE) :], "", False
+        if final and self.inside:  # an unclosed call: a call if it parses, else content
+            if not self._emit(self.buffer, deltas):
+                content += _HERMES_OPEN + self.buffer
+            self.buffer, self.inside = "", False
+        if self.calls or deltas:  # (whitespace between and after calls is not content)
+            content = content.strip() and content
+        return content, deltas
+
+    def _emit(self, body: str, deltas: list[dict]) -> bool:
+        call = _hermes_call(body.strip())
+        if call is None:
+            return False
+        deltas.append(_call(call["name"], call["arguments"], index=self.calls))
+        self.calls += 1
+        return True

@@ -16,7 +16,8 @@ from atom_core.engine import LLMEngine
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.config import EngineConfig
 from atom_core.entrypoints.openai.app import create_app
-from atom_core.entrypoints.openai.tool_calls import ToolPlan, ToolStream, read_calls, template_parser
+from atom_core.entrypoints.openai.tool_calls import ToolPlan, ToolStream, read_calls
+from atom_core.entrypoints.openai.tool_formats import template_parser
 
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
 RECORDED = [
@@ -29,18 +30,45 @@ RECORDED = [
     ("<tool_call>{not json}</tool_call>", "<tool_call>{not json}</tool_call>", []),
 ]  # fmt: skip
 HERMES = ToolPlan("auto", parser="hermes")
+XML_CALL = (
+    "<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n"
+    '<parameter=days>\n3\n</parameter>\n<parameter=units>\n{"temp": "C"}\n</parameter>\n</function>\n</tool_call>'
+)
+XML_ARGS = {"city": "New York", "days": 3, "units": {"temp": "C"}}
+QWEN3_CODER = ToolPlan(
+    "auto",
+    parser="qwen3_coder",
+    schemas={
+        "get_weather": {
+            "properties": {
+                "city": {"type": "string"},
+                "days": {"type": "integer"},
+                "units": {"type": "object"},
+            }
+        }
+    },
+)
+RECORDED_XML = [
+    ("Checking.\n" + XML_CALL, "Checking.\n", [("get_weather", XML_ARGS)]),
+    (XML_CALL + "\n" + XML_CALL, None, [("get_weather", XML_ARGS)] * 2),
+    (XML_CALL.removesuffix("</function>\n</tool_call>"), None, [("get_weather", XML_ARGS)]),  # cut
+    ("<tool_call>no function here</tool_call>", "<tool_call>no function here</tool_call>", []),
+]
 
 
 def _calls(calls):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
 
 
-@pytest.mark.parametrize("answer, content, calls", RECORDED)
-def test_recorded_hermes_answers_whole_and_streamed(answer, content, calls):
-    got_content, got_calls = read_calls(HERMES, answer)
+@pytest.mark.parametrize(
+    "plan, answer, content, calls",
+    [(HERMES, *r) for r in RECORDED] + [(QWEN3_CODER, *r) for r in RECORDED_XML],
+)
+def test_recorded_answers_whole_and_streamed(plan, answer, content, calls):
+    got_content, got_calls = read_calls(plan, answer)
     assert (got_content, _calls(got_calls)) == (content, calls)
     for size in (1, 2, 5, 9):
-        stream, text, joined = ToolStream(HERMES), "", {}
+        stream, text, joined = ToolStream(plan), "", {}
         pieces = [answer[i : i + size] for i in range(0, len(answer), size)]
         for i, piece in enumerate(pieces):
             said, deltas = stream.feed(piece, final=i == len(pieces) - 1)
@@ -55,7 +83,8 @@ def test_recorded_hermes_answers_whole_and_streamed(answer, content, calls):
 
 def test_the_parser_follows_the_chat_templates_own_call_format():
     assert template_parser("{% if tools %}<tools>{{ tools }}</tools> ... <tool_call>{% endif %}") == "hermes"
-    assert template_parser("<tool_call>\n<function={{ name }}>") is None  # Qwen3-Coder's XML: no parser yet
+    assert template_parser("<tool_call>\n<function={{ name }}>") == "qwen3_coder"  # Qwen3-Coder, Qwen3.5
+    assert template_parser("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>") is None  # DeepSeek-V3: none yet
     assert template_parser("{{ messages }}") is None and template_parser(None) is None
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from atom_core.engine.llm_engine import LLMEngine
 from atom_core.entrypoints.openai.reasoning import default_parser
-from atom_core.entrypoints.openai.tool_calls import template_parser
+from atom_core.entrypoints.openai.tool_formats import template_parser
 
 
 def chosen_parsers(engine: LLMEngine, reasoning: str, tools: str) -> tuple[str | None, str | None]:

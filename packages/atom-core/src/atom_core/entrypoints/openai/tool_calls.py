@@ -6,8 +6,8 @@ How the request's tool_choice shapes the answer:
   array of {name, parameters} over all tools, one item unless parallel_tool_calls), so even a weak model
   returns a valid call;
 - "auto": the model writes calls in its chat template's own format, read by the tool-call parser for it
-  (hermes: `<tool_call>{"name": …, "arguments": …}</tool_call>`, Qwen3's and many others'); a template
-  whose format has no parser here is refused by name rather than answered with unparsed calls;
+  (tool_formats.py); a template whose format has no parser here is refused by name rather than answered
+  with unparsed calls;
 - "none": the tools reach the template; nothing is parsed.
 """
 
@@ -19,27 +19,18 @@ from dataclasses import dataclass
 
 from atom_core.engine.structured.params import StructuredOutputsParams
 from atom_core.entrypoints.openai.reasoning import partial_tag
+from atom_core.entrypoints.openai.tool_formats import FORMATS
 from atom_core.entrypoints.openai.tool_protocol import NamedToolChoice, ToolDef
 
-# the formats a template may use for calls, by a mark its text holds: the parser for each (None: none yet)
-TEMPLATE_FORMATS = (("<function=", None), ("<｜tool▁call▁begin｜>", None), ("<tool_call>", "hermes"))
-PARSERS = ("hermes",)
-_HERMES_OPEN, _HERMES_CLOSE = "<tool_call>", "</tool_call>"
-
-
-def template_parser(template: str | None) -> str | None:
-    """The tool-call parser for a chat template's own call format (None: no format it knows)."""
-    for mark, parser in TEMPLATE_FORMATS:
-        if template and mark in template:
-            return parser
-    return None
+PARSERS = tuple(FORMATS)
 
 
 @dataclass(frozen=True, slots=True)
 class ToolPlan:
     mode: str  # "named", "required", "auto" or "none"
     name: str | None = None  # the named function
-    parser: str | None = None  # auto: how calls are read
+    parser: str | None = None  # auto: how calls are read (tool_formats.py)
+    schemas: dict[str, dict] | None = None  # auto: each function's parameters schema (typed values)
 
 
 def tool_mode(tools: list[ToolDef] | None, choice) -> str:
@@ -89,10 +80,12 @@ def tool_plan(tools, choice, parser: str | None) -> ToolPlan | None:
     if mode == "auto" and parser is None:
         raise ValueError(
             'tool_choice "auto" needs a tool-call parser for this model\'s call format, and there is none '
-            '(--tool-call-parser; supported: hermes): use tool_choice "required" or a named function'
+            '(--tool-call-parser; supported: hermes, qwen3_coder): use tool_choice "required" or a named function'
         )
+    if mode != "auto":
+        return ToolPlan(mode, choice.function.name if mode == "named" else None)
     return ToolPlan(
-        mode, choice.function.name if mode == "named" else None, parser if mode == "auto" else None
+        mode, parser=parser, schemas={t.function.name: t.function.parameters or {} for t in tools}
     )
 
 
@@ -103,17 +96,6 @@ def _call(name: str, arguments: str, index: int | None = None) -> dict:
         "function": {"name": name, "arguments": arguments},
     }
     return call if index is None else {"index": index, **call}
-
-
-def _hermes_call(body: str) -> dict | None:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("name"), str):
-        return None
-    args = data.get("arguments", data.get("parameters", {}))
-    return {"name": data["name"], "arguments": args if isinstance(args, str) else json.dumps(args)}
 
 
 def read_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[dict]]:
@@ -155,38 +137,39 @@ class ToolStream:
             content, calls = read_calls(self.plan, self.buffer)
             self.calls = len(calls)
             return content or "", [{"index": i, **c} for i, c in enumerate(calls)]
-        return self._hermes(text, final)
+        return self._read(text, final)
 
-    def _hermes(self, text: str, final: bool) -> tuple[str, list[dict]]:
+    def _read(self, text: str, final: bool) -> tuple[str, list[dict]]:
+        fmt = FORMATS[self.plan.parser]
         buf, self.held = self.held + text, ""
         content, deltas = "", []
         while buf:
             if not self.inside:
-                at = buf.find(_HERMES_OPEN)
+                at = buf.find(fmt.open)
                 if at < 0:
-                    keep = 0 if final else partial_tag(buf, _HERMES_OPEN)
+                    keep = 0 if final else partial_tag(buf, fmt.open)
                     content, self.held, buf = content + buf[: len(buf) - keep], buf[len(buf) - keep :], ""
                     break
                 content += buf[:at]
-                buf, self.inside = buf[at + len(_HERMES_OPEN) :], True
+                buf, self.inside = buf[at + len(fmt.open) :], True
             self.buffer += buf  # (the close tag may span pieces: looked for in all of the call so far)
-            at = self.buffer.find(_HERMES_CLOSE)
+            at = self.buffer.find(fmt.close)
             if at < 0:
                 buf = ""
                 break
             if not self._emit(self.buffer[:at], deltas):  # not a call after all: its text is content
-                content += _HERMES_OPEN + self.buffer[: at + len(_HERMES_CLOSE)]
-            buf, self.buffer, self.inside = self.buffer[at + len(_HERMES_CLOSE) :], "", False
-        if final and self.inside:  # an unclosed call: a call if it parses, else content
+                content += fmt.open + self.buffer[: at + len(fmt.close)]
+            buf, self.buffer, self.inside = self.buffer[at + len(fmt.close) :], "", False
+        if final and self.inside:  # an unclosed call: a call if it reads as one, else content
             if not self._emit(self.buffer, deltas):
-                content += _HERMES_OPEN + self.buffer
+                content += fmt.open + self.buffer
             self.buffer, self.inside = "", False
         if self.calls or deltas:  # (whitespace between and after calls is not content)
             content = content.strip() and content
         return content, deltas
 
     def _emit(self, body: str, deltas: list[dict]) -> bool:
-        call = _hermes_call(body.strip())
+        call = FORMATS[self.plan.parser].read(body, self.plan.schemas or {})
         if call is None:
             return False
         deltas.append(_call(call["name"], call["arguments"], index=self.calls))

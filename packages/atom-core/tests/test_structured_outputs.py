@@ -104,7 +104,7 @@ def test_a_bad_constraint_is_refused_by_name(llm, spec, message):
 
 
 def test_a_grammar_that_compiles_too_long_is_refused(llm):
-    grammars = Grammars(llm.engine.tokenizer, llm.engine.model_config.vocab_size, timeout_s=0)
+    grammars = Grammars.for_tokenizer(llm.engine.tokenizer, llm.engine.model_config.vocab_size, timeout_s=0)
     deep = {
         "type": "object",
         "properties": {f"k{i}": {"type": "string", "pattern": "[a-z]{2,40}"} for i in range(40)},

@@ -156,7 +156,7 @@ class LLMEngine:
         """params' structured output compiled (once: kept on params; the server compiles it off the engine's
         thread); ValueError naming what is wrong, or what cannot carry one."""
         if params._grammar is None:
-            if self.tokenizer is None:
+            if self._grammars is None and self.tokenizer is None:
                 raise ValueError("structured outputs need the checkpoint's tokenizer, and this one has none")
             if self.drafter is not None:
                 raise ValueError(
@@ -164,7 +164,7 @@ class LLMEngine:
                     "--speculative-config for them"
                 )
             if self._grammars is None:
-                self._grammars = Grammars(self.tokenizer, self.model_config.vocab_size)
+                self._grammars = Grammars.for_tokenizer(self.tokenizer, self.model_config.vocab_size)
             params._grammar = self._grammars.compile(params.structured_outputs)
         return params._grammar
 

@@ -20,18 +20,26 @@ _LOG_PREFIX = re.compile(r"^\[[\d:]+\] \S+:\d+: ")
 
 
 class Grammars:
-    """tokenizer: the checkpoint's (transformers) tokenizer; vocab_size: the model's logits width (which
-    may pad the tokenizer's)."""
+    """Built over a checkpoint's tokenizer (for_tokenizer) or a vocabulary xgrammar was given directly
+    (an xgrammar TokenizerInfo); vocab_size: the model's logits width (which may pad the tokenizer's)."""
 
-    def __init__(self, tokenizer, vocab_size: int, timeout_s: float = COMPILE_TIMEOUT_S):
+    def __init__(self, tokenizer_info, vocab_size: int, timeout_s: float = COMPILE_TIMEOUT_S):
         import xgrammar as xgr
 
         self.xgr, self.vocab_size, self.timeout_s = xgr, vocab_size, timeout_s
-        info = xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size)
-        self.compiler = xgr.GrammarCompiler(info, max_threads=2, cache_enabled=True)
+        self.compiler = xgr.GrammarCompiler(tokenizer_info, max_threads=2, cache_enabled=True)
         # compilation runs here, waited for at most timeout_s: a pathological schema leaves a thread
         # busy, not the caller
         self._pool = ThreadPoolExecutor(2, thread_name_prefix="atom-grammar")
+
+    @classmethod
+    def for_tokenizer(cls, tokenizer, vocab_size: int, timeout_s: float = COMPILE_TIMEOUT_S) -> Grammars:
+        """tokenizer: the checkpoint's (transformers) tokenizer."""
+        import xgrammar as xgr
+
+        return cls(
+            xgr.TokenizerInfo.from_huggingface(tokenizer, vocab_size=vocab_size), vocab_size, timeout_s
+        )
 
     def compile(self, spec: StructuredOutputsParams):
         """The compiled grammar of spec (an xgrammar CompiledGrammar); ValueError naming what is wrong."""

@@ -16,10 +16,15 @@ def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         return
     import xgrammar as xgr
 
-    bitmask = xgr.allocate_token_bitmask(len(seqs), logits.shape[1])
+    # pinned where the logits are on a GPU: the copy then queues behind the forward instead of waiting
+    # for it, so the rows are filled while the forward runs (PyTorch's host allocator keeps the buffer
+    # until its copy is done)
+    pinned = logits.device.type == "cuda"
+    width = (logits.shape[1] + 31) // 32
+    bitmask = torch.full((len(seqs), width), -1, dtype=torch.int32, pin_memory=pinned)
     applied = [b for b in rows if seqs[b].grammar.fill_next_token_bitmask(bitmask, b)]  # False: all allowed
     if applied:
-        on_device = bitmask.to(logits.device, non_blocking=logits.device.type == "cuda")
+        on_device = bitmask.to(logits.device, non_blocking=pinned)
         xgr.apply_token_bitmask_inplace(logits, on_device, indices=applied)
 
 

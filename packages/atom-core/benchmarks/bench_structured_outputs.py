@@ -1,0 +1,185 @@
+"""The cost of structured outputs on a decode step, through LLM.generate: a batch where every row is held
+to a JSON schema against the same batch without, and where that cost goes.
+
+  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \\
+      packages/atom-core/benchmarks/bench_structured_outputs.py --vocab o200k_base.tiktoken --out so.json
+
+Llama-3-8B at its published shape, dummy bf16 weights. The grammar needs a real vocabulary, and the dummy
+checkpoint has no tokenizer: --vocab takes a tiktoken BPE file (o200k_base's first 128,256 tokens stand
+in for Llama-3's tiktoken vocabulary of that size; the mask's cost follows the vocabulary's trie). The
+schema asks for an array of at least 200 small objects, so no row can finish within 128 tokens and every
+step masks a mid-JSON state (numbers, short strings, nested arrays, punctuation). For B = 1 and 64, B fresh
+512-token prompts generate 128 tokens (greedy); a step is the median wall time of LLMEngine.step in the
+second half of the run. fill_ms: the host's work per step filling the rows' bitmasks (it runs while
+the forward is on the GPU); apply_ms: GPU time of the mask's copy and application. ratio = step with the
+schema / step without.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import gc
+import json
+import tempfile
+import time
+
+import torch
+from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
+
+import atom_core.engine.sampling.sampler as sampler
+from atom_core.engine import LLM, SamplingParams
+from atom_core.engine.structured import Grammars, StructuredOutputsParams
+
+PROMPT, NEW = 512, 128
+SCHEMA = {
+    "type": "array",
+    "minItems": 200,
+    "items": {
+        "type": "object",
+        "properties": {
+            "id": {"type": "integer"},
+            "name": {"type": "string", "maxLength": 16},
+            "score": {"type": "number"},
+            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
+        },
+        "required": ["id", "name", "score", "tags"],
+        "additionalProperties": False,
+    },
+}
+
+
+def tiktoken_grammars(path: str, vocab_size: int) -> Grammars:
+    """Grammars over a tiktoken BPE file's first vocab_size tokens (raw bytes, in rank order)."""
+    import xgrammar as xgr
+
+    ranks = {}
+    with open(path, "rb") as f:
+        lines = f.read().splitlines()
+    for line in lines:
+        token, rank = line.split()
+        ranks[int(rank)] = base64.b64decode(token)
+    vocab = [ranks.get(i, b"<unused%d>" % i) for i in range(vocab_size)]
+    info = xgr.TokenizerInfo(
+        vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[vocab_size - 1]
+    )
+    return Grammars(info, vocab_size)
+
+
+class Costs:
+    """Times sampler.mask_disallowed's host part and its GPU part (CUDA events), per call."""
+
+    def __init__(self):
+        self.fill_s, self.apply_events = [], []
+        original = sampler.mask_disallowed
+
+        def timed(logits, seqs):
+            start = time.perf_counter()
+            begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            begin.record()
+            original(logits, seqs)
+            end.record()
+            self.fill_s.append(time.perf_counter() - start)
+            self.apply_events.append((begin, end))
+
+        sampler.mask_disallowed = timed
+
+    def reset(self):
+        self.fill_s, self.apply_events = [], []
+
+    def medians(self, window: slice) -> tuple[float, float]:
+        fill = sorted(self.fill_s[window]) or [0.0]
+        apply = sorted(b.elapsed_time(e) for b, e in self.apply_events[window]) or [0.0]
+        return fill[len(fill) // 2] * 1e3, apply[len(apply) // 2]
+
+
+def run(llm: LLM, batch: int, structured: bool, gen, costs: Costs) -> dict:
+    vocab = llm.engine.model_config.vocab_size
+    prompts = [
+        {"prompt_token_ids": torch.randint(0, vocab, (PROMPT,), generator=gen).tolist()} for _ in range(batch)
+    ]
+    spec = StructuredOutputsParams(json=SCHEMA) if structured else None
+    params = SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True, structured_outputs=spec)
+    engine, times = llm.engine, []
+    step = engine.step
+
+    def timed():
+        start = time.perf_counter()
+        out = step()
+        times.append(time.perf_counter() - start)
+        return out
+
+    engine.step, overlapped = timed, engine.stats.num_async_steps
+    costs.reset()
+    try:
+        outs = llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        engine.step = step
+    torch.cuda.synchronize()
+    window = slice(len(times) // 2, len(times) - 3)
+    steady = sorted(times[window])
+    fill_ms, apply_ms = costs.medians(slice(len(costs.fill_s) // 2, len(costs.fill_s) - 3))
+    made = [len(o.outputs[0].token_ids) for o in outs]
+    return dict(
+        batch=batch,
+        structured=structured,
+        step_ms=steady[len(steady) // 2] * 1e3,
+        fill_ms=fill_ms,
+        apply_ms=apply_ms,
+        steps=len(times),
+        overlapped_steps=engine.stats.num_async_steps - overlapped,
+        tokens_min=min(made),
+        tokens_max=max(made),
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--vocab", required=True, help="a tiktoken BPE file (base64 token, rank per line)")
+    parser.add_argument("--out")
+    parser.add_argument("--batches", default="1,64")
+    parser.add_argument("--layers", type=int, default=32)
+    parser.add_argument("--label", default="", help="which tree ran (kept in the record)")
+    args = parser.parse_args()
+    config = llama3_8b(args.layers)
+    costs, rows = Costs(), []
+    with tempfile.TemporaryDirectory() as d:
+        config.save_pretrained(d)
+        llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64)
+        start = time.perf_counter()
+        llm.engine._grammars = tiktoken_grammars(args.vocab, config.vocab_size)
+        compile_start = time.perf_counter()
+        llm.engine._grammars.compile(StructuredOutputsParams(json=SCHEMA))
+        compile_ms = (time.perf_counter() - compile_start) * 1e3
+        print(
+            f"tokenizer info {compile_start - start:.2f} s, schema compiled in {compile_ms:.1f} ms",
+            flush=True,
+        )
+        gen = torch.Generator().manual_seed(0)
+        for batch in (int(b) for b in args.batches.split(",")):
+            for structured in (False, True):
+                run(llm, batch, structured, gen, costs)  # warm-up
+                row = dict(model="llama3-8b", **run(llm, batch, structured, gen, costs))
+                rows.append(row)
+                print(json.dumps(row), flush=True)
+        llm.shutdown()
+        del llm
+        gc.collect()
+    for row in rows:
+        if row["structured"]:
+            plain = next(r for r in rows if r["batch"] == row["batch"] and not r["structured"])
+            row["ratio"] = row["step_ms"] / plain["step_ms"]
+    print(f"\n{torch.cuda.get_device_name()}  {args.label}  schema compile {compile_ms:.1f} ms")
+    print(f"{'B':>4} {'schema':<7}{'step ms':>9}{'ratio':>7}{'fill ms':>9}{'apply ms':>9}{'overlap':>9}")
+    for r in rows:
+        ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
+        print(f"{r['batch']:>4} {r['structured']!s:<7}{r['step_ms']:>9.3f}{ratio:>7}{r['fill_ms']:>9.3f}"
+              f"{r['apply_ms']:>9.3f}{r['overlapped_steps']:>5}/{r['steps']}")  # fmt: skip
+    if args.out:
+        record = dict(device=torch.cuda.get_device_name(), label=args.label, compile_ms=compile_ms, rows=rows)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -4,6 +4,9 @@ device, to those rows only); after it, the drawn token advances the row's matche
 
 from __future__ import annotations
 
+import functools
+import os
+
 import torch
 
 from atom_core.engine.scheduling.sequence import Sequence
@@ -22,10 +25,26 @@ def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
     pinned = logits.device.type == "cuda"
     width = (logits.shape[1] + 31) // 32
     bitmask = torch.full((len(seqs), width), -1, dtype=torch.int32, pin_memory=pinned)
-    applied = [b for b in rows if seqs[b].grammar.fill_next_token_bitmask(bitmask, b)]  # False: all allowed
+    if len(rows) < PARALLEL_FROM:
+        applied = [
+            b for b in rows if seqs[b].grammar.fill_next_token_bitmask(bitmask, b)
+        ]  # False: all allowed
+    else:  # xgrammar's threads fill the rows (outside the GIL)
+        _batch_filler().batch_fill_next_token_bitmask([seqs[b].grammar for b in rows], bitmask, indices=rows)
+        applied = rows
     if applied:
         on_device = bitmask.to(logits.device, non_blocking=pinned)
         xgr.apply_token_bitmask_inplace(logits, on_device, indices=applied)
+
+
+PARALLEL_FROM = 4  # rows from which the fill is spread over threads (below, starting them costs more)
+
+
+@functools.cache
+def _batch_filler():
+    import xgrammar as xgr
+
+    return xgr.BatchGrammarMatcher(max_threads=min(8, os.cpu_count() or 1))
 
 
 def accept(seq: Sequence, token: int) -> bool:

@@ -9,10 +9,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from atom_core.engine.async_engine import AsyncEngine
 from atom_core.engine.text.chat_template import chat_prompt_ids
 from atom_core.entrypoints.openai.errors import ApiError
 from atom_core.entrypoints.openai.protocol import MAX_MESSAGES, ChatMessage, Text
-from atom_core.entrypoints.openai.routes import parse_body
+from atom_core.entrypoints.openai.routes import Body, parse_body
 from atom_core.entrypoints.openai.state import server_state
 from atom_core.entrypoints.openai.validation import check_model
 
@@ -44,19 +45,20 @@ class DetokenizeRequest(BaseModel):
     tokens: list[int] = Field(max_length=1 << 20)
 
 
-def _tokenizer(request: Request):
-    tokenizer = server_state(request).engine.engine.tokenizer
+async def _checked(request: Request, model: type[Body]) -> tuple[Body, object, AsyncEngine]:
+    """The request's body, the tokenizer and the engine; 4xx for a bad body, model or no tokenizer."""
+    body = await parse_body(request, model)
+    state = server_state(request)
+    check_model(body.model, state.names)
+    tokenizer = state.engine.engine.tokenizer
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer: it takes and gives token ids only")
-    return tokenizer
+    return body, tokenizer, state.engine
 
 
 @router.post("/tokenize", response_model=None)
 async def tokenize(request: Request) -> dict:
-    body = await parse_body(request, TokenizeRequest)
-    state = server_state(request)
-    check_model(body.model, state.names)
-    tokenizer, engine = _tokenizer(request), state.engine
+    body, tokenizer, engine = await _checked(request, TokenizeRequest)
 
     def run() -> list[int]:
         if body.prompt is not None:
@@ -88,10 +90,7 @@ async def tokenize(request: Request) -> dict:
 
 @router.post("/detokenize", response_model=None)
 async def detokenize(request: Request) -> dict:
-    body = await parse_body(request, DetokenizeRequest)
-    state = server_state(request)
-    check_model(body.model, state.names)
-    tokenizer, engine = _tokenizer(request), state.engine
+    body, tokenizer, engine = await _checked(request, DetokenizeRequest)
     vocab = engine.engine.model_config.vocab_size
     if any(not 0 <= t < vocab for t in body.tokens):
         raise ApiError(400, f"tokens must be integers in [0, {vocab})")

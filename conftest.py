@@ -26,6 +26,8 @@ from pathlib import Path
 
 import pytest
 
+from tools.testing_cpus import share_cores
+
 ROOT = Path(__file__).resolve().parent
 
 pytest_plugins = ["tools.testing_fixtures"]
@@ -150,6 +152,7 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         item for item in session.items if isinstance(item, DelegatedSuite) and item.adapter.background
     ]
     if background and not session.config.option.collectonly:
+        share_cores(2)  # this session and one background suite at a time, each on its own core
         session.config.stash.setdefault(_RUNS_KEY, {})  # before the thread: one dict for both sides
         session.config.stash[_QUEUE_KEY] = BackgroundQueue(background)
 

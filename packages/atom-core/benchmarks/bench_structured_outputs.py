@@ -11,8 +11,10 @@ schema asks for an array of at least 200 small objects, so no row can finish wit
 step masks a mid-JSON state (numbers, short strings, nested arrays, punctuation). For B = 1 and 64, B fresh
 512-token prompts generate 128 tokens (greedy); a step is the median wall time of LLMEngine.step in the
 second half of the run. fill_ms: the host's work per step filling the rows' bitmasks (it runs while
-the forward is on the GPU); apply_ms: GPU time of the mask's copy and application. ratio = step with the
-schema / step without.
+the forward is on the GPU); apply_ms: GPU time of the mask's copy and application; emit_ms: the host's
+emit stage per step (the rows' grammars advanced by their tokens, stop checks, outputs). With async
+scheduling (the default on a GPU) fill and emit run while the step's forward does. ratio = step with the schema / step without. --parallel-from sets the rows
+from which fills and advances go to llguidance's threads.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ import torch
 from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
 
 import atom_core.engine.sampling.sampler as sampler
+import atom_core.engine.steps.async_step as async_step
+import atom_core.engine.structured.masking as masking
 from atom_core.engine import LLM, SamplingParams
+from atom_core.engine.steps.emit import Emitter
 from atom_core.engine.structured import Grammars, StructuredOutputsParams
 
 PROMPT, NEW = 512, 128
@@ -50,28 +55,38 @@ SCHEMA = {
 
 
 def tiktoken_grammars(path: str, vocab_size: int) -> Grammars:
-    """Grammars over a tiktoken BPE file's first vocab_size tokens (raw bytes, in rank order)."""
-    import xgrammar as xgr
+    """Grammars over a tiktoken BPE file's first vocab_size - 1 tokens (in rank order), the last id EOS."""
+    from llguidance import LLTokenizer
 
     ranks = {}
     with open(path, "rb") as f:
-        lines = f.read().splitlines()
-    for line in lines:
-        token, rank = line.split()
-        ranks[int(rank)] = base64.b64decode(token)
-    vocab = [ranks.get(i, b"<unused%d>" % i) for i in range(vocab_size)]
-    info = xgr.TokenizerInfo(
-        vocab, vocab_type=xgr.VocabType.RAW, vocab_size=vocab_size, stop_token_ids=[vocab_size - 1]
+        for line in f.read().splitlines():
+            token, rank = line.split()
+            if int(rank) < vocab_size - 1:
+                ranks[base64.b64decode(token)] = int(rank)
+    eos = vocab_size - 1
+    vocabulary = LLTokenizer.from_tiktoken(
+        encoder=ranks, special_tokens={"<|eos|>": eos}, pattern=r"\S+|\s+", eos_token=eos, n_vocab=vocab_size
     )
-    return Grammars(info, vocab_size)
+    return Grammars(vocabulary, vocab_size)
 
 
 class Costs:
-    """Times sampler.mask_disallowed's host part and its GPU part (CUDA events), per call."""
+    """Times mask_disallowed's host part and its GPU part (CUDA events), and the host's emit stage
+    (the rows' grammars advanced, stop checks, outputs), per call."""
 
     def __init__(self):
-        self.fill_s, self.apply_events = [], []
+        self.fill_s, self.apply_events, self.emit_s = [], [], []
         original = sampler.mask_disallowed
+        apply = Emitter.apply
+
+        def timed_apply(emitter, produced):
+            start = time.perf_counter()
+            out = apply(emitter, produced)
+            self.emit_s.append(time.perf_counter() - start)
+            return out
+
+        Emitter.apply = timed_apply
 
         def timed(logits, seqs):
             start = time.perf_counter()
@@ -82,15 +97,16 @@ class Costs:
             self.fill_s.append(time.perf_counter() - start)
             self.apply_events.append((begin, end))
 
-        sampler.mask_disallowed = timed
+        sampler.mask_disallowed = async_step.mask_disallowed = timed  # (the synchronous draw; the async one)
 
     def reset(self):
-        self.fill_s, self.apply_events = [], []
+        self.fill_s, self.apply_events, self.emit_s = [], [], []
 
-    def medians(self, window: slice) -> tuple[float, float]:
+    def medians(self, window: slice) -> tuple[float, float, float]:
         fill = sorted(self.fill_s[window]) or [0.0]
         apply = sorted(b.elapsed_time(e) for b, e in self.apply_events[window]) or [0.0]
-        return fill[len(fill) // 2] * 1e3, apply[len(apply) // 2]
+        emit = sorted(self.emit_s[len(self.emit_s) // 2 : -3]) or [0.0]
+        return fill[len(fill) // 2] * 1e3, apply[len(apply) // 2], emit[len(emit) // 2] * 1e3
 
 
 def run(llm: LLM, batch: int, structured: bool, gen, costs: Costs) -> dict:
@@ -118,7 +134,7 @@ def run(llm: LLM, batch: int, structured: bool, gen, costs: Costs) -> dict:
     torch.cuda.synchronize()
     window = slice(len(times) // 2, len(times) - 3)
     steady = sorted(times[window])
-    fill_ms, apply_ms = costs.medians(slice(len(costs.fill_s) // 2, len(costs.fill_s) - 3))
+    fill_ms, apply_ms, emit_ms = costs.medians(slice(len(costs.fill_s) // 2, len(costs.fill_s) - 3))
     made = [len(o.outputs[0].token_ids) for o in outs]
     return dict(
         batch=batch,
@@ -126,6 +142,7 @@ def run(llm: LLM, batch: int, structured: bool, gen, costs: Costs) -> dict:
         step_ms=steady[len(steady) // 2] * 1e3,
         fill_ms=fill_ms,
         apply_ms=apply_ms,
+        emit_ms=emit_ms,
         steps=len(times),
         overlapped_steps=engine.stats.num_async_steps - overlapped,
         tokens_min=min(made),
@@ -140,7 +157,14 @@ def main():
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--label", default="", help="which tree ran (kept in the record)")
+    parser.add_argument(
+        "--parallel-from",
+        type=int,
+        default=masking.PARALLEL_FROM,
+        help="rows from which grammars use threads",
+    )
     args = parser.parse_args()
+    masking.PARALLEL_FROM = args.parallel_from
     config = llama3_8b(args.layers)
     costs, rows = Costs(), []
     with tempfile.TemporaryDirectory() as d:
@@ -170,13 +194,21 @@ def main():
             plain = next(r for r in rows if r["batch"] == row["batch"] and not r["structured"])
             row["ratio"] = row["step_ms"] / plain["step_ms"]
     print(f"\n{torch.cuda.get_device_name()}  {args.label}  schema compile {compile_ms:.1f} ms")
-    print(f"{'B':>4} {'schema':<7}{'step ms':>9}{'ratio':>7}{'fill ms':>9}{'apply ms':>9}{'overlap':>9}")
+    print(
+        f"{'B':>4} {'schema':<7}{'step ms':>9}{'ratio':>7}{'fill ms':>9}{'apply ms':>9}{'emit ms':>9}{'overlap':>9}"
+    )
     for r in rows:
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
         print(f"{r['batch']:>4} {r['structured']!s:<7}{r['step_ms']:>9.3f}{ratio:>7}{r['fill_ms']:>9.3f}"
-              f"{r['apply_ms']:>9.3f}{r['overlapped_steps']:>5}/{r['steps']}")  # fmt: skip
+              f"{r['apply_ms']:>9.3f}{r['emit_ms']:>9.3f}{r['overlapped_steps']:>5}/{r['steps']}")  # fmt: skip
     if args.out:
-        record = dict(device=torch.cuda.get_device_name(), label=args.label, compile_ms=compile_ms, rows=rows)
+        record = dict(
+            device=torch.cuda.get_device_name(),
+            label=args.label,
+            parallel_from=args.parallel_from,
+            compile_ms=compile_ms,
+            rows=rows,
+        )
         with open(args.out, "w") as f:
             json.dump(record, f, indent=1)
 

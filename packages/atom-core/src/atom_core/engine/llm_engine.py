@@ -102,6 +102,7 @@ class LLMEngine:
             self.stats,
             kernel_backend=config.kernel_backend,
             device=self.device,
+            masks_ahead=config.tensor_parallel_size == 1,  # (each tensor-parallel rank draws its own)
         )
         self._ids = itertools.count()
         self.shut_down = False

@@ -59,7 +59,7 @@ class Sequence:
     # SamplingParams.prompt_logprobs (the request's first sample only): per prompt position, None for the
     # first, then {token: logprob} of the prompt's token and the top ones, filled as its chunks run
     prompt_logprobs: list[dict[int, float] | None] | None = None
-    grammar: object | None = None  # structured outputs: its xgrammar GrammarMatcher (engine/structured/)
+    grammar: object | None = None  # structured outputs: its Matcher (engine/structured/matcher.py)
 
     def __post_init__(self):
         self.token_ids = list(self.prompt_token_ids)

@@ -17,6 +17,11 @@ step's state updates run on the device in stream order, and a slot a finished se
 reset (fresh) by the next holder's first step, queued after the step in flight. Under speculation the
 verify steps launch ahead instead (steps/speculative_ahead.py). Anything else settles the step in flight
 first and runs as a synchronous step.
+
+Structured outputs launch ahead too, where one process samples (no tensor parallelism): their step's
+forward is launched without its draw; the host then reads the step before it, advances the rows'
+grammars by those tokens (the emit stage), fills the rows' masks and queues the masked draw
+(`AsyncSteps.sample_masked`), all while the forward runs.
 """
 
 from __future__ import annotations
@@ -27,18 +32,31 @@ import torch
 
 from atom_core.engine.execution.runner import StepResult
 from atom_core.engine.execution.step_inputs import StepInputs
-from atom_core.engine.sampling.sampler import NON_FINITE, SAMPLING_FAILED, LogprobRows, SamplingRows
+from atom_core.engine.sampling.sampler import (
+    NON_FINITE,
+    SAMPLING_FAILED,
+    LogprobRows,
+    SamplingRows,
+    sample_rows,
+)
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.steps.emit import Produced
 from atom_core.engine.steps.stats import StepStats
+from atom_core.engine.structured.masking import mask_disallowed
+
+
+def masked_on_device(params: SamplingParams) -> bool:
+    """Whether a request's next token can be drawn on the device once the host has filled its grammar's
+    mask (structured outputs, launched ahead where AsyncSteps.masks_ahead)."""
+    return not params.penalized and params.prompt_logprobs is None and params.structured_outputs is not None
 
 
 def sampled_on_device(params: SamplingParams) -> bool:
     """Whether a request's next token can be drawn on the device: all but penalties, which read the
     tokens so far (the one in flight included), prompt logprobs, which the synchronous step reads from
-    its prefill chunks, and structured outputs, whose mask follows the tokens so far."""
+    its prefill chunks, and structured outputs, whose draw waits for the host's mask (masked_on_device)."""
     return not params.penalized and params.prompt_logprobs is None and params.structured_outputs is None
 
 
@@ -95,12 +113,28 @@ class InFlightStep:
 class AsyncSteps:
     """The engine's one step in flight, and the rules for launching the next one before reading it."""
 
-    def __init__(self, scheduler: Scheduler, stats: StepStats, max_rows: int, device: torch.device):
-        self.scheduler, self.stats = scheduler, stats
+    def __init__(
+        self,
+        scheduler: Scheduler,
+        stats: StepStats,
+        max_rows: int,
+        device: torch.device,
+        *,
+        masks_ahead: bool = False,
+        backend: str | None = None,
+    ):
+        self.scheduler, self.stats, self.backend = scheduler, stats, backend
         self.host = HostTokens(max_rows, device)
         self.in_flight: InFlightStep | None = None
         self.result: StepResult | None = None  # the in-flight step's results (its tokens feed the next)
         self.enabled = True  # False: no step launches ahead (the one in flight settles at the next step)
+        # structured outputs launch ahead (their draw waits for the host's masks): only where the draw is
+        # this process's alone (a tensor-parallel rank draws its own, and would need the masks too)
+        self.masks_ahead = masks_ahead
+        self.unsampled: tuple[list[Sequence], StepResult, SamplingRows] | None = None  # launched, not drawn
+
+    def _ahead(self, params: SamplingParams) -> bool:
+        return sampled_on_device(params) or (self.masks_ahead and masked_on_device(params))
 
     def continues(self) -> bool:
         """Whether the next step can launch before the one in flight is read: every request running or
@@ -111,7 +145,7 @@ class AsyncSteps:
         return (
             self.enabled
             and bool(running)
-            and all(sampled_on_device(seq.params) for seq in (*running, *scheduler.waiting))
+            and all(self._ahead(seq.params) for seq in (*running, *scheduler.waiting))
             # every one-token row (a pending token, or a prompt's last) fits the budget: the scheduler
             # serves them all before any prefill chunk takes what they need
             and sum(seq.num_uncomputed == 1 for seq in running) <= scheduler.config.max_num_batched_tokens
@@ -122,11 +156,7 @@ class AsyncSteps:
     def launches_ahead(self, batch: ScheduledBatch) -> bool:
         """Whether this batch's tokens stay on the device for the next step: none verifies drafts, and
         every one samples on the device."""
-        return (
-            self.enabled
-            and not any(batch.drafts)
-            and all(sampled_on_device(seq.params) for seq in batch.seqs)
-        )
+        return self.enabled and not any(batch.drafts) and all(self._ahead(seq.params) for seq in batch.seqs)
 
     @property
     def behind(self) -> None:
@@ -137,7 +167,11 @@ class AsyncSteps:
         """A step launched ahead: every logits row sampled on the device, at its sequence's next output
         position; its pending tokens fed from the step in flight (feed)."""
         seqs = [batch.seqs[row] for row in inputs.ends]
-        inputs.sampling = SamplingRows.of(seqs, [len(s.output_token_ids) + s.num_pending for s in seqs])
+        rows = SamplingRows.of(seqs, [len(s.output_token_ids) + s.num_pending for s in seqs])
+        if any(s.grammar is not None for s in seqs):  # drawn after the forward, once the masks are in
+            self.unsampled, inputs.sampling = (seqs, None, rows), None
+        else:
+            inputs.sampling = rows
         return self.feed(batch, inputs)
 
     def feed(self, batch: ScheduledBatch, inputs: StepInputs) -> torch.Tensor | None:
@@ -158,7 +192,7 @@ class AsyncSteps:
 
     def drop(self) -> None:
         """The step in flight will not be read (its sequences failed with the step after it)."""
-        self.in_flight = self.result = None
+        self.in_flight = self.result = self.unsampled = None
 
     def launch(self, batch: ScheduledBatch, inputs: StepInputs, result: StepResult) -> list[Produced]:
         """After launching a step ahead: count its tokens as computed (and a sampled one pending per
@@ -171,12 +205,33 @@ class AsyncSteps:
         for seq in sampled:
             seq.num_pending += 1
         self.scheduler.settle_snapshots(batch, ran=True)
-        launched = InFlightStep.launch(sampled, result, inputs.sampling, self.host)
-        previous, self.in_flight, self.result = self.in_flight, launched, result
+        if self.unsampled is not None:  # its draw waits for the step before to advance the grammars
+            self.unsampled = (sampled, result, self.unsampled[2])
+            previous, self.in_flight, self.result = self.in_flight, None, None
+        else:
+            launched = InFlightStep.launch(sampled, result, inputs.sampling, self.host)
+            previous, self.in_flight, self.result = self.in_flight, launched, result
         if previous is None:
             return []
         self.stats.num_async_steps += 1
         return self._read(previous)
+
+    def sample_masked(self) -> None:
+        """After the step before was emitted (its tokens advanced the grammars): fill the masks of the
+        launched step's rows, queue its draw behind its forward and start its tokens' copy. Rows whose
+        sequence ended meanwhile draw unmasked (their tokens are dropped)."""
+        if self.unsampled is None:
+            return
+        seqs, result, rows = self.unsampled
+        self.unsampled = None
+        with torch.inference_mode():
+            finite = torch.isfinite(result.logits).all(dim=-1)
+            live = [s if s.status is Status.RUNNING else None for s in seqs]
+            mask_disallowed(result.logits, live)
+            result.tokens, result.logprobs = sample_rows(
+                result.logits, rows, backend=self.backend, finite=finite
+            )
+        self.in_flight, self.result = InFlightStep.launch(seqs, result, rows, self.host), result
 
     def forget_if_unread(self) -> None:
         """After the launch's settled tokens were emitted: a step in flight whose sequences all ended (at

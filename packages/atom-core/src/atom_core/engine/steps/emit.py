@@ -10,7 +10,7 @@ from atom_core.engine.scheduling.block_manager import BlockManager
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.steps.requests import RequestTable
 from atom_core.engine.steps.stop_check import StopCheck
-from atom_core.engine.structured.masking import accept
+from atom_core.engine.structured.masking import accept, accept_first
 
 
 @dataclass(slots=True)
@@ -37,6 +37,13 @@ class Emitter:
         requests and the failed ones (id: why). Sequences that ended meanwhile (an abort, an earlier
         failure) take nothing."""
         advanced, failed = [], {}
+        first = accept_first(
+            [
+                (item.seq, item.tokens[0])
+                for item in produced
+                if item.seq.grammar is not None and item.tokens and item.seq.status is Status.RUNNING
+            ]
+        )
         for item in produced:
             seq = item.seq
             if seq.status is not Status.RUNNING:
@@ -46,10 +53,10 @@ class Emitter:
                 continue
             for i, token in enumerate(item.tokens):
                 seq.append(token, None if item.logprobs is None else item.logprobs[i])
-                if not accept(seq, token):  # (the mask allowed only what it accepts: never expected)
-                    failed.setdefault(
-                        seq.request_id, f"token {token} is outside the request's structured output"
-                    )
+                if not (first.pop(id(seq)) if i == 0 and id(seq) in first else accept(seq, token)):
+                    # (the mask allowed only what it accepts, unless the grammar failed)
+                    why = seq.grammar.error or f"token {token} is outside the grammar"
+                    failed.setdefault(seq.request_id, f"structured output: {why}")
                     break
                 self.blocks.register_full_blocks(seq)  # its blocks are findable by content now
                 self.stop_check(seq)

@@ -36,13 +36,21 @@ class StepPipeline:
         *,
         kernel_backend: str | None,
         device,
+        masks_ahead: bool = False,
     ):
         self.runner, self.scheduler, self.emitter, self.drafter = runner, scheduler, emitter, drafter
         self.failures, self.stats, self.backend = failures, stats, kernel_backend
         self.overlap: AsyncSteps | SpeculativeAhead | None = None
         if plan.async_scheduling:  # launched ahead: decodes, or (with a draft) verifies
             self.overlap = (
-                AsyncSteps(scheduler, stats, plan.max_num_seqs, device)
+                AsyncSteps(
+                    scheduler,
+                    stats,
+                    plan.max_num_seqs,
+                    device,
+                    masks_ahead=masks_ahead,
+                    backend=kernel_backend,
+                )
                 if drafter is None
                 else SpeculativeAhead(scheduler, drafter, stats, plan)
             )
@@ -127,7 +135,9 @@ class StepPipeline:
             return settled + self.failures.step_failed(left, err, self.advance)
         self.stats.consecutive_failures = 0
         if ahead:
-            outputs = self.emitter.emit(overlap.launch(verify, inputs, result))
+            advanced, failed = self.emitter.apply(overlap.launch(verify, inputs, result))
+            overlap.sample_masked()  # (structured rows: their masks follow the tokens just applied)
+            outputs = self.emitter.report(advanced, failed)
             overlap.forget_if_unread()
             return outputs
         return self.advance(batch, inputs, result)

@@ -223,6 +223,9 @@ class SpeculativeAhead:
         self.stats.num_async_steps += 1
         return self._read(previous)
 
+    def sample_masked(self) -> None:
+        """(Every verify draws in its forward: structured outputs are refused under speculation.)"""
+
     def drop(self) -> None:
         self.in_flight = None
 

@@ -11,7 +11,7 @@ class StructuredOutputsParams:
     json: str | dict | None = None  # a JSON schema (its text, or the parsed object)
     regex: str | None = None
     choice: list[str] | None = None  # the output is exactly one of these strings
-    grammar: str | None = None  # EBNF (xgrammar's GBNF dialect), with a `root` rule
+    grammar: str | None = None  # Lark (a `start` rule) or GBNF / EBNF (a `root` rule)
     json_object: bool = False  # any JSON object
 
     def __post_init__(self):

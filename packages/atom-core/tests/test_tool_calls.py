@@ -1,4 +1,4 @@
-"""Tool calls: recorded hermes answers read whole and in streamed pieces (the deltas join to the whole
+"""Tool calls: recorded hermes, qwen3_coder and deepseek_v3 answers read whole and in streamed pieces (the deltas join to the whole
 answer's calls), the parser picked from the chat template's own format, and through the server with the
 official openai client: a named function and "required" written by the grammar (arguments that validate,
 even from the random demo model), "auto" refused without a parser and read with one, tool results sent
@@ -55,6 +55,25 @@ RECORDED_XML = [
     ("<tool_call>no function here</tool_call>", "<tool_call>no function here</tool_call>", []),
 ]
 
+DS_CALL = (
+    "<｜tool▁call▁begin｜>function<｜tool▁sep｜>get_weather\n```json\n"
+    '{"city": "Paris", "days": 2}\n```<｜tool▁call▁end｜>'
+)
+DS_V31_CALL = '<｜tool▁call▁begin｜>get_weather<｜tool▁sep｜>{"city": "Oslo", "days": 2}<｜tool▁call▁end｜>'
+DEEPSEEK_V3 = ToolPlan("auto", parser="deepseek_v3")
+PARIS, OSLO = ("get_weather", {"city": "Paris", "days": 2}), ("get_weather", {"city": "Oslo", "days": 2})
+RECORDED_DS = [
+    ("Let me look.\n<｜tool▁calls▁begin｜>" + DS_CALL + "<｜tool▁calls▁end｜>", "Let me look.\n", [PARIS]),
+    ("<｜tool▁calls▁begin｜>" + DS_CALL + "\n" + DS_V31_CALL + "<｜tool▁calls▁end｜>", None, [PARIS, OSLO]),
+    ("<｜tool▁calls▁begin｜>" + DS_CALL.removesuffix("<｜tool▁call▁end｜>"), None, [PARIS]),  # cut
+    ("It is 4.", "It is 4.", []),
+    (
+        "<｜tool▁call▁begin｜>no separator<｜tool▁call▁end｜>",
+        "<｜tool▁call▁begin｜>no separator<｜tool▁call▁end｜>",
+        [],
+    ),
+]
+
 
 def _calls(calls):
     return [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in calls]
@@ -62,7 +81,9 @@ def _calls(calls):
 
 @pytest.mark.parametrize(
     "plan, answer, content, calls",
-    [(HERMES, *r) for r in RECORDED] + [(QWEN3_CODER, *r) for r in RECORDED_XML],
+    [(HERMES, *r) for r in RECORDED]
+    + [(QWEN3_CODER, *r) for r in RECORDED_XML]
+    + [(DEEPSEEK_V3, *r) for r in RECORDED_DS],
 )
 def test_recorded_answers_whole_and_streamed(plan, answer, content, calls):
     got_content, got_calls = read_calls(plan, answer)
@@ -84,7 +105,7 @@ def test_recorded_answers_whole_and_streamed(plan, answer, content, calls):
 def test_the_parser_follows_the_chat_templates_own_call_format():
     assert template_parser("{% if tools %}<tools>{{ tools }}</tools> ... <tool_call>{% endif %}") == "hermes"
     assert template_parser("<tool_call>\n<function={{ name }}>") == "qwen3_coder"  # Qwen3-Coder, Qwen3.5
-    assert template_parser("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>") is None  # DeepSeek-V3: none yet
+    assert template_parser("<｜tool▁calls▁begin｜><｜tool▁call▁begin｜>") == "deepseek_v3"
     assert template_parser("{{ messages }}") is None and template_parser(None) is None
 
 

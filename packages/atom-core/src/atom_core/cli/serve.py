@@ -44,7 +44,7 @@ def add_parser(sub) -> None:
     serve.add_argument(
         "--tool-call-parser",
         default="auto",
-        choices=("auto", "none", "hermes", "qwen3_coder"),
+        choices=("auto", "none", "hermes", "qwen3_coder", "deepseek_v3"),
         help="how tool_choice \"auto\" answers' calls are read (auto: from the chat template's own call "
         "format, where a parser knows it)",
     )

@@ -80,7 +80,7 @@ def tool_plan(tools, choice, parser: str | None) -> ToolPlan | None:
     if mode == "auto" and parser is None:
         raise ValueError(
             'tool_choice "auto" needs a tool-call parser for this model\'s call format, and there is none '
-            '(--tool-call-parser; supported: hermes, qwen3_coder): use tool_choice "required" or a named function'
+            '(--tool-call-parser; supported: hermes, qwen3_coder, deepseek_v3): use tool_choice "required" or a named function'
         )
     if mode != "auto":
         return ToolPlan(mode, choice.function.name if mode == "named" else None)
@@ -147,7 +147,7 @@ class ToolStream:
             if not self.inside:
                 at = buf.find(fmt.open)
                 if at < 0:
-                    keep = 0 if final else partial_tag(buf, fmt.open)
+                    keep = 0 if final else max(partial_tag(buf, tag) for tag in (fmt.open, *fmt.wrap))
                     content, self.held, buf = content + buf[: len(buf) - keep], buf[len(buf) - keep :], ""
                     break
                 content += buf[:at]
@@ -164,6 +164,8 @@ class ToolStream:
             if not self._emit(self.buffer, deltas):
                 content += fmt.open + self.buffer
             self.buffer, self.inside = "", False
+        for tag in fmt.wrap:  # (held above until whole, so never split across pieces)
+            content = content.replace(tag, "")
         if self.calls or deltas:  # (whitespace between and after calls is not content)
             content = content.strip() and content
         return content, deltas

@@ -230,3 +230,15 @@ def test_tool_results_go_back_through_the_template_and_bad_choices_are_named(app
     ]:
         with pytest.raises(openai.BadRequestError, match=message):
             _ask(apps[0], **fields)
+
+
+def test_a_parser_it_does_not_know_is_refused_before_the_app_observes_the_engine(demo):
+    engine = LLMEngine(EngineConfig(model=str(demo), device="cpu", kernel_backend="torch", num_kv_blocks=16))
+    async_engine = AsyncEngine(engine)
+    try:
+        with pytest.raises(ValueError, match="tool-call parser 'mistral' is not one of hermes, qwen3_coder"):
+            create_app(async_engine, "atom-demo", tool_parser="mistral")
+        assert engine.requests.observer is None  # (the metrics of an app never served)
+    finally:
+        async_engine.shutdown()
+        engine.shutdown()

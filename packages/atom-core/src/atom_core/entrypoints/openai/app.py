@@ -51,13 +51,14 @@ def create_app(
         raise ValueError(
             "the API key has a non-ASCII or control character: HTTP headers carry printable ASCII"
         )
-    app = FastAPI(title="ATOM", docs_url=None, redoc_url=None, openapi_url=None)
-    metrics = ServingMetrics(engine.engine, names[0])
-    engine.engine.observe_requests(metrics)
     if reasoning_parser is not None and reasoning_parser not in PARSERS:
         raise ValueError(f"reasoning parser {reasoning_parser!r} is not one of {', '.join(PARSERS)}")
     if tool_parser is not None and tool_parser not in TOOL_PARSERS:
         raise ValueError(f"tool-call parser {tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
+    app = FastAPI(title="ATOM", docs_url=None, redoc_url=None, openapi_url=None)
+    # (after every check: a refused app leaves the engine without an observer)
+    metrics = ServingMetrics(engine.engine, names[0])
+    engine.engine.observe_requests(metrics)
     app.state.server = ServerState(
         engine, names[0], api_key, closing or threading.Event(), metrics, names, reasoning_parser, tool_parser
     )

@@ -8,8 +8,8 @@ visible) it may only read what no kernel of the step writes: weights and other c
 weight-streaming GEMV prefetches there. Everything else (activations, caches, block tables, counters, and
 every store) comes after the wait, so ordering is that of a plain stream: each kernel's wait covers the
 one before it, whose own wait covered its predecessor. Inside CUDA graphs the launches become programmatic
-edges. On the H200, decode-step replays (atom-core's profile_engine_step.py, ATOM_KERNELS_PDL=0 against the
-default, same machine): Llama-3-8B B=1 4.38 -> 4.19 ms, Qwen3-30B-A3B B=1 3.03 -> 2.90 ms.
+edges. Decode-step replays with and without it (atom-core's profile_engine_step.py, ATOM_KERNELS_PDL=0
+against the default, same machine) are faster with it for Llama-3-8B and Qwen3-30B-A3B at B=1.
 
 Two rules keep this sound, for any kernel added here:
 - every program runs `wait_for_inputs` before it exits or stores (no early return above it): a plain
@@ -20,9 +20,9 @@ Two rules keep this sound, for any kernel added here:
 
 Launched with it: linear's GEMV and skinny kernels, rms_norm, silu_and_mul, qk_norm_rope_write, the
 generic paged-attention kernel with its split combine, and MoE's routing, expert ordering, expert GEMMs
-(not one token's: slower there, expert_gemm.py) and top-k combine (Qwen3-30B-A3B, same machine: B=1
-2.90 -> 2.83 ms, B=64 16.90 -> 16.65), and the tensor-parallel all-reduce fused with its norm
-(all_reduce_rms_norm; Llama-3-8B TP=2 async step B=1 2.90 -> 2.76 ms). The other kernels (fp8, MLA,
+(not one token's: slower there, expert_gemm.py) and top-k combine (Qwen3-30B-A3B faster at B=1 and
+B=64), and the tensor-parallel all-reduce fused with its norm (all_reduce_rms_norm; Llama-3-8B TP=2
+faster at B=1). The other kernels (fp8, MLA,
 GDN, the e4m3 decode kernel, the one-shot all-reduce) launch plainly, and a plain launch waits for
 everything before it.
 """

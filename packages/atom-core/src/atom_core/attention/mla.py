@@ -24,8 +24,8 @@ from atom_core.cache.specs import PAGED, LatentCacheSpec
 from atom_core.forward_context import current_forward_context
 from atom_core.ops import mla_attention, varlen_causal_attention, write_latent
 
-# bench_mla_prefill.py (H200, DeepSeek-V3's layer): un-absorbed from 2048 tokens a sequence on, where it wins
-# with 128 heads (2.1x) and 16 (1.03x; 3.1x at 4k); at 1024, 128 heads gain 1.15x but 16 lose 0.85x
+# benchmarks/bench_mla_prefill.py (DeepSeek-V3's layer): un-absorbed from 2048 tokens a sequence on, where it
+# wins with 128 heads and with 16; at 1024, 128 heads gain but 16 lose
 UNABSORBED_MIN_TOKENS = 2048
 
 

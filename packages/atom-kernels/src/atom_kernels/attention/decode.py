@@ -63,10 +63,9 @@ def short_walk_plan(
     SM (splits rounded down, not up), each at least one 64-wide tile, and where that leaves few programs
     they get four warps, and 128-wide tiles when each walks 512 positions or more (heads up to 128 wide:
     two stages of wider K and V tiles would not fit in shared memory). From
-    benchmarks/sweep_decode_plan.py on the H200 (results/decode_plan_h200.json, graph replays): B=1 at
-    600 tokens in a graph sized for 1024, 10.7 us against 13.0; B=64 at 600 tokens with 4 KV heads 29.8
-    against 32.5; B=1 at 64k with 4 KV heads 46.4 against 56.0; long walks (B=4 at 32k, B=32 at 4k) were
-    as fast or faster with the generic plan, which they keep.
+    benchmarks/sweep_decode_plan.py (results/decode_plan_h200.json, graph replays): faster than the
+    generic plan for B=1 at 600 tokens in a graph sized for 1024, B=64 at 600 tokens and B=1 at 64k; long
+    walks (B=4 at 32k, B=32 at 4k) were as fast or faster with the generic plan, which they keep.
     """
     generic = decode_splits(batch, num_kv_heads, max_seq_len, device)
     if device.type != "cuda" or max_seq_len // generic >= LONG_WALK:

@@ -271,8 +271,8 @@ def run_paged_attention(
             BLOCK_D=triton.next_power_of_2(head_dim),
             PDL=pdl,
             launch_pdl=pdl,
-            # one warp up to 16 splits, two beyond (sweep_small_kernels.py, H200, 32 heads of 128: 1.62
-            # against 1.81 us at 16 splits with four warps, 2.43 against 3.10 at 64)
+            # one warp up to 16 splits, two beyond: faster than four warps at 16 and at 64 splits
+            # (sweep_small_kernels.py, 32 heads of 128; results/small_kernels_h200.log)
             num_warps=1 if num_splits <= 16 else 2,
         )
     return out

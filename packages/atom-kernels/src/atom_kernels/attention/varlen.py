@@ -4,7 +4,7 @@ MLA's un-absorbed prefill: each head's q and k are [nope + rope] wide and v is [
 for DeepSeek-V3). The tokens' K and V are laid out as a paged cache of one-position pages whose block
 table is the identity, so the paged prefill kernel runs them without a copy of K; V is zero-padded to
 K's width (the padded output columns are dropped). The torch backend runs torch's SDPA sequence by
-sequence in the inputs' dtype (flash / cuDNN on a GPU: 3x this Triton path on the H200 at 192/128,
+sequence in the inputs' dtype (flash / cuDNN on a GPU: several times this Triton path at 192/128,
 atom-core's bench_mla_prefill.py).
 """
 

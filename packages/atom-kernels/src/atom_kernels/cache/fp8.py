@@ -16,7 +16,7 @@ def fp8_max(dtype: torch.dtype) -> float:
 
 
 def default_fp8_dtype(device: torch.device | None = None) -> torch.dtype:
-    """e4m3fn on NVIDIA and the CPU; e4m3fnuz on ROCm MI300-class GPUs (gfx94x)."""
+    """e4m3fn on NVIDIA and the CPU; e4m3fnuz on ROCm's gfx94x GPUs."""
     if device is not None and device.type == "cuda" and torch.version.hip is not None:
         arch = torch.cuda.get_device_properties(device).gcnArchName
         if arch.startswith("gfx94"):

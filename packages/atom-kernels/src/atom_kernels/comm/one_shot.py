@@ -14,8 +14,8 @@ import triton
 import triton.language as tl
 
 # Each program's flags are its own slots in the pads, and every program of the grid must be resident at
-# once (a program spins until its peers' same program arrives): 512 small programs fit an H100/H200
-# many times over. Many programs, one chunk each, keep many remote loads in flight: one program looping
+# once (a program spins until its peers' same program arrives): 512 small programs fit a Hopper GPU's
+# SMs many times over. Many programs, one chunk each, keep many remote loads in flight: one program looping
 # over chunks pays NVLink's latency per chunk.
 MAX_PROGRAMS = 512
 SMALL_MESSAGE = 8192  # elements: up to here blocks of 2048 elements a program, beyond 256
@@ -102,7 +102,7 @@ def one_shot_all_reduce(
         raise ValueError(f"rank {rank} of {world} buffers and {pads.numel()} pads")
     out = torch.empty_like(x) if out is None else out
     n = x.numel()
-    if block is None:  # H200 x2 (bench_all_reduce.py --sweep): one big tile for a row, then small ones
+    if block is None:  # (bench_all_reduce.py --sweep, two GPUs): one big tile for a row, then small ones
         block = 2048 if n <= SMALL_MESSAGE else 256
     if programs is None:
         programs = min(MAX_PROGRAMS, triton.cdiv(n, block))

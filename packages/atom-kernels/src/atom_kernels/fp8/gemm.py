@@ -29,10 +29,9 @@ class GemmTiles:
 
 
 def gemm_tiles(m: int, *, interpret: bool = SETTINGS.triton_interpret) -> GemmTiles:
-    """Output tile by row count (block_k is the scale group), from benchmarks/sweep_fp8_linear.py on the
-    H200: one warpgroup on a 64x128 tile, three stages, beat every 128-row tile at 4096 rows (751-778
-    TFLOP/s against 415-550 for 128x128 with 8 warps, which spills: the per-step scaled accumulate holds
-    the step's product beside the accumulator)."""
+    """Output tile by row count (block_k is the scale group), from benchmarks/sweep_fp8_linear.py: one
+    warpgroup on a 64x128 tile, three stages, beat every 128-row tile at 4096 rows (128x128 with 8 warps
+    spills: the per-step scaled accumulate holds the step's product beside the accumulator)."""
     if interpret:  # the CPU interpreter: small tiles keep the numpy emulation quick
         return GemmTiles(16, 32, group_m=2, num_warps=1, num_stages=1)
     if m <= 64:

@@ -17,8 +17,8 @@ from atom_kernels.settings import Backend, resolve_backend
 
 _X_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # One row of a weight smaller than this streams weight-only (the GEMV): there quantizing x, a launch of its
-# own, costs more than the W8A8 kernel saves (sweep_fp8_skinny.py, H200: GEMV ahead at 16-25M elements,
-# even at 59M, W8A8 ahead from 38M)
+# own, costs more than the W8A8 kernel saves (sweep_fp8_skinny.py: the GEMV ahead on the smaller weights,
+# W8A8 on most of the larger ones)
 GEMV_MAX_ELEMENTS = 32 << 20
 
 

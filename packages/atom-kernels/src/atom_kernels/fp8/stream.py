@@ -34,7 +34,7 @@ class StreamTiles:
 
 
 def stream_tiles(rows: int, n: int, k: int, block_k: int) -> StreamTiles:
-    """Tiles from benchmarks/sweep_fp8_linear.py on the H200 (Llama-3-8B's projections, block_k 128):
+    """Tiles from benchmarks/sweep_fp8_linear.py (Llama-3-8B's projections, block_k 128):
     the GEMV takes long steps over few rows on long or wide weights, the skinny kernel taller row tiles
     on wider weights. Per-element scales (no power-of-two factor >= 16 in block_k) gather a scale per
     weight byte: shorter steps keep that tile in registers."""

@@ -404,7 +404,7 @@ def gated_delta_rule_chunked(
             f"value blocks {tiles.state_block_v}, {tiles.out_block_v} must divide Dv={dv} padded to {bv}"
         )
     if tiles.state_stages < 2:
-        # Triton 3.6 on the H200: the unpipelined state loop intermittently faults (illegal address) at 8k
+        # Triton 3.6 on Hopper: the unpipelined state loop intermittently faults (illegal address) at 8k
         # tokens, while compute-sanitizer finds no bad access or race; 2-4 stages never did.
         raise ValueError(f"state_stages must be >= 2, got {tiles.state_stages}")
     # fp32 activations take 3-pass TF32 on NVIDIA tensor cores (plain fp32 dots of these tiles spill);

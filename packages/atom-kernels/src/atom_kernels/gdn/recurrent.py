@@ -126,8 +126,8 @@ def gated_delta_rule_recurrent(
     nowhere) and the sequence's own slot is not written at the end (name it for one of its tokens to
     update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in
     CUDA graphs. block_v / num_warps: the tile (value rows of the state per program), for sweeps; by
-    default one warp a program and about 32k programs (sweep_gdn_decode.py on the H200: B=64 and
-    B=256 at 88-89% of copy bandwidth, where 32 rows and 4 warps reached 81-85%).
+    default one warp a program and about 32k programs (sweep_gdn_decode.py: nearer copy bandwidth at
+    B=64 and B=256 than 32 rows and 4 warps).
     """
     out, done = gdn_entry(
         q,

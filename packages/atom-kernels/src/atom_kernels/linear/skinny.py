@@ -67,8 +67,7 @@ def _gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
     # The first weight tile is a constant: loaded before PDL's wait, while the previous kernel finishes.
-    # (Two tiles measured no different: Llama-3-8B's B=1 replay 0.20 ms faster with PDL against 0.19 with
-    # one, on two machines; benchmarks/NOTES.md.)
+    # (Two tiles measured no different from one, on two machines; benchmarks/NOTES.md.)
     w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=rk[None, :] < K, other=0.0)
     wait_for_inputs(PDL)
     x = _load_x(x_ptr + rk, K, rk < K, GATED, not EVEN_K)
@@ -121,7 +120,7 @@ def _skinny_kernel(
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
     x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
     # No weight prefetch before the wait here: a tile loaded ahead of the loop costs its software pipeline
-    # one more stage of shared memory, past the H200's limit at 128-row tiles and four stages.
+    # one more stage of shared memory, past Hopper's limit at 128-row tiles and four stages.
     wait_for_inputs(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
     for k in range(k_lo, k_hi, BLOCK_K):
@@ -213,8 +212,8 @@ class SkinnyTiles:
 
 # Output rows up to which one row's GEMV takes four weight rows a program: the eight-row tiles leave such a
 # projection a few hundred programs or fewer, too few to keep every SM loading (bench_linear.py --sweep,
-# results/linear_a3b_sweep_h200.log: Qwen3-30B-A3B's o 2048x4096 6.4 against 8.2 us, its router 128x2048
-# 2.7 against 3.9 us; Llama-3-8B's 4096-row o was even, 10.7-10.9 us)
+# results/linear_a3b_sweep_h200.log: faster for Qwen3-30B-A3B's o 2048x4096 and its router 128x2048;
+# Llama-3-8B's 4096-row o was even)
 NARROW_N = 2048
 
 

@@ -59,8 +59,8 @@ def order_one_token(topk_ids: torch.Tensor, block_m: int) -> ExpertOrder:
     )
 
 
-# Pairs (T * k) up to which one program orders them: bench_moe_order.py on the H200 has it 1.7-1.9x faster at
-# 8-32 pairs, about even at 128 and slower beyond (0.5x at 512, a B=64 decode of k=8)
+# Pairs (T * k) up to which one program orders them: bench_moe_order.py has it faster at 8-32 pairs, about
+# even at 128 and slower beyond (at 512, a B=64 decode of k=8)
 SMALL_ORDER_PAIRS = 64
 
 

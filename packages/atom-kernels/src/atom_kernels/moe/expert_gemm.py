@@ -48,9 +48,8 @@ def tile_config(
 
     Few rows per expert (decode): the step streams expert weights, so short tiles waste the fewest
     padded rows, and narrow n-tiles give a handful of pairs enough programs to load with every SM; one
-    token's k tiles (one_token: align.order_one_token's layout) stream best 64 columns wide (H200:
-    DeepSeek-V3's experts 167 against 180 us, Qwen3-30B-A3B's 25.6 against 26.1; at 4 tokens the
-    32-wide tiles stay ahead, 79.5 against 81.0). Many rows: taller tiles reuse each weight tile. fp32
+    token's k tiles (one_token: align.order_one_token's layout) stream best 64 columns wide (DeepSeek-V3's
+    and Qwen3-30B-A3B's experts; at 4 tokens the 32-wide tiles stay ahead). Many rows: taller tiles reuse each weight tile. fp32
     (itemsize 4) has no tensor-core path for exact products, so it takes small tiles that neither spill
     registers nor overflow shared memory.
     """
@@ -137,7 +136,7 @@ def _expert_gemm_kernel(
 ):
     # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
     # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
-    # loop instead of here measured no better: B=64 16.70 ms, B=1 slower still.)
+    # loop instead of here measured no better at B=64, and slower at B=1.)
     let_next_launch(PDL)
     wait_for_inputs(PDL)
     pid = tl.program_id(0)
@@ -237,8 +236,8 @@ def _launch(
         scale, (scale_n, scale_k) = scales
         block_k = min(block_k, scale_k)
     # Not for one token's tiles (order_one_token): launched early they made Qwen3-30B-A3B's B=1 decode
-    # slower (H200 replay 2.83 -> 2.95 ms), where the ordered tiles of more tokens gain (B=64 16.76 ->
-    # 16.65 ms; atom-core results/engine_step_moe_pdl_h200.json). Why was not isolated.
+    # slower, where the ordered tiles of more tokens gain (B=64; atom-core
+    # results/engine_step_moe_pdl_h200.json). Why was not isolated.
     pdl = pdl_launch(a.device) and not order.pair_tiles
     _expert_gemm_kernel[grid](
         a,

@@ -39,8 +39,8 @@ def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
 
 
 # One token's experts run weight-only below this many elements an expert (3 * hidden * inter): there the
-# two extra quantize launches cost more than the conversion W8A8 saves (bench_moe_fp8.py, H200: weight-only
-# ahead for Qwen3-30B-A3B's 4.7M, W8A8 for DeepSeek-V3's 44M)
+# two extra quantize launches cost more than the conversion W8A8 saves (bench_moe_fp8.py: weight-only ahead
+# for Qwen3-30B-A3B's 4.7M, W8A8 for DeepSeek-V3's 44M)
 ONE_TOKEN_W8A8_MIN_ELEMENTS = 32 << 20
 # Rows per expert past which fused_experts takes its tall tiles, where the W8A8 step's scaled product
 # (not accumulated in the MMA) runs slower than weight-only (0.41-0.44x bf16 against 0.64-0.69x at 4096)
@@ -59,7 +59,7 @@ def experts_quantize_input(
     block_k group) or weight-only: W8A8 needs block_k a power of two >= 32 (the fp8 MMA's depth) dividing
     hidden and inter (whole groups: a tensor-parallel shard that cuts the checkpoint's blocks gets a finer
     grid, whose activation groups could not be the unsharded model's, so such models stay weight-only at
-    every size), and is taken where it was faster on the H200 (bench_moe_fp8.py): up to
+    every size), and is taken where it was faster (bench_moe_fp8.py): up to
     W8A8_MAX_ROWS_PER_EXPERT rows an expert, and for a single token only with large experts."""
     bk = block[1]
     if not _w8a8_block_k(bk) or hidden % bk or inter % bk:

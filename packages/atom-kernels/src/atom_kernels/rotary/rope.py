@@ -11,8 +11,8 @@ from atom_kernels.rotary.ref import apply_rotary_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 # Launch options of the rotary kernels. No FMA contraction: LLVM narrows the rounded products to bf16
-# multiplies and would fuse one into the sum, rounding once where transformers rounds each product (83%
-# of bf16 outputs equal on the H200 with it, 100% without; test_rotary_rounding_sm90.py).
+# multiplies and would fuse one into the sum, rounding once where transformers rounds each product (some
+# bf16 outputs differ with it, none without; test_rotary_rounding_sm90.py).
 ROUNDED_AS_TRANSFORMERS = {"enable_fp_fusion": False}
 
 

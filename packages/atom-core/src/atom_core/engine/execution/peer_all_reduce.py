@@ -3,8 +3,8 @@ residual add and RMSNorm after it.
 
 A decode step all-reduces twice a layer, a few KB to a few hundred KB each, and each sum is followed by
 the residual add and a norm. The decoder layers hand those sums to their norms (layers/parallel.py's
-RankPartial), which run `all_reduce_rms_norm` here: on two H200s 4.4 us at one row against 8.8 for NCCL
-and the norm kernel (atom-kernels' bench_all_reduce.py). Other small messages take the one-shot kernel;
+RankPartial), which run `all_reduce_rms_norm` here: at one row in half the time of NCCL and the norm
+kernel (atom-kernels' bench_all_reduce.py). Other small messages take the one-shot kernel;
 larger ones NCCL. Built once per rank, collectively, before the CUDA graphs are captured: the kernels and
 their buffer addresses are then part of every graph.
 """
@@ -28,17 +28,16 @@ from atom_core.ops import (
 
 logger = logging.getLogger("atom_core.engine")
 
-# In CUDA graphs of back-to-back calls on two H200s the kernel beat NCCL up to 2 MB (bench_all_reduce.py:
-# 8 vs 18 us at 8 KB, 17 vs 19 at 512 KB), but inside the engine's decode steps NCCL's all-reduce is
-# faster than there (~15 us at 512 KB), and with peer all-reduces up to 2 MB a B=64 step was no faster
-# (6,381 vs 6,473 tok/s). So the peer path takes decode up to B = 32 at hidden 4096 in bf16.
+# In CUDA graphs of back-to-back calls the kernel beat NCCL up to 2 MB (bench_all_reduce.py), but inside
+# the engine's decode steps NCCL's all-reduce is faster than there, and with peer all-reduces up to 2 MB a
+# B=64 step was no faster. So the peer path takes decode up to B = 32 at hidden 4096 in bf16.
 DEFAULT_MAX_BYTES = 256 << 10
 # The sum fused with the norm after it was ahead of NCCL + the norm kernel at every size
 # bench_all_reduce.py timed (to 2 MB) and in the engine's steps to B=64 (512 KB at hidden 4096).
 DEFAULT_FUSED_MAX_BYTES = 1 << 20
 DTYPES = (torch.bfloat16, torch.float16, torch.float32)
 # torch's symmetric memory keeps per-process state for a group name past the group's end: a second TP
-# engine in one process (a new group of the same name) waited forever in its rendezvous on the H200s.
+# engine in one process (a new group of the same name) waited forever in its rendezvous.
 # So a process rendezvouses once; a later engine in it uses NCCL (all ranks agree, see below).
 _rendezvous_done = False
 

@@ -1,4 +1,4 @@
-"""Memory-bound per-token ops at T=16k (DESIGN.md §7): RMSNorm (+residual, gated), SiLU-and-mul, RoPE, MRoPE.
+"""Memory-bound per-token ops at T=16k (docs/architecture.md §7): RMSNorm (+residual, gated), SiLU-and-mul, RoPE, MRoPE.
 
   PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_elementwise.py [--out r.json]
 

@@ -1,4 +1,4 @@
-"""Paged attention and KV-write benchmarks (DESIGN.md §7), run on the GPU machine.
+"""Paged attention and KV-write benchmarks (docs/architecture.md §7), run on the GPU machine.
 
   PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_paged_attention.py \
       [--out results.json] [--quick] [--only write decode long splits persistent prefill]

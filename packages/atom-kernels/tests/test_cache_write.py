@@ -1,4 +1,4 @@
-"""KV-cache writes: the reference against DESIGN.md's offsets, the Triton kernel against the reference."""
+"""KV-cache writes: the reference against docs/architecture.md's offsets (§3), the Triton kernel against the reference."""
 
 import pytest
 import torch

@@ -1,4 +1,4 @@
-"""Named paged KV-cache layouts (DESIGN.md §3); write and read kernels of one layout agree on these.
+"""Named paged KV-cache layouts (docs/architecture.md §3); write and read kernels of one layout agree on these.
 
 flash:   K and V [num_blocks, block_size, Hkv, D]; contiguous, or any views with a unit D stride and one set
          of strides for K and V (vLLM packs K and V of a token-head side by side: V = K's storage + D)

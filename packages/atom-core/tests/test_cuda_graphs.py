@@ -1,13 +1,12 @@
 """Decode steps replayed from CUDA graphs give the tokens eager steps give (GPU only: graphs need CUDA)."""
 
 import pytest
-import torch
 from core_support import random_checkpoint
 from transformers import LlamaConfig, Qwen3MoeConfig
 
 from atom_core.engine import LLM, SamplingParams
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+pytestmark = pytest.mark.gpu(reason="CUDA graphs need a GPU")
 
 PROMPTS = [[(5 * i + 2) % 500 + 1 for i in range(n)] for n in (7, 120, 33, 64, 1)]
 MAX_TOKENS = [24, 9, 30, 17, 12]  # the batch shrinks as requests finish: several captured sizes replay

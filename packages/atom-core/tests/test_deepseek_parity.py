@@ -202,9 +202,7 @@ LARGE_V3 = dict(
     max_position_embeddings=4096,
     rope_parameters=dict(YARN, factor=40.0, beta_fast=32, beta_slow=1, mscale=1.0, mscale_all_dim=1.0),
 )
-gpu = pytest.mark.skipif(
-    not torch.cuda.is_available(), reason="bf16 and CUDA graphs through Triton need a GPU"
-)
+gpu = pytest.mark.gpu(reason="bf16 and CUDA graphs through Triton need a GPU")
 
 
 @gpu

@@ -228,7 +228,7 @@ def test_a_cache_smaller_than_the_models_context_lowers_max_model_len(checkpoint
     assert llm.generate({"prompt_token_ids": list(range(1, 50))}, GREEDY)[0].finished  # 49 + 12 fit
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="tensor parallel on GPUs needs two of them")
+@pytest.mark.multi_gpu(reason="tensor parallel on GPUs needs two of them")
 @pytest.mark.parametrize("peer_all_reduce", [True, False])
 def test_tensor_parallel_2_on_two_gpus_equals_1(checkpoint, peer_all_reduce):
     """fp32, Triton kernels, CUDA graphs for decode; the layers' all-reduces over peer memory (captured in

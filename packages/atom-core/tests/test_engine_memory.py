@@ -8,7 +8,7 @@ import torch
 
 from atom_core import LLM, SamplingParams
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="the GPU's memory budget needs a GPU")
+pytestmark = pytest.mark.gpu(reason="the GPU's memory budget needs a GPU")
 
 ARGS = dict(dtype="float32", max_model_len=256, max_num_seqs=8, gpu_memory_utilization=0.8)
 PROMPT = [{"prompt_token_ids": [5, 9, 2, 7]}]

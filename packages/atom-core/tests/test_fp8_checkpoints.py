@@ -318,7 +318,7 @@ def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).norm() / b.float().norm()).item()
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="the fp8 kernels in bf16 need a GPU")
+@pytest.mark.gpu(reason="the fp8 kernels in bf16 need a GPU")
 def test_bf16_on_the_gpu_is_within_the_fp8_error(checkpoints, monkeypatch):
     """bf16 with the Triton kernels (W8A8 GEMM for the 37-row prefill, weight-only fp8 experts): the logits'
     distance to the dequantized model stays below the distance fp8 weight quantization itself moved them

@@ -10,7 +10,7 @@ from core_support import random_checkpoint
 from runner_driver import GPU_BF16, RunnerDriver
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="bf16 + Triton parity runs on a GPU")
+pytestmark = pytest.mark.gpu(reason="bf16 + Triton parity runs on a GPU")
 
 LARGE = dict(
     vocab_size=4096,

@@ -118,7 +118,7 @@ def test_every_field_is_one_copy_that_ends_where_the_step_writes():
     assert not tables[1:].any()  # the block tables go last: the copy stopped after the step's row
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="a transfer still queued needs a CUDA stream")
+@pytest.mark.gpu(reason="a transfer still queued needs a CUDA stream")
 def test_refilling_before_the_device_reaches_the_last_transfer_keeps_each_step_s_values():
     """A graph replayed twice in one step: the second fill must neither wait for the device nor change
     what the first transfer carries (it runs from a staging copy, not from the host twin)."""

@@ -84,7 +84,7 @@ def test_layer_types_are_checked_by_name():
         get_model_spec("Qwen3NextForCausalLM").attention_kinds(config)
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton GDN kernels need a GPU")
+@pytest.mark.gpu(reason="CUDA graphs and the Triton GDN kernels need a GPU")
 def test_hybrid_decode_graphs_on_a_gpu(checkpoint):
     """fp32 on the GPU: Triton DeltaNet, attention and MoE kernels, decode steps replaying CUDA graphs that
     read and write the state slots; greedy tokens are transformers'."""

@@ -171,7 +171,7 @@ def test_more_than_one_mtp_layer_is_refused(tmp_path):
         LLM(tmp_path, **COMMON, num_kv_blocks=16, speculative_config=mtp(1))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton GDN kernels need a GPU")
+@pytest.mark.gpu(reason="CUDA graphs and the Triton GDN kernels need a GPU")
 def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(tmp_path):
     """fp32 on the GPU: verify steps replay CUDA graphs of k + 1 tokens a sequence, the Triton GDN kernels
     keeping each token's state; output is the plain engine's (itself replaying decode graphs), with drafts

@@ -531,7 +531,7 @@ def test_mtp_on_a_checkpoint_without_mtp_weights_is_refused(tmp_path, untrained)
         LLM(v2, **COMMON, num_kv_blocks=16, speculative_config=mtp(1))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs and the Triton MLA kernels need a GPU")
+@pytest.mark.gpu(reason="CUDA graphs and the Triton MLA kernels need a GPU")
 def test_speculative_equals_plain_through_the_verify_graphs_on_a_gpu(untrained):
     """fp32 on the GPU: the target's verify steps replay CUDA graphs of k + 1 tokens a sequence; output is
     the plain engine's (itself replaying decode graphs), with drafts forced always right (k = 1) and right

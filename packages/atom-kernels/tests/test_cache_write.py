@@ -163,9 +163,7 @@ def test_fp8_write_read_round_trip_within_quantization_error(layout, per_token):
         torch.testing.assert_close(k_scale[blk, :, off], expected)
 
 
-@pytest.mark.skipif(
-    not GPU, reason="fp8 Triton writes are checked on the GPU (the interpreter's fp8 is wrong)"
-)
+@pytest.mark.gpu(reason="fp8 Triton writes are checked on the GPU (the interpreter's fp8 is wrong)")
 @pytest.mark.parametrize("slot_pattern", ["random", "prefill"])
 @pytest.mark.parametrize("per_token", [False, True])
 @pytest.mark.parametrize("layout", list(KVLayout))
@@ -190,7 +188,7 @@ def test_fp8_triton_write_equals_reference(layout, per_token, slot_pattern):
     assert (vc.float() != vc_ref.float()).float().mean().item() < 1e-3
 
 
-@pytest.mark.skipif(not GPU, reason="needs a GPU with > 4 GiB free")
+@pytest.mark.gpu(reason="needs a GPU with > 4 GiB free")
 def test_offsets_past_2_pow_31_bytes():
     num_blocks, block_size, heads, head_dim = 70_000, 16, 8, 128  # 2.3 GB per bf16 cache
     shape = kv_cache_shapes(KVLayout.FLASH, num_blocks, block_size, heads, head_dim, torch.bfloat16)[0]

@@ -22,7 +22,11 @@ from atom_kernels.cache import KVLayout
 
 GPU = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
 DEVICE = "cuda" if GPU else "cpu"
-on_gpu = pytest.mark.skipif(not GPU, reason="Gluon kernels run on an NVIDIA sm_89+ GPU only (no interpreter)")
+on_gpu = pytest.mark.gpu(
+    min_capability=(8, 9),
+    nvidia=True,
+    reason="Gluon kernels run on an NVIDIA sm_89+ GPU only (no interpreter)",
+)
 TOL = 2e-2  # bf16 q and output
 
 

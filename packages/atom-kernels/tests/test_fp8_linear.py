@@ -408,7 +408,7 @@ def test_cublas_blockwise_takes_only_the_format_it_runs():
 CUBLAS_CASES = [(17, 576, 7168), (65, 2112, 512), (300, 1024, 1536), (1000, 1536, 1024)]
 
 
-@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+@pytest.mark.sm90(reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
 @pytest.mark.parametrize("bias", [False, True])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize(("m", "n", "k"), CUBLAS_CASES)
@@ -421,7 +421,7 @@ def test_cublas_w8a8_matches_reference(m, n, k, dtype, bias):
     _assert_close(got, fp8_linear_ref(x, q, s, (128, 128), b, quantize_input=True), dtype)
 
 
-@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+@pytest.mark.sm90(reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
 def test_cublas_w8a8_gated_input_quantizes_silu_and_mul():
     q, s = _weight(1024, 512, (128, 128))
     gate_up = _x(70, 1024, torch.bfloat16)
@@ -429,7 +429,7 @@ def test_cublas_w8a8_gated_input_quantizes_silu_and_mul():
     assert torch.equal(got, cublas_w8a8(silu_and_mul(gate_up), q, s))
 
 
-@pytest.mark.skipif(not HOPPER, reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
+@pytest.mark.sm90(reason="cuBLAS's blockwise fp8 scaling runs on sm90 GPUs only")
 def test_fp8_linear_takes_cublas_past_the_skinny_rows(monkeypatch):
     calls = []
     real = cublas_blockwise.cublas_w8a8

@@ -178,7 +178,7 @@ def test_bad_input_is_named(change, message):
         fused_experts(args["x"], args["w13"], args["w2"], args["weights"], args["ids"])
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.gpu(reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("tokens", [1, 16])  # one token: the ids are the tiles (no ordering kernel)
 def test_captured_in_a_cuda_graph_with_new_routing_each_replay(tokens):
     experts, k, hidden, inter = 32, 4, 256, 128

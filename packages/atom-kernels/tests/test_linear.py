@@ -127,7 +127,7 @@ def test_split_k_tiles_for_narrow_long_weights():
     assert skinny_tiles(64, 4096, 128256).splits == 1
 
 
-@pytest.mark.skipif(DEVICE != "cuda", reason="CUDA graphs need a GPU")
+@pytest.mark.gpu(reason="CUDA graphs need a GPU")
 def test_split_k_replays_in_a_cuda_graph():
     """The counters go back to zero inside each launch, so replays of a captured split launch stay right."""
     x, w, _ = _operands(48, 4096, 14336, torch.bfloat16)

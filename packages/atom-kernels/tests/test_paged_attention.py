@@ -236,7 +236,7 @@ def test_auto_splits_on_long_sequences(paged_case):
     _check(out, case)
 
 
-@pytest.mark.skipif(not GPU, reason="the plan sizes programs by the GPU's SM count")
+@pytest.mark.gpu(reason="the plan sizes programs by the GPU's SM count")
 def test_short_walk_plan_choices():
     """Short walks: splits rounded down to fill two programs per SM, four-warp programs where they are
     few (128-wide tiles from 512 positions each, heads up to 128); long walks keep the generic plan."""

@@ -79,8 +79,9 @@ def _write_late(src: torch.Tensor, dst: torch.Tensor) -> None:
     _late_copy_kernel[(1,)](src.view(-1), dst.view(-1), src.numel(), 2_500_000, BLOCK=1024)
 
 
-ON_HOPPER = DEVICE == "cuda" and pdl._device_has_pdl(torch.cuda.current_device())
-needs_pdl_gpu = pytest.mark.skipif(not ON_HOPPER, reason="programmatic dependent launch needs an sm_90+ GPU")
+needs_pdl_gpu = pytest.mark.gpu(
+    min_capability=(9, 0), nvidia=True, reason="programmatic dependent launch needs an sm_90+ GPU"
+)
 
 
 @needs_pdl_gpu

@@ -126,7 +126,7 @@ def test_persistent_decode_softcap_sinks_and_a_reused_plan(paged_case, programs)
     torch.testing.assert_close(again, first, rtol=0, atol=0)
 
 
-@pytest.mark.skipif(not GPU, reason="fp8 through Triton runs on the GPU (the interpreter's fp8 is wrong)")
+@pytest.mark.gpu(reason="fp8 through Triton runs on the GPU (the interpreter's fp8 is wrong)")
 @pytest.mark.parametrize("scales", ["tensor", "token"])
 def test_persistent_decode_fp8(paged_case, scales):
     case = paged_case(

@@ -185,7 +185,7 @@ def test_layouts_the_kernel_cannot_address_are_refused(paged_case):
         assert not tma_prefill_fits(case.q, case.k_cache, case.v_cache, c, CONFIG.block_n)  # not on a CPU
 
 
-@pytest.mark.skipif(not GPU or torch.cuda.get_device_capability()[0] < 9, reason="TMA needs a Hopper GPU")
+@pytest.mark.sm90(reason="TMA needs a Hopper GPU")
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
 def test_paged_prefill_takes_the_tma_kernel_on_hopper(paged_case, dtype):
     case = paged_case(

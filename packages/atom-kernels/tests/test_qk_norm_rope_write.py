@@ -106,7 +106,7 @@ def test_without_norms_only_rotates():
         )
 
 
-@pytest.mark.skipif(not GPU, reason="bf16 rounding is the GPU's (the interpreter's bf16 math is wrong)")
+@pytest.mark.gpu(reason="bf16 rounding is the GPU's (the interpreter's bf16 math is wrong)")
 def test_without_norms_rounds_as_the_rotary_kernel_in_bf16():
     """Llama's path on the GPU: bit-equal to apply_rotary's kernel (no FMA contraction) and the cache write."""
     from atom_kernels.rotary import apply_rotary

@@ -14,7 +14,11 @@ from atom_kernels.cache.write_shuffle_e4m3 import compile_offline, e4m3_shuffle_
 
 GPU = torch.cuda.is_available() and torch.version.hip is None and torch.cuda.get_device_capability() >= (8, 9)
 DEVICE = "cuda" if GPU else "cpu"
-on_gpu = pytest.mark.skipif(not GPU, reason="Gluon kernels run on an NVIDIA sm_89+ GPU only (no interpreter)")
+on_gpu = pytest.mark.gpu(
+    min_capability=(8, 9),
+    nvidia=True,
+    reason="Gluon kernels run on an NVIDIA sm_89+ GPU only (no interpreter)",
+)
 FP8 = torch.float8_e4m3fn
 HEADS = 4
 

@@ -6,9 +6,10 @@ adapter's own environment (`.venvs/<adapter>`, built by `uv run --package <adapt
 passes only if that run passed and ran at least one test. The summary says what ran where. Suites
 marked `background` (the slow vLLM end-to-end one, whose engine works on one pinned core, then SGLang's)
 run one after another beside this process's tests, from the end of collection; each one's item waits for
-it and prints its output. On CI's two cores this keeps both busy to the end, but the total did not
-shrink: the end-to-end suite, sharing the cores longer, took 30 minutes instead of 24 (a fresh-clone
-.ci/run took 2431 s against 2311-2446 s before), so the work itself is what a shorter CI must cut.
+it and prints its output. Each side then runs torch on one thread (tools/testing_cpus.py): with two
+threads each on two cores, OpenMP's spinning waits made single tests up to 10 times slower, and the
+machine's other load could push the whole run past CI's limit; shared, a fresh-clone .ci/run took
+1262 s against 1589 s.
 """
 
 from __future__ import annotations

@@ -44,6 +44,37 @@ DEEPSEEK_V2_TINY = dict(
 for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all experts
     DEEPSEEK_V2_TINY.pop(_key)
 
+# The tiny models every surface's tests build: the dimensions they share, then each architecture's variant
+# (GQA, head_dim != hidden / heads, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE), a
+# shared expert (Qwen2-MoE), DeepSeek's MLA with grouped (V3) and greedy (V2) routing). A suite adds its
+# vocabulary and what its engine needs (adapters' support modules, atom-core's core_support).
+TINY_DIMS = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
+TINY_ARCHITECTURES = {
+    "LlamaForCausalLM": dict(num_attention_heads=4, num_key_value_heads=2),
+    "Qwen3ForCausalLM": dict(
+        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
+    ),
+    "Qwen3MoeForCausalLM": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        norm_topk_prob=True,
+    ),
+    "Qwen2MoeForCausalLM": dict(
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        num_experts=4,
+        num_experts_per_tok=2,
+        moe_intermediate_size=32,
+        shared_expert_intermediate_size=48,
+    ),
+    "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
+    "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,
+}
+
 
 def decisive_routing(model) -> None:
     """Give a random DeepSeek model's routers decisive scores (and a non-zero correction bias), so that no

@@ -16,22 +16,17 @@ from atom_core.cache import StateCacheSpec
 from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V2_TINY,
     DEEPSEEK_V3_TINY,
+    TINY_ARCHITECTURES,
+    TINY_DIMS,
     decisive_routing,
     free_port,
     random_checkpoint,
     successor_language,
 )
 
-# A tiny Llama-shaped config, the base the tests' own configs override (fp32 on the CPU in seconds).
-TINY = dict(
-    vocab_size=211,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-)
+# A tiny Llama-shaped config (tools/testing_models.py's), the base the tests' own configs override (fp32 on
+# the CPU in seconds).
+TINY = dict(TINY_DIMS, **TINY_ARCHITECTURES["LlamaForCausalLM"], vocab_size=211)
 # The model behind the tiny_llama fixture (engine, server and CLI tests).
 TINY_LLAMA = dict(TINY, vocab_size=151)
 # Qwen2-MoE's tiny MoE block: routed experts beside a sigmoid-gated shared expert

@@ -12,46 +12,15 @@ import torch
 from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V2_TINY,
     DEEPSEEK_V3_TINY,
+    TINY_ARCHITECTURES,
+    TINY_DIMS,
     decisive_routing,
     random_checkpoint,
 )
 
-# The dimensions every architecture's tiny config shares.
-TINY = dict(
-    vocab_size=300,
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    max_position_embeddings=256,
-)
-# Tiny configs that cover each architecture's variants: GQA, head_dim != hidden / heads, tied embeddings,
-# q/k norms (Qwen3), routed experts (Qwen3-MoE) and a shared expert (Qwen2-MoE); DeepSeek's MLA (a 32 + 16
-# latent row) with its grouped (V3) and greedy (V2, no q LoRA) routing.
-ARCHITECTURES = {
-    "LlamaForCausalLM": dict(num_attention_heads=4, num_key_value_heads=2),
-    "Qwen3ForCausalLM": dict(
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
-    ),
-    "Qwen3MoeForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    ),
-    "Qwen2MoeForCausalLM": dict(
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-    ),
-    "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
-    "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,
-}
+# Every architecture's tiny model (tools/testing_models.py), with this suite's vocabulary.
+TINY = dict(TINY_DIMS, vocab_size=300)
+ARCHITECTURES = TINY_ARCHITECTURES
 
 
 def tiny_config(architecture: str, **overrides):

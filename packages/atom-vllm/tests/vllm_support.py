@@ -18,46 +18,22 @@ import torch
 from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V2_TINY,
     DEEPSEEK_V3_TINY,
+    TINY_ARCHITECTURES,
+    TINY_DIMS,
     free_port,
     random_checkpoint,
 )
 from tools.testing_seams import record_steps
 
-# The dimensions every architecture's tiny config shares (the vocabulary is the trained tokenizer's).
-TINY = dict(
-    hidden_size=64,
-    intermediate_size=96,
-    num_hidden_layers=2,
-    max_position_embeddings=256,
-    bos_token_id=0,
-    eos_token_id=1,
-)
-# Each architecture's variants: GQA, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE) and a
-# shared expert (Qwen2-MoE). head_dim 32 everywhere: vLLM's own CPU attention (run with ATOM off) supports
-# 32/64/80/96/112/128/256.
+# Every MHA architecture's tiny model (tools/testing_models.py; the vocabulary is the trained tokenizer's).
+# head_dim 32 everywhere: vLLM's own CPU attention (run with ATOM off) supports 32/64/80/96/112/128/256,
+# so Llama takes two heads of 32 over one KV head.
+TINY = dict(TINY_DIMS, bos_token_id=0, eos_token_id=1)
 ARCHITECTURES = {
-    "LlamaForCausalLM": dict(num_attention_heads=2, num_key_value_heads=1),
-    "Qwen3ForCausalLM": dict(
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
-    ),
-    "Qwen3MoeForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        norm_topk_prob=True,
-    ),
-    "Qwen2MoeForCausalLM": dict(
-        num_attention_heads=2,
-        num_key_value_heads=2,
-        num_experts=4,
-        num_experts_per_tok=2,
-        moe_intermediate_size=32,
-        shared_expert_intermediate_size=48,
-    ),
+    name: TINY_ARCHITECTURES[name]
+    for name in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
 }
+ARCHITECTURES["LlamaForCausalLM"] = dict(num_attention_heads=2, num_key_value_heads=1)
 
 STEPS = 8
 

@@ -49,15 +49,12 @@ for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all exper
 # shared expert (Qwen2-MoE), DeepSeek's MLA with grouped (V3) and greedy (V2) routing). A suite adds its
 # vocabulary and what its engine needs (adapters' support modules, atom-core's core_support).
 TINY_DIMS = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
+_QWEN3_HEADS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 TINY_ARCHITECTURES = {
     "LlamaForCausalLM": dict(num_attention_heads=4, num_key_value_heads=2),
-    "Qwen3ForCausalLM": dict(
-        num_attention_heads=4, num_key_value_heads=2, head_dim=32, tie_word_embeddings=True
-    ),
+    "Qwen3ForCausalLM": dict(_QWEN3_HEADS, tie_word_embeddings=True),
     "Qwen3MoeForCausalLM": dict(
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=32,
+        _QWEN3_HEADS,
         num_experts=4,
         num_experts_per_tok=2,
         moe_intermediate_size=32,

@@ -8,9 +8,11 @@ import threading
 
 import jsonschema
 import pytest
+import torch
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.structured import Grammars, StructuredOutputsParams
+from atom_core.engine.structured.masking import apply_bitmask
 
 SCHEMA = {
     "type": "object",
@@ -151,3 +153,24 @@ def test_async_scheduling_launches_structured_steps_ahead_with_the_same_outputs(
         [(c.token_ids, c.finish_reason) for c in o.outputs] for o in want
     ]
     assert not llm.engine.stats.num_async_steps  # (the reference ran synchronously)
+
+
+def test_the_bitmask_sets_exactly_the_unset_bits_of_the_chosen_rows_to_minus_infinity():
+    """apply_bitmask against the definition, bit by bit: fresh random logits, masks and rows, a vocabulary
+    that does not fill its last 32-bit word."""
+    gen = torch.Generator().manual_seed(0)
+    batch, vocab = 6, 70
+    logits = torch.randn(batch, vocab, generator=gen)
+    rows = torch.tensor([4, 1, 3])
+    bitmask = torch.randint(
+        -(2**31), 2**31, (len(rows), (vocab + 31) // 32), generator=gen, dtype=torch.int64
+    )
+    bitmask = bitmask.to(torch.int32)
+    want = logits.clone()
+    for i, row in enumerate(rows.tolist()):
+        for t in range(vocab):
+            if not (int(bitmask[i, t // 32]) >> (t % 32)) & 1:
+                want[row, t] = float("-inf")
+    apply_bitmask(logits, bitmask, rows)
+    assert torch.equal(logits, want)
+    assert torch.isinf(want[rows]).any() and torch.isfinite(want[rows]).any()  # (both kinds of bit drawn)

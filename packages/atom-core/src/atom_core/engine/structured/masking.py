@@ -11,9 +11,8 @@ import torch
 
 from atom_core.engine.scheduling.sequence import Sequence
 
-PARALLEL_FROM = (
-    8  # rows from which the fill is spread over llguidance's threads (below, handing over costs more)
-)
+# rows from which fills and advances go to llguidance's threads (below, handing them over costs more)
+PARALLEL_FROM = 8
 
 
 def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:

@@ -1,6 +1,6 @@
 """Compile the MLA decode kernels for sm90 without a GPU and print registers, spills and shared memory.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/compile_mla_sm90.py
+  cd packages/atom-kernels && PYTHONPATH=src python3 -m benchmarks.compile_mla_sm90
 
 Triton builds PTX and SASS on any machine (ptxas and cuobjdump ship in its wheel), so whether a tile
 spills, pipelines its row loads (cp.async) or uses warpgroup MMAs can be read before spending GPU time.
@@ -10,17 +10,11 @@ bytes, shared memory, wgmma / mma.sync counts in the PTX, 16-byte async copies, 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import tempfile
-
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.backends.nvidia import compiler as nvidia
-from triton.compiler import ASTSource
 
 from atom_kernels.mla.attention import MlaTiles, _mla_heads_n_kernel, _mla_split_kernel
+from benchmarks.harness.offline_compile import build as offline_build
+from benchmarks.harness.offline_compile import cuobjdump
 
 VARIANTS = [  # tiles, cache dtype
     (MlaTiles(64, 64, 8, 1), "bf16"),
@@ -41,30 +35,11 @@ def build(tiles: MlaTiles, cache: str):
     const["PRECISION"] = "tf32"
     if tiles.heads_as_n:
         const["COMPUTE_F16"] = fp8
-    names = kernel.arg_names
-    ptrs = {n: "*bf16" for n in names if n.endswith("_ptr")}
-    ptrs.update(cache_ptr=f"*{cache}", scale_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
-    ptrs.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name in ptrs:
-            signature[name], attrs[(i,)] = ptrs[name], [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32" if name == "sm_scale_log2" else "i32"
-    src = ASTSource(kernel, signature, {(names.index(k),): v for k, v in const.items()}, attrs)
-    options = dict(num_warps=tiles.num_warps, num_stages=tiles.num_stages)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options=options)
-
-
-def cuobjdump(kernel, flag: str) -> str:
-    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
-        f.write(kernel.asm["cubin"])
-    tool = os.path.join(os.path.dirname(nvidia.__file__), "bin", "cuobjdump")
-    out = subprocess.run([tool, flag, f.name], capture_output=True, text=True, check=True).stdout
-    os.unlink(f.name)
-    return out
+    names = [n for n in kernel.arg_names if n not in const]
+    types = {n: "*bf16" if n.endswith("_ptr") else "fp32" if n == "sm_scale_log2" else "i32" for n in names}
+    types.update(cache_ptr=f"*{cache}", scale_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
+    types.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")
+    return offline_build(kernel, types, const, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def main() -> None:

@@ -23,7 +23,8 @@ from graph_timing import graph_ms, rotation
 from sweep_decode_plan import HQ, D, decode_inputs
 
 from atom_kernels.attention import paged_decode
-from atom_kernels.attention.kernels import combine_splits_kernel
+from atom_kernels.attention.packs import Partials
+from atom_kernels.attention.tile_kernel import combine_splits_kernel
 from atom_kernels.attention.launch import TileConfig, run_paged_attention
 
 
@@ -50,7 +51,7 @@ def _combine_us(splits: int) -> float:
 
     def call(i: int) -> None:
         combine_splits_kernel[(1, HQ)](
-            part_o[i], part_lse[i], out[i], out[i], out.stride(1), out.stride(2), HQ, NUM_SPLITS=splits,
+            Partials(part_o[i], part_lse[i]), out[i], out[i], out.stride(1), out.stride(2), HQ, NUM_SPLITS=splits,
             HAS_SINKS=False, HEAD_DIM=D, BLOCK_S=triton.next_power_of_2(splits), BLOCK_D=D, PDL=False,
             num_warps=1 if splits <= 16 else 2,
         )  # fmt: skip

@@ -18,7 +18,8 @@ from functools import partial
 import torch
 import triton
 
-from atom_kernels.attention.kernels import combine_splits_kernel
+from atom_kernels.attention.packs import Partials
+from atom_kernels.attention.tile_kernel import combine_splits_kernel
 from atom_kernels.moe.combine import _combine_kernel
 from atom_kernels.moe.routing import _grouped_topk_kernel, _topk_softmax_kernel
 from atom_kernels.norm.rms_norm import _rms_norm_kernel
@@ -70,7 +71,7 @@ def rms_norm_call(x, r, g, o, ro, warps):
 
 def combine_splits_call(part_o, part_lse, out, splits, warps):
     combine_splits_kernel[(out.shape[0], out.shape[1])](
-        part_o, part_lse, out, part_lse, out.stride(0), out.stride(1), out.shape[1], NUM_SPLITS=splits,
+        Partials(part_o, part_lse), out, part_lse, out.stride(0), out.stride(1), out.shape[1], NUM_SPLITS=splits,
         HAS_SINKS=False, HEAD_DIM=out.shape[2], BLOCK_S=triton.next_power_of_2(splits),
         BLOCK_D=triton.next_power_of_2(out.shape[2]), PDL=False, num_warps=warps,
     )  # fmt: skip

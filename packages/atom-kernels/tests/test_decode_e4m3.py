@@ -16,7 +16,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 
 from atom_kernels.attention import decode_e4m3, paged_attention_ref, paged_decode
 from atom_kernels.attention.decode import decode_kernel, decode_tiles
-from atom_kernels.attention.decode_e4m3 import compile_offline, e4m3_decode_supported
+from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
 from atom_kernels.attention.launch import AttentionKernel, run_paged_attention
 from atom_kernels.cache import KVLayout
 
@@ -201,10 +201,14 @@ def _bank_conflict_probe(BLOCK_N: gl.constexpr, D: gl.constexpr):
 
 
 def _offline_builds(out_path: str) -> None:
+    # The offline compile tools live with the benchmarks, in this package's folder.
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    from benchmarks.harness.offline_compile import e4m3_decode_build
+
     # The probe reports through _record while it is compiled; a cached build would skip that and report nothing.
     os.environ["TRITON_ALWAYS_COMPILE"] = "1"
     ptx = {
-        f"{d} {n} {k}": compile_offline(HEAD_DIM=d, BLOCK_N=n, SCALE_KIND=k, STAGES=STAGES).asm["ptx"]
+        f"{d} {n} {k}": e4m3_decode_build(HEAD_DIM=d, BLOCK_N=n, SCALE_KIND=k, STAGES=STAGES).asm["ptx"]
         for d, n, k in PTX_CASES
     }
     for d, n in BANK_CASES:

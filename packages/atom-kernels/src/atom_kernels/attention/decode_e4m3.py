@@ -21,10 +21,12 @@ tiles filled by cp.async, GQA-packed rows (query tokens x q-heads of one KV head
 from __future__ import annotations
 
 import torch
+import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.ampere import async_copy, mma_v2
 
+from atom_kernels.attention.packs import SCORING_FLAGS
 from atom_kernels.gluon_helpers import add2, max2, page_of
 
 # Gluon is young: Triton 3.6 names the CTA barrier thread_barrier (3.7: barrier), and 3.9 renames the
@@ -105,6 +107,9 @@ def v_pair_layout(block_n, head_dim):
     )
 
 
+# The kernel's derived constexprs: its tile's query tokens, and the features its scoring pack turns on.
+DERIVED_E4M3 = SCORING_FLAGS | {"TOKENS": lambda a: MAX_ROWS // a["GROUP"]}
+
 # cdiv is written out in the kernel for the reason gluon_helpers gives for its reductions.
 
 
@@ -162,20 +167,12 @@ def _issue_tile(
     v_smem,
     ks_smem,
     vs_smem,
-    k_cache_ptr,
-    v_cache_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
+    kv,
     table_ptr,
     t,
     n_start,
     n_end,
     kvh,
-    num_kv_heads,
-    block_size,
-    stride_cb,
-    stride_cn,
-    stride_ch,
     SCALE_KIND: gl.constexpr,
     PAGE: gl.constexpr,
     STAGES: gl.constexpr,
@@ -189,67 +186,50 @@ def _issue_tile(
     Rows at or past n_end are zero-filled without being read (nor is their block-table entry)."""
     pos = n_start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=gl.SliceLayout(1, COPY))
     ok = pos < n_end
-    page, off = page_of(pos, block_size, PAGE)
+    page, off = page_of(pos, kv.block_size, PAGE)
     blk = gl.load(table_ptr + page, mask=ok, other=0).to(gl.int64)
-    row = blk * stride_cb + off.to(gl.int64) * stride_cn + kvh * stride_ch
+    row = blk * kv.stride_cb + off.to(gl.int64) * kv.stride_cn + kvh * kv.stride_ch
     d = gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, COPY))
     off = gl.expand_dims(row, 1) + gl.expand_dims(d, 0)
     mask = gl.expand_dims(ok, 1)
-    _copy_to_shared(k_smem.index(t % STAGES), k_cache_ptr + off, mask=mask)
-    _copy_to_shared(v_smem.index(t % STAGES), v_cache_ptr + off, mask=mask)
+    _copy_to_shared(k_smem.index(t % STAGES), kv.k + off, mask=mask)
+    _copy_to_shared(v_smem.index(t % STAGES), kv.v + off, mask=mask)
     if SCALE_KIND == 2:
         LANES: gl.constexpr = gl.BlockedLayout([1], [32], [1], [0])
         pos = n_start + t * BLOCK_N + gl.arange(0, BLOCK_N, layout=LANES)
         ok = pos < n_end
-        page, off = page_of(pos, block_size, PAGE)
+        page, off = page_of(pos, kv.block_size, PAGE)
         blk = gl.load(table_ptr + page, mask=ok, other=0).to(gl.int64)
-        scale_off = (blk * num_kv_heads + kvh) * block_size + off
-        _copy_to_shared(ks_smem.index(t % STAGES), k_scale_ptr + scale_off, mask=ok)
-        _copy_to_shared(vs_smem.index(t % STAGES), v_scale_ptr + scale_off, mask=ok)
+        scale_off = (blk * kv.num_kv_heads + kvh) * kv.block_size + off
+        _copy_to_shared(ks_smem.index(t % STAGES), kv.k_scale + scale_off, mask=ok)
+        _copy_to_shared(vs_smem.index(t % STAGES), kv.v_scale + scale_off, mask=ok)
     async_copy.commit_group()
 
 
+@triton.heuristics(DERIVED_E4M3)
 @gluon.jit
 def e4m3_decode_kernel(
-    q_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    sinks_ptr,
-    block_tables_ptr,
+    rows,
+    kv,
+    scores,
+    parts,
     seq_lens_ptr,
     cu_q_ptr,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
-    stride_bt,
-    sm_scale,
-    softcap,
-    window,
     num_q_heads,
-    num_kv_heads,
-    block_size,
-    stride_cb,
-    stride_cn,
-    stride_ch,
     GROUP: gl.constexpr,
-    TOKENS: gl.constexpr,
     NUM_SPLITS: gl.constexpr,
     SCALE_KIND: gl.constexpr,
-    HAS_SOFTCAP: gl.constexpr,
-    HAS_WINDOW: gl.constexpr,
     HAS_SINKS: gl.constexpr,
     HEAD_DIM: gl.constexpr,
     BLOCK_N: gl.constexpr,
     STAGES: gl.constexpr,
     PAGE: gl.constexpr,
+    TOKENS: gl.constexpr,
+    HAS_SOFTCAP: gl.constexpr,
+    HAS_WINDOW: gl.constexpr,
 ):
-    """Grid (tiles x NUM_SPLITS, batch, kv heads), the generic tile kernel's, with its partial-output format."""
+    """Grid (tiles x NUM_SPLITS, batch, kv heads), the generic tile kernel's, with its packs (attention/packs.py)
+    and partial-output format. The last three constexprs follow from the rest (DERIVED_E4M3)."""
     MMA: gl.constexpr = mma_layout()
     A_OP: gl.constexpr = gl.DotOperandLayout(0, MMA, 2)
     B_OP: gl.constexpr = gl.DotOperandLayout(1, MMA, 2)
@@ -282,28 +262,27 @@ def e4m3_decode_kernel(
     q_tok = (q_start + tok0 + qr // GROUP).to(gl.int64)
     q_ok = (qr < TOKENS * GROUP) & (tok0 + qr // GROUP < q_len)
     qk = _k_dim_of(gl.arange(0, HEAD_DIM, layout=gl.SliceLayout(0, A_OP)), HEAD_DIM)
-    q_off = gl.expand_dims(q_tok * stride_qt + (kvh * GROUP + qr % GROUP) * stride_qh, 1) + gl.expand_dims(
-        qk, 0
-    )
-    q = gl.load(q_ptr + q_off, mask=gl.expand_dims(q_ok, 1), other=0.0).to(gl.float16)
+    q_off = q_tok * rows.stride_qt + (kvh * GROUP + qr % GROUP) * rows.stride_qh
+    q_off = gl.expand_dims(q_off, 1) + gl.expand_dims(qk, 0)
+    q = gl.load(rows.q + q_off, mask=gl.expand_dims(q_ok, 1), other=0.0).to(gl.float16)
 
     # This split's share of the visible positions, as in the generic kernel.
     kv_end = kv_len - q_len + gl.minimum(tok0 + TOKENS, q_len)
     kv_start = 0
     if HAS_WINDOW:
-        kv_start = gl.maximum(kv_len - q_len + tok0 - window + 1, 0)
+        kv_start = gl.maximum(kv_len - q_len + tok0 - scores.window + 1, 0)
     tiles_seen = (kv_end - kv_start + BLOCK_N - 1) // BLOCK_N
     per_split = (tiles_seen + NUM_SPLITS - 1) // NUM_SPLITS * BLOCK_N
     n_start = kv_start + split * per_split
     n_end = gl.minimum(n_start + per_split, kv_end)
     num_tiles = (gl.maximum(n_end - n_start, 0) + BLOCK_N - 1) // BLOCK_N
 
-    qk_scale = sm_scale
+    qk_scale = scores.sm_scale
     if SCALE_KIND == 1:
-        qk_scale = qk_scale * gl.load(k_scale_ptr)
+        qk_scale = qk_scale * gl.load(kv.k_scale)
     if not HAS_SOFTCAP:
         qk_scale = qk_scale * LOG2E
-    table_ptr = block_tables_ptr + seq.to(gl.int64) * stride_bt
+    table_ptr = kv.block_tables + seq.to(gl.int64) * kv.stride_bt
     k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], smem_layout(HEAD_DIM))
     v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BLOCK_N, HEAD_DIM], smem_layout(HEAD_DIM))
     ks_smem = v_smem  # placeholders when there are no per-token scales
@@ -314,31 +293,9 @@ def e4m3_decode_kernel(
         vs_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BLOCK_N], PLAIN)
     for t in gl.static_range(STAGES - 1):
         _issue_tile(
-            k_smem,
-            v_smem,
-            ks_smem,
-            vs_smem,
-            k_cache_ptr,
-            v_cache_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            table_ptr,
-            t,
-            n_start,
-            n_end,
-            kvh,
-            num_kv_heads,
-            block_size,
-            stride_cb,
-            stride_cn,
-            stride_ch,
-            SCALE_KIND,
-            PAGE,
-            STAGES,
-            BLOCK_N,
-            HEAD_DIM,
-            COPY,
-        )
+            k_smem, v_smem, ks_smem, vs_smem, kv, table_ptr, t, n_start, n_end, kvh,
+            SCALE_KIND, PAGE, STAGES, BLOCK_N, HEAD_DIM, COPY,
+        )  # fmt: skip
 
     acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, MMA)
     l_i = gl.zeros([BLOCK_M], gl.float32, ROWS)
@@ -347,31 +304,9 @@ def e4m3_decode_kernel(
         async_copy.wait_group(STAGES - 2)  # tile i has landed (this thread's copies) ...
         _cta_barrier()  # ... and every thread's; and nobody still reads the slot refilled next
         _issue_tile(
-            k_smem,
-            v_smem,
-            ks_smem,
-            vs_smem,
-            k_cache_ptr,
-            v_cache_ptr,
-            k_scale_ptr,
-            v_scale_ptr,
-            table_ptr,
-            i + STAGES - 1,
-            n_start,
-            n_end,
-            kvh,
-            num_kv_heads,
-            block_size,
-            stride_cb,
-            stride_cn,
-            stride_ch,
-            SCALE_KIND,
-            PAGE,
-            STAGES,
-            BLOCK_N,
-            HEAD_DIM,
-            COPY,
-        )
+            k_smem, v_smem, ks_smem, vs_smem, kv, table_ptr, i + STAGES - 1, n_start, n_end, kvh,
+            SCALE_KIND, PAGE, STAGES, BLOCK_N, HEAD_DIM, COPY,
+        )  # fmt: skip
         slot = i % STAGES
         k = _k_operand(k_smem.index(slot).load(k_read_layout(BLOCK_N, HEAD_DIM)), BLOCK_N, HEAD_DIM, B_OP)
         s = mma_v2(q, k, gl.zeros([BLOCK_M, BLOCK_N], gl.float32, MMA)) * qk_scale
@@ -381,10 +316,10 @@ def e4m3_decode_kernel(
         if SCALE_KIND == 2:
             s = s * gl.expand_dims(ks_smem.index(slot).load(COLS), 0)
         if HAS_SOFTCAP:  # softcap * tanh(s / softcap), in log2 units
-            s = softcap * LOG2E * (1.0 - 2.0 / (gl.exp(2.0 * s / softcap) + 1.0))
+            s = scores.softcap * LOG2E * (1.0 - 2.0 / (gl.exp(2.0 * s / scores.softcap) + 1.0))
         visible = gl.expand_dims(pos_ok, 0) & (gl.expand_dims(pos, 0) <= gl.expand_dims(q_pos, 1))
         if HAS_WINDOW:
-            visible = visible & (gl.expand_dims(pos, 0) > gl.expand_dims(q_pos, 1) - window)
+            visible = visible & (gl.expand_dims(pos, 0) > gl.expand_dims(q_pos, 1) - scores.window)
         s = gl.where(visible, s, float("-inf"))
 
         m_new = gl.maximum(m_i, gl.reduce(s, 1, max2))
@@ -400,26 +335,26 @@ def e4m3_decode_kernel(
         acc = mma_v2(p16, v, acc * gl.expand_dims(alpha, 1))
     async_copy.wait_group(0)  # the ring's trailing (empty) copies
     if SCALE_KIND == 1:
-        acc = acc * gl.load(v_scale_ptr)
+        acc = acc * gl.load(kv.v_scale)
 
     dims = _v_dim_of(gl.arange(0, HEAD_DIM, layout=COLS), HEAD_DIM)  # acc's columns, as physical dims
     io_mask = gl.expand_dims(row_ok, 1) & (gl.expand_dims(dims, 0) < HEAD_DIM)
     if NUM_SPLITS == 1:
         if HAS_SINKS:
-            sink = gl.load(sinks_ptr + head, mask=row_ok, other=0.0) * LOG2E
+            sink = gl.load(scores.sinks + head, mask=row_ok, other=0.0) * LOG2E
             m_sink = gl.maximum(m_i, sink)
             alpha = gl.exp2(m_i - m_sink)
             l_i = l_i * alpha + gl.exp2(sink - m_sink)
             acc = acc * gl.expand_dims(alpha, 1)
         o = acc / gl.expand_dims(gl.where(l_i > 0, l_i, 1.0), 1)
-        out_off = gl.expand_dims(t_idx * stride_ot + head * stride_oh, 1) + gl.expand_dims(dims, 0)
-        gl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+        out_off = gl.expand_dims(t_idx * rows.stride_ot + head * rows.stride_oh, 1) + gl.expand_dims(dims, 0)
+        gl.store(rows.out + out_off, o.to(rows.out.dtype.element_ty), mask=io_mask)
     else:
         lse = gl.where(l_i > 0, m_i + gl.log2(gl.where(l_i > 0, l_i, 1.0)), float("-inf"))  # log2 units
         o = acc / gl.expand_dims(gl.where(l_i > 0, l_i, 1.0), 1)
         part = (t_idx * num_q_heads + head) * NUM_SPLITS + split
-        gl.store(part_lse_ptr + part, lse, mask=row_ok)
-        gl.store(part_o_ptr + gl.expand_dims(part * HEAD_DIM, 1) + gl.expand_dims(dims, 0), o, mask=io_mask)
+        gl.store(parts.lse + part, lse, mask=row_ok)
+        gl.store(parts.o + gl.expand_dims(part * HEAD_DIM, 1) + gl.expand_dims(dims, 0), o, mask=io_mask)
 
 
 def e4m3_decode_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
@@ -442,58 +377,3 @@ def e4m3_decode_supported(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch
         and v_cache.data_ptr() % 16 == 0
         and group <= MAX_ROWS
     )
-
-
-def compile_offline(arch: int = 90, **constants):
-    """Compile e4m3_decode_kernel for NVIDIA sm_<arch> on any machine (Triton ships ptxas), with the
-    arguments specialized as at a page-16 decode: tests read its PTX without a GPU, and
-    benchmarks/compile_decode_sm90.py prints its instruction mix. constants: the kernel's constexprs
-    (defaults: GROUP 4, one token, one split, per-tensor scales, no features, D 128, 32 positions, 3 stages,
-    pages of 16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    POINTEE = dict(
-        q_ptr="bf16",
-        out_ptr="bf16",
-        k_cache_ptr="fp8e4nv",
-        v_cache_ptr="fp8e4nv",
-        block_tables_ptr="i32",
-        seq_lens_ptr="i32",
-        cu_q_ptr="i32",
-    )
-    const = (
-        dict(
-            GROUP=4,
-            TOKENS=4,
-            NUM_SPLITS=1,
-            SCALE_KIND=1,
-            HAS_SOFTCAP=False,
-            HAS_WINDOW=False,
-            HAS_SINKS=False,
-            HEAD_DIM=128,
-            BLOCK_N=32,
-            STAGES=3,
-            PAGE=16,
-        )
-        | constants
-    )
-    names = e4m3_decode_kernel.arg_names
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = "*" + POINTEE.get(name, "fp32")
-            attrs[(i,)] = [["tt.divisibility", 16]]
-        elif name in ("sm_scale", "softcap"):
-            signature[name] = "fp32"
-        else:
-            signature[name] = "i32"
-            if name.startswith("stride_"):
-                attrs[(i,)] = [["tt.divisibility", 16]]
-    src = GluonASTSource(
-        e4m3_decode_kernel, signature, {(names.index(k),): v for k, v in const.items()}, attrs
-    )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=1))

@@ -9,10 +9,11 @@ import torch
 import triton
 
 from atom_kernels.attention.decode_e4m3 import MAX_ROWS, e4m3_decode_kernel, e4m3_decode_supported
-from atom_kernels.attention.kernels import combine_splits_kernel, paged_attention_kernel
+from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
 from atom_kernels.attention.ref import paged_attention_ref
+from atom_kernels.attention.tile_kernel import combine_splits_kernel, paged_attention_kernel
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
-from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, layout_code, shuffle_width
+from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
 from atom_kernels.pdl import pdl_launch
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -20,7 +21,7 @@ from atom_kernels.settings import Backend, resolve_backend
 class AttentionKernel(enum.StrEnum):
     """Which kernel run_paged_attention launches (paged_decode picks one in decode.decode_kernel)."""
 
-    TILE = "tile"  # kernels.paged_attention_kernel: every layout, cache dtype and feature
+    TILE = "tile"  # tile_kernel.paged_attention_kernel: every layout, cache dtype and feature
     E4M3_GLUON = "e4m3_gluon"  # decode_e4m3.e4m3_decode_kernel: e4m3 flash caches, one warp per program
 
 
@@ -170,49 +171,19 @@ def run_paged_attention(
     check_shuffle_tile(layout, config.block_n, k_cache.dtype)
     group = num_q_heads // num_kv_heads
     block_m = max(config.block_m, triton.next_power_of_2(group))
-    tokens_per_tile = block_m // group
-    tiles = triton.cdiv(max_query_len, tokens_per_tile)
-    part_o = part_lse = out  # placeholders when there is one split
+    tiles = triton.cdiv(max_query_len, block_m // group)
+    parts = Partials(out, out)  # placeholders when there is one split
     if num_splits > 1:
-        part_o = torch.empty(
-            (tokens, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device
+        parts = Partials(
+            torch.empty((tokens, num_q_heads, num_splits, head_dim), dtype=torch.float32, device=q.device),
+            torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device),
         )
-        part_lse = torch.empty((tokens, num_q_heads, num_splits), dtype=torch.float32, device=q.device)
     grid = (tiles * num_splits, batch, num_kv_heads)
     pdl = pdl_launch(q.device)
-    common = (
-        q,
-        k_cache,
-        v_cache,
-        out,
-        part_o,
-        part_lse,
-        k_scale if kind else q,
-        v_scale if kind else q,
-        sinks if sinks is not None else q,
-        block_tables,
-        seq_lens,
-        cu_seqlens_q,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
-        block_tables.stride(0),
-        scale,
-        softcap or 0.0,
-        sliding_window or 0,
-        num_q_heads,
-        num_kv_heads,
-        block_size,
-        *cache_strides(layout, k_cache),
-    )
-    features = dict(
-        HAS_SOFTCAP=softcap is not None,
-        HAS_WINDOW=sliding_window is not None,
-        HAS_SINKS=sinks is not None,
-        HEAD_DIM=head_dim,
-        BLOCK_N=config.block_n,
-    )
+    rows = query_rows(q, out)
+    kv = paged_kv(layout, k_cache, v_cache, block_tables, c, k_scale, v_scale)
+    scores = scoring(scale, softcap, sliding_window, sinks, q)
+    common = (rows, kv, scores, parts, seq_lens, cu_seqlens_q, num_q_heads)
     if kernel is AttentionKernel.E4M3_GLUON:
         if (
             block_m != MAX_ROWS
@@ -227,29 +198,25 @@ def run_paged_attention(
         e4m3_decode_kernel[grid](
             *common,
             GROUP=group,
-            TOKENS=tokens_per_tile,
             NUM_SPLITS=num_splits,
             SCALE_KIND=kind,
+            HAS_SINKS=sinks is not None,
+            HEAD_DIM=head_dim,
+            BLOCK_N=config.block_n,
             STAGES=config.num_stages,
             PAGE=block_size if block_size & (block_size - 1) == 0 else 0,
-            **features,
             num_warps=1,
         )
     else:
         paged_attention_kernel[grid](
             *common,
+            FMT=kv_format(layout, q, k_cache, v_cache, kind),
             GROUP=group,
-            TOKENS=tokens_per_tile,
             NUM_SPLITS=num_splits,
-            LAYOUT=layout_code(layout, k_cache),
-            X=shuffle_width(k_cache.dtype),
-            V_WORDS=fp8_v_as_words(layout, q, v_cache),
-            SCALE_KIND=kind,
-            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-            FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
+            HAS_SINKS=sinks is not None,
+            HEAD_DIM=head_dim,
             BLOCK_M=block_m,
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            **features,
+            BLOCK_N=config.block_n,
             PDL=pdl,
             num_warps=config.num_warps,
             num_stages=config.num_stages,
@@ -257,10 +224,9 @@ def run_paged_attention(
         )
     if num_splits > 1:
         combine_splits_kernel[(tokens, num_q_heads)](
-            part_o,
-            part_lse,
+            parts,
             out,
-            sinks if sinks is not None else q,
+            scores.sinks,
             out.stride(0),
             out.stride(1),
             num_q_heads,
@@ -285,21 +251,6 @@ def check_shuffle_tile(layout: KVLayout, block_n: int, cache_dtype: torch.dtype)
         raise ValueError(
             f"a shuffle cache of {cache_dtype} needs KV tiles of a multiple of x={x} positions, got {block_n}"
         )
-
-
-def fp8_v_as_words(layout: KVLayout, q: torch.Tensor, v_cache: torch.Tensor) -> bool:
-    """Whether the kernels convert fp8 V to fp16 from 32-bit words with PTX (kernels._load_e4m3_rows_as_f16):
-    e4m3 on NVIDIA, a flash layout whose rows start 16-byte aligned, fp16 compute."""
-    return (
-        v_cache.is_cuda
-        and torch.version.hip is None
-        and v_cache.dtype == torch.float8_e4m3fn
-        and q.dtype in (torch.float16, torch.bfloat16)
-        and layout is KVLayout.FLASH
-        and all(s % 16 == 0 for s in v_cache.stride()[:3])
-        and v_cache.shape[-1] % 16 == 0
-        and v_cache.data_ptr() % 16 == 0
-    )
 
 
 def on_gpu(t: torch.Tensor) -> bool:

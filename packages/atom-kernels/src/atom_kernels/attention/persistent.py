@@ -10,12 +10,12 @@ from __future__ import annotations
 import torch
 import triton
 
-from atom_kernels.attention.kernels import combine_partials_kernel, persistent_decode_kernel
-from atom_kernels.attention.launch import check_inputs, check_shuffle_tile, fp8_v_as_words
+from atom_kernels.attention.launch import check_inputs, check_shuffle_tile
+from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
 from atom_kernels.attention.partition import DecodePartition, plan_decode
+from atom_kernels.attention.persistent_kernel import combine_partials_kernel, persistent_decode_kernel
 from atom_kernels.attention.ref import paged_attention_ref
-from atom_kernels.cache.fp8 import is_fp8
-from atom_kernels.cache.layout import KVLayout, cache_strides, layout_code, shuffle_width
+from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -91,58 +91,32 @@ def paged_decode_persistent(
         plan_decode(seq_lens, partition)
     group = num_q_heads // c.num_kv_heads
     gpu = q.is_cuda
-    sinks_arg = sinks if sinks is not None else q
+    scores = scoring(c.softmax_scale, softcap, None, sinks, q)
+    parts = Partials(partition.part_o, partition.part_lse)
+    plan_bufs = (partition.cu_blocks, partition.per_program, partition.partial_base)
     persistent_decode_kernel[(partition.num_programs, c.num_kv_heads)](
-        q,
-        k_cache,
-        v_cache,
-        c.out,
-        partition.part_o,
-        partition.part_lse,
-        k_scale if c.scale_kind else q,
-        v_scale if c.scale_kind else q,
-        sinks_arg,
-        block_tables,
+        query_rows(q, c.out),
+        paged_kv(c.layout, k_cache, v_cache, block_tables, c, k_scale, v_scale),
+        scores,
+        parts,
         seq_lens,
-        partition.cu_blocks,
-        partition.per_program,
-        partition.partial_base,
-        q.stride(0),
-        q.stride(1),
-        c.out.stride(0),
-        c.out.stride(1),
-        block_tables.stride(0),
-        c.softmax_scale,
-        softcap or 0.0,
+        *plan_bufs,
         batch,
         num_q_heads,
-        c.num_kv_heads,
-        c.block_size,
-        *cache_strides(c.layout, k_cache),
+        FMT=kv_format(c.layout, q, k_cache, v_cache, c.scale_kind),
         GROUP=group,
-        LAYOUT=layout_code(c.layout, k_cache),
-        X=shuffle_width(k_cache.dtype),
-        V_WORDS=fp8_v_as_words(c.layout, q, v_cache),
-        SCALE_KIND=c.scale_kind,
-        HAS_SOFTCAP=softcap is not None,
         HAS_SINKS=sinks is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        FP16_COMPUTE=is_fp8(k_cache.dtype) and q.dtype == torch.bfloat16,
         HEAD_DIM=c.head_dim,
         BLOCK_M=max(16, triton.next_power_of_2(group)),
         BLOCK_N=partition.block,
-        BLOCK_D=triton.next_power_of_2(c.head_dim),
         num_warps=2 if gpu else 1,
         num_stages=3 if gpu else 1,
     )
     combine_partials_kernel[(batch, num_q_heads)](
-        partition.part_o,
-        partition.part_lse,
+        parts,
         c.out,
-        sinks_arg,
-        partition.cu_blocks,
-        partition.per_program,
-        partition.partial_base,
+        scores.sinks,
+        *plan_bufs,
         c.out.stride(0),
         c.out.stride(1),
         num_q_heads,

@@ -1,6 +1,6 @@
 """Paged prefill on Hopper and newer: K/V tiles fetched whole by the tensor-memory accelerator (TMA).
 
-The generic tile kernel (kernels.py) gathers each KV position through the block table and computes a
+The generic tile kernel (tile_kernel.py) gathers each KV position through the block table and computes a
 64-bit address per element; at prefill's matmul rate those address computations and loads are the
 bottleneck. When a page holds a whole number of KV tiles, a tile is BLOCK_N consecutive rows of one page,
 so a flash cache viewed as [pages x page rows, row elements] is a 2-D tensor a TMA descriptor can copy a
@@ -16,8 +16,9 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
-from atom_kernels.attention.kernels import LOG2E, _normalize, _softmax_step, _tanh, _tile_rows
 from atom_kernels.attention.launch import Checked, TileConfig
+from atom_kernels.attention.packs import DERIVED_TMA, query_rows, scoring
+from atom_kernels.attention.tile import LOG2E, normalize, softmax_step, tanh, tile_rows
 from atom_kernels.cache.layout import KVLayout
 
 
@@ -36,9 +37,7 @@ def _attend_tma(
     kv_len,
     col,
     block_size,
-    sm_scale,
-    softcap,
-    window,
+    scores,
     MASKED: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr,
     HAS_WINDOW: tl.constexpr,
@@ -47,17 +46,17 @@ def _attend_tma(
     for n0 in range(n_start, n_end, BLOCK_N):
         row = tl.load(table_ptr + n0 // block_size) * block_size + n0 % block_size
         k = k_desc.load([row, col])
-        s = tl.dot(q, tl.trans(k)) * sm_scale
+        s = tl.dot(q, tl.trans(k)) * scores.sm_scale
         if HAS_SOFTCAP:
-            s = softcap * _tanh(s / softcap)
+            s = scores.softcap * tanh(s / scores.softcap)
         s = s * LOG2E
         pos = n0 + tl.arange(0, BLOCK_N)
         if MASKED:
             visible = (pos[None, :] < n_end) & (pos[None, :] <= q_pos[:, None])
             if HAS_WINDOW:
-                visible = visible & (pos[None, :] > q_pos[:, None] - window)
+                visible = visible & (pos[None, :] > q_pos[:, None] - scores.window)
             s = tl.where(visible, s, float("-inf"))
-        p, alpha, m_new, l_i = _softmax_step(s, m_i, l_i)
+        p, alpha, m_new, l_i = softmax_step(s, m_i, l_i)
         v = v_desc.load([row, col])
         if MASKED:  # rows past the sequence's end hold stale or unwritten values (NaN times p = 0 is NaN)
             v = tl.where((pos < kv_len)[:, None], v, 0.0)
@@ -66,35 +65,30 @@ def _attend_tma(
     return acc, l_i, m_i
 
 
+@triton.heuristics(DERIVED_TMA)
 @triton.jit
 def paged_prefill_tma_kernel(
-    q_ptr,
+    rows,
     k_desc,
     v_desc,
-    out_ptr,
-    sinks_ptr,
+    scores,
     block_tables_ptr,
     seq_lens_ptr,
     cu_q_ptr,
-    stride_qt,
-    stride_qh,
-    stride_ot,
-    stride_oh,
     stride_bt,
     stride_ch,
-    sm_scale,
-    softcap,
-    window,
     block_size,
     GROUP: tl.constexpr,
-    TOKENS: tl.constexpr,
-    HAS_SOFTCAP: tl.constexpr,
-    HAS_WINDOW: tl.constexpr,
     HAS_SINKS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    TOKENS: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr,
+    HAS_WINDOW: tl.constexpr,
 ):
+    """rows: packs.QueryRows; k_desc, v_desc: the caches' TMA descriptors (_descriptor); scores:
+    packs.Scoring. The last three constexprs follow from the rest (packs.DERIVED_TMA)."""
     tile = tl.num_programs(0) - 1 - tl.program_id(0)  # longest (causal) tiles first
     seq = tl.program_id(1)
     kvh = tl.program_id(2)
@@ -105,18 +99,17 @@ def paged_prefill_tma_kernel(
         return
     kv_len = tl.load(seq_lens_ptr + seq)
 
-    head, row_ok, q_pos, t_idx = _tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
+    head, row_ok, q_pos, t_idx = tile_rows(tok0, q_start, q_len, kv_len, kvh, GROUP, TOKENS, BLOCK_M)
     d = tl.arange(0, HEAD_DIM)
     io_mask = row_ok[:, None]
-    q = tl.load(
-        q_ptr + t_idx[:, None] * stride_qt + head[:, None] * stride_qh + d[None, :], mask=io_mask, other=0.0
-    )
+    q_off = t_idx[:, None] * rows.stride_qt + head[:, None] * rows.stride_qh + d[None, :]
+    q = tl.load(rows.q + q_off, mask=io_mask, other=0.0)
 
     first_pos = kv_len - q_len + tok0
     kv_end = kv_len - q_len + tl.minimum(tok0 + TOKENS, q_len)
     kv_start = 0
     if HAS_WINDOW:  # whole tiles from a multiple of BLOCK_N: a TMA box must not straddle two pages
-        kv_start = tl.maximum(first_pos - window + 1, 0) // BLOCK_N * BLOCK_N
+        kv_start = tl.maximum(first_pos - scores.window + 1, 0) // BLOCK_N * BLOCK_N
         full_end = kv_start
     else:
         full_end = tl.minimum(kv_end, first_pos + 1) // BLOCK_N * BLOCK_N
@@ -126,52 +119,16 @@ def paged_prefill_tma_kernel(
     l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
     m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
     acc, l_i, m_i = _attend_tma(
-        acc,
-        l_i,
-        m_i,
-        q,
-        q_pos,
-        k_desc,
-        v_desc,
-        table_ptr,
-        kv_start,
-        full_end,
-        kv_len,
-        col,
-        block_size,
-        sm_scale,
-        softcap,
-        window,
-        False,
-        HAS_SOFTCAP,
-        HAS_WINDOW,
-        BLOCK_N,
-    )
+        acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, kv_start, full_end, kv_len, col, block_size,
+        scores, False, HAS_SOFTCAP, HAS_WINDOW, BLOCK_N,
+    )  # fmt: skip
     acc, l_i, m_i = _attend_tma(
-        acc,
-        l_i,
-        m_i,
-        q,
-        q_pos,
-        k_desc,
-        v_desc,
-        table_ptr,
-        full_end,
-        kv_end,
-        kv_len,
-        col,
-        block_size,
-        sm_scale,
-        softcap,
-        window,
-        True,
-        HAS_SOFTCAP,
-        HAS_WINDOW,
-        BLOCK_N,
-    )
-    o = _normalize(acc, l_i, m_i, sinks_ptr, head, row_ok, HAS_SINKS)
-    out_off = t_idx[:, None] * stride_ot + head[:, None] * stride_oh + d[None, :]
-    tl.store(out_ptr + out_off, o.to(out_ptr.dtype.element_ty), mask=io_mask)
+        acc, l_i, m_i, q, q_pos, k_desc, v_desc, table_ptr, full_end, kv_end, kv_len, col, block_size,
+        scores, True, HAS_SOFTCAP, HAS_WINDOW, BLOCK_N,
+    )  # fmt: skip
+    o = normalize(acc, l_i, m_i, scores.sinks, head, row_ok, HAS_SINKS)
+    out_off = t_idx[:, None] * rows.stride_ot + head[:, None] * rows.stride_oh + d[None, :]
+    tl.store(rows.out + out_off, o.to(rows.out.dtype.element_ty), mask=io_mask)
 
 
 def tma_prefill_fits(
@@ -230,31 +187,19 @@ def run_tma_prefill(
         return out
     group = num_q_heads // c.num_kv_heads
     block_m = max(config.block_m, triton.next_power_of_2(group))
-    tokens_per_tile = block_m // group
-    grid = (triton.cdiv(max_query_len, tokens_per_tile), batch, c.num_kv_heads)
+    grid = (triton.cdiv(max_query_len, block_m // group), batch, c.num_kv_heads)
     paged_prefill_tma_kernel[grid](
-        q,
+        query_rows(q, out),
         _descriptor(k_cache, c, config.block_n),
         _descriptor(v_cache, c, config.block_n),
-        out,
-        sinks if sinks is not None else q,
+        scoring(c.softmax_scale, softcap, sliding_window, sinks, q),
         block_tables,
         seq_lens,
         cu_seqlens_q,
-        q.stride(0),
-        q.stride(1),
-        out.stride(0),
-        out.stride(1),
         block_tables.stride(0),
         k_cache.stride(2),
-        c.softmax_scale,
-        softcap or 0.0,
-        sliding_window or 0,
         c.block_size,
         GROUP=group,
-        TOKENS=tokens_per_tile,
-        HAS_SOFTCAP=softcap is not None,
-        HAS_WINDOW=sliding_window is not None,
         HAS_SINKS=sinks is not None,
         HEAD_DIM=c.head_dim,
         BLOCK_M=block_m,

@@ -210,31 +210,3 @@ def e4m3_shuffle_write_supported(k: torch.Tensor, k_cache: torch.Tensor) -> bool
         and k_cache.dtype == torch.float8_e4m3fn
         and k.shape[-1] in HEAD_DIMS
     )
-
-
-def compile_offline(arch: int = 90, **constants):
-    """Compile e4m3_shuffle_write_kernel for NVIDIA sm_<arch> on any machine (Triton ships ptxas), with bf16
-    inputs, int64 slots and 16-divisible strides: tests read its PTX without a GPU. constants: the kernel's
-    constexprs (defaults: D 128, per-tensor scales, pages of 16)."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-    from triton.experimental.gluon._runtime import GluonASTSource
-
-    pointee = dict(k_ptr="bf16", v_ptr="bf16", k_cache_ptr="fp8e4nv", v_cache_ptr="fp8e4nv", slot_ptr="i64")
-    const = dict(HEAD_DIM=128, SCALE_KIND=1, FP8_MAX=448.0, PAGE=16) | constants
-    names = e4m3_shuffle_write_kernel.arg_names
-    signature, attrs = {}, {}
-    for idx, name in enumerate(names):
-        if name in const:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            signature[name] = "*" + pointee.get(name, "fp32")
-            attrs[(idx,)] = [["tt.divisibility", 16]]
-        else:
-            signature[name] = "i32"
-            if name != "tokens":
-                attrs[(idx,)] = [["tt.divisibility", 16]]
-    src = GluonASTSource(
-        e4m3_shuffle_write_kernel, signature, {(names.index(k),): v for k, v in const.items()}, attrs
-    )
-    return triton.compile(src, target=GPUTarget("cuda", arch, 32), options=dict(num_warps=1))

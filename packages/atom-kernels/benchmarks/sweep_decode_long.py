@@ -23,9 +23,9 @@ from graph_timing import graph_ms, rotation
 from sweep_decode_plan import HQ, D, decode_inputs
 
 from atom_kernels.attention import paged_decode
+from atom_kernels.attention.launch import TileConfig, run_paged_attention
 from atom_kernels.attention.packs import Partials
 from atom_kernels.attention.tile_kernel import combine_splits_kernel
-from atom_kernels.attention.launch import TileConfig, run_paged_attention
 
 
 def _run(inputs, out, splits: int, config: TileConfig):

@@ -6,8 +6,14 @@ import pytest
 import torch
 
 from atom_kernels import opaque
+from atom_kernels.activation import opaque as activation_ops
+from atom_kernels.fp8 import opaque as fp8_ops
 from atom_kernels.fp8.ref import quantize_weight_ref
+from atom_kernels.linear import opaque as linear_ops
 from atom_kernels.moe import ExpertScales
+from atom_kernels.moe import opaque as moe_ops
+from atom_kernels.norm import opaque as norm_ops
+from atom_kernels.rotary import opaque as rotary_ops
 
 torch.manual_seed(0)
 
@@ -44,30 +50,30 @@ def _fp8_experts(e=4, h=64, i=32, block=(16, 32)):
 # (op, sample args) for torch.library.opcheck: the schema, the fake implementation and the
 # functionalized (AOT) form against the real implementation
 OPCHECK_CASES = {
-    "linear": (opaque._linear_op, (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False)),
-    "linear_gated": (opaque._linear_op, (torch.randn(5, 64), torch.randn(24, 32), None, True)),
-    "rms_norm": (opaque._rms_norm_op, (torch.randn(5, 32), torch.randn(32), 1e-6, 0.0)),
+    "linear": (linear_ops._linear_op, (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False)),
+    "linear_gated": (linear_ops._linear_op, (torch.randn(5, 64), torch.randn(24, 32), None, True)),
+    "rms_norm": (norm_ops._rms_norm_op, (torch.randn(5, 32), torch.randn(32), 1e-6, 0.0)),
     "rms_norm_residual": (
-        opaque._rms_norm_residual_op,
+        norm_ops._rms_norm_residual_op,
         (torch.randn(5, 32), torch.randn(32), 1e-6, torch.randn(5, 32), 1.0),
     ),
     "rms_norm_gated": (
-        opaque._rms_norm_gated_op,
+        norm_ops._rms_norm_gated_op,
         (torch.randn(6, 16), torch.randn(6, 16), torch.randn(16), 1e-6),
     ),
-    "silu_and_mul": (opaque._silu_and_mul_op, (torch.randn(5, 32),)),
-    "apply_rotary": (opaque._apply_rotary_op, (*_rotary_args(5), 16, 1.0, True)),
+    "silu_and_mul": (activation_ops._silu_and_mul_op, (torch.randn(5, 32),)),
+    "apply_rotary": (rotary_ops._apply_rotary_op, (*_rotary_args(5), 16, 1.0, True)),
     "apply_mrope": (
-        opaque._apply_mrope_op,
+        rotary_ops._apply_mrope_op,
         (torch.arange(5).expand(3, 5).contiguous(), *_rotary_args(5)[1:], 16, [2, 3, 3], True, 1.0, True),
     ),
-    "topk_softmax": (opaque._topk_softmax_op, (torch.randn(5, 8), 2, True, torch.bfloat16)),
+    "topk_softmax": (moe_ops._topk_softmax_op, (torch.randn(5, 8), 2, True, torch.bfloat16)),
     "grouped_topk": (
-        opaque._grouped_topk_op,
+        moe_ops._grouped_topk_op,
         (torch.randn(5, 16), 4, 4, 2, torch.randn(16), "sigmoid", True, 2.5),
     ),
     "fused_experts": (
-        opaque._fused_experts_op,
+        moe_ops._fused_experts_op,
         (
             torch.randn(5, 32),
             *_experts(),
@@ -95,16 +101,16 @@ def test_opcheck_fp8_ops():
     wq, ws = _fp8_weight()
     x = torch.randn(5, 64)
     torch.library.opcheck(
-        opaque._fp8_linear_op, (x, wq, ws, [16, 32], None, False, False), test_utils=FP8_CHECKS
+        fp8_ops._fp8_linear_op, (x, wq, ws, [16, 32], None, False, False), test_utils=FP8_CHECKS
     )
     gate_up = torch.randn(5, 128)
     torch.library.opcheck(
-        opaque._fp8_linear_op, (gate_up, wq, ws, [16, 32], None, False, True), test_utils=FP8_CHECKS
+        fp8_ops._fp8_linear_op, (gate_up, wq, ws, [16, 32], None, False, True), test_utils=FP8_CHECKS
     )
     q13, q2, scales = _fp8_experts()
     args = (torch.randn(5, 64), q13, q2, torch.rand(5, 2), torch.randint(0, 4, (5, 2), dtype=torch.int32))
     torch.library.opcheck(
-        opaque._fused_experts_op, (*args, scales.w13, scales.w2, [16, 32]), test_utils=FP8_CHECKS
+        moe_ops._fused_experts_op, (*args, scales.w13, scales.w2, [16, 32]), test_utils=FP8_CHECKS
     )
 
 
@@ -197,6 +203,6 @@ def test_eager_calls_skip_the_dispatcher(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("an eager call went through the custom op")
 
-    monkeypatch.setattr(opaque, "_linear_op", refuse)
+    monkeypatch.setattr(linear_ops, "_linear_op", refuse)
     x, w = torch.randn(3, 8), torch.randn(4, 8)
     torch.testing.assert_close(opaque.linear(x, w), x @ w.T)

@@ -1,0 +1,24 @@
+"""linear as an opaque custom op while a graph compiler traces it (atom_kernels/custom_op.py says why)."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels.custom_op import opaque, pick
+from atom_kernels.linear import linear as _linear
+
+Tensor = torch.Tensor
+
+
+def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool) -> Tensor:
+    return _linear(x, weight, bias, gated_input=gated_input)
+
+
+_linear_op = opaque(
+    "linear", _linear_impl, lambda x, weight, *args: x.new_empty((*x.shape[:-1], weight.shape[0]))
+)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated_input: bool = False) -> Tensor:
+    """atom_kernels.linear.linear: x [..., K] (or [..., 2K] with gated_input), weight [N, K] -> [..., N]."""
+    return pick(_linear_op, _linear_impl)(x, weight, bias, gated_input)

@@ -1,0 +1,110 @@
+"""Routing and the fused experts as opaque custom ops while a graph compiler traces them
+(atom_kernels/custom_op.py says why; the experts' torch reference loops over data)."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_kernels import moe
+from atom_kernels.custom_op import like_x, opaque, pick
+from atom_kernels.moe import ExpertScales
+
+Tensor = torch.Tensor
+
+
+def _routing_fake(logits: Tensor, top_k: int, *args) -> tuple[Tensor, Tensor]:
+    rows = logits.shape[0]
+    return (
+        logits.new_empty((rows, top_k), dtype=torch.float32),
+        logits.new_empty((rows, top_k), dtype=torch.int32),
+    )
+
+
+def _topk_softmax_impl(
+    logits: Tensor, top_k: int, renormalize: bool, round_to: torch.dtype
+) -> tuple[Tensor, Tensor]:
+    return moe.topk_softmax(logits, top_k, renormalize, round_to=round_to)
+
+
+_topk_softmax_op = opaque("topk_softmax", _topk_softmax_impl, _routing_fake)
+
+
+def topk_softmax(
+    logits: Tensor, top_k: int, renormalize: bool, *, round_to: torch.dtype = torch.float32
+) -> tuple[Tensor, Tensor]:
+    """atom_kernels.topk_softmax: logits [T, E] -> (weights [T, k] fp32, ids [T, k] int32)."""
+    return pick(_topk_softmax_op, _topk_softmax_impl)(logits, top_k, renormalize, round_to)
+
+
+def _grouped_topk_impl(
+    logits: Tensor,
+    top_k: int,
+    num_groups: int,
+    topk_groups: int,
+    bias: Tensor | None,
+    scoring: str,
+    renormalize: bool,
+    scaling: float,
+) -> tuple[Tensor, Tensor]:
+    return moe.grouped_topk(
+        logits,
+        top_k,
+        num_groups=num_groups,
+        topk_groups=topk_groups,
+        bias=bias,
+        scoring=scoring,
+        renormalize=renormalize,
+        scaling=scaling,
+    )
+
+
+_grouped_topk_op = opaque("grouped_topk", _grouped_topk_impl, _routing_fake)
+
+
+def grouped_topk(
+    logits: Tensor,
+    top_k: int,
+    *,
+    num_groups: int,
+    topk_groups: int,
+    bias: Tensor | None = None,
+    scoring: str = "sigmoid",
+    renormalize: bool = True,
+    scaling: float = 1.0,
+) -> tuple[Tensor, Tensor]:
+    """atom_kernels.grouped_topk: logits [T, E] -> (weights [T, k] fp32, ids [T, k] int32)."""
+    args = (logits, top_k, num_groups, topk_groups, bias, scoring, renormalize, scaling)
+    return pick(_grouped_topk_op, _grouped_topk_impl)(*args)
+
+
+def _fused_experts_impl(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    w13_scale: Tensor | None,
+    w2_scale: Tensor | None,
+    scale_block: list[int] | None,
+) -> Tensor:
+    scales = None
+    if w13_scale is not None and w2_scale is not None and scale_block is not None:
+        scales = ExpertScales(w13_scale, w2_scale, (scale_block[0], scale_block[1]))
+    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
+
+
+_fused_experts_op = opaque("fused_experts", _fused_experts_impl, like_x)
+
+
+def fused_experts(
+    x: Tensor,
+    w13: Tensor,
+    w2: Tensor,
+    topk_weights: Tensor,
+    topk_ids: Tensor,
+    *,
+    scales: ExpertScales | None = None,
+) -> Tensor:
+    """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]."""
+    flat = (None, None, None) if scales is None else (scales.w13, scales.w2, list(scales.block))
+    return pick(_fused_experts_op, _fused_experts_impl)(x, w13, w2, topk_weights, topk_ids, *flat)

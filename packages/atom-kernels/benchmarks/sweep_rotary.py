@@ -14,6 +14,7 @@ import torch
 import triton
 
 from atom_kernels.rotary.mrope import _mrope_kernel
+from atom_kernels.rotary.packs import head_rows
 from atom_kernels.rotary.rope import _rotary_kernel, rotary_tiles
 
 DEV, T = torch.device("cuda"), 16384
@@ -26,44 +27,13 @@ SHAPES = [  # name, q heads, kv heads, head dim, rotary dim, mrope section (None
 
 
 def _launch(grid, pos, q, k, inv_freq, section, interleaved, common):
-    tokens, hq, hkv = q.shape[0], q.shape[1], k.shape[1]
+    rows = (head_rows(q), head_rows(k), inv_freq, q.shape[0])
     if section:
         _mrope_kernel[grid](
-            pos,
-            q,
-            k,
-            inv_freq,
-            tokens,
-            pos.stride(0),
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            hq,
-            hkv,
-            1.0,
-            SECTION_T=section[0],
-            SECTION_H=section[1],
-            SECTION_W=section[2],
-            INTERLEAVED=interleaved,
-            **common,
+            pos, *rows, pos.stride(0), 1.0, SECTION=tuple(section), INTERLEAVED=interleaved, **common
         )
     else:
-        _rotary_kernel[grid](
-            pos,
-            q,
-            k,
-            inv_freq,
-            tokens,
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            hq,
-            hkv,
-            1.0,
-            **common,
-        )
+        _rotary_kernel[grid](pos, *rows, 1.0, **common)
 
 
 def main():

@@ -195,6 +195,7 @@ def test_multi_token_tiles_match_one_token_tiles():
     # BLOCK_T > 1 is a sweep option (benchmarks/sweep_rotary.py): it must rotate exactly what BLOCK_T=1 does,
     # including the masked tail of the last tile.
     from atom_kernels.rotary.mrope import _mrope_kernel
+    from atom_kernels.rotary.packs import head_rows
 
     tokens, hq, hkv, d, rot, section = 11, 4, 2, 64, 32, (4, 6, 6)
     q, k = _qkv(tokens, hq, hkv, d, torch.float32)
@@ -205,21 +206,13 @@ def test_multi_token_tiles_match_one_token_tiles():
     )
     _mrope_kernel[(3,)](
         positions,
-        q,
-        k,
+        head_rows(q),
+        head_rows(k),
         inv_freq,
         tokens,
         positions.stride(0),
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        hq,
-        hkv,
         1.0,
-        SECTION_T=4,
-        SECTION_H=6,
-        SECTION_W=6,
+        SECTION=(4, 6, 6),
         INTERLEAVED=True,
         NEOX=True,
         HALF=16,

@@ -10,53 +10,43 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import json, re, sys
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from atom_kernels.rotary.fused_qk import _qk_norm_rope_write_kernel
+import json, os, re, sys
+sys.path.insert(0, os.environ["ATOM_KERNELS_DIR"])  # the offline compile tools live with the benchmarks
+from benchmarks.harness.offline_compile import build
+from atom_kernels.rotary.fused_qk import FlashSlots, QKNorms, Rotation, _qk_norm_rope_write_kernel
 from atom_kernels.rotary.mrope import _mrope_kernel
+from atom_kernels.rotary.packs import HeadRows
 from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS, _rotary_kernel
 
-FP32 = ("scaling", "eps", "weight_offset")
-INT64 = ("pos_ptr", "positions_ptr", "slot_ptr", "axes_ptr")
-F32_PTRS = ("inv_freq_ptr", "inv_ptr")
+ROWS = HeadRows("*bf16", "i32", "i32", "i32")
+ROTARY = dict(pos_ptr="*i64", q=ROWS, k=ROWS, inv_freq_ptr="*fp32", num_tokens="i32", stride_pos="i32")
+ROTARY["scaling"] = "fp32"
+PROLOGUE = dict(q=ROWS, k=ROWS, v=ROWS, out=ROWS, norms=QKNorms("*bf16", "*bf16", "fp32", "fp32"))
+PROLOGUE["rope"] = Rotation("*i64", "*i64", "*fp32", "i32", "fp32")
+PROLOGUE["cache"] = FlashSlots("*bf16", "*bf16", "*i64", "i32", "i32", "i32", "i32")
 
-def bf16_fmas(kernel, consts, options):
-    names = kernel.arg_names
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            kind = "*i64" if name in INT64 else "*fp32" if name in F32_PTRS else "*bf16"
-            signature[name], attrs[(i,)] = kind, [["tt.divisibility", 16]]
-        else:
-            signature[name] = "fp32" if name in FP32 else "i32"
-    unknown = [n for n in names if n.isupper() and n not in consts]
-    if unknown:
-        raise SystemExit(f"constexprs unknown to the test: {unknown}")
-    src = ASTSource(kernel, signature, {(names.index(k),): v for k, v in consts.items()}, attrs)
-    ptx = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=2, **options)).asm["ptx"]
+def bf16_fmas(kernel, types, consts, options):
+    ptx = build(kernel, types, consts, num_warps=2, **options).asm["ptx"]
     return len(re.findall(r"\bfma\.rn\.bf16(x2)?\b", ptx))
 
 rope = dict(NEOX=True, HALF=64, BLOCK_QH=16, BLOCK_KH=4, BLOCK_HALF=64, BLOCK_T=1)
-mrope = dict(rope, SECTION_T=22, SECTION_H=21, SECTION_W=21, INTERLEAVED=True)
+mrope = dict(rope, SECTION=(22, 21, 21), INTERLEAVED=True)
 prologue = dict(D=256, HALF=32, MROPE=True, NORM=True, BLOCK_QH=16, BLOCK_KH=2, PDL=True)
 llama_prologue = dict(D=128, HALF=64, MROPE=False, NORM=False, BLOCK_QH=32, BLOCK_KH=8, PDL=True)
 print(json.dumps({
-    "rope_contracted": bf16_fmas(_rotary_kernel, rope, {}),
-    "rope": bf16_fmas(_rotary_kernel, rope, ROUNDED_AS_TRANSFORMERS),
-    "mrope": bf16_fmas(_mrope_kernel, mrope, ROUNDED_AS_TRANSFORMERS),
-    "prologue": bf16_fmas(_qk_norm_rope_write_kernel, prologue, {}),
-    "prologue_no_norm_contracted": bf16_fmas(_qk_norm_rope_write_kernel, llama_prologue, {}),
-    "prologue_no_norm": bf16_fmas(_qk_norm_rope_write_kernel, llama_prologue, ROUNDED_AS_TRANSFORMERS),
+    "rope_contracted": bf16_fmas(_rotary_kernel, ROTARY, rope, {}),
+    "rope": bf16_fmas(_rotary_kernel, ROTARY, rope, ROUNDED_AS_TRANSFORMERS),
+    "mrope": bf16_fmas(_mrope_kernel, ROTARY, mrope, ROUNDED_AS_TRANSFORMERS),
+    "prologue": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, prologue, {}),
+    "prologue_no_norm_contracted": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, llama_prologue, {}),
+    "prologue_no_norm": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, llama_prologue, ROUNDED_AS_TRANSFORMERS),
 }))
 """
 
 
 def test_rotary_kernels_keep_transformers_roundings_on_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["ATOM_KERNELS_DIR"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=300
     )

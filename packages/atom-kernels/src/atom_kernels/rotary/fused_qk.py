@@ -12,6 +12,7 @@ which is transformers'.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -21,82 +22,92 @@ from atom_kernels.cache.layout import KVLayout, cache_geometry
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.norm.ref import rms_norm_ref
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
+from atom_kernels.rotary.packs import head_rows
 from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref, mrope_axes
 from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS
 from atom_kernels.settings import Backend, resolve_backend
 
 
+class QKNorms(NamedTuple):
+    """The q and k RMSNorm weights [D] ((weight + weight_offset) scales), unread without NORM."""
+
+    q_weight: torch.Tensor
+    k_weight: torch.Tensor
+    eps: float
+    weight_offset: float
+
+
+class Rotation(NamedTuple):
+    """Positions [T] (or [3, T] rows stride_pos apart, each frequency's row in axes [HALF]) and inv_freq."""
+
+    positions: torch.Tensor
+    axes: torch.Tensor
+    inv_freq: torch.Tensor
+    stride_pos: int
+    scaling: float
+
+
+class FlashSlots(NamedTuple):
+    """A flash-layout cache written at slots [T] (-1: not written)."""
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    slots: torch.Tensor
+    block_size: int
+    stride_cb: int
+    stride_cn: int
+    stride_ch: int
+
+
 @triton.jit
 def _norm_rope_tile(
-    src,
-    stride_h,
-    num_heads,
+    rows,
+    t,
     w_ptr,
+    norms,
     d,
     partner,
-    rotated,
-    first_half,
     cos,
     sin,
-    eps,
-    weight_offset,
     D: tl.constexpr,
+    HALF: tl.constexpr,
     BLOCK_H: tl.constexpr,
     NORM: tl.constexpr,
 ):
-    """A token's heads [BLOCK_H, D] -> with NORM normalized (rounded to the rows' dtype, times the weight,
-    rounded), then rotated where `rotated` by (cos, sin) [D] of each dim's frequency; each rotated dim's
-    partner is read again (registers cannot be permuted). Returns (tile, its head mask)."""
+    """Token t's heads of rows (packs.HeadRows) [BLOCK_H, D] -> with NORM normalized (rounded to the rows'
+    dtype, times the weight w_ptr [D], rounded), then the first 2 * HALF dims rotated by (cos, sin) [D] of
+    each dim's frequency; each rotated dim's partner is read again (registers cannot be permuted).
+    Returns (tile, its head mask)."""
+    src = rows.x + t * rows.stride_t
     dt = src.dtype.element_ty
     h = tl.arange(0, BLOCK_H)[:, None]
-    mask = h < num_heads
-    y = tl.load(src + h * stride_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
-    yp = tl.load(src + h * stride_h + partner[None, :], mask=mask, other=0.0).to(tl.float32)
+    mask = h < rows.num_heads
+    y = tl.load(src + h * rows.stride_h + d[None, :], mask=mask, other=0.0).to(tl.float32)
+    yp = tl.load(src + h * rows.stride_h + partner[None, :], mask=mask, other=0.0).to(tl.float32)
     if NORM:
-        rstd = 1.0 / tl.sqrt(tl.sum(y * y, axis=1, keep_dims=True) / D + eps)
-        w = (tl.load(w_ptr + d).to(tl.float32) + weight_offset).to(w_ptr.dtype.element_ty).to(tl.float32)
+        rstd = 1.0 / tl.sqrt(tl.sum(y * y, axis=1, keep_dims=True) / D + norms.eps)
+        w = tl.load(w_ptr + d).to(tl.float32) + norms.weight_offset
+        w = w.to(w_ptr.dtype.element_ty).to(tl.float32)
         y = (w[None, :] * (y * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
-        wp = tl.load(w_ptr + partner).to(tl.float32) + weight_offset
+        wp = tl.load(w_ptr + partner).to(tl.float32) + norms.weight_offset
         wp = wp.to(w_ptr.dtype.element_ty).to(tl.float32)
         yp = (wp[None, :] * (yp * rstd).to(dt).to(tl.float32)).to(dt).to(tl.float32)
     a = (y * cos[None, :]).to(dt).to(tl.float32)
     b = (yp * sin[None, :]).to(dt).to(tl.float32)
+    rotated, first_half = d < 2 * HALF, d < HALF
     out = tl.where(rotated[None, :], tl.where(first_half[None, :], a - b, a + b), y).to(dt)
     return out, mask
 
 
 @triton.jit
 def _qk_norm_rope_write_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
-    out_ptr,
-    qw_ptr,
-    kw_ptr,
-    pos_ptr,
-    axes_ptr,
-    inv_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_pos,
-    num_q_heads,
-    num_kv_heads,
-    block_size,
-    stride_cb,
-    stride_cn,
-    stride_ch,
-    eps,
-    weight_offset,
-    scaling,
+    q,
+    k,
+    v,
+    out,
+    norms,
+    rope,
+    cache,
     D: tl.constexpr,
     HALF: tl.constexpr,
     MROPE: tl.constexpr,
@@ -105,7 +116,8 @@ def _qk_norm_rope_write_kernel(
     BLOCK_KH: tl.constexpr,
     PDL: tl.constexpr,
 ):
-    """Program (token, 0): all its q heads; (token, 1): its k heads and v rows, into the cache."""
+    """Program (token, 0): all its q heads into out; (token, 1): its k heads and v rows, into the cache.
+    q, k, v, out: packs.HeadRows; norms: QKNorms; rope: Rotation; cache: FlashSlots."""
     let_next_launch(PDL)
     wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
@@ -114,61 +126,29 @@ def _qk_norm_rope_write_kernel(
     first_half = d < HALF
     partner = tl.where(rotated, tl.where(first_half, d + HALF, d - HALF), d)
     freq = tl.where(first_half, d, d - HALF) % HALF
-    axis = tl.load(axes_ptr + freq) if MROPE else tl.zeros([D], tl.int64)
-    angle = tl.load(pos_ptr + axis * stride_pos + t).to(tl.float32) * tl.load(inv_ptr + freq)
-    dt = q_ptr.dtype.element_ty  # k's too (checked by the wrapper)
-    cos = (tl.cos(angle) * scaling).to(dt).to(tl.float32)
-    sin = (tl.sin(angle) * scaling).to(dt).to(tl.float32)
+    axis = tl.load(rope.axes + freq) if MROPE else tl.zeros([D], tl.int64)
+    angle = tl.load(rope.positions + axis * rope.stride_pos + t).to(tl.float32) * tl.load(
+        rope.inv_freq + freq
+    )
+    dt = q.x.dtype.element_ty  # k's too (checked by the wrapper)
+    cos = (tl.cos(angle) * rope.scaling).to(dt).to(tl.float32)
+    sin = (tl.sin(angle) * rope.scaling).to(dt).to(tl.float32)
     if tl.program_id(1) == 0:
-        y, mask = _norm_rope_tile(
-            q_ptr + t * stride_qt,
-            stride_qh,
-            num_q_heads,
-            qw_ptr,
-            d,
-            partner,
-            rotated,
-            first_half,
-            cos,
-            sin,
-            eps,
-            weight_offset,
-            D,
-            BLOCK_QH,
-            NORM,
-        )
+        y, mask = _norm_rope_tile(q, t, norms.q_weight, norms, d, partner, cos, sin, D, HALF, BLOCK_QH, NORM)
         h = tl.arange(0, BLOCK_QH)[:, None]
-        tl.store(out_ptr + t * stride_ot + h * stride_oh + d[None, :], y, mask=mask)
+        tl.store(out.x + t * out.stride_t + h * out.stride_h + d[None, :], y, mask=mask)
     else:
-        slot = tl.load(slot_ptr + t).to(tl.int64)
+        slot = tl.load(cache.slots + t).to(tl.int64)
         if slot >= 0:  # -1: padding, nothing written
             y, mask = _norm_rope_tile(
-                k_ptr + t * stride_kt,
-                stride_kh,
-                num_kv_heads,
-                kw_ptr,
-                d,
-                partner,
-                rotated,
-                first_half,
-                cos,
-                sin,
-                eps,
-                weight_offset,
-                D,
-                BLOCK_KH,
-                NORM,
+                k, t, norms.k_weight, norms, d, partner, cos, sin, D, HALF, BLOCK_KH, NORM
             )
             h = tl.arange(0, BLOCK_KH)[:, None]
-            row = (
-                (slot // block_size) * stride_cb
-                + (slot % block_size) * stride_cn
-                + h * stride_ch
-                + d[None, :]
-            )
-            tl.store(k_cache_ptr + row, y.to(k_cache_ptr.dtype.element_ty), mask=mask)
-            v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d[None, :], mask=mask)
-            tl.store(v_cache_ptr + row, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+            row = (slot // cache.block_size) * cache.stride_cb + (slot % cache.block_size) * cache.stride_cn
+            row = row + h * cache.stride_ch + d[None, :]
+            tl.store(cache.k_cache + row, y.to(cache.k_cache.dtype.element_ty), mask=mask)
+            vals = tl.load(v.x + t * v.stride_t + h * v.stride_h + d[None, :], mask=mask)
+            tl.store(cache.v_cache + row, vals.to(cache.v_cache.dtype.element_ty), mask=mask)
 
 
 @functools.lru_cache(maxsize=64)
@@ -256,37 +236,16 @@ def qk_norm_rope_write(
         axes = _device_axes(half, tuple(mrope_section), mrope_interleaved, q.device)
     block_qh, block_kh = triton.next_power_of_2(num_q_heads), triton.next_power_of_2(num_kv_heads)
     pdl = pdl_launch(q.device)
+    placeholder = inv_freq  # never read without NORM
+    norms = QKNorms(q_weight if norm else placeholder, k_weight if norm else placeholder, eps, weight_offset)
+    stride_pos = positions.stride(0) if mrope_section is not None else 0
+    rope = Rotation(positions, axes, inv_freq, stride_pos, scaling)
+    cache = FlashSlots(k_cache, v_cache, slot_mapping, k_cache.shape[1], *k_cache.stride()[:3])
     _qk_norm_rope_write_kernel[(tokens, 2)](
-        q,
-        k,
-        v,
-        out,
-        q_weight if norm else inv_freq,  # never read without NORM
-        k_weight if norm else inv_freq,
-        positions,
-        axes,
-        inv_freq,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        positions.stride(0) if mrope_section is not None else 0,
-        num_q_heads,
-        num_kv_heads,
-        k_cache.shape[1],
-        k_cache.stride(0),
-        k_cache.stride(1),
-        k_cache.stride(2),
-        eps,
-        weight_offset,
-        scaling,
+        *(head_rows(x) for x in (q, k, v, out)),
+        norms,
+        rope,
+        cache,
         D=dim,
         HALF=half,
         MROPE=mrope_section is not None,

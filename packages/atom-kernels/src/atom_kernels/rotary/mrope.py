@@ -7,29 +7,22 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.rotary.packs import check_rotation
 from atom_kernels.rotary.ref import apply_mrope_ref
-from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS, _rotate_qk, apply_rotary, rotary_tiles
+from atom_kernels.rotary.rope import apply_rotary, launch_rotation, rotate_qk
 from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
 def _mrope_kernel(
     pos_ptr,
-    q_ptr,
-    k_ptr,
+    q,
+    k,
     inv_freq_ptr,
     num_tokens,
     stride_pos,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    num_q_heads,
-    num_k_heads,
     scaling,
-    SECTION_T: tl.constexpr,
-    SECTION_H: tl.constexpr,
-    SECTION_W: tl.constexpr,
+    SECTION: tl.constexpr,
     INTERLEAVED: tl.constexpr,
     NEOX: tl.constexpr,
     HALF: tl.constexpr,
@@ -38,6 +31,7 @@ def _mrope_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
+    """q, k: packs.HeadRows; positions [3, T] (row stride stride_pos); SECTION: frequencies per T/H/W axis."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < num_tokens
     i = tl.arange(0, BLOCK_HALF)[None, :]
@@ -46,32 +40,14 @@ def _mrope_kernel(
     pos_w = tl.load(pos_ptr + 2 * stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
     # Which position row turns frequency i: a compile-time pattern over i, shared by every token.
     if INTERLEAVED:
-        use_h = (i % 3 == 1) & (i < 3 * SECTION_H)
-        use_w = (i % 3 == 2) & (i < 3 * SECTION_W)
+        use_h = (i % 3 == 1) & (i < 3 * SECTION[1])
+        use_w = (i % 3 == 2) & (i < 3 * SECTION[2])
     else:
-        use_h = (i >= SECTION_T) & (i < SECTION_T + SECTION_H)
-        use_w = i >= SECTION_T + SECTION_H
+        use_h = (i >= SECTION[0]) & (i < SECTION[0] + SECTION[1])
+        use_w = i >= SECTION[0] + SECTION[1]
     pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
     angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    _rotate_qk(
-        q_ptr,
-        k_ptr,
-        t,
-        t_ok,
-        angle,
-        scaling,
-        stride_qt,
-        stride_qh,
-        stride_kt,
-        stride_kh,
-        num_q_heads,
-        num_k_heads,
-        NEOX,
-        HALF,
-        BLOCK_QH,
-        BLOCK_KH,
-        BLOCK_HALF,
-    )
+    rotate_qk(q, k, t, t_ok, angle, scaling, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)
 
 
 def apply_mrope(
@@ -103,18 +79,9 @@ def apply_mrope(
         raise ValueError(
             f"mrope section {list(section)} must be 3 sizes summing to rotary_dim / 2 = {rotary_dim // 2}"
         )
+    check_rotation(q, k, rotary_dim, inv_freq)
     if positions.dim() != 2 or positions.shape != (3, q.shape[0]) or positions.stride(-1) != 1:
         raise ValueError(f"positions must be [3, T={q.shape[0]}] (T/H/W rows), got {tuple(positions.shape)}")
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if rotary_dim % 2 or not 0 < rotary_dim <= q.shape[2] or inv_freq.shape != (rotary_dim // 2,):
-        raise ValueError(
-            f"rotary_dim {rotary_dim} must be even, <= {q.shape[2]}, with inv_freq [rotary_dim / 2]"
-        )
-    if q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError("q and k need a contiguous last dimension")
     if resolve_backend(backend, q.device) is Backend.TORCH:
         rq, rk = apply_mrope_ref(
             positions,
@@ -129,33 +96,8 @@ def apply_mrope(
         )
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
-        half = rotary_dim // 2
-        block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
-        _mrope_kernel[(triton.cdiv(q.shape[0], block_t),)](
-            positions,
-            q,
-            k,
-            inv_freq,
-            q.shape[0],
-            positions.stride(0),
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            q.shape[1],
-            k.shape[1],
-            scaling,
-            SECTION_T=section[0],
-            SECTION_H=section[1],
-            SECTION_W=section[2],
-            INTERLEAVED=interleaved,
-            NEOX=neox,
-            HALF=half,
-            BLOCK_QH=block_qh,
-            BLOCK_KH=block_kh,
-            BLOCK_HALF=block_half,
-            BLOCK_T=block_t,
-            num_warps=warps,
-            **ROUNDED_AS_TRANSFORMERS,
-        )
+        launch_rotation(
+            _mrope_kernel, positions, q, k, inv_freq, positions.stride(0), rotary_dim=rotary_dim,
+            scaling=scaling, SECTION=section, INTERLEAVED=interleaved, NEOX=neox,
+        )  # fmt: skip
     return q, k

@@ -7,6 +7,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.rotary.packs import check_rotation, head_rows
 from atom_kernels.rotary.ref import apply_rotary_ref
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -29,12 +30,9 @@ def rotary_tiles(num_q_heads: int, num_k_heads: int, half: int) -> tuple[int, in
 
 @triton.jit
 def _rotate(
-    x_ptr,
+    rows,
     t,
     t_ok,
-    stride_t,
-    stride_h,
-    num_heads,
     cos,
     sin,
     NEOX: tl.constexpr,
@@ -42,17 +40,18 @@ def _rotate(
     BLOCK_H: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
-    """x [tokens t (a [BLOCK_T, 1, 1] tile), heads, D] in place; cos/sin [BLOCK_T, 1, BLOCK_HALF] fp32."""
+    """rows (packs.HeadRows) of tokens t (a [BLOCK_T, 1, 1] tile) in place; cos/sin [BLOCK_T, 1, BLOCK_HALF]
+    fp32."""
     h = tl.arange(0, BLOCK_H)[None, :, None]
     i = tl.arange(0, BLOCK_HALF)[None, None, :]
-    mask = t_ok & (h < num_heads) & (i < HALF)
-    base = x_ptr + t * stride_t + h * stride_h
+    mask = t_ok & (h < rows.num_heads) & (i < HALF)
+    base = rows.x + t * rows.stride_t + h * rows.stride_h
     if NEOX:
         p1, p2 = base + i, base + HALF + i
     else:
         p1, p2 = base + 2 * i, base + 2 * i + 1
     # Rounded where transformers rounds: cos/sin, each product and the sum in the activations' dtype.
-    dt = x_ptr.dtype.element_ty
+    dt = rows.x.dtype.element_ty
     cos = cos.to(dt).to(tl.float32)
     sin = sin.to(dt).to(tl.float32)
     x1 = tl.load(p1, mask=mask, other=0.0).to(tl.float32)
@@ -64,47 +63,35 @@ def _rotate(
 
 
 @triton.jit
-def _rotate_qk(
-    q_ptr,
-    k_ptr,
+def rotate_qk(
+    q,
+    k,
     t,
     t_ok,
     angle,
     scaling,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    num_q_heads,
-    num_k_heads,
     NEOX: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_QH: tl.constexpr,
     BLOCK_KH: tl.constexpr,
     BLOCK_HALF: tl.constexpr,
 ):
-    """q and k of tokens t [BLOCK_T] turned by angle [BLOCK_T, BLOCK_HALF] (fp32); RoPE and MRoPE differ only
-    in how they compute the angle."""
+    """q and k (packs.HeadRows) of tokens t [BLOCK_T] turned by angle [BLOCK_T, BLOCK_HALF] (fp32); RoPE and
+    MRoPE differ only in how they compute the angle."""
     cos = (tl.cos(angle) * scaling)[:, None, :]
     sin = (tl.sin(angle) * scaling)[:, None, :]
     t3, ok3 = t[:, None, None], t_ok[:, None, None]
-    _rotate(q_ptr, t3, ok3, stride_qt, stride_qh, num_q_heads, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k_ptr, t3, ok3, stride_kt, stride_kh, num_k_heads, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+    _rotate(q, t3, ok3, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k, t3, ok3, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
 
 
 @triton.jit
 def _rotary_kernel(
     pos_ptr,
-    q_ptr,
-    k_ptr,
+    q,
+    k,
     inv_freq_ptr,
     num_tokens,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    num_q_heads,
-    num_k_heads,
     scaling,
     NEOX: tl.constexpr,
     HALF: tl.constexpr,
@@ -113,31 +100,26 @@ def _rotary_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
+    """q, k: packs.HeadRows; positions [T]."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < num_tokens
     i = tl.arange(0, BLOCK_HALF)
     inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
     pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
     angle = pos[:, None] * inv_freq[None, :]
-    _rotate_qk(
-        q_ptr,
-        k_ptr,
-        t,
-        t_ok,
-        angle,
-        scaling,
-        stride_qt,
-        stride_qh,
-        stride_kt,
-        stride_kh,
-        num_q_heads,
-        num_k_heads,
-        NEOX,
-        HALF,
-        BLOCK_QH,
-        BLOCK_KH,
-        BLOCK_HALF,
-    )
+    rotate_qk(q, k, t, t_ok, angle, scaling, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)
+
+
+def launch_rotation(kernel, positions, q, k, inv_freq, *extra, rotary_dim: int, scaling: float, **constexprs):
+    """kernel (_rotary_kernel or mrope._mrope_kernel) over q and k's tokens: positions, q, k, inv_freq,
+    T, then `extra` runtime arguments and the scaling; tiles from rotary_tiles."""
+    half = rotary_dim // 2
+    block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
+    kernel[(triton.cdiv(q.shape[0], block_t),)](
+        positions, head_rows(q), head_rows(k), inv_freq, q.shape[0], *extra, scaling,
+        HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_T=block_t,
+        num_warps=warps, **constexprs, **ROUNDED_AS_TRANSFORMERS,
+    )  # fmt: skip
 
 
 def apply_rotary(
@@ -157,44 +139,16 @@ def apply_rotary(
     computed by the caller); scaling multiplies cos and sin. neox: rotate-half pairs, else GPT-J's
     adjacent pairs. q and k may be strided views (unit last stride), e.g. slices of one qkv projection.
     """
-    if q.dim() != 3 or k.dim() != 3 or q.shape[0] != k.shape[0] or q.shape[2] != k.shape[2]:
-        raise ValueError(
-            f"q and k must be [T, H, D] with one T and D, got {tuple(q.shape)} and {tuple(k.shape)}"
-        )
-    if rotary_dim % 2 or not 0 < rotary_dim <= q.shape[2] or inv_freq.shape != (rotary_dim // 2,):
-        raise ValueError(
-            f"rotary_dim {rotary_dim} must be even, <= {q.shape[2]}, with inv_freq [rotary_dim / 2]"
-        )
-    if positions.shape != (q.shape[0],) or q.stride(-1) != 1 or k.stride(-1) != 1:
-        raise ValueError("positions must be [T], and q and k need a contiguous last dimension")
+    check_rotation(q, k, rotary_dim, inv_freq)
+    if positions.shape != (q.shape[0],):
+        raise ValueError(f"positions must be [T={q.shape[0]}], got {tuple(positions.shape)}")
     if resolve_backend(backend, q.device) is Backend.TORCH:
         rq, rk = apply_rotary_ref(
             positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox
         )
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
-        half = rotary_dim // 2
-        block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
-        _rotary_kernel[(triton.cdiv(q.shape[0], block_t),)](
-            positions,
-            q,
-            k,
-            inv_freq,
-            q.shape[0],
-            q.stride(0),
-            q.stride(1),
-            k.stride(0),
-            k.stride(1),
-            q.shape[1],
-            k.shape[1],
-            scaling,
-            NEOX=neox,
-            HALF=half,
-            BLOCK_QH=block_qh,
-            BLOCK_KH=block_kh,
-            BLOCK_HALF=block_half,
-            BLOCK_T=block_t,
-            num_warps=warps,
-            **ROUNDED_AS_TRANSFORMERS,
+        launch_rotation(
+            _rotary_kernel, positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, NEOX=neox
         )
     return q, k

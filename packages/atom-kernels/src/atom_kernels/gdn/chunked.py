@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
+from atom_kernels.gdn.packs import ChunkBuffers, ChunkPlan, state_slots, token_heads
 from atom_kernels.settings import SETTINGS, Backend
 
 CHUNK = 64
@@ -94,24 +95,14 @@ def _unit_lower_inverse(a, N: tl.constexpr, LOG2N: tl.constexpr, PREC: tl.conste
 
 @triton.jit
 def _prepare_kernel(
-    k_ptr,
-    v_ptr,
+    k,
+    v,
     g_ptr,
     beta_ptr,
-    cu_ptr,
-    chunk_seq_ptr,
-    chunk_start_ptr,
-    cum_ptr,
-    w_ptr,
-    u_ptr,
-    kd_ptr,
-    decay_ptr,
+    plan,
+    bufs,
     num_v_heads,
     group,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -122,17 +113,19 @@ def _prepare_kernel(
     PREC_INV: tl.constexpr,
     LOWP: tl.constexpr,
 ):
+    """Program (chunk, value head): step 1. k, v: packs.TokenHeads; plan: packs.ChunkPlan; bufs:
+    packs.ChunkBuffers (cum, w, u, kd and decay written here)."""
     # The chunk in two halves of H = C/2 rows: T = (I + A)^-1 is lower block-triangular, so it is the two
     # diagonal blocks' inverses (independent, half as long) and T10 = -T11 A10 T00.
     c = tl.program_id(0).to(tl.int64)
     hv = tl.program_id(1)
-    seq = tl.load(chunk_seq_ptr + c)
+    seq = tl.load(plan.chunk_seq + c)
     if seq < 0:  # past the last chunk (the grid is sized from shapes, not from the lengths)
         return
     HALF: tl.constexpr = C // 2
-    LOW: tl.constexpr = w_ptr.dtype.element_ty
-    t0 = tl.load(chunk_start_ptr + c)
-    end = tl.load(cu_ptr + seq + 1)
+    LOW: tl.constexpr = bufs.w.dtype.element_ty
+    t0 = tl.load(plan.chunk_start + c)
+    end = tl.load(plan.cu_seqlens + seq + 1)
     r = tl.arange(0, HALF)
     rows0, rows1 = (t0 + r).to(tl.int64), (t0 + HALF + r).to(tl.int64)
     ok0, ok1 = rows0 < end, rows1 < end
@@ -140,15 +133,11 @@ def _prepare_kernel(
     # to any product or norm, and the intermediates keep them (zeros) at the padded widths
     ks, vs = tl.arange(0, BK), tl.arange(0, BV)
     kcols, vcols = _within(ks, DK, BK)[None, :], _within(vs, DV, BV)[None, :]
-    k_head = k_ptr + (hv // group) * stride_kh + ks[None, :]
-    k0 = _rows_l2(
-        tl.load(k_head + rows0[:, None] * stride_kt, mask=ok0[:, None] & kcols, other=0.0).to(tl.float32),
-        L2NORM,
-    )
-    k1 = _rows_l2(
-        tl.load(k_head + rows1[:, None] * stride_kt, mask=ok1[:, None] & kcols, other=0.0).to(tl.float32),
-        L2NORM,
-    )
+    k_head = k.x + (hv // group) * k.stride_h + ks[None, :]
+    k0 = tl.load(k_head + rows0[:, None] * k.stride_t, mask=ok0[:, None] & kcols, other=0.0)
+    k0 = _rows_l2(k0.to(tl.float32), L2NORM)
+    k1 = tl.load(k_head + rows1[:, None] * k.stride_t, mask=ok1[:, None] & kcols, other=0.0)
+    k1 = _rows_l2(k1.to(tl.float32), L2NORM)
     g0 = tl.load(g_ptr + rows0 * num_v_heads + hv, mask=ok0, other=0.0).to(tl.float32)
     g1 = tl.load(g_ptr + rows1 * num_v_heads + hv, mask=ok1, other=0.0).to(tl.float32)
     b0 = tl.load(beta_ptr + rows0 * num_v_heads + hv, mask=ok0, other=0.0).to(tl.float32)
@@ -156,8 +145,8 @@ def _prepare_kernel(
     cum0 = tl.cumsum(g0, axis=0)
     cum1 = tl.cumsum(g1, axis=0) + tl.sum(g0, axis=0)
     slot = c * num_v_heads + hv
-    tl.store(cum_ptr + slot * C + r, cum0)
-    tl.store(cum_ptr + slot * C + HALF + r, cum1)
+    tl.store(bufs.cum + slot * C + r, cum0)
+    tl.store(bufs.cum + slot * C + HALF + r, cum1)
     kb0, kb1 = k0 * b0[:, None], k1 * b1[:, None]
     lower = r[:, None] > r[None, :]
     # A = (beta k k^T) * exp(cum_i - cum_j) below the diagonal; every entry of block 10 is below it.
@@ -175,49 +164,34 @@ def _prepare_kernel(
     x0, x1 = kb0 * tl.exp(cum0)[:, None], kb1 * tl.exp(cum1)[:, None]
     w0 = _mm(t00, x0, LOWP, LOW, PREC_INV)
     w1 = _mm(t10, x0, LOWP, LOW, PREC_INV) + _mm(t11, x1, LOWP, LOW, PREC_INV)
-    w_rows = w_ptr + slot * C * BK + ks[None, :]
-    tl.store(w_rows + r[:, None] * BK, w0.to(w_ptr.dtype.element_ty))
-    tl.store(w_rows + (HALF + r)[:, None] * BK, w1.to(w_ptr.dtype.element_ty))
-    v_head = v_ptr + hv * stride_vh + vs[None, :]
-    v0 = (
-        tl.load(v_head + rows0[:, None] * stride_vt, mask=ok0[:, None] & vcols, other=0.0).to(tl.float32)
-        * b0[:, None]
-    )
-    v1 = (
-        tl.load(v_head + rows1[:, None] * stride_vt, mask=ok1[:, None] & vcols, other=0.0).to(tl.float32)
-        * b1[:, None]
-    )
+    w_rows = bufs.w + slot * C * BK + ks[None, :]
+    tl.store(w_rows + r[:, None] * BK, w0.to(LOW))
+    tl.store(w_rows + (HALF + r)[:, None] * BK, w1.to(LOW))
+    v_head = v.x + hv * v.stride_h + vs[None, :]
+    v0 = tl.load(v_head + rows0[:, None] * v.stride_t, mask=ok0[:, None] & vcols, other=0.0)
+    v0 = v0.to(tl.float32) * b0[:, None]
+    v1 = tl.load(v_head + rows1[:, None] * v.stride_t, mask=ok1[:, None] & vcols, other=0.0)
+    v1 = v1.to(tl.float32) * b1[:, None]
     u0 = _mm(t00, v0, LOWP, LOW, PREC_INV)
     u1 = _mm(t10, v0, LOWP, LOW, PREC_INV) + _mm(t11, v1, LOWP, LOW, PREC_INV)
-    u_rows = u_ptr + slot * C * BV + vs[None, :]
-    tl.store(u_rows + r[:, None] * BV, u0.to(u_ptr.dtype.element_ty))
-    tl.store(u_rows + (HALF + r)[:, None] * BV, u1.to(u_ptr.dtype.element_ty))
+    u_rows = bufs.u + slot * C * BV + vs[None, :]
+    tl.store(u_rows + r[:, None] * BV, u0.to(LOW))
+    tl.store(u_rows + (HALF + r)[:, None] * BV, u1.to(LOW))
     # For the sequential state kernel, done here in parallel: the keys decayed to the chunk's end, and the
     # chunk's whole decay (padding rows have g = 0, so the sum is the decay up to the last real token).
     total = tl.sum(g0, axis=0) + tl.sum(g1, axis=0)
-    kd_rows = kd_ptr + slot * C * BK + ks[None, :]
-    tl.store(kd_rows + r[:, None] * BK, (k0 * tl.exp(total - cum0)[:, None]).to(kd_ptr.dtype.element_ty))
-    tl.store(
-        kd_rows + (HALF + r)[:, None] * BK, (k1 * tl.exp(total - cum1)[:, None]).to(kd_ptr.dtype.element_ty)
-    )
-    tl.store(decay_ptr + slot, tl.exp(total))
+    kd_rows = bufs.kd + slot * C * BK + ks[None, :]
+    tl.store(kd_rows + r[:, None] * BK, (k0 * tl.exp(total - cum0)[:, None]).to(LOW))
+    tl.store(kd_rows + (HALF + r)[:, None] * BK, (k1 * tl.exp(total - cum1)[:, None]).to(LOW))
+    tl.store(bufs.decay + slot, tl.exp(total))
 
 
 @triton.jit
 def _state_kernel(
-    first_chunk_ptr,
-    idx_ptr,
-    init_ptr,
-    w_ptr,
-    u_ptr,
-    kd_ptr,
-    decay_ptr,
-    h_ptr,
-    vnew_ptr,
-    state_ptr,
+    plan,
+    slots,
+    bufs,
     num_v_heads,
-    stride_ss,
-    stride_sh,
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -228,60 +202,52 @@ def _state_kernel(
     PREC: tl.constexpr,
     LOWP: tl.constexpr,
 ):
+    """Program (sequence, value head, value block): step 2. slots: packs.StateSlots (h and v_new of bufs
+    written here)."""
     # The only sequential part: per chunk two dependent matmuls on the state; every load in the loop
     # depends on the chunk index alone, so the next chunk's can be in flight (num_stages). The state is
     # held transposed, [DK, BLOCK_V], so both matmuls have 64+ rows (Hopper's warpgroup MMA).
     seq = tl.program_id(0)
     hv = tl.program_id(1)
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot = tl.load(slots.indices + seq).to(tl.int64)
     if slot < 0:
         return
-    LOW: tl.constexpr = w_ptr.dtype.element_ty
+    LOW: tl.constexpr = bufs.w.dtype.element_ty
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     ks = tl.arange(0, BK)
     i = tl.arange(0, C)
-    s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[None, :] * DK + ks[:, None]
+    s_ptrs = slots.state + slot * slots.stride_ss + hv * slots.stride_sh + vs[None, :] * DK + ks[:, None]
     real = _within(ks, DK, BK)[:, None] & _within(vs, DV, BV)[None, :]  # the state's own entries
     h = tl.load(s_ptrs, mask=real, other=0.0).to(tl.float32)  # [BK, BLOCK_V]: S^T
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
-        h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
+        h = tl.where(tl.load(slots.init + seq) != 0, h, 0.0)
     hv64 = hv.to(tl.int64)  # buffer offsets in int64: chunks * heads * 64 * 128 passes 2^31 at long prompts
-    for c in range(tl.load(first_chunk_ptr + seq), tl.load(first_chunk_ptr + seq + 1)):
+    for c in range(tl.load(plan.first_chunk + seq), tl.load(plan.first_chunk + seq + 1)):
         slot_c = c * num_v_heads + hv64
-        w = tl.load(w_ptr + slot_c * C * BK + i[:, None] * BK + ks[None, :])
-        u = tl.load(u_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :]).to(tl.float32)
-        kd = tl.load(kd_ptr + slot_c * C * BK + i[:, None] * BK + ks[None, :])
-        decay = tl.load(decay_ptr + slot_c)
-        h_low = h.to(h_ptr.dtype.element_ty)
-        tl.store(h_ptr + slot_c * BK * BV + ks[:, None] * BV + vs[None, :], h_low)
+        w = tl.load(bufs.w + slot_c * C * BK + i[:, None] * BK + ks[None, :])
+        u = tl.load(bufs.u + slot_c * C * BV + i[:, None] * BV + vs[None, :]).to(tl.float32)
+        kd = tl.load(bufs.kd + slot_c * C * BK + i[:, None] * BK + ks[None, :])
+        decay = tl.load(bufs.decay + slot_c)
+        h_low = h.to(bufs.h.dtype.element_ty)
+        tl.store(bufs.h + slot_c * BK * BV + ks[:, None] * BV + vs[None, :], h_low)
         v_new = u - _mm(w, h_low, LOWP, LOW, PREC)  # [C, BLOCK_V]
-        v_low = v_new.to(vnew_ptr.dtype.element_ty)
+        v_low = v_new.to(bufs.v_new.dtype.element_ty)
         h = h * decay + _mm(tl.trans(kd), v_low, LOWP, LOW, PREC)
-        tl.store(vnew_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :], v_low)
-    tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
+        tl.store(bufs.v_new + slot_c * C * BV + i[:, None] * BV + vs[None, :], v_low)
+    tl.store(s_ptrs, h.to(slots.state.dtype.element_ty), mask=real)
 
 
 @triton.jit
 def _output_kernel(
-    q_ptr,
-    k_ptr,
-    out_ptr,
-    cu_ptr,
-    chunk_seq_ptr,
-    chunk_start_ptr,
-    cum_ptr,
-    h_ptr,
-    vnew_ptr,
+    q,
+    k,
+    out,
+    plan,
+    bufs,
     idx_ptr,
     num_v_heads,
     group,
     scale,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_ot,
-    stride_oh,
     C: tl.constexpr,
     DK: tl.constexpr,
     DV: tl.constexpr,
@@ -292,46 +258,44 @@ def _output_kernel(
     PREC: tl.constexpr,
     LOWP: tl.constexpr,
 ):
+    """Program (chunk, value head, value block): step 3. q, k, out: packs.TokenHeads; idx: state slots [S]."""
     c = tl.program_id(0).to(tl.int64)
-    seq = tl.load(chunk_seq_ptr + c)
+    seq = tl.load(plan.chunk_seq + c)
     if seq < 0:
         return
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
-    t0 = tl.load(chunk_start_ptr + c)
-    end = tl.load(cu_ptr + seq + 1)
+    t0 = tl.load(plan.chunk_start + c)
+    end = tl.load(plan.cu_seqlens + seq + 1)
     i = tl.arange(0, C)
     ks = tl.arange(0, BK)
     kcols = _within(ks, DK, BK)[None, :]
     rows = (t0 + i).to(tl.int64)
     ok = t0 + i < end
-    o_ptrs = out_ptr + rows[:, None] * stride_ot + hv * stride_oh + vs[None, :]
+    o_ptrs = out.x + rows[:, None] * out.stride_t + hv * out.stride_h + vs[None, :]
     o_mask = ok[:, None] & _within(vs, DV, BV)[None, :]
     if tl.load(idx_ptr + seq) < 0:  # padding sequence: zeros
-        tl.store(o_ptrs, tl.zeros([C, BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty), mask=o_mask)
+        tl.store(o_ptrs, tl.zeros([C, BLOCK_V], tl.float32).to(out.x.dtype.element_ty), mask=o_mask)
         return
-    LOW: tl.constexpr = h_ptr.dtype.element_ty
+    LOW: tl.constexpr = bufs.h.dtype.element_ty
     hk = hv // group
-    q = tl.load(
-        q_ptr + rows[:, None] * stride_qt + hk * stride_qh + ks[None, :], mask=ok[:, None] & kcols, other=0.0
-    )
-    q = _rows_l2(q.to(tl.float32), L2NORM) * scale
-    k = tl.load(
-        k_ptr + rows[:, None] * stride_kt + hk * stride_kh + ks[None, :], mask=ok[:, None] & kcols, other=0.0
-    )
-    k = _rows_l2(k.to(tl.float32), L2NORM)
+    qk_mask = ok[:, None] & kcols
+    qc = tl.load(q.x + rows[:, None] * q.stride_t + hk * q.stride_h + ks[None, :], mask=qk_mask, other=0.0)
+    qc = _rows_l2(qc.to(tl.float32), L2NORM) * scale
+    kc = tl.load(k.x + rows[:, None] * k.stride_t + hk * k.stride_h + ks[None, :], mask=qk_mask, other=0.0)
+    kc = _rows_l2(kc.to(tl.float32), L2NORM)
     slot_c = c * num_v_heads + hv
-    cum = tl.load(cum_ptr + slot_c * C + i)
+    cum = tl.load(bufs.cum + slot_c * C + i)
     h = tl.load(
-        h_ptr + slot_c * BK * BV + ks[:, None] * BV + vs[None, :]
+        bufs.h + slot_c * BK * BV + ks[:, None] * BV + vs[None, :]
     )  # [BK, BLOCK_V]: S^T before the chunk
-    v_new = tl.load(vnew_ptr + slot_c * C * BV + i[:, None] * BV + vs[None, :])
+    v_new = tl.load(bufs.v_new + slot_c * C * BV + i[:, None] * BV + vs[None, :])
     causal = i[:, None] >= i[None, :]
     decay = tl.exp(tl.where(causal, cum[:, None] - cum[None, :], float("-inf")))
-    o = _mm(q * tl.exp(cum)[:, None], h, LOWP, LOW, PREC)
-    attn = _mm(q, tl.trans(k), LOWP, LOW, PREC) * decay
+    o = _mm(qc * tl.exp(cum)[:, None], h, LOWP, LOW, PREC)
+    attn = _mm(qc, tl.trans(kc), LOWP, LOW, PREC) * decay
     o += _mm(attn, v_new, LOWP, LOW, PREC)
-    tl.store(o_ptrs, o.to(out_ptr.dtype.element_ty), mask=o_mask)
+    tl.store(o_ptrs, o.to(out.x.dtype.element_ty), mask=o_mask)
 
 
 def _chunk_plan(cu_seqlens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -393,8 +357,7 @@ def gated_delta_rule_chunked(
     tokens, seqs = q.shape[0], state_indices.numel()
     if tokens == 0:
         return out
-    chunk_seq, chunk_start, first_chunk = _chunk_plan(cu_seqlens, tokens)
-    chunks = chunk_seq.numel()
+    chunks = tokens // CHUNK + seqs  # _chunk_plan's bound
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     bk, bv = padded_head_size(dk), padded_head_size(dv)
     group = num_v_heads // q.shape[1]
@@ -413,100 +376,30 @@ def gated_delta_rule_chunked(
     prec = "ieee" if exact else "tf32x3" if v.dtype == torch.float32 else "tf32"
     lowp = tiles.lowp and v.dtype != torch.float32
     buf = dict(dtype=v.dtype, device=v.device)  # intermediates in the activations' dtype halve their traffic
-    cum = torch.empty(chunks, num_v_heads, CHUNK, dtype=torch.float32, device=v.device)
-    # (at the padded head sizes: the kernels write every entry, the padding as zeros)
-    w = torch.empty(chunks, num_v_heads, CHUNK, bk, **buf)
-    u = torch.empty(chunks, num_v_heads, CHUNK, bv, **buf)
-    v_new = torch.empty(chunks, num_v_heads, CHUNK, bv, **buf)
-    h = torch.empty(chunks, num_v_heads, bk, bv, **buf)  # the state before each chunk, transposed
-    kd = torch.empty(chunks, num_v_heads, CHUNK, bk, **buf)
-    decay = torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device)
+    bufs = ChunkBuffers(
+        cum=torch.empty(chunks, num_v_heads, CHUNK, dtype=torch.float32, device=v.device),
+        # (at the padded head sizes: the kernels write every entry, the padding as zeros)
+        w=torch.empty(chunks, num_v_heads, CHUNK, bk, **buf),
+        u=torch.empty(chunks, num_v_heads, CHUNK, bv, **buf),
+        kd=torch.empty(chunks, num_v_heads, CHUNK, bk, **buf),
+        decay=torch.empty(chunks, num_v_heads, dtype=torch.float32, device=v.device),
+        h=torch.empty(chunks, num_v_heads, bk, bv, **buf),  # the state before each chunk, transposed
+        v_new=torch.empty(chunks, num_v_heads, CHUNK, bv, **buf),
+    )
+    plan = ChunkPlan(cu_seqlens, *_chunk_plan(cu_seqlens, tokens))
+    heads = dict(C=CHUNK, DK=dk, DV=dv, BK=bk, BV=bv)
+    q_rows, k_rows = token_heads(q), token_heads(k)
     _prepare_kernel[(chunks, num_v_heads)](
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        chunk_seq,
-        chunk_start,
-        cum,
-        w,
-        u,
-        kd,
-        decay,
-        num_v_heads,
-        group,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        C=CHUNK,
-        DK=dk,
-        DV=dv,
-        BK=bk,
-        BV=bv,
-        L2NORM=use_qk_l2norm,
-        LOG2C=CHUNK.bit_length() - 1,
-        PREC_INV=tiles.inverse_precision,
-        LOWP=lowp,
-        num_warps=tiles.prepare_warps,
-    )
-    init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
+        k_rows, token_heads(v), g, beta, plan, bufs, num_v_heads, group, **heads, L2NORM=use_qk_l2norm,
+        LOG2C=CHUNK.bit_length() - 1, PREC_INV=tiles.inverse_precision, LOWP=lowp, num_warps=tiles.prepare_warps,
+    )  # fmt: skip
     _state_kernel[(seqs, num_v_heads, bv // tiles.state_block_v)](
-        first_chunk,
-        state_indices,
-        init,
-        w,
-        u,
-        kd,
-        decay,
-        h,
-        v_new,
-        state,
-        num_v_heads,
-        state.stride(0),
-        state.stride(1),
-        C=CHUNK,
-        DK=dk,
-        DV=dv,
-        BK=bk,
-        BV=bv,
-        BLOCK_V=tiles.state_block_v,
-        HAS_INIT=has_initial_state is not None,
-        PREC=prec,
-        LOWP=lowp,
-        num_warps=tiles.state_warps,
-        num_stages=tiles.state_stages,
-    )
+        plan, state_slots(state, state_indices, has_initial_state), bufs, num_v_heads, **heads,
+        BLOCK_V=tiles.state_block_v, HAS_INIT=has_initial_state is not None, PREC=prec, LOWP=lowp,
+        num_warps=tiles.state_warps, num_stages=tiles.state_stages,
+    )  # fmt: skip
     _output_kernel[(chunks, num_v_heads, bv // tiles.out_block_v)](
-        q,
-        k,
-        out,
-        cu_seqlens,
-        chunk_seq,
-        chunk_start,
-        cum,
-        h,
-        v_new,
-        state_indices,
-        num_v_heads,
-        group,
-        dk**-0.5,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        out.stride(0),
-        out.stride(1),
-        C=CHUNK,
-        DK=dk,
-        DV=dv,
-        BK=bk,
-        BV=bv,
-        BLOCK_V=tiles.out_block_v,
-        L2NORM=use_qk_l2norm,
-        PREC=prec,
-        LOWP=lowp,
-        num_warps=tiles.out_warps,
-    )
+        q_rows, k_rows, token_heads(out), plan, bufs, state_indices, num_v_heads, group, dk**-0.5, **heads,
+        BLOCK_V=tiles.out_block_v, L2NORM=use_qk_l2norm, PREC=prec, LOWP=lowp, num_warps=tiles.out_warps,
+    )  # fmt: skip
     return out

@@ -9,6 +9,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
+from atom_kernels.gdn.packs import state_slots, token_heads
 from atom_kernels.settings import Backend
 
 
@@ -21,30 +22,18 @@ def _l2norm(x, L2NORM: tl.constexpr):
 
 @triton.jit
 def _recurrent_kernel(
-    q_ptr,
-    k_ptr,
-    v_ptr,
+    q,
+    k,
+    v,
+    out,
     g_ptr,
     beta_ptr,
-    out_ptr,
-    state_ptr,
+    slots,
     cu_ptr,
-    idx_ptr,
-    init_ptr,
     step_ptr,
     num_v_heads,
     group,
     scale,
-    stride_qt,
-    stride_qh,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    stride_ot,
-    stride_oh,
-    stride_ss,
-    stride_sh,
     DK: tl.constexpr,
     DV: tl.constexpr,
     BK: tl.constexpr,
@@ -53,6 +42,7 @@ def _recurrent_kernel(
     HAS_INIT: tl.constexpr,
     STEP_STATES: tl.constexpr,
 ):
+    """q, k, v, out: packs.TokenHeads; slots: packs.StateSlots; g, beta [T, HV]; cu [S+1]; step [T]."""
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // group
@@ -62,41 +52,43 @@ def _recurrent_kernel(
     real = vrows[:, None] & kcols[None, :]  # the state's own entries
     start = tl.load(cu_ptr + seq)
     end = tl.load(cu_ptr + seq + 1)
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot = tl.load(slots.indices + seq).to(tl.int64)
     start64 = start.to(tl.int64)
     if slot < 0:  # padding: its outputs are zeros, no state is read or written
         for t in range(start, end):
             tl.store(
-                out_ptr + (start64 + (t - start)) * stride_ot + hv * stride_oh + vs,
-                tl.zeros([BLOCK_V], tl.float32).to(out_ptr.dtype.element_ty),
+                out.x + (start64 + (t - start)) * out.stride_t + hv * out.stride_h + vs,
+                tl.zeros([BLOCK_V], tl.float32).to(out.x.dtype.element_ty),
                 mask=vrows,
             )
         return
-    s_ptrs = state_ptr + slot * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]  # [BLOCK_V, DK]
+    s_row = hv * slots.stride_sh + vs[:, None] * DK + ks[None, :]  # [BLOCK_V, DK] of a slot
+    s_ptrs = slots.state + slot * slots.stride_ss + s_row
     h = tl.load(s_ptrs, mask=real, other=0.0).to(tl.float32)
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
-        h = tl.where(tl.load(init_ptr + seq) != 0, h, 0.0)
+        h = tl.where(tl.load(slots.init + seq) != 0, h, 0.0)
     for t in range(start, end):
         t64 = start64 + (t - start)
-        q = tl.load(q_ptr + t64 * stride_qt + hk * stride_qh + ks, mask=kcols, other=0.0)
-        q = _l2norm(q.to(tl.float32), L2NORM) * scale
-        k = tl.load(k_ptr + t64 * stride_kt + hk * stride_kh + ks, mask=kcols, other=0.0)
-        k = _l2norm(k.to(tl.float32), L2NORM)
-        v = tl.load(v_ptr + t64 * stride_vt + hv * stride_vh + vs, mask=vrows, other=0.0).to(tl.float32)
+        qt = tl.load(q.x + t64 * q.stride_t + hk * q.stride_h + ks, mask=kcols, other=0.0)
+        qt = _l2norm(qt.to(tl.float32), L2NORM) * scale
+        kt = tl.load(k.x + t64 * k.stride_t + hk * k.stride_h + ks, mask=kcols, other=0.0)
+        kt = _l2norm(kt.to(tl.float32), L2NORM)
+        vt = tl.load(v.x + t64 * v.stride_t + hv * v.stride_h + vs, mask=vrows, other=0.0).to(tl.float32)
         g = tl.load(g_ptr + t64 * num_v_heads + hv).to(tl.float32)
         beta = tl.load(beta_ptr + t64 * num_v_heads + hv).to(tl.float32)
         h = h * tl.exp(g)
-        delta = (v - tl.sum(h * k[None, :], axis=1)) * beta
-        h = h + delta[:, None] * k[None, :]
-        o = tl.sum(h * q[None, :], axis=1)
-        tl.store(out_ptr + t64 * stride_ot + hv * stride_oh + vs, o.to(out_ptr.dtype.element_ty), mask=vrows)
+        delta = (vt - tl.sum(h * kt[None, :], axis=1)) * beta
+        h = h + delta[:, None] * kt[None, :]
+        o = tl.sum(h * qt[None, :], axis=1)
+        o_ptrs = out.x + t64 * out.stride_t + hv * out.stride_h + vs
+        tl.store(o_ptrs, o.to(out.x.dtype.element_ty), mask=vrows)
         if STEP_STATES:  # speculative verify: every token's state, for the accepted one to be kept
             step = tl.load(step_ptr + t64).to(tl.int64)
             if step >= 0:
-                step_ptrs = state_ptr + step * stride_ss + hv * stride_sh + vs[:, None] * DK + ks[None, :]
-                tl.store(step_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
+                step_ptrs = slots.state + step * slots.stride_ss + s_row
+                tl.store(step_ptrs, h.to(slots.state.dtype.element_ty), mask=real)
     if not STEP_STATES:
-        tl.store(s_ptrs, h.to(state_ptr.dtype.element_ty), mask=real)
+        tl.store(s_ptrs, h.to(slots.state.dtype.element_ty), mask=real)
 
 
 def gated_delta_rule_recurrent(
@@ -155,32 +147,16 @@ def gated_delta_rule_recurrent(
     bk, bv = padded_head_size(dk), triton.next_power_of_2(dv)
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
         block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
-    init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     _recurrent_kernel[(seqs, num_v_heads, triton.cdiv(dv, block_v))](
-        q,
-        k,
-        v,
+        *(token_heads(x) for x in (q, k, v, out)),
         g,
         beta,
-        out,
-        state,
+        state_slots(state, state_indices, has_initial_state),
         cu_seqlens,
-        state_indices,
-        init,
         step_state_indices if step_state_indices is not None else state_indices,
         num_v_heads,
         num_v_heads // q.shape[1],
         dk**-0.5,
-        q.stride(0),
-        q.stride(1),
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        out.stride(0),
-        out.stride(1),
-        state.stride(0),
-        state.stride(1),
         DK=dk,
         DV=dv,
         BK=bk,

@@ -1,0 +1,66 @@
+"""Argument packs of the gated-delta-rule kernels (recurrent.py, chunked.py).
+
+Triton passes a tuple argument as its fields, each specialized as a plain argument would be, so a kernel
+takes its tensors' rows, the request state slots and the chunked path's device plan and intermediates as
+four or five packs instead of thirty positional parameters.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+
+
+class TokenHeads(NamedTuple):
+    """x [T, H, D] (a strided view with a contiguous last dim) with its token and head strides."""
+
+    x: torch.Tensor
+    stride_t: int
+    stride_h: int
+
+
+def token_heads(x: torch.Tensor) -> TokenHeads:
+    return TokenHeads(x, x.stride(0), x.stride(1))
+
+
+class StateSlots(NamedTuple):
+    """The request states [slots, HV, Dv, Dk] and each sequence's slot ([S], -1: padding) and fresh-start
+    flag ([S] int8, 0: start from zeros; unread without HAS_INIT)."""
+
+    state: torch.Tensor
+    stride_ss: int
+    stride_sh: int
+    indices: torch.Tensor
+    init: torch.Tensor
+
+
+def state_slots(
+    state: torch.Tensor, indices: torch.Tensor, has_initial_state: torch.Tensor | None
+) -> StateSlots:
+    init = has_initial_state.to(torch.int8) if has_initial_state is not None else indices
+    return StateSlots(state, state.stride(0), state.stride(1), indices, init)
+
+
+class ChunkPlan(NamedTuple):
+    """The chunked path's plan, made on the device (chunked._chunk_plan): cu_seqlens [S+1], each chunk's
+    sequence (-1 past the last) and first token, each sequence's first chunk [S+1]."""
+
+    cu_seqlens: torch.Tensor
+    chunk_seq: torch.Tensor
+    chunk_start: torch.Tensor
+    first_chunk: torch.Tensor
+
+
+class ChunkBuffers(NamedTuple):
+    """Per (chunk, value head) intermediates: cumulative log decay [C] fp32, w [C, BK], u [C, BV], keys
+    decayed to the chunk's end [C, BK], whole decay fp32, state before the chunk [BK, BV] (transposed) and
+    corrected values [C, BV]; 16-bit ones in the activations' dtype."""
+
+    cum: torch.Tensor
+    w: torch.Tensor
+    u: torch.Tensor
+    kd: torch.Tensor
+    decay: torch.Tensor
+    h: torch.Tensor
+    v_new: torch.Tensor

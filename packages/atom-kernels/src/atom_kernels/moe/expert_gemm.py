@@ -16,6 +16,7 @@ columns' scales, as the dense W8A8 GEMM does; no per-element conversion).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -96,44 +97,73 @@ def _w8a8_step(a, w_ptrs, ws_ptrs, a_s, mask, col_ok):
     return tl.dot(a, w) * a_s[:, None] * w_s
 
 
+class Activations(NamedTuple):
+    """The GEMM's left operand a [rows, K] and, for W8A8, its e4m3 group scales [rows, K / SCALE_K]."""
+
+    a: torch.Tensor
+    scale: torch.Tensor  # unread without FP8_A
+    stride_am: int
+    stride_as: int
+
+
+class ExpertWeights(NamedTuple):
+    """Experts' weights [E, N (x2 gated), K] and, for e4m3 ones, their block scales [E, N_blocks, K_blocks]."""
+
+    w: torch.Tensor
+    scale: torch.Tensor  # unread without FP8_W
+    stride_we: int
+    stride_wn: int
+    stride_se: int
+    stride_sn: int
+
+
+class PairRows(NamedTuple):
+    """Which (token, expert) pair each row computes: the ordering (align.ExpertOrder) and routing weights."""
+
+    sorted_pairs: torch.Tensor  # unread with PAIR_TILES
+    tile_expert: torch.Tensor
+    num_padded: torch.Tensor  # unread with PAIR_TILES
+    pair_weight: torch.Tensor  # unread without WEIGHTED
+    num_pairs: int
+    top_k: int
+
+
+# Constexprs that follow from the others: gate/up gathers a's rows by token; exact fp32 products for fp32.
+_DERIVED = {
+    "A_BY_TOKEN": lambda args: args["GATED"],
+    "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
+    "PRECISION": lambda args: "ieee" if args["act"].a.dtype == torch.float32 else "tf32",
+}
+
+
+@triton.heuristics(_DERIVED)
 @triton.jit
 def _expert_gemm_kernel(
-    a_ptr,
-    as_ptr,
-    w_ptr,
-    ws_ptr,
+    act,
+    wts,
+    pairs,
     out_ptr,
-    sorted_pairs_ptr,
-    tile_expert_ptr,
-    num_padded_ptr,
-    pair_weight_ptr,
+    stride_om,
     N,
     K,
-    num_pairs,
-    top_k,
-    stride_am,
-    stride_as,
-    stride_we,
-    stride_wn,
-    stride_om,
-    stride_se,
-    stride_sn,
     SCALE_N: tl.constexpr,
     SCALE_K: tl.constexpr,
     GATED: tl.constexpr,
-    A_BY_TOKEN: tl.constexpr,
     WEIGHTED: tl.constexpr,
-    EVEN_K: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     GROUP_M: tl.constexpr,
-    PRECISION: tl.constexpr,
     FP8_W: tl.constexpr,
-    FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] at as_ptr (W8A8; needs FP8_W)
+    FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] (W8A8; needs FP8_W)
     PAIR_TILES: tl.constexpr,
     PDL: tl.constexpr,
+    A_BY_TOKEN: tl.constexpr,
+    EVEN_K: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
+    """act: Activations; wts: ExpertWeights; pairs: PairRows; out [rows or pairs, N]. The last three
+    constexprs follow from the rest (_DERIVED)."""
     # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
     # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
     # loop instead of here measured no better at B=64, and slower at B=1.)
@@ -150,22 +180,26 @@ def _expert_gemm_kernel(
     pid_n = (pid % per_group) // size_m
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if PAIR_TILES:  # one token: tile m is pair m, in its first row (align.order_one_token)
-        pair = tl.where(rows == pid_m * BLOCK_M, pid_m, num_pairs)
+        pair = tl.where(rows == pid_m * BLOCK_M, pid_m, pairs.num_pairs)
     else:
-        if pid_m * BLOCK_M >= tl.load(num_padded_ptr):
+        if pid_m * BLOCK_M >= tl.load(pairs.num_padded):
             return
-        pair = tl.load(sorted_pairs_ptr + rows)
-    expert = tl.load(tile_expert_ptr + pid_m).to(tl.int64)
-    valid = pair < num_pairs
-    a_row = (pair // top_k).to(tl.int64) if A_BY_TOKEN else rows.to(tl.int64)
+        pair = tl.load(pairs.sorted_pairs + rows)
+    expert = tl.load(pairs.tile_expert + pid_m).to(tl.int64)
+    valid = pair < pairs.num_pairs
+    a_row = (pair // pairs.top_k).to(tl.int64) if A_BY_TOKEN else rows.to(tl.int64)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
-    a_ptrs = a_ptr + a_row[:, None] * stride_am + ks[None, :]
-    w_ptrs = w_ptr + expert * stride_we + cols[None, :].to(tl.int64) * stride_wn + ks[:, None]  # [BK, BN]
+    a_ptrs = act.a + a_row[:, None] * act.stride_am + ks[None, :]
+    w_ptrs = (
+        wts.w + expert * wts.stride_we + cols[None, :].to(tl.int64) * wts.stride_wn + ks[:, None]
+    )  # [BK, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
-    ws_ptrs = ws_ptr + expert * stride_se + (cols // SCALE_N)[None, :].to(tl.int64) * stride_sn  # [1, BN]
+    ws_ptrs = (
+        wts.scale + expert * wts.stride_se + (cols // SCALE_N)[None, :].to(tl.int64) * wts.stride_sn
+    )  # [1, BN]
     up_rows = N // SCALE_N  # the up half's scale rows start here (N is a multiple of SCALE_N)
     for k0 in range(0, K, BLOCK_K):
         if EVEN_K:
@@ -176,13 +210,13 @@ def _expert_gemm_kernel(
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w_mask = k_ok[:, None] & col_ok[None, :]
         if FP8_A:
-            a_s = tl.load(as_ptr + a_row * stride_as + k0 // SCALE_K, mask=valid, other=0.0)
+            a_s = tl.load(act.scale + a_row * act.stride_as + k0 // SCALE_K, mask=valid, other=0.0)
             acc += _w8a8_step(a, w_ptrs, ws_ptrs + k0 // SCALE_K, a_s, w_mask, col_ok)
             if GATED:  # the up half of w13 sits N rows below the gate half
                 acc_up += _w8a8_step(
                     a,
-                    w_ptrs + N * stride_wn,
-                    ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
+                    w_ptrs + N * wts.stride_wn,
+                    ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
                     a_s,
                     w_mask,
                     col_ok,
@@ -192,8 +226,8 @@ def _expert_gemm_kernel(
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
             if GATED:  # the up half of w13 sits N rows below the gate half
                 w_up = _load_weight(
-                    w_ptrs + N * stride_wn,
-                    ws_ptrs + up_rows * stride_sn + k0 // SCALE_K,
+                    w_ptrs + N * wts.stride_wn,
+                    ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
                     w_mask,
                     col_ok,
                     a.dtype,
@@ -205,7 +239,7 @@ def _expert_gemm_kernel(
     if GATED:
         acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if WEIGHTED:
-        acc = acc * tl.load(pair_weight_ptr + pair, mask=valid, other=0.0)[:, None]
+        acc = acc * tl.load(pairs.pair_weight + pair, mask=valid, other=0.0)[:, None]
     out_row = rows.to(tl.int64) if GATED else pair.to(tl.int64)
     out_ptrs = out_ptr + out_row[:, None] * stride_om + cols[None, :]
     tl.store(out_ptrs, acc.to(out_ptr.dtype.element_ty), mask=valid[:, None] & col_ok[None, :])
@@ -231,7 +265,7 @@ def _launch(
     a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32)."""
     tiles_m = order.capacity // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
-    block_k, scale, (scale_n, scale_k) = cfg.block_k, w, (1, 1)
+    block_k, scale, (scale_n, scale_k) = cfg.block_k, None, (1, 1)
     if scales is not None:
         scale, (scale_n, scale_k) = scales
         block_k = min(block_k, scale_k)
@@ -239,38 +273,33 @@ def _launch(
     # slower, where the ordered tiles of more tokens gain (B=64; atom-core
     # results/engine_step_moe_pdl_h200.json). Why was not isolated.
     pdl = pdl_launch(a.device) and not order.pair_tiles
+    w_scale = scale if scales is not None else w  # never read without FP8_W
+    act = Activations(a, w_scale, a.stride(0), 0)  # the scale is never read without FP8_A
+    if a_scale is not None:
+        act = Activations(a, a_scale, a.stride(0), a_scale.stride(0))
     _expert_gemm_kernel[grid](
-        a,
-        a_scale if a_scale is not None else scale,  # never read without FP8_A
-        w,
-        scale,
+        act,
+        ExpertWeights(w, w_scale, w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1)),
+        PairRows(
+            order.tile_expert if order.pair_tiles else order.sorted_pairs,
+            order.tile_expert,
+            order.tile_expert if order.pair_tiles else order.num_padded,
+            pair_weights if pair_weights is not None else a,
+            order.num_pairs,
+            top_k,
+        ),
         out,
-        order.tile_expert if order.pair_tiles else order.sorted_pairs,  # never read with PAIR_TILES
-        order.tile_expert,
-        order.tile_expert if order.pair_tiles else order.num_padded,
-        pair_weights if pair_weights is not None else a,
+        out.stride(0),
         n,
         k,
-        order.num_pairs,
-        top_k,
-        a.stride(0),
-        a_scale.stride(0) if a_scale is not None else 0,
-        w.stride(0),
-        w.stride(1),
-        out.stride(0),
-        scale.stride(0),
-        scale.stride(1),
         SCALE_N=scale_n,
         SCALE_K=scale_k,
         GATED=gated,
-        A_BY_TOKEN=gated,
         WEIGHTED=pair_weights is not None,
-        EVEN_K=k % block_k == 0,
         BLOCK_M=cfg.block_m,
         BLOCK_N=cfg.block_n,
         BLOCK_K=block_k,
         GROUP_M=cfg.group_m,
-        PRECISION="ieee" if a.dtype == torch.float32 else "tf32",  # fp32 models get fp32 products, not TF32
         FP8_W=scales is not None,
         FP8_A=a_scale is not None,
         PAIR_TILES=order.pair_tiles,

@@ -9,34 +9,24 @@ import subprocess
 import sys
 
 SCRIPT = r"""
-import json
-import triton
-from triton.backends.compiler import GPUTarget
-from triton.compiler import ASTSource
-from atom_kernels.sampling.keyed_draw import CHUNK, _check_draw, _chunk_mass, _chunk_max, _finish
+import json, os, sys
+sys.path.insert(0, os.environ["ATOM_KERNELS_DIR"])  # the offline compile tools live with the benchmarks
+from benchmarks.harness.offline_compile import build
+from atom_kernels.sampling.keyed_draw import (
+    CHUNK, DrawnRows, RoundState, RowParams, _check_draw, _chunk_mass, _chunk_max, _finish,
+)
 
-I64 = ("rows_ptr", "keys_ptr", "lag_ptr", "out_ptr")
-I32 = ("done_ptr", "round_ptr")
-F64 = ("total0_ptr", "temp_ptr", "top_p_ptr", "min_p_ptr")  # the engine's parameters come as float64
+# bf16 logits as the engine passes them, its parameters as float64
+TYPES = dict(
+    src=DrawnRows("*bf16", "*i64", "i32", "i32", "i32"),
+    params=RowParams("*fp64", "*fp32", "*fp64", "*fp64", "*i64", "*i64", "i32"),
+    state=RoundState("*fp32", "*i32", "*i32", "*fp64", "*fp32", "*fp32"),
+    out_ptr="*i64",
+    out_rows="i32",
+)
 
 def cubin_bytes(kernel, consts):
-    names = kernel.arg_names
-    signature, attrs = {}, {}
-    for i, name in enumerate(names):
-        if name in consts:
-            signature[name] = "constexpr"
-        elif name.endswith("_ptr"):
-            kind = ("*bf16" if name == "logits_ptr" else "*i64" if name in I64 else "*i32" if name in I32
-                    else "*fp64" if name in F64 else "*fp32")
-            signature[name], attrs[(i,)] = kind, [["tt.divisibility", 16]]
-        else:
-            signature[name] = "i32"
-    unknown = [n for n in names if n.isupper() and n not in consts]
-    if unknown:
-        raise SystemExit(f"constexprs unknown to the test: {unknown}")
-    src = ASTSource(kernel, signature, {(names.index(k),): v for k, v in consts.items()}, attrs)
-    compiled = triton.compile(src, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=8))
-    return len(compiled.asm["cubin"])
+    return len(build(kernel, TYPES, consts, num_warps=8).asm["cubin"])
 
 chunks = dict(CHUNK=CHUNK, BLOCK_C=64, USE_KTH=True)
 lagged = dict(chunks, HAS_LAG=True)
@@ -54,6 +44,7 @@ print(json.dumps({
 
 def test_keyed_draw_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env["ATOM_KERNELS_DIR"] = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     done = subprocess.run(
         [sys.executable, "-c", SCRIPT], capture_output=True, text=True, env=env, timeout=600, check=False
     )

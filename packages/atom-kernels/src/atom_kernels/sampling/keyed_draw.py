@@ -24,6 +24,8 @@ fragile_within finds those rows).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -51,11 +53,45 @@ def _uniform(key, r):
     return (mixed >> 11).to(tl.float64) * 1.1102230246251565e-16  # 2^-53
 
 
+class DrawnRows(NamedTuple):
+    """logits [R, V] and the rows drawn from it, rows [S] int64, read CHUNK entries a program."""
+
+    logits: torch.Tensor
+    rows: torch.Tensor
+    stride: int
+    vocab: int
+    chunks: int
+
+
+class RowParams(NamedTuple):
+    """Each drawn row's sampling parameters [S] and its key (keys [S], or [W, S] picked by lag [S])."""
+
+    temperature: torch.Tensor
+    kth: torch.Tensor  # the k-th logit (unread without USE_KTH)
+    min_p: torch.Tensor
+    top_p: torch.Tensor
+    keys: torch.Tensor
+    lag: torch.Tensor  # unread without HAS_LAG
+    count: int
+
+
+class RoundState(NamedTuple):
+    """Each row's rejection-draw state: pivot weight, done flag, round, round 0's total mass, and its
+    chunks' maxima and masses [S * chunks]."""
+
+    pivot: torch.Tensor
+    done: torch.Tensor
+    round: torch.Tensor
+    total0: torch.Tensor
+    part_max: torch.Tensor
+    part_mass: torch.Tensor
+
+
 @triton.jit
-def _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, pivot):
+def _weights(src, row, cols, live, peak, scale, kth, min_p, pivot):
     """The candidates' weights at cols: exp((x - peak) / T) where the token is kept and above the pivot,
     else 0 (and 0 without a read where the row is done)."""
-    x = tl.load(logits_ptr + row * stride + cols, mask=(cols < vocab) & live, other=float("-inf"))
+    x = tl.load(src.logits + row * src.stride + cols, mask=(cols < src.vocab) & live, other=float("-inf"))
     x = x.to(tl.float32)
     e = tl.exp2((x - peak) * scale)
     keep = (x >= kth) & (e >= min_p) & (e > pivot)
@@ -63,142 +99,88 @@ def _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p
 
 
 @triton.jit
-def _params(
-    s,
-    rows_ptr,
-    temp_ptr,
-    kth_ptr,
-    min_p_ptr,
-    part_max_ptr,
-    chunks,
-    BLOCK_C: tl.constexpr,
-    USE_KTH: tl.constexpr,
-):
+def _params(s, src, params, state, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
     """Row s's logits row, its max (from its chunks' maxima), log2(e) / T, k-th logit (-inf without
     top-k) and min-p. The float parameters are read as fp32 whether passed as fp32 or fp64."""
-    row = tl.load(rows_ptr + s).to(tl.int64)
+    row = tl.load(src.rows + s).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
-    peak = tl.max(tl.load(part_max_ptr + s * chunks + c, mask=c < chunks, other=float("-inf")), axis=0)
-    scale = 1.4426950408889634 / tl.load(temp_ptr + s).to(tl.float32)
+    maxima = tl.load(state.part_max + s * src.chunks + c, mask=c < src.chunks, other=float("-inf"))
+    peak = tl.max(maxima, axis=0)
+    scale = 1.4426950408889634 / tl.load(params.temperature + s).to(tl.float32)
     kth = float("-inf")
     if USE_KTH:
-        kth = tl.load(kth_ptr + s)
-    return row, peak, scale, kth, tl.load(min_p_ptr + s).to(tl.float32)
+        kth = tl.load(params.kth + s)
+    return row, peak, scale, kth, tl.load(params.min_p + s).to(tl.float32)
 
 
 @triton.jit
-def _key(keys_ptr, lag_ptr, s, count, HAS_LAG: tl.constexpr):
+def _key(params, s, HAS_LAG: tl.constexpr):
     """Row s's uint64 key: keys[s], or with lags keys[lag[s], s] (keys [W, count])."""
     at = s.to(tl.int64)
     if HAS_LAG:
-        at += tl.load(lag_ptr + s) * count
-    return tl.load(keys_ptr + at).to(tl.uint64, bitcast=True)
+        at += tl.load(params.lag + s) * params.count
+    return tl.load(params.keys + at).to(tl.uint64, bitcast=True)
 
 
 @triton.jit
-def _chunk_max(
-    logits_ptr,
-    rows_ptr,
-    part_max_ptr,
-    pivot_ptr,
-    done_ptr,
-    round_ptr,
-    vocab,
-    stride,
-    chunks,
-    CHUNK: tl.constexpr,
-):
+def _chunk_max(src, state, CHUNK: tl.constexpr):
     s, chunk = tl.program_id(0), tl.program_id(1)
-    row = tl.load(rows_ptr + s).to(tl.int64)
+    row = tl.load(src.rows + s).to(tl.int64)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    x = tl.load(logits_ptr + row * stride + cols, mask=cols < vocab, other=float("-inf"))
-    tl.store(part_max_ptr + s * chunks + chunk, tl.max(x.to(tl.float32), axis=0))
+    x = tl.load(src.logits + row * src.stride + cols, mask=cols < src.vocab, other=float("-inf"))
+    tl.store(state.part_max + s * src.chunks + chunk, tl.max(x.to(tl.float32), axis=0))
     if chunk == 0:  # the row's round state starts here (no launch of its own to zero it)
-        tl.store(pivot_ptr + s, 0.0)
-        tl.store(done_ptr + s, 0)
-        tl.store(round_ptr + s, 0)
+        tl.store(state.pivot + s, 0.0)
+        tl.store(state.done + s, 0)
+        tl.store(state.round + s, 0)
 
 
 @triton.jit
-def _chunk_mass(
-    logits_ptr,
-    rows_ptr,
-    temp_ptr,
-    kth_ptr,
-    min_p_ptr,
-    pivot_ptr,
-    done_ptr,
-    part_max_ptr,
-    part_mass_ptr,
-    vocab,
-    stride,
-    chunks,
-    CHUNK: tl.constexpr,
-    BLOCK_C: tl.constexpr,
-    USE_KTH: tl.constexpr,
-):
+def _chunk_mass(src, params, state, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
     s, chunk = tl.program_id(0), tl.program_id(1)
-    row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
-    )
-    live = tl.load(done_ptr + s) == 0
+    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
+    live = tl.load(state.done + s) == 0
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    e = _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, tl.load(pivot_ptr + s))
-    tl.store(part_mass_ptr + s * chunks + chunk, tl.sum(e, axis=0))
+    e = _weights(src, row, cols, live, peak, scale, kth, min_p, tl.load(state.pivot + s))
+    tl.store(state.part_mass + s * src.chunks + chunk, tl.sum(e, axis=0))
 
 
 @triton.jit
 def _check_draw(
-    logits_ptr,
-    rows_ptr,
-    temp_ptr,
-    kth_ptr,
-    min_p_ptr,
-    top_p_ptr,
-    keys_ptr,
-    lag_ptr,
-    pivot_ptr,
-    done_ptr,
-    round_ptr,
-    total0_ptr,
-    part_max_ptr,
-    part_mass_ptr,
+    src,
+    params,
+    state,
     out_ptr,
     out_rows,
-    vocab,
-    stride,
-    chunks,
-    count,
     FIRST: tl.constexpr,
     CHUNK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     USE_KTH: tl.constexpr,
     HAS_LAG: tl.constexpr,
 ):
+    """src: DrawnRows; params: RowParams; state: RoundState; out [2, R] (rows out_rows apart)."""
     s = tl.program_id(0)
-    row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
-    )
+    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
     c = tl.arange(0, BLOCK_C)
-    masses = tl.load(part_mass_ptr + s * chunks + c, mask=c < chunks, other=0.0).to(tl.float64)
+    masses = tl.load(state.part_mass + s * src.chunks + c, mask=c < src.chunks, other=0.0).to(tl.float64)
     total = tl.sum(masses, axis=0)
-    top_p = tl.load(top_p_ptr + s).to(tl.float32)
+    top_p = tl.load(params.top_p + s).to(tl.float32)
     if FIRST:
         drew = (total > 0) & (total < float("inf"))
-        tl.store(total0_ptr + s, total)
+        tl.store(state.total0 + s, total)
         # status: 0 stays (the row's logits were not finite: greedy_tokens' check), else drew or not
         status = tl.load(out_ptr + out_rows + row)
         tl.store(out_ptr + out_rows + row, tl.where(status == 0, 0, tl.where(drew, 1, -1)))
         done = tl.where(drew, 0, 1)
         r = tl.zeros([], dtype=tl.int32)
     else:
-        done = tl.load(done_ptr + s)
-        accepted = total <= top_p.to(tl.float64) * tl.load(total0_ptr + s)
+        done = tl.load(state.done + s)
+        accepted = total <= top_p.to(tl.float64) * tl.load(state.total0 + s)
         done = tl.where(accepted, 1, done)
-        r = tl.load(round_ptr + s)
+        r = tl.load(state.round + s)
     live = done == 0
-    pivot = tl.load(pivot_ptr + s)
-    target = _uniform(_key(keys_ptr, lag_ptr, s, count, HAS_LAG), r) * total
+    pivot = tl.load(state.pivot + s)
+    target = _uniform(_key(params, s, HAS_LAG), r) * total
     # the chunk where the CDF passes the target (the last with mass if rounding overshot them all)
     passed = tl.cumsum(masses, axis=0) > target
     chunk = tl.min(tl.where(passed & (masses > 0), c, BLOCK_C), axis=0)
@@ -206,14 +188,14 @@ def _check_draw(
     chunk = tl.maximum(chunk, 0)
     before = tl.sum(tl.where(c < chunk, masses, 0.0), axis=0)
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
-    e = _weights(logits_ptr, row, stride, cols, vocab, live, peak, scale, kth, min_p, pivot)
+    e = _weights(src, row, cols, live, peak, scale, kth, min_p, pivot)
     token, weight = _scan_pick(e, cols, (target - before).to(tl.float32))
     if live:
         tl.store(out_ptr + row, token.to(tl.int64))
-        tl.store(pivot_ptr + s, weight)
-        tl.store(round_ptr + s, r + 1)
+        tl.store(state.pivot + s, weight)
+        tl.store(state.round + s, r + 1)
     # without top-p nothing is checked: the draw stands
-    tl.store(done_ptr + s, tl.where(live & (top_p < 1), 0, 1))
+    tl.store(state.done + s, tl.where(live & (top_p < 1), 0, 1))
 
 
 @triton.jit
@@ -231,24 +213,10 @@ def _scan_pick(e, cols, target):
 
 @triton.jit
 def _finish(
-    logits_ptr,
-    rows_ptr,
-    temp_ptr,
-    kth_ptr,
-    min_p_ptr,
-    top_p_ptr,
-    keys_ptr,
-    lag_ptr,
-    pivot_ptr,
-    done_ptr,
-    round_ptr,
-    total0_ptr,
-    part_max_ptr,
+    src,
+    params,
+    state,
     out_ptr,
-    vocab,
-    stride,
-    chunks,
-    count,
     CHUNK: tl.constexpr,
     BLOCK_C: tl.constexpr,
     USE_KTH: tl.constexpr,
@@ -257,48 +225,32 @@ def _finish(
     """The rounds a row still needs after the spread ones, in one program: check the last draw against
     the mass above it; if rejected, draw again over the whole row (read in chunks)."""
     s = tl.program_id(0)
-    row, peak, scale, kth, min_p = _params(
-        s, rows_ptr, temp_ptr, kth_ptr, min_p_ptr, part_max_ptr, chunks, BLOCK_C, USE_KTH
-    )
-    done = tl.load(done_ptr + s)
-    bound = tl.load(top_p_ptr + s).to(tl.float32).to(tl.float64) * tl.load(total0_ptr + s)
-    key = _key(keys_ptr, lag_ptr, s, count, HAS_LAG)
-    r = tl.load(round_ptr + s)
-    pivot = tl.load(pivot_ptr + s)
+    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
+    done = tl.load(state.done + s)
+    bound = tl.load(params.top_p + s).to(tl.float32).to(tl.float64) * tl.load(state.total0 + s)
+    key = _key(params, s, HAS_LAG)
+    r = tl.load(state.round + s)
+    pivot = tl.load(state.pivot + s)
     token = tl.load(out_ptr + row).to(tl.int32)
     offs = tl.arange(0, CHUNK)
     going = tl.where(done == 0, 1, 0)
     # each rejected round removes at least its drawn token: vocab rounds bound it whatever rounding does
-    while (going != 0) & (r < vocab + 2):
+    while (going != 0) & (r < src.vocab + 2):
         total = tl.zeros([], dtype=tl.float64)
-        for chunk in range(0, chunks):
+        for chunk in range(0, src.chunks):
             cols = chunk * CHUNK + offs
-            e = _weights(logits_ptr, row, stride, cols, vocab, going != 0, peak, scale, kth, min_p, pivot)
+            e = _weights(src, row, cols, going != 0, peak, scale, kth, min_p, pivot)
             total += tl.sum(e, axis=0).to(tl.float64)
         going = tl.where(total > bound, 1, 0)
         if going != 0:
-            token, pivot = _draw_row(
-                logits_ptr,
-                row,
-                stride,
-                vocab,
-                chunks,
-                peak,
-                scale,
-                kth,
-                min_p,
-                pivot,
-                _uniform(key, r) * total,
-                CHUNK,
-            )
+            target = _uniform(key, r) * total
+            token, pivot = _draw_row(src, row, peak, scale, kth, min_p, pivot, target, CHUNK)
             r += 1
     tl.store(out_ptr + row, token.to(tl.int64))
 
 
 @triton.jit
-def _draw_row(
-    logits_ptr, row, stride, vocab, chunks, peak, scale, kth, min_p, pivot, target, CHUNK: tl.constexpr
-):
+def _draw_row(src, row, peak, scale, kth, min_p, pivot, target, CHUNK: tl.constexpr):
     """The candidate (above pivot) where the row's CDF passes target, read in chunks, and its weight; the
     last candidate if rounding overshot them all."""
     offs = tl.arange(0, CHUNK)
@@ -307,9 +259,9 @@ def _draw_row(
     last = tl.zeros([], dtype=tl.int32) - 1
     weight = tl.zeros([], dtype=tl.float32)
     last_weight = tl.zeros([], dtype=tl.float32)
-    for chunk in range(0, chunks):
+    for chunk in range(0, src.chunks):
         cols = chunk * CHUNK + offs
-        e = _weights(logits_ptr, row, stride, cols, vocab, found < 0, peak, scale, kth, min_p, pivot)
+        e = _weights(src, row, cols, found < 0, peak, scale, kth, min_p, pivot)
         mass = tl.sum(e, axis=0).to(tl.float64)
         here = (found < 0) & (seen + mass > target)
         pick, pick_weight = _scan_pick(e, cols, (target - seen).to(tl.float32))
@@ -377,12 +329,14 @@ def keyed_draw(
     chunks = triton.cdiv(vocab, CHUNK)
     block_c = triton.next_power_of_2(chunks)
     # (nothing here is zeroed by a launch of its own: _chunk_max starts each row's round state)
-    part_max = torch.empty(count * chunks, dtype=torch.float32, device=device)
-    part_mass = torch.empty(count * chunks, dtype=torch.float32, device=device)
-    pivot = torch.empty(count, dtype=torch.float32, device=device)
-    done = torch.empty(count, dtype=torch.int32, device=device)
-    round_ = torch.empty(count, dtype=torch.int32, device=device)
-    total0 = torch.empty(count, dtype=torch.float64, device=device)
+    state = RoundState(
+        pivot=torch.empty(count, dtype=torch.float32, device=device),
+        done=torch.empty(count, dtype=torch.int32, device=device),
+        round=torch.empty(count, dtype=torch.int32, device=device),
+        total0=torch.empty(count, dtype=torch.float64, device=device),
+        part_max=torch.empty(count * chunks, dtype=torch.float32, device=device),
+        part_mass=torch.empty(count * chunks, dtype=torch.float32, device=device),
+    )
     temperature, top_p, min_p = (
         (t if t.dtype in (torch.float32, torch.float64) else t.float()).contiguous()
         for t in (temperature, top_p, min_p)
@@ -394,73 +348,14 @@ def keyed_draw(
     top_k = top_k.contiguous()
     kth = kth_logits(logits[rows], top_k, top_k_max) if top_k_max != 0 else None
     use_kth, has_lag = kth is not None, key_lag is not None
-    kth = kth if use_kth else part_max  # (not read)
-    lag = key_lag.to(torch.int64).contiguous() if has_lag else rows  # (not read)
-    stride = logits.stride(0)
-    _chunk_max[(count, chunks)](
-        logits, rows, part_max, pivot, done, round_, vocab, stride, chunks, CHUNK=CHUNK, num_warps=8
-    )
+    lag = key_lag.to(torch.int64).contiguous() if has_lag else rows  # (not read without a lag)
+    src = DrawnRows(logits, rows, logits.stride(0), vocab, chunks)
+    params = RowParams(temperature, kth if use_kth else state.part_max, min_p, top_p, keys, lag, count)
+    _chunk_max[(count, chunks)](src, state, CHUNK=CHUNK, num_warps=8)
     flags = dict(CHUNK=CHUNK, BLOCK_C=block_c, USE_KTH=use_kth, num_warps=8)
-    mass_args = (
-        logits,
-        rows,
-        temperature,
-        kth,
-        min_p,
-        pivot,
-        done,
-        part_max,
-        part_mass,
-        vocab,
-        stride,
-        chunks,
-    )
-    draw_args = (
-        logits,
-        rows,
-        temperature,
-        kth,
-        min_p,
-        top_p,
-        keys,
-        lag,
-        pivot,
-        done,
-        round_,
-        total0,
-        part_max,
-        part_mass,
-        out,
-        out.stride(0),
-        vocab,
-        stride,
-        chunks,
-        count,
-    )
     for r in range(1 + (SPREAD_ROUNDS if top_p_used else 0)):
-        _chunk_mass[(count, chunks)](*mass_args, **flags)
-        _check_draw[(count,)](*draw_args, FIRST=r == 0, HAS_LAG=has_lag, **flags)
+        _chunk_mass[(count, chunks)](src, params, state, **flags)
+        _check_draw[(count,)](src, params, state, out, out.stride(0), FIRST=r == 0, HAS_LAG=has_lag, **flags)
     if top_p_used:
-        _finish[(count,)](
-            logits,
-            rows,
-            temperature,
-            kth,
-            min_p,
-            top_p,
-            keys,
-            lag,
-            pivot,
-            done,
-            round_,
-            total0,
-            part_max,
-            out,
-            vocab,
-            stride,
-            chunks,
-            count,
-            HAS_LAG=has_lag,
-            **flags,
-        )
+        _finish[(count,)](src, params, state, out, HAS_LAG=has_lag, **flags)
     return out

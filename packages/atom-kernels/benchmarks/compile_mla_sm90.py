@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import re
 
-from atom_kernels.mla.attention import MlaTiles, _mla_heads_n_kernel, _mla_split_kernel
+from atom_kernels.attention.packs import Partials, QueryRows
+from atom_kernels.mla.attention import LatentCache, MlaTiles, _mla_heads_n_kernel, _mla_split_kernel
 from benchmarks.harness.offline_compile import build as offline_build
 from benchmarks.harness.offline_compile import cuobjdump
 
@@ -35,10 +36,15 @@ def build(tiles: MlaTiles, cache: str):
     const["PRECISION"] = "tf32"
     if tiles.heads_as_n:
         const["COMPUTE_F16"] = fp8
-    names = [n for n in kernel.arg_names if n not in const]
-    types = {n: "*bf16" if n.endswith("_ptr") else "fp32" if n == "sm_scale_log2" else "i32" for n in names}
-    types.update(cache_ptr=f"*{cache}", scale_ptr="*fp32", part_o_ptr="*fp32", part_lse_ptr="*fp32")
-    types.update(block_tables_ptr="*i32", seq_lens_ptr="*i32", cu_q_ptr="*i32")
+    types = dict(
+        rows=QueryRows("*bf16", "*bf16", "i32", "i32", "i32", "i32"),
+        latent=LatentCache(f"*{cache}", "*fp32", "*i32", "i32", "i32"),
+        parts=Partials("*fp32", "*fp32"),
+        seq_lens_ptr="*i32",
+        cu_q_ptr="*i32",
+        sm_scale_log2="fp32",
+    )
+    types |= dict.fromkeys(("num_heads", "max_q", "num_splits"), "i32")
     return offline_build(kernel, types, const, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 

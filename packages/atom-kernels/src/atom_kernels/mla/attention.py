@@ -14,11 +14,13 @@ where 16 rows cannot fill a warpgroup MMA and the q operand held in registers sp
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.attention.packs import Partials, query_rows
 from atom_kernels.mla.cache import check_latent_dtype
 from atom_kernels.mla.ref import mla_attention_ref
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
@@ -52,25 +54,51 @@ def mla_tiles(
     return MlaTiles(64, 64, 8, 1 if fp8_cache else 2)
 
 
+class LatentCache(NamedTuple):
+    """The paged latent cache [N, B, R + P] as the kernels read it: its pages, the e4m3 scale [1] (unread
+    without HAS_SCALE) and the block table [S, pages]."""
+
+    cache: torch.Tensor
+    scale: torch.Tensor
+    block_tables: torch.Tensor
+    stride_bt: int
+    block_size: int
+
+
+# exact fp32 products for fp32 activations, TF32 otherwise
+_DERIVED = {"PRECISION": lambda args: "ieee" if args["rows"].q.dtype == torch.float32 else "tf32"}
+
+
+@triton.jit
+def _token_of(cu_q_ptr, max_q):
+    """Program (token slot, ...) -> its sequence, its index among the sequence's queries, their count (the
+    slot holds a token when index < count) and the first one's row."""
+    seq = tl.program_id(0) // max_q
+    qi = tl.program_id(0) % max_q
+    q_start = tl.load(cu_q_ptr + seq)
+    return seq, qi, tl.load(cu_q_ptr + seq + 1) - q_start, q_start
+
+
+@triton.jit
+def _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N: tl.constexpr):
+    """Program (..., slice)'s rows [lo, hi) of those its token sees (causal: up to its own position).
+    Read after the program knows it holds a token: an earlier load kept registers from the loop."""
+    kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1
+    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
+    lo = tl.program_id(2) * chunk
+    return lo, tl.minimum(lo + chunk, kv_len)
+
+
+@triton.heuristics(_DERIVED)
 @triton.jit
 def _mla_split_kernel(
-    q_ptr,
-    cache_ptr,
-    block_tables_ptr,
+    rows,
+    latent,
+    parts,
     seq_lens_ptr,
     cu_q_ptr,
-    scale_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
     sm_scale_log2,
     num_heads,
-    block_size,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_ot,
-    stride_oh,
     max_q,
     num_splits,
     RANK: tl.constexpr,
@@ -80,40 +108,36 @@ def _mla_split_kernel(
     BLOCK_N: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    pid_tok = tl.program_id(0)
-    seq = pid_tok // max_q
-    qi = pid_tok % max_q
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    """rows: attention.packs.QueryRows (q [T, H, R + P], out [T, H, R]); latent: LatentCache; parts:
+    attention.packs.Partials ([T, H, splits, R] and [T, H, splits]; unused with one split)."""
+    seq, qi, q_len, q_start = _token_of(cu_q_ptr, max_q)
     if qi >= q_len:
         return
     t = (q_start + qi).to(tl.int64)
-    kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1  # causal: rows up to this token's position
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = tl.program_id(2) * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    lo, hi = _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < num_heads
     c = tl.arange(0, RANK)
     r = tl.arange(0, ROPE)
-    q_row = q_ptr + t * stride_qt + heads[:, None].to(tl.int64) * stride_qh
+    dt = rows.q.dtype.element_ty
+    q_row = rows.q + t * rows.stride_qt + heads[:, None].to(tl.int64) * rows.stride_qh
     q_nope = tl.load(q_row + c[None, :], mask=h_ok[:, None], other=0.0)
     q_pe = tl.load(q_row + RANK + r[None, :], mask=h_ok[:, None], other=0.0)
     kv_scale = 1.0
     if HAS_SCALE:
-        kv_scale = tl.load(scale_ptr)
+        kv_scale = tl.load(latent.scale)
     qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, RANK], dtype=tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < hi
-        page = tl.load(table + pos // block_size, mask=ok, other=0).to(tl.int64)
-        row = cache_ptr + (page * block_size + pos % block_size) * (RANK + ROPE)
-        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
-        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(q_ptr.dtype.element_ty)
+        page = tl.load(table + pos // latent.block_size, mask=ok, other=0).to(tl.int64)
+        row = latent.cache + (page * latent.block_size + pos % latent.block_size) * (RANK + ROPE)
+        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(dt)
+        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(dt)
         s = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)
         s += tl.dot(q_pe, tl.trans(kp), input_precision=PRECISION)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
@@ -121,40 +145,30 @@ def _mla_split_kernel(
         alpha = tl.exp2(m - m_new)
         p = tl.exp2(s - m_new[:, None])
         denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(q_ptr.dtype.element_ty), kv, input_precision=PRECISION)
+        acc = acc * alpha[:, None] + tl.dot(p.to(dt), kv, input_precision=PRECISION)
         m = m_new
     has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
     o = tl.where(has_rows[:, None], acc / tl.where(has_rows, denom, 1.0)[:, None], 0.0) * kv_scale
     if num_splits == 1:
-        o_row = out_ptr + t * stride_ot + heads[:, None].to(tl.int64) * stride_oh
-        tl.store(o_row + c[None, :], o.to(out_ptr.dtype.element_ty), mask=h_ok[:, None])
+        o_row = rows.out + t * rows.stride_ot + heads[:, None].to(tl.int64) * rows.stride_oh
+        tl.store(o_row + c[None, :], o.to(rows.out.dtype.element_ty), mask=h_ok[:, None])
     else:
-        # partials: [T, H, num_splits, RANK] fp32 and log2-sum-exp [T, H, num_splits]
         slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
-        tl.store(part_o_ptr + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
+        tl.store(parts.o + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
         lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + slot, lse, mask=h_ok)
+        tl.store(parts.lse + slot, lse, mask=h_ok)
 
 
+@triton.heuristics(_DERIVED)
 @triton.jit
 def _mla_heads_n_kernel(
-    q_ptr,
-    cache_ptr,
-    block_tables_ptr,
+    rows,
+    latent,
+    parts,
     seq_lens_ptr,
     cu_q_ptr,
-    scale_ptr,
-    out_ptr,
-    part_o_ptr,
-    part_lse_ptr,
     sm_scale_log2,
     num_heads,
-    block_size,
-    stride_qt,
-    stride_qh,
-    stride_bt,
-    stride_ot,
-    stride_oh,
     max_q,
     num_splits,
     RANK: tl.constexpr,
@@ -162,45 +176,38 @@ def _mla_heads_n_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
     COMPUTE_F16: tl.constexpr,
+    PRECISION: tl.constexpr,
 ):
     """_mla_split_kernel transposed: the row tile is the MMAs' first operand (K as [rows, 576], V^T as
     [512, rows]) and the heads their last dimension, so q^T and P^T are read from shared memory."""
-    pid_tok = tl.program_id(0)
-    seq = pid_tok // max_q
-    qi = pid_tok % max_q
-    q_start = tl.load(cu_q_ptr + seq)
-    q_len = tl.load(cu_q_ptr + seq + 1) - q_start
+    seq, qi, q_len, q_start = _token_of(cu_q_ptr, max_q)
     if qi >= q_len:
         return
     t = (q_start + qi).to(tl.int64)
-    kv_len = tl.load(seq_lens_ptr + seq) - q_len + qi + 1  # causal: rows up to this token's position
-    chunk = tl.cdiv(tl.cdiv(kv_len, num_splits), BLOCK_N) * BLOCK_N
-    lo = tl.program_id(2) * chunk
-    hi = tl.minimum(lo + chunk, kv_len)
+    lo, hi = _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     h_ok = heads < num_heads
     c = tl.arange(0, RANK)
     r = tl.arange(0, ROPE)
     # e4m3 -> fp16 is one exact instruction per pair (-> bf16 goes through fp32): fp8 rows compute in fp16
-    dt = tl.float16 if COMPUTE_F16 else q_ptr.dtype.element_ty
-    q_col = q_ptr + t * stride_qt + heads[None, :].to(tl.int64) * stride_qh
+    dt = tl.float16 if COMPUTE_F16 else rows.q.dtype.element_ty
+    q_col = rows.q + t * rows.stride_qt + heads[None, :].to(tl.int64) * rows.stride_qh
     q_nope = tl.load(q_col + c[:, None], mask=h_ok[None, :], other=0.0).to(dt)  # [RANK, BLOCK_H]
     q_pe = tl.load(q_col + RANK + r[:, None], mask=h_ok[None, :], other=0.0).to(dt)
     kv_scale = 1.0
     if HAS_SCALE:
-        kv_scale = tl.load(scale_ptr)
+        kv_scale = tl.load(latent.scale)
     qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([RANK, BLOCK_H], dtype=tl.float32)
-    table = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
     for start in range(lo, hi, BLOCK_N):
         pos = start + tl.arange(0, BLOCK_N)
         ok = pos < hi
-        page = tl.load(table + pos // block_size, mask=ok, other=0).to(tl.int64)
-        row = cache_ptr + (page * block_size + pos % block_size) * (RANK + ROPE)
+        page = tl.load(table + pos // latent.block_size, mask=ok, other=0).to(tl.int64)
+        row = latent.cache + (page * latent.block_size + pos % latent.block_size) * (RANK + ROPE)
         kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(dt)
         kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(dt)
         s = tl.dot(kv, q_nope, input_precision=PRECISION)
@@ -215,13 +222,13 @@ def _mla_heads_n_kernel(
     has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
     o = tl.where(has_rows[None, :], acc / tl.where(has_rows, denom, 1.0)[None, :], 0.0) * kv_scale
     if num_splits == 1:
-        o_col = out_ptr + t * stride_ot + heads[None, :].to(tl.int64) * stride_oh
-        tl.store(o_col + c[:, None], o.to(out_ptr.dtype.element_ty), mask=h_ok[None, :])
+        o_col = rows.out + t * rows.stride_ot + heads[None, :].to(tl.int64) * rows.stride_oh
+        tl.store(o_col + c[:, None], o.to(rows.out.dtype.element_ty), mask=h_ok[None, :])
     else:
         slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
-        tl.store(part_o_ptr + slot[None, :] * RANK + c[:, None], o, mask=h_ok[None, :])
+        tl.store(parts.o + slot[None, :] * RANK + c[:, None], o, mask=h_ok[None, :])
         lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
-        tl.store(part_lse_ptr + slot, lse, mask=h_ok)
+        tl.store(parts.lse + slot, lse, mask=h_ok)
 
 
 @triton.jit
@@ -336,48 +343,26 @@ def mla_attention(
     head_blocks = triton.cdiv(num_heads, tiles.block_h)
     capacity = block_tables.shape[1] * cache.shape[1]
     splits = num_splits or mla_num_splits(tokens * head_blocks, capacity, tiles, q.device)
-    part_o = part_lse = out
+    parts = Partials(out, out)  # placeholders with one split
     if splits > 1:
-        part_o = torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device)
-        part_lse = torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device)
+        parts = Partials(
+            torch.empty(tokens, num_heads, splits, kv_lora_rank, dtype=torch.float32, device=q.device),
+            torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device),
+        )
     grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
     kernel, flags = _mla_split_kernel, {}
     if tiles.heads_as_n:
         kernel, flags = _mla_heads_n_kernel, dict(COMPUTE_F16=fp8 and q.dtype != torch.float32)
+    latent = LatentCache(cache, scale if fp8 else q, block_tables, block_tables.stride(0), cache.shape[1])
     kernel[grid](
-        q,
-        cache,
-        block_tables,
-        seq_lens,
-        cu_seqlens_q,
-        scale if fp8 else q,
-        out,
-        part_o,
-        part_lse,
-        softmax_scale * LOG2E,
-        num_heads,
-        cache.shape[1],
-        q.stride(0),
-        q.stride(1),
-        block_tables.stride(0),
-        out.stride(0),
-        out.stride(1),
-        max_query_len,
-        splits,
-        RANK=kv_lora_rank,
-        ROPE=rope,
-        HAS_SCALE=fp8,
-        PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_H=tiles.block_h,
-        BLOCK_N=tiles.block_n,
-        num_warps=tiles.num_warps,
-        num_stages=tiles.num_stages,
-        **flags,
-    )
+        query_rows(q, out), latent, parts, seq_lens, cu_seqlens_q, softmax_scale * LOG2E, num_heads,
+        max_query_len, splits, RANK=kv_lora_rank, ROPE=rope, HAS_SCALE=fp8, BLOCK_H=tiles.block_h,
+        BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **flags,
+    )  # fmt: skip
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](
-            part_o,
-            part_lse,
+            parts.o,
+            parts.lse,
             out,
             num_heads,
             out.stride(0),

@@ -29,6 +29,7 @@ from ceilings import measure_ceilings  # sibling scripts: benchmarks run from th
 from graph_timing import graph_ms, rotation
 
 from atom_kernels.attention import DecodePartition, paged_decode, paged_decode_persistent, paged_prefill
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode import decode_splits, decode_tiles
 from atom_kernels.attention.launch import run_paged_attention
 from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
@@ -172,26 +173,9 @@ def generic_tile_decode(
     sends to the Gluon kernel (decode_e4m3.py): both in the same run."""
     batch = seq_lens.numel()
     splits = decode_splits(batch, kc.shape[2], max_seq_len, q.device)
-    return run_paged_attention(
-        q,
-        kc,
-        vc,
-        cu_seqlens_q=torch.arange(batch + 1, device=q.device, dtype=torch.int32),
-        seq_lens=seq_lens,
-        block_tables=block_tables,
-        max_query_len=1,
-        layout=layout,
-        softmax_scale=None,
-        sliding_window=None,
-        softcap=None,
-        sinks=None,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-        backend="triton",
-        num_splits=splits,
-        config=config,
-    )
+    cu = torch.arange(batch + 1, device=q.device, dtype=torch.int32)
+    call = PagedCall(q, kc, vc, cu, seq_lens, block_tables, layout, k_scale=k_scale, v_scale=v_scale, out=out)
+    return run_paged_attention(call, max_query_len=1, backend="triton", num_splits=splits, config=config)
 
 
 def split_rows(copy_bw: float) -> list[dict]:

@@ -23,6 +23,7 @@ from graph_timing import graph_ms, rotation
 from sweep_decode_plan import HQ, D, decode_inputs
 
 from atom_kernels.attention import paged_decode
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import TileConfig, run_paged_attention
 from atom_kernels.attention.packs import Partials
 from atom_kernels.attention.tile_kernel import combine_splits_kernel
@@ -30,12 +31,9 @@ from atom_kernels.attention.tile_kernel import combine_splits_kernel
 
 def _run(inputs, out, splits: int, config: TileConfig):
     q, kc, vc, tables, lens = inputs
-    return run_paged_attention(
-        q, kc, vc, cu_seqlens_q=torch.arange(lens.numel() + 1, device=q.device, dtype=torch.int32),
-        seq_lens=lens, block_tables=tables, max_query_len=1, layout="flash", softmax_scale=None,
-        sliding_window=None, softcap=None, sinks=None, k_scale=None, v_scale=None, out=out,
-        backend="triton", num_splits=splits, config=config,
-    )  # fmt: skip
+    cu = torch.arange(lens.numel() + 1, device=q.device, dtype=torch.int32)
+    call = PagedCall(q, kc, vc, cu, lens, tables, out=out)
+    return run_paged_attention(call, max_query_len=1, backend="triton", num_splits=splits, config=config)
 
 
 def _plan(inputs, out, tokens: int):

@@ -15,6 +15,7 @@ import triton
 from bench_paged_attention import DEV, HQ, D, paged_cache
 from graph_timing import graph_ms
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import AttentionKernel, TileConfig, check_inputs, run_paged_attention
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache import KVLayout
@@ -24,28 +25,11 @@ def time_config(case, config, splits, graph=False, kernel=AttentionKernel.TILE):
     """Median ms of run_paged_attention's `kernel` at `config`; graph=True times CUDA-graph replays
     (decode: a ~0.3 ms call's eager timing includes the host's launch cost)."""
     q, kc, vc, tables, ks, vs, cu, seq_lens, max_q, layout = case
+    call = PagedCall(q, kc, vc, cu, seq_lens, tables, layout, k_scale=ks, v_scale=vs, out=torch.empty_like(q))
     fn = partial(
-        run_paged_attention,
-        q,
-        kc,
-        vc,
-        cu_seqlens_q=cu,
-        seq_lens=seq_lens,
-        block_tables=tables,
-        max_query_len=max_q,
-        layout=layout,
-        softmax_scale=None,
-        sliding_window=None,
-        softcap=None,
-        sinks=None,
-        k_scale=ks,
-        v_scale=vs,
-        out=torch.empty_like(q),
-        backend="triton",
-        num_splits=splits,
-        config=config,
+        run_paged_attention, call, max_query_len=max_q, backend="triton", num_splits=splits, config=config,
         kernel=kernel,
-    )
+    )  # fmt: skip
     try:
         return (
             graph_ms([fn]) if graph else triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
@@ -59,38 +43,11 @@ def time_config(case, config, splits, graph=False, kernel=AttentionKernel.TILE):
 def time_tma_config(case, config, splits):
     """The TMA prefill kernel (prefill_tma.py) at `config`; splits must be 1."""
     q, kc, vc, tables, _, _, cu, seq_lens, max_q, layout = case
-    c = check_inputs(
-        q,
-        kc,
-        vc,
-        seq_lens=seq_lens,
-        cu_seqlens_q=cu,
-        block_tables=tables,
-        layout=layout,
-        softmax_scale=None,
-        sliding_window=None,
-        sinks=None,
-        k_scale=None,
-        v_scale=None,
-        out=None,
-    )
-    if splits != 1 or not tma_prefill_fits(q, kc, vc, c, config.block_n):
+    call = PagedCall(q, kc, vc, cu, seq_lens, tables, layout)
+    c = check_inputs(call)
+    if splits != 1 or not tma_prefill_fits(call, c, config.block_n):
         return float("inf")
-    fn = partial(
-        run_tma_prefill,
-        q,
-        kc,
-        vc,
-        c,
-        cu_seqlens_q=cu,
-        seq_lens=seq_lens,
-        block_tables=tables,
-        max_query_len=max_q,
-        sliding_window=None,
-        softcap=None,
-        sinks=None,
-        config=config,
-    )
+    fn = partial(run_tma_prefill, call, c, max_query_len=max_q, config=config)
     try:
         return triton.testing.do_bench(fn, warmup=10, rep=60, return_mode="median")
     except Exception as err:  # out of shared memory or registers, or a shape the compiler refuses

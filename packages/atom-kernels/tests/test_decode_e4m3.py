@@ -15,6 +15,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
 from atom_kernels.attention import decode_e4m3, paged_attention_ref, paged_decode
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode import decode_kernel, decode_tiles
 from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
 from atom_kernels.attention.launch import AttentionKernel, run_paged_attention
@@ -147,21 +148,12 @@ def test_e4m3_kernel_refuses_inputs_it_does_not_take(paged_case):
     case = _case(paged_case, seq_lens=[5], head_dim=256)  # D=256: the generic kernel's only
     with pytest.raises(ValueError, match="e4m3_gluon kernel needs"):
         run_paged_attention(
-            case.q,
-            case.k_cache,
-            case.v_cache,
+            PagedCall(case.q, case.k_cache, case.v_cache, **case.args()),
             max_query_len=1,
-            layout=KVLayout.FLASH,
-            softmax_scale=None,
-            sliding_window=None,
-            softcap=None,
-            sinks=None,
-            out=None,
             backend="triton",
             num_splits=1,
             config=decode_tiles(case.k_cache.dtype, KVLayout.FLASH, AttentionKernel.E4M3_GLUON),
             kernel="e4m3_gluon",
-            **case.args(),
         )
 
 

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from atom_kernels.attention import paged_attention_ref, paged_prefill
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import TileConfig, check_inputs
 from atom_kernels.attention.prefill import TMA_CONFIG
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_layout_fits, tma_prefill_fits
@@ -18,41 +19,23 @@ CONFIG = TMA_CONFIG if GPU else TileConfig(block_m=16, block_n=16, num_warps=1, 
 PAGES = [64, 128] if GPU else [16, 32]
 
 
-def _checked(case, **kw):
-    return check_inputs(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        seq_lens=case.seq_lens,
-        cu_seqlens_q=case.cu_seqlens_q,
-        block_tables=case.block_tables,
-        layout="flash",
-        softmax_scale=None,
-        sliding_window=kw.get("sliding_window"),
-        sinks=kw.get("sinks"),
-        k_scale=None,
-        v_scale=None,
+def _call(case, **kw):
+    return PagedCall(
+        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens, case.block_tables,
+        sliding_window=kw.get("sliding_window"), softcap=kw.get("softcap"), sinks=kw.get("sinks"),
         out=torch.full_like(case.q, float("nan")),
-    )
+    )  # fmt: skip
+
+
+def _checked(case, **kw):
+    return check_inputs(_call(case, **kw))
 
 
 def _run(case, **kw):
-    c = _checked(case, **kw)
+    call = _call(case, **kw)
+    c = check_inputs(call)
     assert tma_layout_fits(case.k_cache, case.v_cache, c, CONFIG.block_n)
-    return run_tma_prefill(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        c,
-        cu_seqlens_q=case.cu_seqlens_q,
-        seq_lens=case.seq_lens,
-        block_tables=case.block_tables,
-        max_query_len=case.max_query_len,
-        sliding_window=kw.get("sliding_window"),
-        softcap=kw.get("softcap"),
-        sinks=kw.get("sinks"),
-        config=CONFIG,
-    )
+    return run_tma_prefill(call, c, max_query_len=case.max_query_len, config=CONFIG)
 
 
 def _check(out, case, **kw):
@@ -166,23 +149,14 @@ def test_layouts_the_kernel_cannot_address_are_refused(paged_case):
         device=DEVICE,
     )
     c_shuffle = check_inputs(
-        shuffle.q,
-        shuffle.k_cache,
-        shuffle.v_cache,
-        seq_lens=shuffle.seq_lens,
-        cu_seqlens_q=shuffle.cu_seqlens_q,
-        block_tables=shuffle.block_tables,
-        layout="shuffle",
-        softmax_scale=None,
-        sliding_window=None,
-        sinks=None,
-        k_scale=None,
-        v_scale=None,
-        out=None,
-    )
+        PagedCall(
+            shuffle.q, shuffle.k_cache, shuffle.v_cache, shuffle.cu_seqlens_q, shuffle.seq_lens,
+            shuffle.block_tables, layout="shuffle",
+        )
+    )  # fmt: skip
     assert not tma_layout_fits(shuffle.k_cache, shuffle.v_cache, c_shuffle, CONFIG.block_n)
     if not GPU:
-        assert not tma_prefill_fits(case.q, case.k_cache, case.v_cache, c, CONFIG.block_n)  # not on a CPU
+        assert not tma_prefill_fits(_call(case), c, CONFIG.block_n)  # not on a CPU
 
 
 @pytest.mark.sm90(reason="TMA needs a Hopper GPU")
@@ -199,7 +173,7 @@ def test_paged_prefill_takes_the_tma_kernel_on_hopper(paged_case, dtype):
         dtype=dtype,
         device=DEVICE,
     )
-    assert tma_prefill_fits(case.q, case.k_cache, case.v_cache, _checked(case), TMA_CONFIG.block_n)
+    assert tma_prefill_fits(_call(case), _checked(case), TMA_CONFIG.block_n)
     out = paged_prefill(
         case.q,
         case.k_cache,

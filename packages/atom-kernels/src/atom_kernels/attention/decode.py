@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import triton
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
 from atom_kernels.attention.launch import AttentionKernel, TileConfig, on_gpu, run_paged_attention
 from atom_kernels.cache.fp8 import is_fp8
@@ -143,24 +144,10 @@ def paged_decode(
         if on_gpu(q) and generic_flash and k_cache.element_size() == 2:
             plan = short_walk_plan(batch, heads, longest, q.device, q.shape[-1])
             num_splits, config = plan or (num_splits, config)
+    call = PagedCall(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout, softmax_scale, sliding_window,
+        softcap, sinks, k_scale, v_scale, out,
+    )  # fmt: skip
     return run_paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        cu_seqlens_q=cu_seqlens_q,
-        seq_lens=seq_lens,
-        block_tables=block_tables,
-        max_query_len=query_len,
-        layout=layout,
-        softmax_scale=softmax_scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-        backend=backend,
-        num_splits=num_splits,
-        config=config,
-        kernel=kernel,
+        call, max_query_len=query_len, backend=backend, num_splits=num_splits, config=config, kernel=kernel
     )

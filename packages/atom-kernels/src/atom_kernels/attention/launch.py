@@ -8,9 +8,9 @@ from dataclasses import dataclass
 import torch
 import triton
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode_e4m3 import MAX_ROWS, e4m3_decode_kernel, e4m3_decode_supported
 from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
-from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.attention.tile_kernel import combine_splits_kernel, paged_attention_kernel
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
 from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
@@ -49,24 +49,13 @@ class Checked:
     out: torch.Tensor
 
 
-def check_inputs(
-    q,
-    k_cache,
-    v_cache,
-    *,
-    seq_lens,
-    cu_seqlens_q,
-    block_tables,
-    layout,
-    softmax_scale,
-    sliding_window,
-    sinks,
-    k_scale,
-    v_scale,
-    out,
-) -> Checked:
+def check_inputs(call: PagedCall) -> Checked:
     """Validate a paged-attention call; every problem is a ValueError naming the argument."""
-    layout = KVLayout(layout)
+    q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables = (
+        call.q, call.k_cache, call.v_cache, call.cu_seqlens_q, call.seq_lens, call.block_tables
+    )  # fmt: skip
+    sinks, k_scale, v_scale, out = call.sinks, call.k_scale, call.v_scale, call.out
+    layout = KVLayout(call.layout)
     num_blocks, block_size, num_kv_heads, head_dim = cache_geometry(layout, k_cache, v_cache)
     _, num_q_heads, q_dim = q.shape
     batch = seq_lens.numel()
@@ -90,81 +79,41 @@ def check_inputs(
         raise ValueError("an fp8 cache needs k_scale and v_scale of one kind; a bf16/fp16 cache takes none")
     if sinks is not None and (sinks.shape != (num_q_heads,) or sinks.dtype != torch.float32):
         raise ValueError(f"sinks must be [{num_q_heads}] float32")
-    if sliding_window is not None and sliding_window < 1:
+    if call.sliding_window is not None and call.sliding_window < 1:
         raise ValueError("sliding_window must be at least 1")
     if out is None:
         out = torch.empty_like(q)
     elif out.shape != q.shape or out.dtype != q.dtype or out.stride(-1) != 1:
         raise ValueError("out must be like q")
-    scale = softmax_scale if softmax_scale is not None else head_dim**-0.5
+    scale = call.softmax_scale if call.softmax_scale is not None else head_dim**-0.5
     return Checked(layout, num_blocks, block_size, num_kv_heads, head_dim, kind, scale, out)
 
 
 def run_paged_attention(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
+    call: PagedCall,
     *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
     max_query_len: int,
-    layout: KVLayout | str,
-    softmax_scale: float | None,
-    sliding_window: int | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-    k_scale: torch.Tensor | None,
-    v_scale: torch.Tensor | None,
-    out: torch.Tensor | None,
     backend: Backend | str | None,
     num_splits: int,
     config: TileConfig,
     checked: Checked | None = None,
     kernel: AttentionKernel | str = AttentionKernel.TILE,
 ) -> torch.Tensor:
-    """checked: check_inputs' result for these same arguments, when the caller has it already.
+    """Run `call` (max_query_len: its largest q_len, a host int) with `kernel`, tuned by `config`, over
+    num_splits KV splits a sequence. checked: check_inputs(call), when the caller has it already.
 
-    kernel: the kernel to launch, tuned by `config`. AttentionKernel.E4M3_GLUON needs inputs that
-    decode_e4m3.e4m3_decode_supported accepts, a flash layout, at most 16 rows per tile and one warp.
+    AttentionKernel.E4M3_GLUON needs inputs that decode_e4m3.e4m3_decode_supported accepts, a flash
+    layout, at most 16 rows per tile and one warp.
     """
     kernel = AttentionKernel(kernel)
-    c = checked or check_inputs(
-        q,
-        k_cache,
-        v_cache,
-        seq_lens=seq_lens,
-        cu_seqlens_q=cu_seqlens_q,
-        block_tables=block_tables,
-        layout=layout,
-        softmax_scale=softmax_scale,
-        sliding_window=sliding_window,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-    )
+    c = checked or check_inputs(call)
+    q, k_cache, v_cache, seq_lens = call.q, call.k_cache, call.v_cache, call.seq_lens
     layout, out, scale, kind = c.layout, c.out, c.softmax_scale, c.scale_kind
     block_size, num_kv_heads, head_dim = c.block_size, c.num_kv_heads, c.head_dim
     tokens, num_q_heads, _ = q.shape
     batch = seq_lens.numel()
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        ref = paged_attention_ref(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q,
-            seq_lens,
-            block_tables,
-            layout=layout,
-            softmax_scale=scale,
-            sliding_window=sliding_window,
-            softcap=softcap,
-            sinks=sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
-        )
-        return out.copy_(ref)
+        return out.copy_(call.reference(scale))
     if tokens == 0 or batch == 0:
         return out
 
@@ -181,9 +130,9 @@ def run_paged_attention(
     grid = (tiles * num_splits, batch, num_kv_heads)
     pdl = pdl_launch(q.device)
     rows = query_rows(q, out)
-    kv = paged_kv(layout, k_cache, v_cache, block_tables, c, k_scale, v_scale)
-    scores = scoring(scale, softcap, sliding_window, sinks, q)
-    common = (rows, kv, scores, parts, seq_lens, cu_seqlens_q, num_q_heads)
+    kv = paged_kv(layout, k_cache, v_cache, call.block_tables, c, call.k_scale, call.v_scale)
+    scores = scoring(scale, call.softcap, call.sliding_window, call.sinks, q)
+    common = (rows, kv, scores, parts, seq_lens, call.cu_seqlens_q, num_q_heads)
     if kernel is AttentionKernel.E4M3_GLUON:
         if (
             block_m != MAX_ROWS
@@ -200,7 +149,7 @@ def run_paged_attention(
             GROUP=group,
             NUM_SPLITS=num_splits,
             SCALE_KIND=kind,
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=call.sinks is not None,
             HEAD_DIM=head_dim,
             BLOCK_N=config.block_n,
             STAGES=config.num_stages,
@@ -213,7 +162,7 @@ def run_paged_attention(
             FMT=kv_format(layout, q, k_cache, v_cache, kind),
             GROUP=group,
             NUM_SPLITS=num_splits,
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=call.sinks is not None,
             HEAD_DIM=head_dim,
             BLOCK_M=block_m,
             BLOCK_N=config.block_n,
@@ -231,7 +180,7 @@ def run_paged_attention(
             out.stride(1),
             num_q_heads,
             NUM_SPLITS=num_splits,
-            HAS_SINKS=sinks is not None,
+            HAS_SINKS=call.sinks is not None,
             HEAD_DIM=head_dim,
             BLOCK_S=triton.next_power_of_2(num_splits),
             BLOCK_D=triton.next_power_of_2(head_dim),

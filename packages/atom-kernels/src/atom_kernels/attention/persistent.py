@@ -10,11 +10,11 @@ from __future__ import annotations
 import torch
 import triton
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import check_inputs, check_shuffle_tile
 from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.persistent_kernel import combine_partials_kernel, persistent_decode_kernel
-from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -46,21 +46,11 @@ def paged_decode_persistent(
     """
     batch = seq_lens.numel()
     cu_seqlens_q = torch.arange(batch + 1, dtype=torch.int32, device=q.device)
-    c = check_inputs(
-        q,
-        k_cache,
-        v_cache,
-        seq_lens=seq_lens,
-        cu_seqlens_q=cu_seqlens_q,
-        block_tables=block_tables,
-        layout=layout,
-        softmax_scale=softmax_scale,
-        sliding_window=None,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-    )
+    call = PagedCall(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout, softmax_scale, None, softcap,
+        sinks, k_scale, v_scale, out,
+    )  # fmt: skip
+    c = check_inputs(call)
     if q.shape[0] != batch:
         raise ValueError(
             f"persistent decode takes one query token per sequence: q has {q.shape[0]}, B={batch}"
@@ -70,21 +60,7 @@ def paged_decode_persistent(
         raise ValueError(f"partition buffers are for {tuple(partition.part_o.shape[1:])}, not [Hq, D]")
     check_shuffle_tile(c.layout, partition.block, k_cache.dtype)
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        ref = paged_attention_ref(
-            q,
-            k_cache,
-            v_cache,
-            cu_seqlens_q,
-            seq_lens,
-            block_tables,
-            layout=c.layout,
-            softmax_scale=c.softmax_scale,
-            softcap=softcap,
-            sinks=sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
-        )
-        return c.out.copy_(ref)
+        return c.out.copy_(call.reference(c.softmax_scale))
     if batch == 0:
         return c.out
     if plan:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import torch
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import TileConfig, check_inputs, on_gpu, run_paged_attention
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache.layout import KVLayout
@@ -50,56 +51,16 @@ def paged_prefill(
     On Hopper and newer GPUs a 16-bit flash cache whose pages hold whole 64-position tiles is read with
     TMA copies (prefill_tma.py); every other call takes the generic tile kernel.
     """
+    call = PagedCall(
+        q, k_cache, v_cache, cu_seqlens_q, seq_lens, block_tables, layout, softmax_scale, sliding_window,
+        softcap, sinks, k_scale, v_scale, out,
+    )  # fmt: skip
     c = None
     if resolve_backend(backend, q.device) is Backend.TRITON:
-        c = check_inputs(
-            q,
-            k_cache,
-            v_cache,
-            seq_lens=seq_lens,
-            cu_seqlens_q=cu_seqlens_q,
-            block_tables=block_tables,
-            layout=layout,
-            softmax_scale=softmax_scale,
-            sliding_window=sliding_window,
-            sinks=sinks,
-            k_scale=k_scale,
-            v_scale=v_scale,
-            out=out,
-        )
-        if tma_prefill_fits(q, k_cache, v_cache, c, TMA_CONFIG.block_n):
-            return run_tma_prefill(
-                q,
-                k_cache,
-                v_cache,
-                c,
-                cu_seqlens_q=cu_seqlens_q,
-                seq_lens=seq_lens,
-                block_tables=block_tables,
-                max_query_len=max_query_len,
-                sliding_window=sliding_window,
-                softcap=softcap,
-                sinks=sinks,
-                config=TMA_CONFIG,
-            )
+        c = check_inputs(call)
+        if tma_prefill_fits(call, c, TMA_CONFIG.block_n):
+            return run_tma_prefill(call, c, max_query_len=max_query_len, config=TMA_CONFIG)
+    config = prefill_config(q.shape[-1], on_gpu(q))
     return run_paged_attention(
-        q,
-        k_cache,
-        v_cache,
-        cu_seqlens_q=cu_seqlens_q,
-        seq_lens=seq_lens,
-        block_tables=block_tables,
-        max_query_len=max_query_len,
-        layout=layout,
-        softmax_scale=softmax_scale,
-        sliding_window=sliding_window,
-        softcap=softcap,
-        sinks=sinks,
-        k_scale=k_scale,
-        v_scale=v_scale,
-        out=out,
-        backend=backend,
-        num_splits=1,
-        config=prefill_config(q.shape[-1], on_gpu(q)),
-        checked=c,
+        call, max_query_len=max_query_len, backend=backend, num_splits=1, config=config, checked=c
     )

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import Checked, TileConfig
 from atom_kernels.attention.packs import DERIVED_TMA, query_rows, scoring
 from atom_kernels.attention.tile import LOG2E, normalize, softmax_step, tanh, tile_rows
@@ -131,15 +132,14 @@ def paged_prefill_tma_kernel(
     tl.store(rows.out + out_off, o.to(rows.out.dtype.element_ty), mask=io_mask)
 
 
-def tma_prefill_fits(
-    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, c: Checked, block_n: int
-) -> bool:
+def tma_prefill_fits(call: PagedCall, c: Checked, block_n: int) -> bool:
     """Whether paged_prefill can take the TMA kernel: an NVIDIA GPU of compute capability 9+, a 16-bit flash
     cache of q's dtype whose pages are contiguous runs of 16-byte-aligned token rows, whole tiles per page,
     and a power-of-two head_dim of 16-256."""
+    q = call.q
     if not (q.is_cuda and torch.version.hip is None and torch.cuda.get_device_capability(q.device)[0] >= 9):
         return False
-    return tma_layout_fits(k_cache, v_cache, c, block_n) and k_cache.dtype == q.dtype
+    return tma_layout_fits(call.k_cache, call.v_cache, c, block_n) and call.k_cache.dtype == q.dtype
 
 
 def tma_layout_fits(k_cache: torch.Tensor, v_cache: torch.Tensor, c: Checked, block_n: int) -> bool:
@@ -164,22 +164,9 @@ def _descriptor(cache: torch.Tensor, c: Checked, block_n: int) -> TensorDescript
     return TensorDescriptor(cache, [c.num_blocks * c.block_size, cols], [token, 1], [block_n, c.head_dim])
 
 
-def run_tma_prefill(
-    q: torch.Tensor,
-    k_cache: torch.Tensor,
-    v_cache: torch.Tensor,
-    c: Checked,
-    *,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    max_query_len: int,
-    sliding_window: int | None,
-    softcap: float | None,
-    sinks: torch.Tensor | None,
-    config: TileConfig,
-) -> torch.Tensor:
+def run_tma_prefill(call: PagedCall, c: Checked, *, max_query_len: int, config: TileConfig) -> torch.Tensor:
     """Launch paged_prefill_tma_kernel on a call check_inputs validated and tma_layout_fits accepted."""
+    q, k_cache, v_cache, seq_lens = call.q, call.k_cache, call.v_cache, call.seq_lens
     out = c.out
     tokens, num_q_heads, _ = q.shape
     batch = seq_lens.numel()
@@ -192,15 +179,15 @@ def run_tma_prefill(
         query_rows(q, out),
         _descriptor(k_cache, c, config.block_n),
         _descriptor(v_cache, c, config.block_n),
-        scoring(c.softmax_scale, softcap, sliding_window, sinks, q),
-        block_tables,
+        scoring(c.softmax_scale, call.softcap, call.sliding_window, call.sinks, q),
+        call.block_tables,
         seq_lens,
-        cu_seqlens_q,
-        block_tables.stride(0),
+        call.cu_seqlens_q,
+        call.block_tables.stride(0),
         k_cache.stride(2),
         c.block_size,
         GROUP=group,
-        HAS_SINKS=sinks is not None,
+        HAS_SINKS=call.sinks is not None,
         HEAD_DIM=c.head_dim,
         BLOCK_M=block_m,
         BLOCK_N=config.block_n,

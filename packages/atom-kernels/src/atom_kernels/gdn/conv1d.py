@@ -17,6 +17,26 @@ from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
+def _sequence(cu_ptr, idx_ptr, init_ptr, seq, HAS_INIT: tl.constexpr):
+    """Sequence seq's state slot (-1: padding), first token, length, and whether its old window counts
+    (False for a new request, whatever its slot held)."""
+    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    start = tl.load(cu_ptr + seq)
+    length = tl.load(cu_ptr + seq + 1) - start
+    use_state = length >= 0  # all True
+    if HAS_INIT:
+        use_state = tl.load(init_ptr + seq) != 0
+    return slot, start, length, use_state
+
+
+@triton.jit
+def _spread(flag, N: tl.constexpr):
+    """A scalar condition as an [N] mask: Triton 3.9's CPU interpreter turns a tensor & scalar-condition
+    mask into int32, which its loads refuse."""
+    return (tl.zeros([N], dtype=tl.int32) + flag.to(tl.int32)) != 0
+
+
+@triton.jit
 def _conv_kernel(
     x_ptr,
     w_ptr,
@@ -38,24 +58,16 @@ def _conv_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
     if slot < 0:  # a padding sequence: nothing to compute
         return
-    start = tl.load(cu_ptr + seq)
-    length = tl.load(cu_ptr + seq + 1) - start
     i = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
     if tl.program_id(2) * BLOCK_T >= length:
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     d_ok = d < dim
     row_ok = i < length
-    use_state = length >= 0  # all True
-    if HAS_INIT:
-        use_state = tl.load(init_ptr + seq) != 0
-    # masks combine use_state as a vector: Triton 3.9's CPU interpreter turns a tensor & scalar-condition
-    # mask into int32, which its loads refuse
-    rows_from_state = row_ok & ((tl.zeros([BLOCK_T], dtype=tl.int32) + use_state.to(tl.int32)) != 0)
+    rows_from_state = row_ok & _spread(use_state, BLOCK_T)
     acc = tl.zeros([BLOCK_T, BLOCK_D], dtype=tl.float32)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + d, mask=d_ok, other=0.0).to(tl.float32)[None, :]
@@ -96,15 +108,9 @@ def _state_kernel(
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    seq = tl.program_id(0)
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
     if slot < 0:
         return
-    start = tl.load(cu_ptr + seq)
-    length = tl.load(cu_ptr + seq + 1) - start
-    use_state = length >= 0  # all True
-    if HAS_INIT:
-        use_state = tl.load(init_ptr + seq) != 0
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     j = tl.arange(0, BLOCK_W)  # new state column j holds input position length - (W-1) + j
     src = length - (WIDTH - 1) + j
@@ -118,8 +124,7 @@ def _state_kernel(
     row = state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd
     old = tl.load(
         row + (WIDTH - 1 + src)[None, :],
-        mask=mask
-        & (j_ok & (src < 0) & ((tl.zeros([BLOCK_W], dtype=tl.int32) + use_state.to(tl.int32)) != 0))[None, :],
+        mask=mask & (j_ok & (src < 0) & _spread(use_state, BLOCK_W))[None, :],
         other=0.0,
     )
     new = from_x.to(tl.float32) + old.to(tl.float32)  # read everything before writing the slot
@@ -145,22 +150,16 @@ def _step_state_kernel(
 ):
     """Speculative verify: the window after each token t goes to slot step[t]. The old state is read
     once, before any write, since a step slot may be the sequence's own."""
-    seq = tl.program_id(0)
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
     if slot < 0:
         return
-    start = tl.load(cu_ptr + seq)
-    length = tl.load(cu_ptr + seq + 1) - start
-    use_state = length >= 0  # all True
-    if HAS_INIT:
-        use_state = tl.load(init_ptr + seq) != 0
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
     c = tl.arange(0, BLOCK_W)
     mask = d[:, None] < dim
     c_ok = c < WIDTH - 1
     old = tl.load(
         state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd + c[None, :],
-        mask=mask & (c_ok & ((tl.zeros([BLOCK_W], dtype=tl.int32) + use_state.to(tl.int32)) != 0))[None, :],
+        mask=mask & (c_ok & _spread(use_state, BLOCK_W))[None, :],
         other=0.0,
     ).to(tl.float32)  # [BLOCK_D, BLOCK_W]
     tl.debug_barrier()

@@ -89,6 +89,28 @@ def _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N: tl.constexpr):
     return lo, tl.minimum(lo + chunk, kv_len)
 
 
+@triton.jit
+def _scales(latent, sm_scale_log2, HAS_SCALE: tl.constexpr):
+    """(the fp8 rows' scale, or 1; the scores' log2 scale with it folded in: fp8 rows are x / scale)."""
+    kv_scale = 1.0
+    if HAS_SCALE:
+        kv_scale = tl.load(latent.scale)
+    return kv_scale, sm_scale_log2 * kv_scale
+
+
+@triton.jit
+def _row_tile(latent, table, start, hi, dt, RANK: tl.constexpr, ROPE: tl.constexpr, BLOCK_N: tl.constexpr):
+    """Rows start .. start + BLOCK_N (those below hi) of a sequence's latent cache, through its block-table
+    row: (which are real, their [BLOCK_N, RANK] latent part and [BLOCK_N, ROPE] rope part, in dt)."""
+    pos = start + tl.arange(0, BLOCK_N)
+    ok = pos < hi
+    page = tl.load(table + pos // latent.block_size, mask=ok, other=0).to(tl.int64)
+    row = latent.cache + (page * latent.block_size + pos % latent.block_size) * (RANK + ROPE)
+    kv = tl.load(row[:, None] + tl.arange(0, RANK)[None, :], mask=ok[:, None], other=0.0).to(dt)
+    kp = tl.load(row[:, None] + RANK + tl.arange(0, ROPE)[None, :], mask=ok[:, None], other=0.0).to(dt)
+    return ok, kv, kp
+
+
 @triton.heuristics(_DERIVED)
 @triton.jit
 def _mla_split_kernel(
@@ -123,21 +145,13 @@ def _mla_split_kernel(
     q_row = rows.q + t * rows.stride_qt + heads[:, None].to(tl.int64) * rows.stride_qh
     q_nope = tl.load(q_row + c[None, :], mask=h_ok[:, None], other=0.0)
     q_pe = tl.load(q_row + RANK + r[None, :], mask=h_ok[:, None], other=0.0)
-    kv_scale = 1.0
-    if HAS_SCALE:
-        kv_scale = tl.load(latent.scale)
-    qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
+    kv_scale, qk_scale = _scales(latent, sm_scale_log2, HAS_SCALE)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([BLOCK_H, RANK], dtype=tl.float32)
     table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
     for start in range(lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        ok = pos < hi
-        page = tl.load(table + pos // latent.block_size, mask=ok, other=0).to(tl.int64)
-        row = latent.cache + (page * latent.block_size + pos % latent.block_size) * (RANK + ROPE)
-        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(dt)
-        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(dt)
+        ok, kv, kp = _row_tile(latent, table, start, hi, dt, RANK, ROPE, BLOCK_N)
         s = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)
         s += tl.dot(q_pe, tl.trans(kp), input_precision=PRECISION)
         s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
@@ -195,21 +209,13 @@ def _mla_heads_n_kernel(
     q_col = rows.q + t * rows.stride_qt + heads[None, :].to(tl.int64) * rows.stride_qh
     q_nope = tl.load(q_col + c[:, None], mask=h_ok[None, :], other=0.0).to(dt)  # [RANK, BLOCK_H]
     q_pe = tl.load(q_col + RANK + r[:, None], mask=h_ok[None, :], other=0.0).to(dt)
-    kv_scale = 1.0
-    if HAS_SCALE:
-        kv_scale = tl.load(latent.scale)
-    qk_scale = sm_scale_log2 * kv_scale  # fp8 rows are x / scale: fold the scale into the scores
+    kv_scale, qk_scale = _scales(latent, sm_scale_log2, HAS_SCALE)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], dtype=tl.float32)
     acc = tl.zeros([RANK, BLOCK_H], dtype=tl.float32)
     table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
     for start in range(lo, hi, BLOCK_N):
-        pos = start + tl.arange(0, BLOCK_N)
-        ok = pos < hi
-        page = tl.load(table + pos // latent.block_size, mask=ok, other=0).to(tl.int64)
-        row = latent.cache + (page * latent.block_size + pos % latent.block_size) * (RANK + ROPE)
-        kv = tl.load(row[:, None] + c[None, :], mask=ok[:, None], other=0.0).to(dt)
-        kp = tl.load(row[:, None] + RANK + r[None, :], mask=ok[:, None], other=0.0).to(dt)
+        ok, kv, kp = _row_tile(latent, table, start, hi, dt, RANK, ROPE, BLOCK_N)
         s = tl.dot(kv, q_nope, input_precision=PRECISION)
         s = tl.dot(kp, q_pe, s, input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
         s = tl.where(ok[:, None], s * qk_scale, float("-inf"))

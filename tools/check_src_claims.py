@@ -4,7 +4,7 @@ unseen.
 
 Flagged in packages/*/src/**/*.py: a GPU model (H100, H200, A100, MI300X, ...) and a number with a unit
 of time or throughput (4.4 us, 2.90 ms, 751 TFLOP/s, 3.2 TB/s). Architecture names (sm_90, gfx942) and
-results files' names (results/decode_plan_h200.json) are not claims and pass. Exit 0 when none is found;
+results files' names (results/h200/sweep_decode_plan.jsonl#decode_plan_h200) are not claims and pass. Exit 0 when none is found;
 otherwise each one is printed as path:line: text.
 """
 

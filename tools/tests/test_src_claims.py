@@ -17,7 +17,7 @@ def test_the_real_sources_name_no_device_and_quote_no_timing():
         ("# 751 TFLOP/s against 550", True),
         ("# ROCm MI300X", True),
         ("# copy at 3.2 TB/s", True),
-        ("# sm_90 and gfx942 only (results/decode_plan_h200.json)", False),
+        ("# sm_90 and gfx942 only (results/h200/sweep_decode_plan.jsonl#decode_plan_h200)", False),
         ('raise ValueError(f"did not compile within {timeout:g} s")', False),
         ("BLOCK_M = 64  # rows a program", False),
     ],

@@ -3,8 +3,7 @@ share of steps that overlap the host, with MTP verifies launched ahead and the r
 admitted beside them (plan.prefills_ahead) against the same engine settling the verify in flight at
 each admission instead, in the same run.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src:packages/atom-core/benchmarks python3 \
-      packages/atom-core/benchmarks/bench_arrivals.py --out arrivals.json
+  python -m benchmarks run arrivals
 
 DeepSeek-V2-Lite with MTP k=2 at its published shape, dummy bf16 weights with the routers redrawn to
 realistic spreads (dummy ones send every token to the same few experts, so a run's speed would follow
@@ -31,10 +30,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import torch
-from bench_step_vs_replay import configs, redraw_routers
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.entrypoints.bench import run_bench
+from benchmarks.harness.routers import redraw_llm_routers
+from benchmarks.harness.shapes import configs
 
 SAMPLINGS = {
     "greedy": SamplingParams(temperature=0.0),
@@ -73,7 +73,6 @@ def sync_sites(run) -> dict[str, int]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--model", default="deepseek-v2-lite-mtp2")
     parser.add_argument("--rates", default="24", help="requests a second, comma-separated")
     parser.add_argument("--num-prompts", type=int, default=96)
@@ -94,7 +93,7 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64, **extra)
-        redraw_routers(llm, config.hidden_size)
+        redraw_llm_routers(llm, config.hidden_size)
         engine, rates = llm.engine, [float(r) for r in args.rates.split(",")]
         full = dict(num_prompts=args.num_prompts, input_len=args.input_len, output_len=args.output_len)
         seeds = itertools.count(1)  # every run its own prompts: none hits the prefix cache of a run before
@@ -132,8 +131,7 @@ def main():
                             flush=True,
                         )
     print(json.dumps(record["sync_sites"], indent=1))
-    if args.out:
-        Path(args.out).write_text(json.dumps(record, indent=1))
+    return record
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """DeepSeek in the native engine on a GPU (dummy bf16 weights): a DeepSeek-V2-Lite-shaped DeepseekV3 with one
-MTP layer. Prints one table and writes --out.
+MTP layer. Prints one table; the runner keeps the result in the ledger.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_deepseek.py \
-      [--out results.json] [--layers 27] [--skip-hf]
+  python -m benchmarks run deepseek -- [--layers 27] [--skip-hf]
 
 - End to end (prompt 512, 128 new, greedy): B=1 and B=64 tok/s; transformers at B=1 in the same run.
 - The decode step alone (engine.step(), host work included) against its floor: the bytes a step must read
@@ -21,47 +20,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import tempfile
 import time
 
 import torch
 from transformers import AutoModelForCausalLM, DeepseekV3Config
 
-from atom_core.engine import LLM, SamplingParams
-from atom_core.engine.execution.step_inputs import prepare_step
-
-PROMPT, NEW = 512, 128
-
-
-def v2_lite_shape(layers: int) -> DeepseekV3Config:
-    return DeepseekV3Config(
-        vocab_size=102400,
-        hidden_size=2048,
-        intermediate_size=10944,
-        moe_intermediate_size=1408,
-        num_hidden_layers=layers,
-        num_attention_heads=16,
-        num_key_value_heads=16,
-        n_shared_experts=2,
-        n_routed_experts=64,
-        num_experts_per_tok=6,
-        n_group=1,
-        topk_group=1,
-        first_k_dense_replace=1,
-        routed_scaling_factor=1.0,
-        norm_topk_prob=False,
-        kv_lora_rank=512,
-        q_lora_rank=None,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
-        max_position_embeddings=4096,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0),
-        num_nextn_predict_layers=1,
-        architectures=["DeepseekV3ForCausalLM"],
-        torch_dtype="bfloat16",
-    )
+from atom_core.engine import LLM
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.engine_timing import NEW, PROMPT, step_ms, tok_s
+from benchmarks.harness.routers import redraw_llm_routers
+from benchmarks.harness.shapes import v2_lite_shape
 
 
 def weight_bytes(c: DeepseekV3Config, experts_touched: int) -> int:
@@ -75,64 +44,6 @@ def weight_bytes(c: DeepseekV3Config, experts_touched: int) -> int:
     moe = (c.n_shared_experts + experts_touched) * expert + c.n_routed_experts * h
     layers, dense_layers = c.num_hidden_layers, c.first_k_dense_replace
     return 2 * (layers * attn + dense_layers * dense + (layers - dense_layers) * moe + c.vocab_size * h)
-
-
-def copy_bandwidth() -> float:
-    x = torch.empty(1 << 30, dtype=torch.uint8, device="cuda")
-    y = torch.empty_like(x)
-    for _ in range(3):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(20):
-        y.copy_(x)
-    torch.cuda.synchronize()
-    return 2 * x.numel() * 20 / (time.perf_counter() - start)
-
-
-def prompts(vocab: int, batch: int) -> list[dict]:
-    return [{"prompt_token_ids": torch.randint(0, vocab, (PROMPT,)).tolist()} for _ in range(batch)]
-
-
-def tok_s(llm: LLM, vocab: int, batch: int) -> float:
-    llm.generate(
-        prompts(vocab, batch), SamplingParams(temperature=0, max_tokens=2, ignore_eos=True)
-    )  # compile
-    work = prompts(vocab, batch)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    llm.generate(work, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True))
-    torch.cuda.synchronize()
-    return batch * NEW / (time.perf_counter() - start)
-
-
-def step_ms(llm: LLM, vocab: int, batch: int, steps: int = 24) -> tuple[float, float]:
-    """(engine.step() ms, the model forward alone ms) once batch sequences of PROMPT tokens decode."""
-    engine = llm.engine
-    for i, p in enumerate(prompts(vocab, batch)):
-        engine.add_request(p, SamplingParams(temperature=0, max_tokens=NEW, ignore_eos=True), f"s{i}")
-    while any(s.num_computed_tokens < PROMPT for s in engine.scheduler.running) or engine.scheduler.waiting:
-        engine.step()
-    for _ in range(4):
-        engine.step()
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.step()
-    torch.cuda.synchronize()
-    whole = (time.perf_counter() - start) / steps * 1e3
-    inputs = prepare_step(engine.scheduler.schedule())  # the next step's forward, run alone
-    for _ in range(3):
-        engine.runner.run(inputs)
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    for _ in range(steps):
-        engine.runner.run(inputs)
-    torch.cuda.synchronize()
-    forward = (time.perf_counter() - start) / steps * 1e3
-    for request_id in list(engine.requests):
-        engine.abort(request_id)
-    return whole, forward
 
 
 def hf_tok_s(config: DeepseekV3Config) -> float:
@@ -149,19 +60,6 @@ def hf_tok_s(config: DeepseekV3Config) -> float:
     return NEW / (time.perf_counter() - start)
 
 
-def realistic_routers(llm: LLM, hidden: int) -> None:
-    """Router rows ~ N(0, 1/hidden) on normed inputs: per-token logits of unit spread; no correction bias."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    runner = llm.engine.runner
-    models = [runner.model] + ([runner.draft] if runner.draft is not None else [])
-    params = [item for model in models for item in model.named_parameters()]
-    for name, param in params:
-        if name.endswith("gate.e_score_correction_bias"):
-            param.data.zero_()
-        elif name.endswith("mlp.gate.weight"):
-            param.data.normal_(0.0, hidden**-0.5, generator=gen)
-
-
 def force_full_acceptance(llm: LLM) -> None:
     runner = llm.engine.runner
     runner.model.model.norm.weight.data.zero_()
@@ -170,7 +68,6 @@ def force_full_acceptance(llm: LLM) -> None:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--layers", type=int, default=27)
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
@@ -185,7 +82,7 @@ def main():
         vocab = config.vocab_size
         hf = None if args.skip_hf else hf_tok_s(config)
         llm = LLM(path, **common)
-        realistic_routers(llm, config.hidden_size)
+        redraw_llm_routers(llm, config.hidden_size)
         for batch in (1, 64):
             e2e = tok_s(llm, vocab, batch)
             whole, forward = step_ms(llm, vocab, batch)
@@ -218,7 +115,7 @@ def main():
         torch.cuda.empty_cache()
         for k in (1, 2, 3):
             llm = LLM(path, **common, speculative_config={"method": "mtp", "num_speculative_tokens": k})
-            realistic_routers(llm, config.hidden_size)
+            redraw_llm_routers(llm, config.hidden_size)
             entry = {}
             for batch in (1, 64):
                 whole, forward = step_ms(llm, vocab, batch)
@@ -268,9 +165,7 @@ def main():
     )
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, width, strict=True)))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    return result
 
 
 if __name__ == "__main__":

@@ -1,9 +1,8 @@
 """A DeepSeek-V3-shaped slice in the native engine on a GPU (dummy bf16 weights): hidden 7168, 128 heads,
 q-LoRA 1536, latent 512 + 64, 256 experts top-8 (8 groups, top-4 groups), one dense and three MoE layers,
-a 1024-token vocabulary (so the head does not hide the layers). Prints a table and writes --out.
+a 1024-token vocabulary (so the head does not hide the layers). Prints a table; the runner keeps the result.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_deepseek_v3_slice.py \
-      [--out results.json]
+  python -m benchmarks run deepseek_v3_slice
 
 Per batch (B = 1 / 64 / 256 sequences of 512 prompt tokens, decoding): the decode forward alone (CUDA-graph
 replay, as the engine runs it) per layer, against the per-layer floor: the bytes the step must read (the
@@ -18,45 +17,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import tempfile
 
 import torch
-from bench_deepseek import PROMPT, copy_bandwidth, realistic_routers, step_ms  # a sibling script
 from transformers import DeepseekV3Config
 
 from atom_core.engine import LLM
-
-LAYERS = 4
-
-
-def v3_slice() -> DeepseekV3Config:
-    return DeepseekV3Config(
-        vocab_size=1024,
-        hidden_size=7168,
-        intermediate_size=18432,
-        moe_intermediate_size=2048,
-        num_hidden_layers=LAYERS,
-        num_attention_heads=128,
-        num_key_value_heads=128,
-        n_shared_experts=1,
-        n_routed_experts=256,
-        num_experts_per_tok=8,
-        n_group=8,
-        topk_group=4,
-        first_k_dense_replace=1,
-        routed_scaling_factor=2.5,
-        norm_topk_prob=True,
-        kv_lora_rank=512,
-        q_lora_rank=1536,
-        qk_rope_head_dim=64,
-        qk_nope_head_dim=128,
-        v_head_dim=128,
-        max_position_embeddings=4096,
-        rope_parameters=dict(rope_type="default", rope_theta=10000.0),
-        architectures=["DeepseekV3ForCausalLM"],
-        torch_dtype="bfloat16",
-    )
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.engine_timing import PROMPT, step_ms
+from benchmarks.harness.routers import redraw_llm_routers
+from benchmarks.harness.shapes import LAYERS, v3_slice
 
 
 def floor_bytes(c: DeepseekV3Config, batch: int) -> float:
@@ -75,10 +45,9 @@ def floor_bytes(c: DeepseekV3Config, batch: int) -> float:
     return 2 * (weights + LAYERS * latent)
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     config = v3_slice()
     bandwidth = copy_bandwidth()
     record = dict(
@@ -97,7 +66,7 @@ def main() -> None:
             num_kv_blocks=256 * 48,
             max_num_batched_tokens=8192,
         )
-        realistic_routers(llm, config.hidden_size)
+        redraw_llm_routers(llm, config.hidden_size)
         for batch in (1, 64, 256):
             whole, forward = step_ms(llm, config.vocab_size, batch, steps=12)
             floor = floor_bytes(config, batch) / bandwidth * 1e3
@@ -122,9 +91,7 @@ def main() -> None:
             f"{r['batch']:>4} {r['step_ms']:8.2f} {r['forward_ms']:10.2f} {r['forward_per_layer_ms']:9.3f} "
             f"{r['floor_per_layer_ms']:11.3f} {r['forward_over_floor']:7.2f}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    return record
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Engine throughput on a Llama-3-8B-shaped model (dummy bf16 weights), beside HF transformers, on a GPU.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_engine.py \
-      [--out results.json] [--layers 32]
+  python -m benchmarks run engine -- [--layers 32]
 
 B=1 and B=64, prompt 512, 128 new tokens, greedy. Roofline: each decode step reads every weight once.
 Ablations in the same run: synchronous steps (--no-async-scheduling: the host's work between steps not
@@ -12,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import tempfile
 import time
 
@@ -20,21 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from atom_core.engine import LLM, SamplingParams
-
-
-def llama3_8b(layers: int) -> LlamaConfig:
-    return LlamaConfig(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=layers,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        max_position_embeddings=8192,
-        rope_theta=500000.0,
-        torch_dtype="bfloat16",
-        architectures=["LlamaForCausalLM"],
-    )
+from benchmarks.harness.shapes import llama3_8b
 
 
 def hf_tok_s(config: LlamaConfig, batch: int, prompt: int, new: int) -> float:
@@ -73,7 +57,6 @@ def atom_tok_s(llm: LLM, vocab: int, batch: int, prompt: int, new: int) -> float
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
     parser.add_argument("--skip-hf", action="store_true", help="no transformers baseline (e.g. for TP runs)")
@@ -154,9 +137,6 @@ def main():
         async_scheduling=True,
         rows=rows,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(
         f"\n{record['device']} x TP {args.tensor_parallel_size}  weights {record['weight_gb']:.1f} GB  "
         f"copy {record['copy_tb_s']:.2f} TB/s per GPU"
@@ -172,6 +152,7 @@ def main():
             f"{r['atom_eager_tok_s'] or float('nan'):>8.1f} {hf_s} "
             f"{r['roofline_tok_s']:>10.1f} {r['pct_roofline']:>6.1f}%"
         )
+    return record
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The engine at a big batch and at long context, async scheduling against synchronous steps, on a GPU.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_engine_shapes.py \
-      [--model llama3-8b qwen3-30b-a3b] [--out results.json]
+  python -m benchmarks run engine_shapes -- [--model llama3-8b qwen3-30b-a3b]
 
 Rows (dummy bf16 weights, greedy): B=256 with 128-token prompts and 256 new tokens; B=4 with 32k-token
 prompts and 128 new. For each: end-to-end output tok/s (prefill included), the prefill time (until every
@@ -15,18 +14,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import tempfile
 import time
 
 import torch
-from bench_deepseek import copy_bandwidth  # sibling scripts (their directory is on sys.path when run)
-from bench_engine import llama3_8b
-from bench_fp8_engine import qwen3_30b_a3b
-from bench_qwen3_next import realistic_routers
 from transformers import AutoModelForCausalLM
 
 from atom_core.engine import LLM, LLMEngine, SamplingParams
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.routers import redraw_routers
+from benchmarks.harness.shapes import llama3_8b, qwen3_30b_a3b
 
 ROWS = ((256, 128, 256), (4, 32768, 128))  # (batch, prompt, new tokens)
 MODELS = {"llama3-8b": lambda: llama3_8b(32), "qwen3-30b-a3b": qwen3_30b_a3b}
@@ -87,7 +84,6 @@ def run_row(engine: LLMEngine, vocab: int, batch: int, prompt: int, new: int) ->
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", nargs="+", choices=sorted(MODELS), default=sorted(MODELS))
-    parser.add_argument("--out")
     args = parser.parse_args()
     copy_bw = copy_bandwidth()
     records = []
@@ -106,7 +102,7 @@ def main():
                     async_scheduling=asynchronous,
                 )
                 if getattr(config, "num_experts", 0):  # dummy routers would send most tokens to a few experts
-                    realistic_routers(llm.engine.runner.model.named_parameters(), config.hidden_size)
+                    redraw_routers(llm.engine.runner.model.named_parameters(), config.hidden_size)
                 for batch, prompt, new in ROWS:
                     row = run_row(llm.engine, config.vocab_size, batch, prompt, new)
                     floor_ms = step_floor_bytes(config, batch, prompt + new / 2) / copy_bw * 1000
@@ -123,9 +119,6 @@ def main():
         copy_tb_s=copy_bw / 1e12,
         rows=records,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
     print(f"\n{result['device']}  copy {copy_bw / 1e12:.2f} TB/s")
     print(
         f"{'model':>14} {'B':>4} {'prompt':>6} {'new':>4} {'variant':>7} {'tok/s':>9} {'prefill s':>9} "
@@ -137,6 +130,7 @@ def main():
             f"{r['tok_s']:>9.1f} {r['prefill_s']:>9.2f} {r['decode_step_ms']:>8.2f} {r['floor_step_ms']:>8.2f} "
             f"{r['step_over_floor']:>7.2f}"
         )
+    return result
 
 
 if __name__ == "__main__":

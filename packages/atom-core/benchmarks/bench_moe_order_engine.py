@@ -1,7 +1,6 @@
 """Qwen3-30B-A3B decode in the native engine with the one-program expert ordering on and off (H200).
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \
-      packages/atom-core/benchmarks/bench_moe_order_engine.py [--out results/moe_order_engine_h200.json]
+  python -m benchmarks run moe_order_engine
 
 The same config is built twice, bf16 dummy weights with realistic routers: once with atom-kernels'
 SMALL_ORDER_PAIRS at its value (decode orders its pairs in one launch a layer) and once at 0 (a memset
@@ -13,12 +12,12 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 
 import torch
-from bench_fp8_engine import engine_step_times, qwen3_30b_a3b  # a sibling script
 
 import atom_kernels.moe.align as align
+from benchmarks.harness.engine_timing import engine_step_times
+from benchmarks.harness.shapes import qwen3_30b_a3b
 
 BATCHES = (1, 8, 64)  # 8, 64 and 512 (token, expert) pairs a layer: the last takes the multi-launch path
 
@@ -33,10 +32,9 @@ def measure(small_order_pairs: int) -> dict[int, tuple[float, float]]:
         align.SMALL_ORDER_PAIRS = kept
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     one, multi = measure(align.SMALL_ORDER_PAIRS), measure(0)
     rows = []
     for batch in BATCHES:
@@ -60,9 +58,6 @@ def main() -> None:
         small_order_pairs=align.SMALL_ORDER_PAIRS,
         rows=rows,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  {record['model']}; decode after 512-token prompts")
     print(
         f"{'B':>3} {'step ms one':>12} {'multi':>8} {'fwd ms one':>11} {'multi':>8} {'tok/s one':>10} {'multi':>8}"
@@ -73,6 +68,7 @@ def main() -> None:
             f"{r['one_program_forward_ms']:>11.3f} {r['multi_launch_forward_ms']:>8.3f} "
             f"{r['one_program_tok_s']:>10.1f} {r['multi_launch_tok_s']:>8.1f}"
         )
+    return record
 
 
 if __name__ == "__main__":

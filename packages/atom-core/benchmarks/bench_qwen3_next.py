@@ -1,8 +1,7 @@
 """Qwen3.5 / Qwen3-Next (Gated DeltaNet hybrids) in the native engine on a GPU, dummy bf16 weights with the
-published shapes. Prints one table and writes --out.
+published shapes. Prints one table; the runner keeps the result.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \
-      packages/atom-core/benchmarks/bench_qwen3_next.py --model qwen3.5-35b-a3b [--out r.json] [--skip-hf]
+  python -m benchmarks run qwen3_next -- --model qwen3.5-35b-a3b [--skip-hf]
   ... --model qwen3-next-80b-a3b --layers 24   (48 layers do not fit one H200 in bf16: fewer, said so)
 
 - End to end (prompt 512, 128 new, greedy): B=1 and B=64 tok/s; transformers at B=1 in the same run
@@ -21,71 +20,19 @@ from __future__ import annotations
 import argparse
 import datetime
 import gc
-import json
 import tempfile
 import time
 
 import torch
 import transformers
-from bench_deepseek import PROMPT, copy_bandwidth, step_ms, tok_s  # sibling script: same harness
 
 from atom_core.engine import LLM, SamplingParams
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.engine_timing import PROMPT, step_ms, tok_s
+from benchmarks.harness.routers import redraw_routers
+from benchmarks.harness.shapes import SHAPES, make_config
 
 HF_NEW = 32
-
-SHAPES = {  # from the published configs (text_config for Qwen3.5)
-    "qwen3.5-35b-a3b": (
-        "Qwen3_5MoeTextConfig",
-        "Qwen3_5MoeForCausalLM",
-        dict(vocab_size=248320, num_hidden_layers=40, num_experts=256, num_experts_per_tok=8),
-    ),
-    "qwen3-next-80b-a3b": (
-        "Qwen3NextConfig",
-        "Qwen3NextForCausalLM",
-        dict(
-            vocab_size=151936,
-            num_hidden_layers=48,
-            num_experts=512,
-            num_experts_per_tok=10,
-            intermediate_size=5120,
-            decoder_sparse_step=1,
-            mlp_only_layers=[],
-            norm_topk_prob=True,
-        ),
-    ),
-}
-COMMON = dict(
-    hidden_size=2048,
-    num_attention_heads=16,
-    num_key_value_heads=2,
-    head_dim=256,
-    linear_num_key_heads=16,
-    linear_num_value_heads=32,
-    linear_key_head_dim=128,
-    linear_value_head_dim=128,
-    linear_conv_kernel_dim=4,
-    moe_intermediate_size=512,
-    shared_expert_intermediate_size=512,
-    full_attention_interval=4,
-    max_position_embeddings=40960,
-    tie_word_embeddings=False,
-    torch_dtype="bfloat16",
-)
-
-
-def make_config(name: str, layers: int | None):
-    class_name, arch, fields = SHAPES[name]
-    fields = {**COMMON, **fields}
-    if layers is not None:
-        fields["num_hidden_layers"] = layers
-    n = fields["num_hidden_layers"]
-    fields["layer_types"] = ["full_attention" if (i + 1) % 4 == 0 else "linear_attention" for i in range(n)]
-    rope = dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25)
-    if "Qwen3_5" in class_name:
-        rope.update(mrope_section=[11, 11, 10], mrope_interleaved=True)
-    config = getattr(transformers, class_name)(**fields, rope_parameters=rope, architectures=[arch])
-    config.partial_rotary_factor = 0.25  # transformers keeps a top-level copy
-    return config
 
 
 def weight_bytes(c, experts_touched: float) -> float:
@@ -138,7 +85,7 @@ def prefill_tok_s(llm: LLM, vocab: int, length: int) -> float:
 def hf_tok_s(config) -> float:
     with torch.device("cuda"):
         model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.bfloat16).eval()
-    realistic_routers(model.named_parameters(), config.hidden_size)
+    redraw_routers(model.named_parameters(), config.hidden_size)
     ids = torch.randint(0, config.vocab_size, (1, PROMPT), device="cuda")
     model.generate(ids[:, :8], max_new_tokens=4, do_sample=False, pad_token_id=0)
     torch.cuda.synchronize()
@@ -151,20 +98,11 @@ def hf_tok_s(config) -> float:
     return HF_NEW / (time.perf_counter() - start)
 
 
-def realistic_routers(named_parameters, hidden: int) -> None:
-    """Router rows ~ N(0, 1/hidden) on normed inputs: per-token logits of unit spread."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    for name, param in named_parameters:
-        if name.endswith("mlp.gate.weight"):
-            param.data.normal_(0.0, hidden**-0.5, generator=gen)
-
-
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--model", choices=sorted(SHAPES), default="qwen3.5-35b-a3b")
     parser.add_argument("--layers", type=int, default=None, help="fewer layers than published (said so)")
     parser.add_argument("--skip-hf", action="store_true")
-    parser.add_argument("--out")
     args = parser.parse_args()
     config = make_config(args.model, args.layers)
     c = config
@@ -184,7 +122,7 @@ def main():
     with tempfile.TemporaryDirectory() as path:
         config.save_pretrained(path)
         llm = LLM(path, **engine)
-        realistic_routers(llm.engine.runner.model.named_parameters(), c.hidden_size)
+        redraw_routers(llm.engine.runner.model.named_parameters(), c.hidden_size)
         active = weight_bytes(c, c.num_experts_per_tok)
         result["active_weight_GB"] = active / 1e9
         for batch in (1, 64):
@@ -233,9 +171,7 @@ def main():
     )
     for r in rows:
         print("  ".join(col.ljust(w) for col, w in zip(r, width, strict=True)))
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
+    return result
 
 
 if __name__ == "__main__":

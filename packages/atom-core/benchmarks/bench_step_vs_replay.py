@@ -1,8 +1,7 @@
 """The engine's whole decode step, through the public LLM.generate, against the GPU time of its CUDA-graph
 replay: how much of the host's work between steps is hidden.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \
-      packages/atom-core/benchmarks/bench_step_vs_replay.py --out step_vs_replay.json
+  python -m benchmarks run step_vs_replay
 
 Models at their published shapes with dummy bf16 weights (MoE routers re-drawn to realistic spreads):
 Llama-3-8B, Qwen3-30B-A3B, Qwen3.5-35B-A3B and DeepSeek-V2-Lite with MTP k=2. For B=1 and B=64 and each
@@ -28,39 +27,12 @@ import tempfile
 import time
 
 import torch
-from bench_deepseek import v2_lite_shape  # beside this script (its directory is on sys.path when run)
-from bench_engine import llama3_8b
-from bench_fp8_engine import qwen3_30b_a3b
-from bench_qwen3_next import make_config
 
 from atom_core.engine import LLM, SamplingParams
+from benchmarks.harness.routers import redraw_llm_routers
+from benchmarks.harness.shapes import configs
 
 PROMPT, NEW = 512, 128
-
-
-def configs(name: str):
-    if name == "llama3-8b":
-        return llama3_8b(32), {}
-    if name == "qwen3-30b-a3b":
-        return qwen3_30b_a3b(), {}
-    if name == "qwen3.5-35b-a3b":
-        return make_config("qwen3.5-35b-a3b", None), {}
-    if name == "deepseek-v2-lite-mtp2":
-        return v2_lite_shape(27), {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}
-    raise ValueError(name)
-
-
-def redraw_routers(llm: LLM, hidden: int) -> None:
-    """Router rows ~ N(0, 1/hidden) on normed inputs: per-token logits of unit spread; no correction bias
-    (dummy routers send every token to the same experts)."""
-    gen = torch.Generator(device="cuda").manual_seed(0)
-    runner = llm.engine.runner
-    for model in (runner.model, runner.draft):
-        for name, param in model.named_parameters() if model is not None else ():
-            if name.endswith("gate.e_score_correction_bias"):
-                param.data.zero_()
-            elif name.endswith("mlp.gate.weight"):
-                param.data.normal_(0.0, hidden**-0.5, generator=gen)
 
 
 def graph_sets(runner):
@@ -173,7 +145,6 @@ def time_steps(llm: LLM) -> None:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--models", default="llama3-8b,qwen3-30b-a3b,qwen3.5-35b-a3b,deepseek-v2-lite-mtp2")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--label", default="", help="which tree ran (kept in the record)")
@@ -184,7 +155,7 @@ def main():
         with tempfile.TemporaryDirectory() as d:
             config.save_pretrained(d)
             llm = LLM(d, load_format="dummy", dtype="bfloat16", max_model_len=1024, max_num_seqs=64, **extra)
-            redraw_routers(llm, config.hidden_size)
+            redraw_llm_routers(llm, config.hidden_size)
             time_steps(llm)
             k = extra.get("speculative_config", {}).get("num_speculative_tokens", 0)
             gen = torch.Generator().manual_seed(0)
@@ -221,15 +192,7 @@ def main():
             f"{r['model']:<24}{r['batch']:>4} {r['sampling']:<16}{r['step_ms']:>9.3f}{r['replay_ms']:>10.3f}"
             f"{r['ratio']:>7.3f}{r['isolated_replay_ms']:>9.3f}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                dict(
-                    device=torch.cuda.get_device_name(), label=args.label, prompt=PROMPT, new=NEW, rows=rows
-                ),
-                f,
-                indent=1,
-            )
+    return dict(device=torch.cuda.get_device_name(), label=args.label, prompt=PROMPT, new=NEW, rows=rows)
 
 
 def _overlapped(llm: LLM) -> int:

@@ -1,8 +1,7 @@
 """The cost of structured outputs on a decode step, through LLM.generate: a batch where every row is held
 to a JSON schema against the same batch without, and where that cost goes.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 \\
-      packages/atom-core/benchmarks/bench_structured_outputs.py --vocab o200k_base.tiktoken --out so.json
+  python -m benchmarks run structured_outputs -- --vocab o200k_base.tiktoken
 
 Llama-3-8B at its published shape, dummy bf16 weights. The grammar needs a real vocabulary, and the dummy
 checkpoint has no tokenizer: --vocab takes a tiktoken BPE file (o200k_base's first 128,256 tokens stand
@@ -27,7 +26,6 @@ import tempfile
 import time
 
 import torch
-from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
 
 import atom_core.engine.sampling.sampler as sampler
 import atom_core.engine.steps.async_step as async_step
@@ -35,23 +33,10 @@ import atom_core.engine.structured.masking as masking
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.steps.emit import Emitter
 from atom_core.engine.structured import Grammars, StructuredOutputsParams
+from benchmarks.harness.schemas import SCHEMA
+from benchmarks.harness.shapes import llama3_8b
 
 PROMPT, NEW = 512, 128
-SCHEMA = {
-    "type": "array",
-    "minItems": 200,
-    "items": {
-        "type": "object",
-        "properties": {
-            "id": {"type": "integer"},
-            "name": {"type": "string", "maxLength": 16},
-            "score": {"type": "number"},
-            "tags": {"type": "array", "items": {"type": "string", "maxLength": 8}, "maxItems": 3},
-        },
-        "required": ["id", "name", "score", "tags"],
-        "additionalProperties": False,
-    },
-}
 
 
 def tiktoken_grammars(path: str, vocab_size: int) -> Grammars:
@@ -153,7 +138,6 @@ def run(llm: LLM, batch: int, structured: bool, gen, costs: Costs) -> dict:
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--vocab", required=True, help="a tiktoken BPE file (base64 token, rank per line)")
-    parser.add_argument("--out")
     parser.add_argument("--batches", default="1,64")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--label", default="", help="which tree ran (kept in the record)")
@@ -201,16 +185,13 @@ def main():
         ratio = f"{r['ratio']:.3f}" if "ratio" in r else "-"
         print(f"{r['batch']:>4} {r['structured']!s:<7}{r['step_ms']:>9.3f}{ratio:>7}{r['fill_ms']:>9.3f}"
               f"{r['apply_ms']:>9.3f}{r['emit_ms']:>9.3f}{r['overlapped_steps']:>5}/{r['steps']}")  # fmt: skip
-    if args.out:
-        record = dict(
-            device=torch.cuda.get_device_name(),
-            label=args.label,
-            parallel_from=args.parallel_from,
-            compile_ms=compile_ms,
-            rows=rows,
-        )
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    return dict(
+        device=torch.cuda.get_device_name(),
+        label=args.label,
+        parallel_from=args.parallel_from,
+        compile_ms=compile_ms,
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Where a decode step's time goes: the CUDA-graph replay on the GPU vs the engine's whole step.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-core/src python3 packages/atom-core/benchmarks/profile_engine_step.py
+  python -m benchmarks run profile_engine_step
 
 Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, qwen3.5-35b-a3b / qwen3-next-80b-a3b
 from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU
@@ -12,18 +12,16 @@ share of a synchronous step split into schedule / inputs / forward / sample.
 from __future__ import annotations
 
 import argparse
-import json
 import tempfile
 import time
 
 import torch
-from bench_engine import llama3_8b  # beside this script (its directory is on sys.path when run)
-from bench_fp8_engine import qwen3_30b_a3b
-from bench_qwen3_next import SHAPES, make_config, realistic_routers
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.execution.step_inputs import prepare_step
 from atom_core.engine.sampling.sampler import sample
+from benchmarks.harness.routers import redraw_routers
+from benchmarks.harness.shapes import SHAPES, llama3_8b, make_config, qwen3_30b_a3b
 
 
 def _print_kernels(prof, batch: int, per: int) -> None:
@@ -41,7 +39,6 @@ def _print_kernels(prof, batch: int, per: int) -> None:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument(
         "--model", choices=["llama3-8b", "qwen3-30b-a3b", *sorted(SHAPES)], default="llama3-8b"
     )
@@ -81,7 +78,7 @@ def main():
         # rank 0's runner (with TP, the other ranks follow its steps; a lone replay there would wait)
         runner = engine.runner.runner if tp > 1 else engine.runner
         if hybrid or args.model == "qwen3-30b-a3b":
-            realistic_routers(runner.model.named_parameters(), config.hidden_size)
+            redraw_routers(runner.model.named_parameters(), config.hidden_size)
         for batch in batches:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
             ids = [
@@ -178,15 +175,12 @@ def main():
             f"{r['sync_step_ms']:>9.2f} {'':>7} {r['step_ms']:>8.2f} {r['schedule_ms']:>9.2f} "
             f"{r['inputs_ms']:>7.2f} {r['forward_ms']:>8.2f} {r['sample_ms']:>7.2f}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            record = dict(
-                device=torch.cuda.get_device_name(),
-                tensor_parallel_size=tp,
-                custom_all_reduce=tp > 1 and not args.disable_custom_all_reduce,
-                rows=rows,
-            )
-            json.dump(record, f, indent=1)
+    return dict(
+        device=torch.cuda.get_device_name(),
+        tensor_parallel_size=tp,
+        custom_all_reduce=tp > 1 and not args.disable_custom_all_reduce,
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

@@ -5,8 +5,7 @@ the residual and RMSNorm it, as NCCL or the one-shot kernel followed by the norm
 `all_reduce_rms_norm` (one launch, no barrier: count-tagged words); "exact" there is the fused sum
 bit-equal to the one-shot kernel's, and the normalized row within 1 bf16 ulp of the norm kernel's.
 
-  PYTHONPATH=packages/atom-kernels/src python3 -m torch.distributed.run --nproc_per_node 2 \
-      packages/atom-kernels/benchmarks/bench_all_reduce.py [--out results.json]
+  torchrun --nproc-per-node 2 -m benchmarks run all_reduce
 
 Messages: rows x hidden bf16 (hidden 4096: Llama-3-8B; 7168: DeepSeek-V3). Bus bandwidth as NCCL reports
 it for an all-reduce: 2 (world - 1) / world x bytes / time.
@@ -16,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import time
 
 import torch
@@ -92,7 +90,6 @@ GROUP = "0"  # the default group's name (symmetric memory addresses groups by na
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true", help="also time the kernel's other block sizes")
     args = parser.parse_args()
     dist.init_process_group("nccl")
@@ -209,11 +206,9 @@ def main():
                     k[len("atom_") :]: round(v, 2) for k, v in r["us"].items() if k.startswith("atom_block")
                 }
                 print(f"  tokens {r['tokens']} hidden {r['hidden']}: {sweep}")
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump(record, f, indent=1)
     dist.barrier()
     dist.destroy_process_group()
+    return record if rank == 0 else None
 
 
 if __name__ == "__main__":

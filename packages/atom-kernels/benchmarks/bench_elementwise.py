@@ -1,6 +1,6 @@
 """Memory-bound per-token ops at T=16k (docs/architecture.md §7): RMSNorm (+residual, gated), SiLU-and-mul, RoPE, MRoPE.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_elementwise.py [--out r.json]
+  python -m benchmarks run elementwise
 
 Per op: median time (triton.testing.do_bench), bytes moved / time in TB/s, % of the copy bandwidth
 measured in this run, and the ratio to the same math in eager torch (the reference functions) measured
@@ -11,17 +11,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels import apply_mrope, apply_rotary, rms_norm, rms_norm_gated, silu_and_mul
 from atom_kernels.activation.ref import silu_and_mul_ref
 from atom_kernels.norm.ref import rms_norm_gated_ref, rms_norm_ref
 from atom_kernels.rotary.ref import apply_mrope_ref, apply_rotary_ref
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 T, H = 16384, 4096
@@ -33,8 +32,7 @@ def bench(fn) -> float:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     bf16 = dict(device=DEV, dtype=torch.bfloat16)
     copy_bw, _ = measure_ceilings(DEV)
     rows = []
@@ -132,9 +130,6 @@ def main():
         copy_tb_s=copy_bw / 1e12,
         rows=rows,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {record['copy_tb_s']:.2f} TB/s")
     print(f"{'op':28} {'shape':34} {'ms':>8} {'TB/s':>6} {'% copy':>7} {'torch ms':>9} {'x torch':>8}")
     for r_ in rows:
@@ -142,6 +137,7 @@ def main():
             f"{r_['op']:28} {r_['shape']:34} {r_['ms']:8.3f} {r_['tb_s']:6.2f} {r_['pct_copy']:6.1f}% "
             f"{r_['torch_ms']:9.3f} {r_['x_torch']:8.2f}"
         )
+    return record
 
 
 if __name__ == "__main__":

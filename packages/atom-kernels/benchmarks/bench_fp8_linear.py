@@ -1,7 +1,6 @@
 """fp8_linear (block (128, 128) e4m3 weight, bf16 x) against bf16 cuBLAS (F.linear), as graph replays.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_fp8_linear.py \
-      [--rows 1 16 4096] [--out results.json] [names...]
+  python -m benchmarks run fp8_linear -- [--rows 1 16 4096] [names...]
 
 Llama-3-8B's projections and DeepSeek-V3's attention projections, from decode's single row to prefill's
 16384. At 1..16 rows fp8_linear reads the weight once (the W8A8 skinny kernel, or the weight-only GEMV for
@@ -19,15 +18,11 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import math
-from pathlib import Path
 
 import torch
 import torch.nn.functional as F
 import triton
-from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.activation import silu_and_mul
 from atom_kernels.fp8 import fp8_linear, fp8_linear_ref, quantize_act, quantize_weight_ref
@@ -35,17 +30,10 @@ from atom_kernels.fp8.cublas_blockwise import ROW_ALIGN, blockwise_mm, cublas_bl
 from atom_kernels.fp8.gemm import w8a8_gemm
 from atom_kernels.fp8.linear import quantizes_input
 from atom_kernels.fp8.skinny_w8a8 import MAX_ROWS as SKINNY_W8A8_MAX_ROWS
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.fp8_shapes import SHAPES
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
-SHAPES = {  # name: (N, K)
-    "llama3-8b/qkv": (6144, 4096),
-    "llama3-8b/o": (4096, 4096),
-    "llama3-8b/gate_up": (28672, 4096),
-    "llama3-8b/down": (4096, 14336),
-    "dsv3/q_b": (24576, 1536),
-    "dsv3/kv_a": (576, 7168),
-    "dsv3/o": (7168, 16384),
-    "dsv3/q_a+kv_a": (2112, 7168),
-}
 GATED = ("llama3-8b/down",)  # also timed from the MLP's gate_up, the activation fused into x's quantization
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 1024, 4096, 16384)
 BLOCK = (128, 128)
@@ -141,7 +129,6 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out", default=str(Path(__file__).parent / "results" / "fp8_linear_h200.json"))
     parser.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
     parser.add_argument("names", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
@@ -163,22 +150,16 @@ def main():
         "cuBLAS's blockwise GEMM alone (x quantized outside). gated x: the down projection from gate_up, "
         "bf16 silu_and_mul + GEMM over fp8_linear(gated_input=True)."
     )
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(
-            dict(
-                device=torch.cuda.get_device_name(),
-                date=datetime.date.today().isoformat(),
-                torch=torch.__version__,
-                triton=triton.__version__,
-                block=list(BLOCK),
-                copy_tb_s=copy_bw / 1e12,
-                bf16_mm_tflops=mm_flops / 1e12,
-                rows=rows_out,
-            ),
-            f,
-            indent=1,
-        )
+    return dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        block=list(BLOCK),
+        copy_tb_s=copy_bw / 1e12,
+        bf16_mm_tflops=mm_flops / 1e12,
+        rows=rows_out,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Gated delta net on the H200 (issue targets): recurrent decode over state slots and chunked prefill.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_gdn.py \
-      [--out results/gdn_h200.json]
+  python -m benchmarks run gdn
 
 Decode: HV=32, D=128, fp32 state, B=64: bytes = state read + written (+ q/k/v/o), TB/s and % of the copy
 bandwidth measured in this run. Prefill: one sequence of 8k and 32k tokens, H=32, D=128, bf16, against
@@ -15,53 +14,19 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.gdn import gated_delta_rule_chunked, gated_delta_rule_recurrent
-
-DEV = torch.device("cuda")
-H, D = 32, 128
-
-
-def inputs(tokens, heads=H):
-    torch.manual_seed(0)
-    q = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
-    k = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
-    v = torch.randn(tokens, heads, D, device=DEV, dtype=torch.bfloat16)
-    g = torch.nn.functional.logsigmoid(torch.randn(tokens, heads, device=DEV)) * 0.1  # log decay <= 0
-    beta = torch.rand(tokens, heads, device=DEV, dtype=torch.bfloat16)
-    return q, k, v, g, beta
-
-
-def kernel_ms(fn, calls: int = 5) -> float:
-    """GPU time of fn's kernels per call (host work and launch gaps excluded)."""
-    fn()
-    torch.cuda.synchronize()
-    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
-            fn()
-        torch.cuda.synchronize()
-    return sum(e.device_time_total for e in prof.key_averages()) / calls / 1e3
-
-
-def fla_chunk():
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception as exc:  # not installed on this machine: the table says so
-        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
-        return None
-    return chunk_gated_delta_rule
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, inputs, kernel_ms
 
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings(DEV)
     rows = []
     batch = 64
@@ -144,9 +109,6 @@ def main():
         copy_tb_s=copy_bw / 1e12,
         rows=rows,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {copy_bw / 1e12:.2f} TB/s")
     print(
         f"{'case':38} {'ms':>8} {'TB/s':>6} {'% copy':>7} {'fla ms':>8} {'x fla':>6} {'rel err':>8}"
@@ -158,6 +120,7 @@ def main():
         gpu = f" {r['gpu_ms']:7.3f}" if "gpu_ms" in r else ""
         gpu += f" {r['fla_gpu_ms']:7.3f} {r['gpu_over_fla_gpu']:7.2f}" if "fla_gpu_ms" in r else ""
         print(f"{r['case']:38} {r['ms']:8.3f} {bw} {fla}{gpu}")
+    return record
 
 
 if __name__ == "__main__":

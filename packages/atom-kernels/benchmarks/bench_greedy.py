@@ -1,8 +1,7 @@
 """Greedy sampling's last step: atom-kernels' greedy_tokens (one launch) against torch's argmax, isfinite
 .all() and stack (what the engine ran before), on a decode step's logits.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-kernels/benchmarks \
-      python3 packages/atom-kernels/benchmarks/bench_greedy.py [--out results.json]
+  python -m benchmarks run greedy
 
 Two timings per case: the device time of calls replayed from a CUDA graph (graph_timing.py: inputs
 rotated so each call reads its logits from DRAM) and the wall time of eager calls back to back, which is
@@ -13,14 +12,13 @@ bytes over the device time; % of copy: that against the copy bandwidth measured 
 from __future__ import annotations
 
 import argparse
-import json
 import time
 
 import torch
-from ceilings import measure_ceilings
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.sampling import greedy_tokens, greedy_tokens_ref
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 CASES = [(1, 128256), (1, 151936), (64, 128256), (256, 151936)]  # rows, vocabulary (Llama-3, Qwen3)
 
@@ -35,10 +33,9 @@ def _eager_us(fn, logits, calls: int = 200) -> float:
     return (time.perf_counter() - start) / calls * 1e6
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     rows_out = []
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
@@ -73,13 +70,7 @@ def main() -> None:
                 eager_torch_us=eager_ref,
             )
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                dict(device=torch.cuda.get_device_name(), copy_bw_gbs=copy_bw / 1e9, cases=rows_out),
-                f,
-                indent=1,
-            )
+    return dict(device=torch.cuda.get_device_name(), copy_bw_gbs=copy_bw / 1e9, cases=rows_out)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,7 @@
 """Sampled tokens on a decode step's logits: atom-kernels' keyed_draw (no sort) against the sort-based
 torch draw atom-core's sampler ran before (softmax, a full sort for top-p, a float64 CDF, searchsorted).
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-kernels/benchmarks \
-      python3 packages/atom-kernels/benchmarks/bench_keyed_draw.py [--out results.json]
+  python -m benchmarks run keyed_draw
 
 Each case draws every row with temperature 0.8 and top-p 0.95 (and top-k 50 where named) from bf16 logits
 (random, scaled like a model's), greedy_tokens first as the engine runs it. Times are device times of
@@ -14,13 +13,12 @@ in the same run (a draw reads the row about three times: max, masses, a chunk a 
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from ceilings import measure_ceilings
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.sampling import greedy_tokens, keyed_draw
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 CASES = [(1, 128256, 0), (1, 151936, 0), (64, 151936, 0), (64, 151936, 50), (256, 151936, 0)]
 TEMPERATURE, TOP_P = 0.8, 0.95
@@ -72,29 +70,22 @@ def time_case(rows: int, vocab: int, top_k: int, copy_bw: float) -> dict:
     )
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     print(f"copy bandwidth {copy_bw / 1e12:.2f} TB/s (read + write)")
     print(
         f"{'rows x vocab':>14} {'top-k':>5} {'kernel us':>10} {'GB/s':>7} {'% copy':>7} {'sorted us':>10} {'x':>6}"
     )
     cases = [time_case(rows, vocab, top_k, copy_bw) for rows, vocab, top_k in CASES]
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                dict(
-                    device=torch.cuda.get_device_name(),
-                    copy_bw_gbs=copy_bw / 1e9,
-                    temperature=TEMPERATURE,
-                    top_p=TOP_P,
-                    cases=cases,
-                ),
-                f,
-                indent=1,
-            )
+    return dict(
+        device=torch.cuda.get_device_name(),
+        copy_bw_gbs=copy_bw / 1e9,
+        temperature=TEMPERATURE,
+        top_p=TOP_P,
+        cases=cases,
+    )
 
 
 if __name__ == "__main__":

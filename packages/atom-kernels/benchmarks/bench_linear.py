@@ -1,6 +1,6 @@
 """Linear layers at decode's row counts: atom_kernels.linear against cuBLAS (F.linear), as graph replays.
 
-  PYTHONPATH=packages/atom-kernels/src python3 benchmarks/bench_linear.py [--sweep] [--out results.json]
+  python -m benchmarks run linear -- [--sweep]
 
 Llama-3-8B's projections and Qwen3-30B-A3B's dense ones (a3b_*; bf16). Each call reads the whole weight, so the roofline is the weight's bytes at
 the copy bandwidth measured in the same run. The down projection takes the gated MLP's [M, 2I]
@@ -13,18 +13,17 @@ from __future__ import annotations
 import argparse
 import datetime
 import itertools
-import json
 import time
 
 import torch
 import torch.nn.functional as F
 import triton
-from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
-from graph_timing import graph_ms, rotation
 
 from atom_kernels import silu_and_mul
 from atom_kernels.linear import linear
 from atom_kernels.linear.skinny import MAX_SKINNY_ROWS, SkinnyTiles, run_skinny, skinny_tiles
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 SHAPES = {  # name: (N, K, gated input)
     "qkv": (6144, 4096, False),
@@ -101,7 +100,6 @@ def host_us_per_call(calls: int = 2000) -> dict[str, float]:
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true", help="time tile candidates first")
     parser.add_argument("--sweep-rows", default="1,4,16", help="row counts the sweep times")
     parser.add_argument("--rows", default=",".join(map(str, ROWS)), help="row counts the table times")
@@ -175,21 +173,15 @@ def main():
         "host time per eager call (tiny weight, GPU idle): "
         + ", ".join(f"{k} {v:.1f} us" for k, v in host.items())
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                dict(
-                    device=torch.cuda.get_device_name(),
-                    date=datetime.date.today().isoformat(),
-                    torch=torch.__version__,
-                    triton=triton.__version__,
-                    copy_tb_s=copy_bw / 1e12,
-                    host_us_per_call=host,
-                    rows=rows_out,
-                ),
-                f,
-                indent=1,
-            )
+    return dict(
+        device=torch.cuda.get_device_name(),
+        date=datetime.date.today().isoformat(),
+        torch=torch.__version__,
+        triton=triton.__version__,
+        copy_tb_s=copy_bw / 1e12,
+        host_us_per_call=host,
+        rows=rows_out,
+    )
 
 
 if __name__ == "__main__":

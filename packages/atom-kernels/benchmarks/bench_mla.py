@@ -1,7 +1,6 @@
 """MLA on the H200 (issue targets): absorbed decode over a paged latent cache, B=64, L=4k, bf16 and fp8.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_mla.py \
-      [--out results/mla_h200.json] [--sweep]
+  python -m benchmarks run mla -- [--sweep]
 
 Per case: median time (CUDA-graph replays), TFLOP/s (2 * 576 + 2 * 512 per head and cached row) and TB/s
 (latent rows read once), % of the bf16 matmul rate and of the copy bandwidth, both measured in this run,
@@ -13,17 +12,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.mla import mla_attention
 from atom_kernels.mla.attention import MlaTiles, mla_tiles
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 RANK, ROPE = 512, 64
@@ -100,7 +98,6 @@ def sdpa_baseline(q, cache, tables, scale, batch, q_len):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     copy_bw, mm_rate = measure_ceilings()
@@ -172,9 +169,6 @@ def main():
         rows=rows,
         sweeps=sweeps,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s")
     print(
         f"{'case':28} {'ms':>8} {'TFLOP/s':>8} {'% mm':>6} {'TB/s':>6} {'% copy':>7} {'SDPA ms':>8} {'x SDPA':>7}"
@@ -184,6 +178,7 @@ def main():
             f"{r['case']:28} {r['ms']:8.3f} {r['tflops']:8.1f} {r['pct_mm']:5.1f}% {r['tb_s']:6.2f} "
             f"{r['pct_copy']:6.1f}% {r['sdpa_ms']:8.3f} {r['x_sdpa']:7.2f}"
         )
+    return record
 
 
 if __name__ == "__main__":

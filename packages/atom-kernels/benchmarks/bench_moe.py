@@ -1,7 +1,6 @@
 """Fused MoE on the H200 (issue targets): the experts of one MoE layer, and the routing kernels.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_moe.py \
-      [--out results/moe_h200.json] [--sweep]
+  python -m benchmarks run moe -- [--sweep]
 
 Experts: median device time of fused_experts (routing given) replayed from a CUDA graph, as engines run
 decode (the eager time, host launch cost included, is reported beside it), against a per-expert torch loop on the same
@@ -16,17 +15,16 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import torch.nn.functional as F
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels import fused_experts, grouped_topk, topk_softmax
 from atom_kernels.moe import TileConfig, tile_config
 from atom_kernels.moe.ref import grouped_topk_ref, topk_softmax_ref
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 BF16 = dict(device=DEV, dtype=torch.bfloat16)
@@ -76,7 +74,6 @@ def torch_loop(x, w13, w2, weights, ids):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--sweep", action="store_true")
     args = parser.parse_args()
     copy_bw, mm_rate = measure_ceilings()
@@ -193,9 +190,6 @@ def main():
         rows=rows,
         sweeps=sweeps,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(f"\n{record['device']}  copy {copy_bw / 1e12:.2f} TB/s  bf16 matmul {mm_rate / 1e12:.0f} TFLOP/s")
     print(
         f"{'op':14} {'shape':26} {'hit':>4} {'ms':>8} {'TB/s':>6} {'TFLOP/s':>8} {'% roof':>7} {'eager':>7} "
@@ -208,6 +202,7 @@ def main():
             else f"{'':4} {r['ms']:8.3f} {'':6} {'':8} {'':7} {'':7}"
         )
         print(f"{r['op']:14} {r['shape']:26} {extra} {r['base_ms']:8.3f} {r['x_base']:7.2f}")
+    return record
 
 
 if __name__ == "__main__":

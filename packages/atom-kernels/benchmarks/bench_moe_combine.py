@@ -1,7 +1,7 @@
 """The MoE combine (each token's k weighted expert rows summed) against torch's sum over the [T, k, H] view,
 which fused_experts ran before, on the H200.
 
-  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 bench_moe_combine.py [--out FILE]
+  python -m benchmarks run moe_combine
 
 Qwen3-30B-A3B (H = 2048) and DeepSeek-V3 (H = 7168), k = 8, bf16, T = 1..4096 tokens; both timed as
 CUDA-graph replays (graph_timing) over input copies that miss the L2, as in a decode step. % copy: the
@@ -11,23 +11,21 @@ bytes read and written over the copy bandwidth measured in the same run. Results
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.moe.combine import combine_topk
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 SHAPES = {"qwen3-30b-a3b": 2048, "dsv3": 7168}
 TOKENS = (1, 8, 64, 512, 4096)
 TOP_K = 8
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     rows = []
     for name, hidden in SHAPES.items():
@@ -68,9 +66,7 @@ def main() -> None:
             f"{r['shape']:<14} {r['tokens']:>5} {r['combine_us']:>11.2f} {r['torch_sum_us']:>13.2f} "
             f"{r['speedup']:>6.2f} {r['pct_copy']:>7.1f}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(copy_TBps=copy_bw / 1e12, top_k=TOP_K, rows=rows), f, indent=1)
+    return dict(copy_TBps=copy_bw / 1e12, top_k=TOP_K, rows=rows)
 
 
 if __name__ == "__main__":

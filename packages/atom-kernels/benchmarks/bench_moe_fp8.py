@@ -1,6 +1,6 @@
 """Fused MoE with block-quantized fp8 experts against its bf16 path, same data, same run (H200).
 
-  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 bench_moe_fp8.py [--out FILE]
+  python -m benchmarks run moe_fp8
 
 The fp8 experts are the bf16 ones quantized in [128, 128] blocks, run two ways: W8A8 (fused_experts'
 default: x and the intermediate quantized per row and 128-group, e4m3 tiles into the MMA) and weight-only
@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels import fused_experts
 from atom_kernels.fp8.ref import quantize_weight_ref
 from atom_kernels.moe import ExpertScales
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 BLOCK = (128, 128)
@@ -35,10 +34,9 @@ def quantized(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return torch.stack(qs), torch.stack(ss)
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     rows = []
     for name, experts, k, hidden, inter in SHAPES:
@@ -106,18 +104,12 @@ def main() -> None:
             f"{r['speedup']:.2f}x | {r['weight_only_speedup']:.2f}x | {r['fp8_gb_s']:.0f} "
             f"({r['fp8_pct_copy']:.0f}%) | {r['fp8_tflops']:.0f} |"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(
-                dict(
-                    date=datetime.date.today().isoformat(),
-                    device=torch.cuda.get_device_name(),
-                    copy_tb_s=copy_bw / 1e12,
-                    rows=rows,
-                ),
-                f,
-                indent=1,
-            )
+    return dict(
+        date=datetime.date.today().isoformat(),
+        device=torch.cuda.get_device_name(),
+        copy_tb_s=copy_bw / 1e12,
+        rows=rows,
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """The token-by-expert ordering of a MoE layer on the H200: one program vs the multi-launch path.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_moe_order.py \
-      [--out results/moe_order_h200.json]
+  python -m benchmarks run moe_order
 
 Each row is order_by_expert for T tokens' top-k ids, timed as a decode step runs it: 50 calls captured in
 one CUDA graph, replayed, GPU time per call (launch gaps included), for both paths on the same ids. The
@@ -14,7 +13,6 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 
 import torch
 
@@ -46,10 +44,9 @@ def per_call_us(ids: torch.Tensor, experts: int, block_m: int, one_program: bool
     return sorted(times)[len(times) // 2]
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     gen = torch.Generator(device="cuda").manual_seed(0)
     rows = []
     for experts, k, block_m, tokens in CASES:
@@ -74,9 +71,6 @@ def main() -> None:
         small_order_pairs=SMALL_ORDER_PAIRS,
         rows=rows,
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
     print(
         f"\n{record['device']}: order_by_expert per call in a CUDA graph (us); one program up to {SMALL_ORDER_PAIRS} pairs"
     )
@@ -86,6 +80,7 @@ def main() -> None:
             f"{r['experts']:>4} {r['tokens']:>4} {r['pairs']:>6} {r['one_program_us']:>12.2f} "
             f"{r['multi_launch_us']:>13.2f} {r['multi_launch_us'] / r['one_program_us']:>6.2f}"
         )
+    return record
 
 
 if __name__ == "__main__":

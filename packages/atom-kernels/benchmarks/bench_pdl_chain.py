@@ -1,6 +1,6 @@
 """What programmatic dependent launch does for a chain of decode GEMVs (the idea behind atom_kernels.pdl).
 
-  PYTHONPATH=packages/atom-kernels/benchmarks python3 packages/atom-kernels/benchmarks/bench_pdl_chain.py
+  python -m benchmarks run pdl_chain
 
 Llama-3-8B's 128 one-row projections of a decode step (qkv, o, gate_up, down for 32 layers; bf16 weights
 scaled to keep values finite), each reading the previous one's output, alone and with an RMSNorm before
@@ -15,8 +15,9 @@ from __future__ import annotations
 import torch
 import triton
 import triton.language as tl
-from graph_timing import graph_ms
 from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+
+from benchmarks.harness.graph_timing import graph_ms
 
 
 @triton.jit

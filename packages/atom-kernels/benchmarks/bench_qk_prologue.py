@@ -1,7 +1,7 @@
 """The fused q/k norm + rotary + KV write (qk_norm_rope_write) at Qwen3.5's attention shape on the GPU,
 beside the four unfused launches (rms_norm of q, of k, apply_rotary, write_kv) in the same run.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/bench_qk_prologue.py [--out r.json]
+  python -m benchmarks run qk_prologue
 
 Qwen3.5-35B-A3B per rank at TP=1: 16 q heads (inside the gated projection: q is a strided view), 2 KV
 heads, head 256, rotary 64 of 256, zero-centred norms, bf16 flash cache. Bytes: q, k, v read, q written,
@@ -12,16 +12,15 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 from functools import partial
 
 import torch
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.cache import write_kv
 from atom_kernels.norm import rms_norm
 from atom_kernels.rotary import apply_rotary, qk_norm_rope_write
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 HQ, HKV, D, ROTARY = 16, 2, 256, 64
@@ -57,8 +56,7 @@ def unfused(q, k, v, qw, kw, positions, inv_freq, k_cache, v_cache, slots):
 
 def main():
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings(DEV)
     rows = []
     for tokens in (1, 64, 4096, 16384):
@@ -95,9 +93,7 @@ def main():
             f"{r['tokens']:>7} {r['fused_us']:>9.1f} {r['fused_pct_copy']:>6.1f}% {r['unfused_us']:>11.1f} "
             f"{r['unfused_pct_copy']:>6.1f}% {r['speedup']:>7.2f}x"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    return record
 
 
 if __name__ == "__main__":

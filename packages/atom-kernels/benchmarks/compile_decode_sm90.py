@@ -1,6 +1,6 @@
 """Compile the paged-decode tile kernel for sm90 without a GPU and print its instruction mix.
 
-  cd packages/atom-kernels && PYTHONPATH=src python3 -m benchmarks.compile_decode_sm90
+  python -m benchmarks run compile_decode_sm90
 
 Triton compiles to PTX and SASS on any machine (ptxas and cuobjdump ship in its wheel), so how loads
 vectorize and where fp8 is converted can be checked before spending GPU time: per variant, the count of
@@ -17,7 +17,7 @@ from functools import partial
 from benchmarks.harness.offline_compile import e4m3_decode_build, sass_lines, tile_decode_build
 
 
-def main() -> None:
+def main() -> dict:
     variants = [
         ("flash bf16", 0, "bf16", 0, False, 3),
         ("shuffle bf16", 1, "bf16", 0, False, 3),
@@ -29,6 +29,8 @@ def main() -> None:
         ("flash fp8, Gluon e4m3 kernel (64 pos., 1 warp)", partial(e4m3_decode_build, BLOCK_N=64)),
         ("flash fp8, Gluon e4m3 kernel (default tiles)", e4m3_decode_build),
     ]
+    columns = ("sass", "cp16", "cp_narrow", "lds_b8", "cvt_e4m3", "st_shared")
+    rows = []
     print(f"{'variant':<48}{'SASS':>6}{'cp16':>6}{'cp<16':>7}{'lds.b8':>8}{'cvt e4m3':>9}{'st.shared':>10}")
     for label, build in kernels:
         kernel = build()
@@ -44,6 +46,8 @@ def main() -> None:
             )
         ]
         print(f"{label:<48}" + "".join(f"{c:>{w}}" for c, w in zip(counts, (6, 6, 7, 8, 9, 10), strict=True)))
+        rows.append({"variant": label, **dict(zip(columns, counts, strict=True))})
+    return {"arch": "sm_90", "rows": rows}
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Compile the MLA decode kernels for sm90 without a GPU and print registers, spills and shared memory.
 
-  cd packages/atom-kernels && PYTHONPATH=src python3 -m benchmarks.compile_mla_sm90
+  python -m benchmarks run compile_mla_sm90
 
 Triton builds PTX and SASS on any machine (ptxas and cuobjdump ship in its wheel), so whether a tile
 spills, pipelines its row loads (cp.async) or uses warpgroup MMAs can be read before spending GPU time.
@@ -48,7 +48,8 @@ def build(tiles: MlaTiles, cache: str):
     return offline_build(kernel, types, const, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
-def main() -> None:
+def main() -> dict:
+    rows = []
     print(f"{'variant':<72}{'regs':>5}{'stack':>6}{'smem KB':>8}{'wgmma':>6}{'mma':>5}{'cp16':>5}{'LDL':>5}")
     for tiles, cache in VARIANTS:
         kernel = build(tiles, cache)
@@ -61,6 +62,12 @@ def main() -> None:
             f"{label:<72}{regs:>5}{stack:>6}{kernel.metadata.shared / 1024:8.0f}"
             + "".join(f"{c:>{w}}" for c, w in zip(counts, (6, 5, 5, 5), strict=True))
         )
+        wgmma, mma, cp16, ldl = counts
+        rows.append(
+            dict(variant=label, regs=int(regs), stack=int(stack), smem_kb=kernel.metadata.shared / 1024)
+            | dict(wgmma=wgmma, mma=mma, cp16=cp16, ldl=ldl)
+        )
+    return {"arch": "sm_90", "rows": rows}
 
 
 if __name__ == "__main__":

@@ -2,16 +2,16 @@
 
   ncu --clock-control none -k regex:paged_attention_kernel --launch-skip 3 --launch-count 1 \
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \
-      python3 packages/atom-kernels/benchmarks/profile_decode.py [bf16|fp8] [flash|shuffle]
+  python -m benchmarks run profile_decode -- [bf16|fp8] [flash|shuffle]
 """
 
 import sys
 
 import torch
-from bench_paged_attention import DEV, HQ, D, paged_cache
 
 from atom_kernels.attention import paged_decode
 from atom_kernels.cache import KVLayout
+from benchmarks.harness.paged_cases import DEV, HQ, D, paged_cache
 
 
 def main():

@@ -2,15 +2,15 @@
 
   ncu --clock-control none -k regex:write --launch-skip 3 --launch-count 1 \\
       --section SpeedOfLight --section MemoryWorkloadAnalysis --section WarpStateStats \\
-      python3 packages/atom-kernels/benchmarks/profile_kv_write.py [bf16|fp8-tensor|fp8-token] [flash|shuffle] [pages|random]
+  python -m benchmarks run profile_kv_write -- [bf16|fp8-tensor|fp8-token] [flash|shuffle] [pages|random]
 """
 
 import sys
 
 import torch
-from bench_paged_attention import write_case, write_slots
 
 from atom_kernels.cache import KVLayout, write_kv
+from benchmarks.harness.paged_cases import write_case, write_slots
 
 
 def main():

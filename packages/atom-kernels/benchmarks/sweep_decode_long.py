@@ -1,7 +1,6 @@
 """Split counts x tile configurations for long-context decode, as graph replays (what bounds B=1 at 32k-64k).
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_decode_long.py \
-      --configs 64/2/3,64/2/5,128/4/2 --shapes "1x8x32768:32,64,128;1x8x131072:32,64" [--combine] [--out F]
+  python -m benchmarks run sweep_decode_long -- --configs 64/2/3,64/2/5,128/4/2 --shapes "1x8x32768:32,64,128;1x8x131072:32,64" [--combine]
 
 A config is block_n/num_warps/num_stages of the generic tile kernel; a shape is BxHkv xL, every sequence L
 tokens, with the split counts to try after the colon (Hq 32, D 128, page 16, a bf16 flash cache, pages in
@@ -14,19 +13,18 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
 import torch
 import triton
-from ceilings import measure_ceilings
-from graph_timing import graph_ms, rotation
-from sweep_decode_plan import HQ, D, decode_inputs
 
 from atom_kernels.attention import paged_decode
 from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import TileConfig, run_paged_attention
 from atom_kernels.attention.packs import Partials
 from atom_kernels.attention.tile_kernel import combine_splits_kernel
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
+from benchmarks.harness.paged_cases import HQ, D, decode_inputs
 
 
 def _run(inputs, out, splits: int, config: TileConfig):
@@ -57,12 +55,11 @@ def _combine_us(splits: int) -> float:
     return graph_ms([lambda i=i: call(i) for i in range(4)]) * 1e3
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--configs", required=True, help="block_n/warps/stages, comma-separated")
     parser.add_argument("--shapes", required=True, help="BxHkvxL:splits,splits;... ")
     parser.add_argument("--combine", action="store_true")
-    parser.add_argument("--out")
     args = parser.parse_args()
     torch.manual_seed(0)
     configs = [TileConfig(16, *map(int, c.split("/"))) for c in args.configs.split(",")]
@@ -110,9 +107,7 @@ def main() -> None:
     combine = {s: _combine_us(s) for s in (32, 64)} if args.combine else {}
     for s, us in combine.items():
         print(f"combine s{s}: {us:.2f} us", flush=True)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(copy_bw_gbs=copy_bw / 1e9, rows=rows, combine_us=combine), f, indent=1)
+    return dict(copy_bw_gbs=copy_bw / 1e9, rows=rows, combine_us=combine)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """paged_decode's plan for short walks (decode.short_walk_plan) against the generic one, as graph replays.
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-kernels/benchmarks \
-      python3 packages/atom-kernels/benchmarks/sweep_decode_plan.py [--out results.json]
+  python -m benchmarks run sweep_decode_plan
 
 Each row is one decode call over a bf16 flash cache (Hq 32, D 128, page 16, every sequence L tokens): the
 generic plan (decode_splits' count, decode_tiles' two-warp 64-wide tiles) and paged_decode's, which takes
@@ -13,16 +12,15 @@ bytes read per call over the copy bandwidth measured in the same run.
 from __future__ import annotations
 
 import argparse
-import json
 
 import torch
-from bench_paged_attention import generic_tile_decode
-from ceilings import measure_ceilings
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.attention import paged_decode
 from atom_kernels.attention.decode import decode_splits, decode_tiles, short_walk_plan
 from atom_kernels.cache import KVLayout
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
+from benchmarks.harness.paged_cases import decode_inputs, generic_tile_decode
 
 HQ, D, PAGE = 32, 128, 16
 # (batch, KV heads, tokens per sequence, max_len the graph is sized for)
@@ -46,17 +44,6 @@ SHAPES = [
 ]
 
 
-def decode_inputs(batch: int, heads: int, tokens: int):
-    """q, K and V caches (pages in random order), block tables, lengths: every sequence `tokens` long."""
-    pages = -(-tokens // PAGE)
-    blocks = batch * pages
-    k = torch.randn(blocks, PAGE, heads, D, device="cuda", dtype=torch.bfloat16)
-    tables = torch.randperm(blocks, device="cuda", dtype=torch.int32).view(batch, pages)
-    q = torch.randn(batch, HQ, D, device="cuda", dtype=torch.bfloat16)
-    lens = torch.full((batch,), tokens, device="cuda", dtype=torch.int32)
-    return q, k, torch.randn_like(k), tables, lens
-
-
 def _generic(q, kc, vc, tables, lens, max_len, out):
     """The generic plan: decode_splits' count and decode_tiles' tiles."""
     config = decode_tiles(kc.dtype, KVLayout.FLASH)
@@ -66,10 +53,9 @@ def _generic(q, kc, vc, tables, lens, max_len, out):
     )  # fmt: skip
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     torch.manual_seed(0)
     copy_bw, _ = measure_ceilings()
     device = torch.device("cuda")
@@ -126,9 +112,7 @@ def main() -> None:
     record = dict(
         device=torch.cuda.get_device_name(), copy_bw_gbs=copy_bw / 1e9, hq=HQ, head_dim=D, rows=rows
     )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
+    return record
 
 
 if __name__ == "__main__":

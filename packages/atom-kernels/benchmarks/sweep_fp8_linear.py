@@ -1,6 +1,6 @@
 """Tile sweep for fp8_linear's kernels on the H200 (how stream_tiles and gemm_tiles were chosen).
 
-  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 sweep_fp8_linear.py [--out FILE]
+  python -m benchmarks run sweep_fp8_linear
 
 Times each candidate as CUDA-graph replays over weight copies that miss the L2 (graph_timing) at 1 row
 (GEMV), 8 rows (skinny) and 4096 rows (the W8A8 GEMM alone, x quantized beforehand), and prints the best
@@ -11,15 +11,14 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
 import torch
-from ceilings import measure_ceilings  # sibling scripts: benchmarks run from this folder
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.fp8 import quantize_act, quantize_weight_ref
 from atom_kernels.fp8.gemm import GemmTiles, gemm_tiles, w8a8_gemm
 from atom_kernels.fp8.stream import StreamTiles, run_stream, stream_tiles
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 BLOCK = (128, 128)
 SHAPES = {"llama3-8b/qkv": (6144, 4096), "llama3-8b/down": (4096, 14336), "llama3-8b/gate_up": (28672, 4096)}
@@ -46,10 +45,9 @@ GEMM = [
 ]
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     results = []
     for name, (n, k) in SHAPES.items():
@@ -114,9 +112,7 @@ def main() -> None:
         print({key: v for key, v in row.items() if key != "all"}, flush=True)
         del copies
         torch.cuda.empty_cache()
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(results, f, indent=1)
+    return results
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Decode's few rows on the H200: the W8A8 skinny kernel (x quantized, e4m3 tiles straight into the MMA)
 against the weight-only streaming kernels and bf16, with a tile sweep for the W8A8 kernel.
 
-  cd packages/atom-kernels/benchmarks && PYTHONPATH=../src python3 sweep_fp8_skinny.py [--rows 1 4 16] [--out FILE]
+  python -m benchmarks run sweep_fp8_skinny -- [--rows 1 4 16]
 
 Every call is timed as CUDA-graph replays over weight copies that miss the L2 (graph_timing). The W8A8
 time includes quantize_act of x (its own launch). % copy: the e4m3 weight and fp32 scales over the copy
@@ -14,17 +14,16 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
 import torch
-from bench_fp8_linear import SHAPES  # sibling scripts: benchmarks run from this folder
-from ceilings import measure_ceilings
-from graph_timing import graph_ms, rotation
 
 from atom_kernels.fp8 import fp8_linear_ref, quantize_act, quantize_weight_ref
 from atom_kernels.fp8.cublas_blockwise import cublas_blockwise_supported, cublas_w8a8
 from atom_kernels.fp8.skinny_w8a8 import SkinnyTiles, skinny_tiles, w8a8_skinny
 from atom_kernels.fp8.stream import run_stream
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.fp8_shapes import SHAPES
+from benchmarks.harness.graph_timing import graph_ms, rotation
 
 BLOCK = (128, 128)
 ROWS = (1, 4, 16)
@@ -35,9 +34,8 @@ CANDIDATES = [
 ]
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
     parser.add_argument("--rows", type=int, nargs="*", default=list(ROWS))
     parser.add_argument("names", nargs="*", default=list(SHAPES))
     args = parser.parse_args()
@@ -111,9 +109,7 @@ def main() -> None:
             f"{r['stream_pct_copy']:>6.1f} {r['best_ms']:>8.4f} {r['best_pct_copy']:>6.1f} "
             f"{r['best_x_bf16']:>7.2f} {r['best_x_stream']:>7.2f} {r['cublas_ms']:>8.4f}  {r['best']}"
         )
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump(dict(copy_TBps=copy_bw / 1e12, rows=results), f, indent=1)
+    return dict(copy_TBps=copy_bw / 1e12, rows=results)
 
 
 if __name__ == "__main__":

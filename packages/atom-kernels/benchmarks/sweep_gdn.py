@@ -1,6 +1,6 @@
 """GDN chunked-prefill sweep (how gdn_tiles was chosen): one sequence, H=32, D=128, bf16, T=8k and 32k.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_gdn.py
+  python -m benchmarks run sweep_gdn
 
 Per GdnTiles variant: median ms, and the output's and final state's error against the same kernels on fp32
 activations (3-pass TF32 throughout), next to flash-linear-attention's error against that same fp32 result
@@ -15,9 +15,9 @@ from functools import partial
 
 import torch
 import triton
-from bench_gdn import DEV, D, H, fla_chunk, inputs  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.gdn import gated_delta_rule_chunked, gdn_tiles
+from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, inputs
 
 BASE = gdn_tiles(torch.bfloat16, D)
 VARIANTS = {

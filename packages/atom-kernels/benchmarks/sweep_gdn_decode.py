@@ -1,7 +1,7 @@
 """Tiles of the recurrent GDN decode kernel on the GPU: B sequences, HV=32, D=128, fp32 state (the
 bytes: state read and written, q/k/v/o), each variant checked against the default's output first.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_gdn_decode.py
+  python -m benchmarks run sweep_gdn_decode
 """
 
 from __future__ import annotations
@@ -10,9 +10,9 @@ from functools import partial
 
 import torch
 import triton
-from ceilings import measure_ceilings  # a sibling script: benchmarks run from this folder
 
 from atom_kernels.gdn import gated_delta_rule_recurrent
+from benchmarks.harness.ceilings import measure_ceilings
 
 DEV = torch.device("cuda")
 H, D = 32, 128

@@ -2,7 +2,7 @@
 program x warps, the flash layout's (write.py) warps for bf16 and both fp8 scale kinds, and the e4m3 shuffle
 Gluon kernel's (write_shuffle_e4m3.py) register caps. Pass "e4m3" for the last one only.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_kv_write.py
+  python -m benchmarks run sweep_kv_write
 T=16k Hkv8 D128, page 16, a prefill's slots (consecutive offsets through random pages); CUDA-graph timing
 as in bench_paged_attention.py. Prints each configuration's time and % of the copy bandwidth.
 """
@@ -15,15 +15,15 @@ from functools import partial
 
 import torch
 import triton
-from bench_paged_attention import HKV, D, generic_shuffle_write, write_case, write_slots
-from ceilings import measure_ceilings
-from graph_timing import graph_ms
 
 from atom_kernels.cache import KVLayout
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.cache.layout import cache_strides
 from atom_kernels.cache.write import _write_flash_kernel
 from atom_kernels.cache.write_shuffle_e4m3 import e4m3_shuffle_write_kernel
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms
+from benchmarks.harness.paged_cases import HKV, D, generic_shuffle_write, write_case, write_slots
 
 
 def main():

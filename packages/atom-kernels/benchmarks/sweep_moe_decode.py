@@ -1,7 +1,6 @@
 """Expert-GEMM tiles for decode's few tokens, timed as a decode step runs them (picks tile_config's decode rows).
 
-  PYTHONPATH=packages/atom-kernels/src:packages/atom-kernels/benchmarks \
-      python3 packages/atom-kernels/benchmarks/sweep_moe_decode.py [--out results.json]
+  python -m benchmarks run sweep_moe_decode
 
 Each case is fused_experts for T tokens' top-8 routing (bf16), captured for a CUDA graph over 16 routings
 drawn anew per call (so the experts' weights come from DRAM, as in a decode step whose layers each
@@ -14,14 +13,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 
 import torch
-from ceilings import measure_ceilings
-from graph_timing import graph_ms
 
 from atom_kernels import fused_experts
 from atom_kernels.moe import TileConfig, tile_config
+from benchmarks.harness.ceilings import measure_ceilings
+from benchmarks.harness.graph_timing import graph_ms
 
 CASES = [  # name, experts, k, hidden, intermediate, tokens
     ("Qwen3-30B-A3B", 128, 8, 2048, 768, 1),
@@ -90,16 +88,12 @@ def sweep_case(name: str, experts: int, k: int, hidden: int, inter: int, tokens:
     )
 
 
-def main() -> None:
+def main() -> dict:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--out")
-    args = parser.parse_args()
+    parser.parse_args()
     copy_bw, _ = measure_ceilings()
     records = [sweep_case(*case, copy_bw) for case in CASES]
-    if args.out:
-        with open(args.out, "w") as f:
-            record = dict(device=torch.cuda.get_device_name(), copy_bw_gbs=copy_bw / 1e9, cases=records)
-            json.dump(record, f, indent=1)
+    return dict(device=torch.cuda.get_device_name(), copy_bw_gbs=copy_bw / 1e9, cases=records)
 
 
 if __name__ == "__main__":

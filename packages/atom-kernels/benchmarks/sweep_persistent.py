@@ -7,9 +7,9 @@ from functools import partial
 
 import torch
 import triton
-from bench_paged_attention import DEV, HKV, HQ, D, bench, ragged_cache
 
 from atom_kernels.attention import DecodePartition, paged_decode_persistent
+from benchmarks.harness.paged_cases import DEV, HKV, HQ, D, bench, ragged_cache
 
 
 def main():

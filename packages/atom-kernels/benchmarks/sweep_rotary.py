@@ -1,6 +1,6 @@
 """Token-tile sweep for the rotary kernels (how rotary_tiles was chosen), at T=16k, bf16.
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_rotary.py
+  python -m benchmarks run sweep_rotary
 
 Per shape and (BLOCK_T, num_warps): median time and TB/s of the rotated bytes (read + written in place);
 the default from rotary_tiles is marked.

@@ -1,6 +1,6 @@
 """Warps and tiles of a decode step's small per-token kernels, as CUDA-graph replays (microseconds per call).
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_small_kernels.py
+  python -m benchmarks run sweep_small_kernels
 
 - routing, one program per token, at 1, 64 and 4096 tokens: topk_softmax (E=128, k=8: Qwen3-30B-A3B) and
   grouped_topk (E=256 in 8 groups of which 4 kept, k=8, bias: DeepSeek-V3); ids checked equal across

@@ -1,6 +1,6 @@
 """Tile-configuration sweep for paged decode and prefill on the GPU (picks the launch defaults).
 
-  PYTHONPATH=packages/atom-kernels/src python3 packages/atom-kernels/benchmarks/sweep_tiles.py [WORD ...]
+  python -m benchmarks run sweep_tiles -- [WORD ...]
 Runs the cases whose names contain every WORD (all cases without words). Prints, per case, the fastest configurations (median ms) and the current default's time.
 """
 
@@ -12,13 +12,13 @@ from functools import partial
 
 import torch
 import triton
-from bench_paged_attention import DEV, HQ, D, paged_cache
-from graph_timing import graph_ms
 
 from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.launch import AttentionKernel, TileConfig, check_inputs, run_paged_attention
 from atom_kernels.attention.prefill_tma import run_tma_prefill, tma_prefill_fits
 from atom_kernels.cache import KVLayout
+from benchmarks.harness.graph_timing import graph_ms
+from benchmarks.harness.paged_cases import DEV, HQ, D, paged_cache
 
 
 def time_config(case, config, splits, graph=False, kernel=AttentionKernel.TILE):

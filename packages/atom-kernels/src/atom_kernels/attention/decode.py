@@ -64,7 +64,7 @@ def short_walk_plan(
     SM (splits rounded down, not up), each at least one 64-wide tile, and where that leaves few programs
     they get four warps, and 128-wide tiles when each walks 512 positions or more (heads up to 128 wide:
     two stages of wider K and V tiles would not fit in shared memory). From
-    benchmarks/sweep_decode_plan.py (results/decode_plan_h200.json, graph replays): faster than the
+    benchmarks/sweep_decode_plan.py (results/h200/sweep_decode_plan.jsonl#decode_plan_h200, graph replays): faster than the
     generic plan for B=1 at 600 tokens in a graph sized for 1024, B=64 at 600 tokens and B=1 at 64k; long
     walks (B=4 at 32k, B=32 at 4k) were as fast or faster with the generic plan, which they keep.
     """
@@ -87,7 +87,7 @@ def decode_tiles(
     """GPU decode tiles for `kernel` (from benchmarks/sweep_tiles.py at B=64 L=8k page 16). Flash: Triton
     shares num_stages among the levels of an indirect load (block table, then K and V), so three stages give
     K and V one buffer and five give two; 16-bit caches at three were as fast as at five or seven wherever
-    many programs share an SM (benchmarks/sweep_decode_long.py, results/sweep_decode_long_stages_h200.log),
+    many programs share an SM (benchmarks/sweep_decode_long.py, results/h200/archive/sweep_decode_long_stages.log),
     fp8 rows (half as long) take five. Shuffle:
     one warp per program and two stages; more warps per program were slower. The e4m3 kernel (one warp by
     construction): 16-position tiles, three stages, the sweep's best."""

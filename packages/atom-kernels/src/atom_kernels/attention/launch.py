@@ -187,7 +187,7 @@ def run_paged_attention(
             PDL=pdl,
             launch_pdl=pdl,
             # one warp up to 16 splits, two beyond: faster than four warps at 16 and at 64 splits
-            # (sweep_small_kernels.py, 32 heads of 128; results/small_kernels_h200.log)
+            # (sweep_small_kernels.py, 32 heads of 128; results/h200/archive/small_kernels.log)
             num_warps=1 if num_splits <= 16 else 2,
         )
     return out

@@ -37,7 +37,7 @@ class SkinnyTiles:
 def skinny_tiles(n: int, k: int, block_k: int, rows: int = 16) -> SkinnyTiles:
     """From benchmarks/sweep_fp8_skinny.py (Llama-3-8B's and DeepSeek-V3's projections).
     1..16 rows: 64-row tiles of one warpgroup everywhere; long K (down_proj, DeepSeek's o_proj, q_a/kv_a:
-    7168-16384) cut in four, with five stages. 17..64 rows (results/sweep_fp8_skinny_rows32_64_h200.log):
+    7168-16384) cut in four, with five stages. 17..64 rows (results/h200/archive/sweep_fp8_skinny_rows32_64.log):
     the largest weights and short ones (o_proj) take 128-row tiles, whose x^T operand is then shared by
     twice the weight rows; fewer stages at 64 rows, where each stage holds a wider x tile."""
     if rows <= 16:

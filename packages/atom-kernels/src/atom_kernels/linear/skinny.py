@@ -67,7 +67,7 @@ def _gemv_kernel(
     rk = tl.arange(0, BLOCK_K)
     w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
     # The first weight tile is a constant: loaded before PDL's wait, while the previous kernel finishes.
-    # (Two tiles measured no different from one, on two machines; benchmarks/NOTES.md.)
+    # (Two tiles measured no different from one, on two machines; docs/perf/2026-11-28-kernels-tuning-notes.md.)
     w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=rk[None, :] < K, other=0.0)
     wait_for_inputs(PDL)
     x = _load_x(x_ptr + rk, K, rk < K, GATED, not EVEN_K)
@@ -212,7 +212,7 @@ class SkinnyTiles:
 
 # Output rows up to which one row's GEMV takes four weight rows a program: the eight-row tiles leave such a
 # projection a few hundred programs or fewer, too few to keep every SM loading (bench_linear.py --sweep,
-# results/linear_a3b_sweep_h200.log: faster for Qwen3-30B-A3B's o 2048x4096 and its router 128x2048;
+# results/h200/archive/linear_a3b_sweep.log: faster for Qwen3-30B-A3B's o 2048x4096 and its router 128x2048;
 # Llama-3-8B's 4096-row o was even)
 NARROW_N = 2048
 
@@ -226,7 +226,7 @@ def skinny_tiles(rows: int, k: int, n: int | None = None) -> SkinnyTiles:
     block_k, splits = min(128, max(16, triton.next_power_of_2(k))), split_count(k, n)
     if rows <= 16:
         return SkinnyTiles(64, block_k, 4, 5, splits)
-    # 17..64 rows (bench_linear.py --sweep at 24-64 rows, results/linear_rows64_sweep_h200.log): the heads
+    # 17..64 rows (bench_linear.py --sweep at 24-64 rows, results/h200/archive/linear_rows64_sweep.log): the heads
     # and gate_up (hundreds of tiles or more) take 128-row tiles, whose x^T tile then feeds twice the weight
     # rows; short weights a sixth stage
     if n is not None and n > BIG_N:

@@ -45,7 +45,7 @@ def mla_tiles(
     fp32 (exact products, no tensor-core path) takes the smallest tiles to fit shared memory."""
     if interpret or itemsize >= 4:
         return MlaTiles(16, 16, 4 if not interpret else 1, 1)
-    # From benchmarks/bench_mla.py --sweep (B=64 L=4k; results/sweep_mla_h200.log). Few heads stream
+    # From benchmarks/bench_mla.py --sweep (B=64 L=4k; results/h200/archive/sweep_mla.log). Few heads stream
     # the cache in 128-position steps; fp8 rows take the transposed loop, whose e4m3 -> fp16 operands
     # spill least. Many heads: 64-row head tiles, 64-position steps, two stages (one for fp8 rows, whose
     # converted operands leave no registers for a second).

@@ -271,7 +271,7 @@ def _launch(
         block_k = min(block_k, scale_k)
     # Not for one token's tiles (order_one_token): launched early they made Qwen3-30B-A3B's B=1 decode
     # slower, where the ordered tiles of more tokens gain (B=64; atom-core
-    # results/engine_step_moe_pdl_h200.json). Why was not isolated.
+    # results/h200/profile_engine_step.jsonl#engine_step_moe_pdl_h200). Why was not isolated.
     pdl = pdl_launch(a.device) and not order.pair_tiles
     w_scale = scale if scales is not None else w  # never read without FP8_W
     act = Activations(a, w_scale, a.stride(0), 0)  # the scale is never read without FP8_A

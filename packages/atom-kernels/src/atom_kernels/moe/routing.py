@@ -3,7 +3,7 @@
 One program per token holds that token's E router logits in registers and takes the k best by repeated
 argmax (k <= 16 in every model we serve, so this beats a sort). Ties go to the lower expert id.
 A program is one warp (up to 512 experts): its 2k + 3 reductions then need no shared memory or barrier.
-In CUDA-graph replays (benchmarks/sweep_small_kernels.py, results/small_kernels_h200.log) one warp beat
+In CUDA-graph replays (benchmarks/sweep_small_kernels.py, results/h200/archive/small_kernels.log) one warp beat
 four at one token (E=128, and grouped at E=256) and by more at 4096 tokens.
 """
 

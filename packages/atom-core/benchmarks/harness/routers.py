@@ -1,0 +1,27 @@
+"""MoE routers re-drawn for benchmarks: dummy weights send every token to the same few experts, so a
+step's speed would follow whichever tokens it produced."""
+
+from __future__ import annotations
+
+import torch
+
+from atom_core.engine import LLM
+
+
+def redraw_routers(named_parameters, hidden: int) -> None:
+    """Router rows ~ N(0, 1/hidden) on normed inputs (per-token logits of unit spread), no correction
+    bias, for the modules named_parameters yields (an engine's model or a transformers model)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    for name, param in named_parameters:
+        if name.endswith("gate.e_score_correction_bias"):
+            param.data.zero_()
+        elif name.endswith("mlp.gate.weight"):
+            param.data.normal_(0.0, hidden**-0.5, generator=gen)
+
+
+def redraw_llm_routers(llm: LLM, hidden: int) -> None:
+    """redraw_routers for an LLM's model and its draft, if it has one (a no-op for dense models)."""
+    runner = llm.engine.runner
+    for model in (runner.model, runner.draft):
+        if model is not None:
+            redraw_routers(model.named_parameters(), hidden)

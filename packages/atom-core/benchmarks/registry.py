@@ -1,0 +1,137 @@
+"""atom-core's benchmarks: name -> script, with the targets their results answer.
+
+Goals are the issues' (numbered); figures live in the ledgers under results/, PERFORMANCE.md shows them.
+The engine benchmarks build published shapes with dummy weights and time the public LLM.generate path.
+"""
+
+from tools.bench_ledger import Bench, Target
+
+_STEP_MODELS = ("llama3-8b", "qwen3-30b-a3b", "qwen3.5-35b-a3b", "deepseek-v2-lite-mtp2")
+_STEP_TARGETS = tuple(
+    Target(
+        f"{model} B={batch} {sampling}: whole step / its graph replays",
+        f"rows[model={model},batch={batch},sampling={sampling}].ratio",
+        1.03,
+        "x",
+        higher_is_better=False,
+        issue=47,
+    )
+    for model in _STEP_MODELS
+    for batch in (1, 64)
+    for sampling in ("greedy", "t0.8/p0.95/seed")
+)
+
+BENCHES: dict[str, Bench] = {
+    "engine": Bench(
+        "bench_engine",
+        "Llama-3-8B shape: output tok/s at B=1 and B=64 against transformers, and % of the weight roofline.",
+        (
+            Target(
+                "Llama-3-8B B=1 decode, % of the weight roofline",
+                "rows[batch=1].pct_roofline",
+                88,
+                "%",
+                issue=52,
+            ),
+        ),
+    ),
+    "deepseek": Bench(
+        "bench_deepseek",
+        "DeepSeek-V2-Lite shape with its MTP layer: plain and MTP k=1-3 decode against the step's floor.",
+        (
+            Target(
+                "DeepSeek-V2-Lite B=1 decode, floor / step",
+                "plain_B1.floor_ms / plain_B1.step_ms",
+                0.70,
+                "x",
+                issue=52,
+            ),
+            Target(
+                "DeepSeek-V2-Lite B=64 step / floor",
+                "plain_B64.step_over_floor",
+                1.25,
+                "x",
+                higher_is_better=False,
+                issue=52,
+            ),
+            Target(
+                "DeepSeek-V2-Lite MTP k=3 B=1, full acceptance, speed / plain",
+                "mtp_k3.B1_full_acceptance_speedup",
+                2.8,
+                "x",
+                issue=52,
+            ),
+        ),
+    ),
+    "qwen3_next": Bench(
+        "bench_qwen3_next",
+        "Qwen3.5 / Qwen3-Next hybrids (`-- --model NAME`): B=1 and B=64 decode against the floor, prefill.",
+        (
+            Target(
+                "Qwen3.5-35B-A3B B=1 decode, % of the active-weight roofline",
+                "[model=qwen3.5-35b-a3b].B1.pct_active_roofline",
+                70,
+                "%",
+                issue=52,
+            ),
+            Target(
+                "Qwen3.5-35B-A3B B=64 step / floor",
+                "[model=qwen3.5-35b-a3b].B64.step_over_floor",
+                1.25,
+                "x",
+                higher_is_better=False,
+                issue=52,
+            ),
+        ),
+    ),
+    "step_vs_replay": Bench(
+        "bench_step_vs_replay",
+        "The whole decode step through LLM.generate against the GPU time of its graph replays.",
+        _STEP_TARGETS,
+    ),
+    "structured_outputs": Bench(
+        "bench_structured_outputs",
+        "A decode step where every row is held to a JSON schema, against the same batch without one.",
+        (
+            Target(
+                "structured step / plain step, B=1",
+                "rows[batch=1,structured=True].step_ms / rows[batch=1,structured=False].step_ms",
+                1.05,
+                "x",
+                higher_is_better=False,
+                issue=50,
+            ),
+            Target(
+                "structured step / plain step, B=64",
+                "rows[batch=64,structured=True].step_ms / rows[batch=64,structured=False].step_ms",
+                1.10,
+                "x",
+                higher_is_better=False,
+                issue=50,
+            ),
+        ),
+    ),
+    "engine_shapes": Bench(
+        "bench_engine_shapes",
+        "B=256 with short prompts and B=4 at 32k context, async scheduling against synchronous steps.",
+    ),
+    "fp8_engine": Bench(
+        "bench_fp8_engine", "FP8 block-quantized weights against bf16, same shapes, B=1 and B=64."
+    ),
+    "deepseek_v3_slice": Bench(
+        "bench_deepseek_v3_slice", "A DeepSeek-V3-shaped 4-layer slice against its floor."
+    ),
+    "mla_prefill": Bench("bench_mla_prefill", "MLA fresh prefill: absorbed against un-absorbed attention."),
+    "moe_order_engine": Bench(
+        "bench_moe_order_engine", "Qwen3-30B-A3B decode, one-program expert ordering on/off."
+    ),
+    "arrivals": Bench(
+        "bench_arrivals", "Requests arriving over time: throughput, latency, steps overlapping the host."
+    ),
+    "grammar_backends": Bench(
+        "bench_grammar_backends", "xgrammar against llguidance: schema compile and mask fill (CPU).", gpus=0
+    ),
+    "profile_engine_step": Bench(
+        "profile_engine_step", "Where a decode step's time goes: replay, schedule, inputs, sample."
+    ),
+}

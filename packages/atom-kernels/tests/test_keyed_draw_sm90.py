@@ -19,7 +19,7 @@ from atom_kernels.sampling.keyed_draw import (
 # bf16 logits as the engine passes them, its parameters as float64
 TYPES = dict(
     src=DrawnRows("*bf16", "*i64", "i32", "i32", "i32"),
-    params=RowParams("*fp64", "*fp32", "*fp64", "*fp64", "*i64", "*i64", "i32"),
+    per_row=RowParams("*fp64", "*fp32", "*fp64", "*fp64", "*i64", "*i64", "i32"),
     state=RoundState("*fp32", "*i32", "*i32", "*fp64", "*fp32", "*fp32"),
     out_ptr="*i64",
     out_rows="i32",

@@ -64,15 +64,18 @@ class DrawnRows(NamedTuple):
 
 
 class RowParams(NamedTuple):
-    """Each drawn row's sampling parameters [S] and its key (keys [S], or [W, S] picked by lag [S])."""
+    """Each drawn row's sampling parameters [S] and its key (key_table [S], or [W, S] picked by lag [S]).
+
+    Kernels take it as `per_row`: Triton's launcher binds a kernel's arguments in a generated function
+    whose own local `params` would shadow an argument of that name."""
 
     temperature: torch.Tensor
     kth: torch.Tensor  # the k-th logit (unread without USE_KTH)
     min_p: torch.Tensor
     top_p: torch.Tensor
-    keys: torch.Tensor
+    key_table: torch.Tensor
     lag: torch.Tensor  # unread without HAS_LAG
-    count: int
+    num_rows: int
 
 
 class RoundState(NamedTuple):
@@ -99,27 +102,27 @@ def _weights(src, row, cols, live, peak, scale, kth, min_p, pivot):
 
 
 @triton.jit
-def _params(s, src, params, state, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
+def _row_params(s, src, per_row, state, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
     """Row s's logits row, its max (from its chunks' maxima), log2(e) / T, k-th logit (-inf without
     top-k) and min-p. The float parameters are read as fp32 whether passed as fp32 or fp64."""
     row = tl.load(src.rows + s).to(tl.int64)
     c = tl.arange(0, BLOCK_C)
     maxima = tl.load(state.part_max + s * src.chunks + c, mask=c < src.chunks, other=float("-inf"))
     peak = tl.max(maxima, axis=0)
-    scale = 1.4426950408889634 / tl.load(params.temperature + s).to(tl.float32)
+    scale = 1.4426950408889634 / tl.load(per_row.temperature + s).to(tl.float32)
     kth = float("-inf")
     if USE_KTH:
-        kth = tl.load(params.kth + s)
-    return row, peak, scale, kth, tl.load(params.min_p + s).to(tl.float32)
+        kth = tl.load(per_row.kth + s)
+    return row, peak, scale, kth, tl.load(per_row.min_p + s).to(tl.float32)
 
 
 @triton.jit
-def _key(params, s, HAS_LAG: tl.constexpr):
+def _key(per_row, s, HAS_LAG: tl.constexpr):
     """Row s's uint64 key: keys[s], or with lags keys[lag[s], s] (keys [W, count])."""
     at = s.to(tl.int64)
     if HAS_LAG:
-        at += tl.load(params.lag + s) * params.count
-    return tl.load(params.keys + at).to(tl.uint64, bitcast=True)
+        at += tl.load(per_row.lag + s) * per_row.num_rows
+    return tl.load(per_row.key_table + at).to(tl.uint64, bitcast=True)
 
 
 @triton.jit
@@ -136,9 +139,9 @@ def _chunk_max(src, state, CHUNK: tl.constexpr):
 
 
 @triton.jit
-def _chunk_mass(src, params, state, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
+def _chunk_mass(src, per_row, state, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, USE_KTH: tl.constexpr):
     s, chunk = tl.program_id(0), tl.program_id(1)
-    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
+    row, peak, scale, kth, min_p = _row_params(s, src, per_row, state, BLOCK_C, USE_KTH)
     live = tl.load(state.done + s) == 0
     cols = chunk * CHUNK + tl.arange(0, CHUNK)
     e = _weights(src, row, cols, live, peak, scale, kth, min_p, tl.load(state.pivot + s))
@@ -148,7 +151,7 @@ def _chunk_mass(src, params, state, CHUNK: tl.constexpr, BLOCK_C: tl.constexpr, 
 @triton.jit
 def _check_draw(
     src,
-    params,
+    per_row,
     state,
     out_ptr,
     out_rows,
@@ -158,13 +161,13 @@ def _check_draw(
     USE_KTH: tl.constexpr,
     HAS_LAG: tl.constexpr,
 ):
-    """src: DrawnRows; params: RowParams; state: RoundState; out [2, R] (rows out_rows apart)."""
+    """src: DrawnRows; per_row: RowParams; state: RoundState; out [2, R] (rows out_rows apart)."""
     s = tl.program_id(0)
-    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
+    row, peak, scale, kth, min_p = _row_params(s, src, per_row, state, BLOCK_C, USE_KTH)
     c = tl.arange(0, BLOCK_C)
     masses = tl.load(state.part_mass + s * src.chunks + c, mask=c < src.chunks, other=0.0).to(tl.float64)
     total = tl.sum(masses, axis=0)
-    top_p = tl.load(params.top_p + s).to(tl.float32)
+    top_p = tl.load(per_row.top_p + s).to(tl.float32)
     if FIRST:
         drew = (total > 0) & (total < float("inf"))
         tl.store(state.total0 + s, total)
@@ -180,7 +183,7 @@ def _check_draw(
         r = tl.load(state.round + s)
     live = done == 0
     pivot = tl.load(state.pivot + s)
-    target = _uniform(_key(params, s, HAS_LAG), r) * total
+    target = _uniform(_key(per_row, s, HAS_LAG), r) * total
     # the chunk where the CDF passes the target (the last with mass if rounding overshot them all)
     passed = tl.cumsum(masses, axis=0) > target
     chunk = tl.min(tl.where(passed & (masses > 0), c, BLOCK_C), axis=0)
@@ -214,7 +217,7 @@ def _scan_pick(e, cols, target):
 @triton.jit
 def _finish(
     src,
-    params,
+    per_row,
     state,
     out_ptr,
     CHUNK: tl.constexpr,
@@ -225,10 +228,10 @@ def _finish(
     """The rounds a row still needs after the spread ones, in one program: check the last draw against
     the mass above it; if rejected, draw again over the whole row (read in chunks)."""
     s = tl.program_id(0)
-    row, peak, scale, kth, min_p = _params(s, src, params, state, BLOCK_C, USE_KTH)
+    row, peak, scale, kth, min_p = _row_params(s, src, per_row, state, BLOCK_C, USE_KTH)
     done = tl.load(state.done + s)
-    bound = tl.load(params.top_p + s).to(tl.float32).to(tl.float64) * tl.load(state.total0 + s)
-    key = _key(params, s, HAS_LAG)
+    bound = tl.load(per_row.top_p + s).to(tl.float32).to(tl.float64) * tl.load(state.total0 + s)
+    key = _key(per_row, s, HAS_LAG)
     r = tl.load(state.round + s)
     pivot = tl.load(state.pivot + s)
     token = tl.load(out_ptr + row).to(tl.int32)
@@ -350,12 +353,12 @@ def keyed_draw(
     use_kth, has_lag = kth is not None, key_lag is not None
     lag = key_lag.to(torch.int64).contiguous() if has_lag else rows  # (not read without a lag)
     src = DrawnRows(logits, rows, logits.stride(0), vocab, chunks)
-    params = RowParams(temperature, kth if use_kth else state.part_max, min_p, top_p, keys, lag, count)
+    per_row = RowParams(temperature, kth if use_kth else state.part_max, min_p, top_p, keys, lag, count)
     _chunk_max[(count, chunks)](src, state, CHUNK=CHUNK, num_warps=8)
     flags = dict(CHUNK=CHUNK, BLOCK_C=block_c, USE_KTH=use_kth, num_warps=8)
     for r in range(1 + (SPREAD_ROUNDS if top_p_used else 0)):
-        _chunk_mass[(count, chunks)](src, params, state, **flags)
-        _check_draw[(count,)](src, params, state, out, out.stride(0), FIRST=r == 0, HAS_LAG=has_lag, **flags)
+        _chunk_mass[(count, chunks)](src, per_row, state, **flags)
+        _check_draw[(count,)](src, per_row, state, out, out.stride(0), FIRST=r == 0, HAS_LAG=has_lag, **flags)
     if top_p_used:
-        _finish[(count,)](src, params, state, out, HAS_LAG=has_lag, **flags)
+        _finish[(count,)](src, per_row, state, out, HAS_LAG=has_lag, **flags)
     return out

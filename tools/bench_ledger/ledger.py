@@ -40,8 +40,10 @@ def current_device(gpus: int = 1) -> tuple[str, str]:
 
 
 def commit_of(repo: Path) -> tuple[str, bool]:
-    """(HEAD commit, whether the tree has changes), from git, or ATOM_BENCH_COMMIT where there is no
-    repository (a copied tree on a device machine)."""
+    """(HEAD commit, whether the tree has changes): ATOM_BENCH_COMMIT where it is set (a tree copied to a
+    device machine, whose .git, if any, is not the tree's), else from git."""
+    if os.environ.get("ATOM_BENCH_COMMIT"):
+        return os.environ["ATOM_BENCH_COMMIT"], False
     try:
         head = subprocess.run(
             ["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True, text=True, check=True
@@ -54,7 +56,7 @@ def commit_of(repo: Path) -> tuple[str, bool]:
         ).stdout
         return head, bool(status.strip())
     except (OSError, subprocess.CalledProcessError):
-        return os.environ.get("ATOM_BENCH_COMMIT", "unknown"), False
+        return "unknown", False
 
 
 def now() -> str:

@@ -8,12 +8,16 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-# Tests import their shared helpers from core_support.py and runner_driver.py, beside this file:
-# --import-mode=importlib puts no test directory on sys.path, so this one is put there (processes the tests
-# spawn inherit it).
+# Tests are grouped by layer (engine/, models/, server/, integration/) and import their shared helpers from
+# the core_fixtures package beside this file: --import-mode=importlib puts no test directory on sys.path,
+# so this one is put there (processes the tests spawn inherit it).
 sys.path.insert(0, str(Path(__file__).parent))
 
-from core_support import TINY_LLAMA, free_port, hf_greedy, install_token_counter, random_checkpoint
+from core_fixtures.architectures import TINY_LLAMA
+from core_fixtures.engine import install_token_counter
+from core_fixtures.references import hf_greedy
+
+from tools.testing_models import free_port, random_checkpoint
 
 
 @pytest.fixture

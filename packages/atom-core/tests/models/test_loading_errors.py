@@ -4,7 +4,7 @@ import json
 
 import pytest
 import torch
-from core_support import TINY, random_checkpoint
+from core_fixtures.architectures import TINY
 from safetensors.torch import load_file, save_file
 from transformers import LlamaConfig
 
@@ -14,6 +14,7 @@ from atom_core.config import CacheConfig, ConfigError, ModelConfig, ParallelConf
 from atom_core.loader import CheckpointError, build_model, load_checkpoint
 from atom_core.models.weights import WeightLoadError
 from atom_core.registry import UnsupportedArchitecture, supported_architectures
+from tools.testing_models import random_checkpoint
 
 
 @pytest.fixture

@@ -7,7 +7,7 @@ import shutil
 
 import pytest
 import torch
-from core_support import torch_reference_ops
+from core_fixtures.references import torch_reference_ops
 from safetensors.torch import load_file, save_file
 
 from atom_core.engine import LLM, SamplingParams

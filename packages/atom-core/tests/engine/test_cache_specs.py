@@ -3,7 +3,8 @@ those (shapes, windows, heads on this rank), and the layer kinds agree with the 
 
 import pytest
 import torch
-from core_support import TokenCounter, hf_greedy, random_checkpoint
+from core_fixtures.engine import TokenCounter
+from core_fixtures.references import hf_greedy
 from torch import nn
 from transformers import Qwen3Config
 
@@ -25,6 +26,7 @@ from atom_core.cache import (
 from atom_core.config import CacheConfig, ModelConfig, ParallelConfig
 from atom_core.loader import build_model
 from atom_core.registry import get_model_spec
+from tools.testing_models import random_checkpoint
 
 # Alternating sliding (window 6) and full layers; head_dim differs from hidden / heads.
 MIXED = dict(

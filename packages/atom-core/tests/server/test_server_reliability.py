@@ -15,7 +15,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from core_support import closed_within
+from core_fixtures.network import closed_within
 
 from atom_core.engine.sampling_params import MAX_STOP_CHARS, MAX_STOP_STRING_CHARS, MAX_STOP_TOKEN_IDS
 

@@ -6,9 +6,10 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 
 import pytest
 import torch
-from core_support import random_checkpoint
-from runner_driver import GPU_BF16, RunnerDriver
+from core_fixtures.runner_driver import GPU_BF16, RunnerDriver
 from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+
+from tools.testing_models import random_checkpoint
 
 pytestmark = pytest.mark.gpu(reason="bf16 + Triton parity runs on a GPU")
 

@@ -7,9 +7,11 @@ transformers' greedy tokens for 32 steps.
 
 import pytest
 import torch
-from core_support import QWEN2_MOE_SHARED, TINY, random_checkpoint
-from runner_driver import RunnerDriver
+from core_fixtures.architectures import QWEN2_MOE_SHARED, TINY
+from core_fixtures.runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
+
+from tools.testing_models import random_checkpoint
 
 BASE = dict(TINY, num_hidden_layers=3, num_attention_heads=8)
 ROPE = dict(rope_theta=10000.0)

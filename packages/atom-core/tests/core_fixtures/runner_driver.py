@@ -3,7 +3,7 @@
 The runner builds and loads the model from the checkpoint, plans and allocates its caches, and runs each
 forward with the metadata every cache kind needs; the driver only hands out block ids (a seeded permutation,
 so block tables are not contiguous), keeps each sequence's length and state slot, and asks for the logits of
-every token row. Tests import it as `from runner_driver import RunnerDriver` (conftest.py puts this
+every token row. Tests import it as `from core_fixtures.runner_driver import RunnerDriver` (conftest.py puts this
 directory on sys.path).
 """
 

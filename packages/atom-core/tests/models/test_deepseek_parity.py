@@ -5,8 +5,10 @@ transformers implements."""
 
 import pytest
 import torch
-from core_support import DSV2, DSV3, YARN, deepseek_checkpoint, hf_greedy
-from runner_driver import GPU_BF16, RunnerDriver
+from core_fixtures.architectures import DSV2, DSV3, YARN
+from core_fixtures.checkpoints import deepseek_checkpoint
+from core_fixtures.references import hf_greedy
+from core_fixtures.runner_driver import GPU_BF16, RunnerDriver
 from transformers import AutoModelForCausalLM, DeepseekV2Config, DeepseekV3Config
 
 from atom_core.attention import PagedAttentionBackend

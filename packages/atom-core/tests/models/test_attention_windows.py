@@ -9,8 +9,8 @@ import json
 
 import pytest
 import torch
-from core_support import TINY, random_checkpoint
-from runner_driver import RunnerDriver
+from core_fixtures.architectures import TINY
+from core_fixtures.runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
 from atom_core import LLM, SamplingParams
@@ -18,6 +18,7 @@ from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.loader import build_model
+from tools.testing_models import random_checkpoint
 
 BASE = dict(TINY, num_hidden_layers=4)
 MOE = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=32)

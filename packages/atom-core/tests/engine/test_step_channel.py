@@ -7,9 +7,9 @@ import time
 import pytest
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from core_support import free_port
 
 from atom_core.engine.execution.step_channel import StepChannel
+from tools.testing_models import free_port
 
 MESSAGES = [
     {"ids": [1, 2, 3]},

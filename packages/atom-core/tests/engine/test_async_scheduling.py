@@ -4,7 +4,7 @@ hits, preemption, stops, aborts, failures and mixed sampling."""
 
 import pytest
 import torch
-from core_support import drain_finished
+from core_fixtures.engine import drain_finished
 
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.config import ConfigError

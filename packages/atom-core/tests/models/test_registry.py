@@ -1,11 +1,11 @@
 import json
 
 import torch
-from core_support import random_checkpoint
 from transformers import Qwen3Config
 
 from atom_core.config import ModelConfig
 from atom_core.registry import get_model_spec, supported_architectures
+from tools.testing_models import random_checkpoint
 
 
 def test_every_registered_class_imports_and_declares_its_packed_modules():

@@ -5,7 +5,7 @@ import math
 
 import pytest
 import torch
-from core_support import drain_finished
+from core_fixtures.engine import drain_finished
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 import torch
-from core_support import hf_greedy, ragged_prefill_logits, torch_reference_ops
+from core_fixtures.references import hf_greedy, ragged_prefill_logits, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from core_support import closed_within
+from core_fixtures.network import closed_within
 
 KEY = "robustness-key"
 AUTH = {"Authorization": f"Bearer {KEY}"}

@@ -5,7 +5,7 @@ Snapshots are evicted with their blocks, or least recently used first when all a
 
 import pytest
 import torch
-from core_support import torch_reference_ops
+from core_fixtures.references import torch_reference_ops
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.scheduling.block_manager import BlockManager

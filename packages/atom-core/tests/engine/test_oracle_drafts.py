@@ -18,12 +18,9 @@ from collections import defaultdict
 
 import pytest
 import torch
-from core_support import (
-    deepseek_mtp_checkpoint,
-    language_prompts,
-    mtp,
-    torch_reference_ops,
-)
+from core_fixtures.checkpoints import deepseek_mtp_checkpoint
+from core_fixtures.drafts import language_prompts, mtp
+from core_fixtures.references import torch_reference_ops
 
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.execution.step_inputs import prepare_step

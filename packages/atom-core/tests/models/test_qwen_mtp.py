@@ -12,7 +12,8 @@ from collections import Counter
 
 import pytest
 import torch
-from core_support import forced, language_prompts, mtp, plain_tokens, torch_reference_ops
+from core_fixtures.drafts import forced, language_prompts, mtp, plain_tokens
+from core_fixtures.references import torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams

@@ -14,16 +14,9 @@ from collections import Counter
 
 import pytest
 import torch
-from core_support import (
-    deepseek_mtp_checkpoint,
-    forced,
-    hf_main_hidden,
-    language_prompts,
-    mtp,
-    plain_tokens,
-    save_word_tokenizer,
-    torch_reference_ops,
-)
+from core_fixtures.checkpoints import deepseek_mtp_checkpoint, save_word_tokenizer
+from core_fixtures.drafts import forced, language_prompts, mtp, plain_tokens
+from core_fixtures.references import hf_main_hidden, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams

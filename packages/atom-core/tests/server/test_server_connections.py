@@ -17,11 +17,10 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import httpx
 import pytest
-from core_support import closed_within
+from core_fixtures.network import SILENT_FLOOD, closed_within
 
 CAP = 40  # --max-connections
 KEEP_ALIVE = 1.0  # --keep-alive-timeout
@@ -81,7 +80,7 @@ class SilentFlood:
 
     def __enter__(self):
         self.proc = subprocess.Popen(
-            [sys.executable, str(Path(__file__).with_name("silent_flood.py")), *self.args],
+            [sys.executable, str(SILENT_FLOOD), *self.args],
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -2,11 +2,12 @@
 interfering."""
 
 import pytest
-from core_support import TINY, random_checkpoint
-from runner_driver import RunnerDriver
+from core_fixtures.architectures import TINY
+from core_fixtures.runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen3Config
 
 from atom_core.forward_context import current_forward_context
+from tools.testing_models import random_checkpoint
 
 SMALL = dict(TINY, vocab_size=80, hidden_size=32, intermediate_size=48)
 LAYOUTS = {"target": "flash", "draft": "shuffle"}

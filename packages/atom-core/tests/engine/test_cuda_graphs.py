@@ -1,10 +1,10 @@
 """Decode steps replayed from CUDA graphs give the tokens eager steps give (GPU only: graphs need CUDA)."""
 
 import pytest
-from core_support import random_checkpoint
 from transformers import LlamaConfig, Qwen3MoeConfig
 
 from atom_core.engine import LLM, SamplingParams
+from tools.testing_models import random_checkpoint
 
 pytestmark = pytest.mark.gpu(reason="CUDA graphs need a GPU")
 

@@ -11,15 +11,9 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from core_support import (
-    DSV3,
-    TINY,
-    deepseek_checkpoint,
-    free_port,
-    hf_greedy,
-    ragged_prefill_logits,
-    random_checkpoint,
-)
+from core_fixtures.architectures import DSV3, TINY
+from core_fixtures.checkpoints import deepseek_checkpoint
+from core_fixtures.references import hf_greedy, ragged_prefill_logits
 from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
@@ -28,6 +22,7 @@ from atom_core.loader import CheckpointError, build_model, load_checkpoint
 from atom_core.models.weights import WeightLoadError
 from atom_core.quantization import Fp8BlockLinearMethod
 from tools.testing_fp8 import dequantized_copy, edit_checkpoint, quantize_checkpoint
+from tools.testing_models import free_port, random_checkpoint
 from tools.testing_qwen import qwen3_next_checkpoint
 
 
@@ -299,7 +294,7 @@ def test_an_fp8_mtp_draft_speculates_to_the_plain_tokens(tmp_path):
     """DeepSeek-V3 trained with its MTP layer, then quantized (the MTP layer's attention and experts too,
     as the published checkpoint has them): speculation with the fp8 draft gives the plain greedy tokens and
     the quantized draft still predicts well."""
-    from core_support import deepseek_mtp_checkpoint
+    from core_fixtures.checkpoints import deepseek_mtp_checkpoint
 
     deepseek_mtp_checkpoint(tmp_path / "original", train_steps=400)
     quantized = quantize_checkpoint(tmp_path / "original", tmp_path / "fp8", (32, 32))

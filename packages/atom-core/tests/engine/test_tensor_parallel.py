@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from core_support import QWEN2_MOE_SHARED, TINY, free_port, random_checkpoint
+from core_fixtures.architectures import QWEN2_MOE_SHARED, TINY
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3MoeConfig
 
 from atom_core.attention import PagedAttentionBackend, PagedAttentionMetadata
@@ -23,6 +23,7 @@ from atom_core.layers.linear import RowParallelLinear
 from atom_core.layers.moe import SparseMoE
 from atom_core.loader import build_model, load_checkpoint
 from atom_core.ops import rms_norm
+from tools.testing_models import free_port, random_checkpoint
 
 PROMPTS = [[5, 9, 33, 71, 2, 64, 18], [101, 7, 7, 50]]
 
@@ -122,7 +123,8 @@ def test_tp2_equals_tp1(tmp_path, cls, overrides):
 def test_deepseek_tp2_equals_tp1(tmp_path):
     """MLA heads split over ranks (the latent replicated), routed experts split, shared experts split (their
     partial sums join the routed experts' for one reduction)."""
-    from core_support import DSV3, deepseek_checkpoint
+    from core_fixtures.architectures import DSV3
+    from core_fixtures.checkpoints import deepseek_checkpoint
     from transformers import DeepseekV3Config
 
     deepseek_checkpoint(tmp_path / "ckpt", DeepseekV3Config, DSV3, dict(num_hidden_layers=2))

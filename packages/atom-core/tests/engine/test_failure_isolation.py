@@ -7,7 +7,7 @@ import time
 
 import httpx
 import pytest
-from core_support import drain_finished
+from core_fixtures.engine import drain_finished
 
 from atom_core import EngineConfig, LLMEngine, SamplingParams
 from atom_core.cli import main

@@ -1,0 +1,47 @@
+"""Tiny model configs the tests build: the shared table (tools/testing_models.py) and atom-core's own variants."""
+
+from tools.testing_models import DEEPSEEK_V2_TINY, DEEPSEEK_V3_TINY, TINY_ARCHITECTURES, TINY_DIMS
+
+# A tiny Llama-shaped config (tools/testing_models.py's), the base the tests' own configs override (fp32 on
+# the CPU in seconds).
+TINY = dict(TINY_DIMS, **TINY_ARCHITECTURES["LlamaForCausalLM"], vocab_size=211)
+
+
+# The model behind the tiny_llama fixture (engine, server and CLI tests).
+TINY_LLAMA = dict(TINY, vocab_size=151)
+
+
+# Qwen2-MoE's tiny MoE block: routed experts beside a sigmoid-gated shared expert
+QWEN2_MOE_SHARED = dict(
+    num_experts=4,
+    num_experts_per_tok=2,
+    moe_intermediate_size=24,
+    shared_expert_intermediate_size=40,
+)
+
+
+# Tiny DeepSeek-V3 and V2 (MLA + DeepSeek MoE): every path transformers implements is a variant of these.
+YARN = dict(rope_type="yarn", rope_theta=10000.0, factor=4.0, original_max_position_embeddings=64)
+
+
+DSV3 = dict(
+    DEEPSEEK_V3_TINY,
+    vocab_size=211,
+    hidden_size=64,
+    num_hidden_layers=3,
+    max_position_embeddings=256,
+    rope_interleave=True,
+    rope_parameters=dict(YARN, beta_fast=32, beta_slow=1, mscale=0.9, mscale_all_dim=0.7),
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
+DSV2 = dict(
+    DEEPSEEK_V2_TINY,
+    vocab_size=211,
+    hidden_size=64,
+    num_hidden_layers=3,
+    max_position_embeddings=256,
+    rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707),
+)

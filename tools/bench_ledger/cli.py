@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import importlib
 import io
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -39,8 +40,9 @@ def run_one(
     package: Path,
     ceilings: Callable[[], tuple[float, float]] | None,
     label: str | None,
-) -> Path:
-    """Run one benchmark's main() with args as its command line and append its record."""
+) -> Path | None:
+    """Run one benchmark's main() with args as its command line and append its record; under torchrun only
+    rank 0 records (returns None on the others)."""
     module = importlib.import_module(f"benchmarks.{bench.module}")
     device, slug = ledger.current_device(bench.gpus)
     commit, dirty = ledger.commit_of(package)
@@ -71,6 +73,8 @@ def run_one(
         record["label"] = label
     if result is None:
         record["output"] = tee.kept.getvalue()[-OUTPUT_KEPT:]
+    if os.environ.get("RANK", "0") != "0":
+        return None
     return ledger.append(package / "benchmarks" / "results", slug, name, record)
 
 
@@ -119,5 +123,6 @@ def main(
         parser.error("arguments after -- go to one benchmark: name only one")
     for name in args.names:
         path = run_one(name, benches[name], extra, package, ceilings, args.label)
-        print(f"[benchmarks] {name}: record appended to {path.relative_to(package)}")
+        if path is not None:
+            print(f"[benchmarks] {name}: record appended to {path.relative_to(package)}")
     return 0

@@ -104,6 +104,16 @@ def test_runs_append_records_and_the_report_shows_the_latest(package, capsys):
     assert main(benches, root, "Fake", argv=["report", "--check"]) == 0
 
 
+def test_under_torchrun_only_rank_0_records(package, monkeypatch):
+    root, benches = package
+    monkeypatch.setenv("RANK", "1")
+    assert main(benches, root, "Fake", argv=["run", "fake"]) == 0
+    assert load(root / "benchmarks" / "results") == {}
+    monkeypatch.setenv("RANK", "0")
+    assert main(benches, root, "Fake", argv=["run", "fake"]) == 0
+    assert len(next(iter(load(root / "benchmarks" / "results").values()))["fake"]) == 1
+
+
 def test_an_unknown_name_is_refused_with_the_registered_ones(package, capsys):
     root, benches = package
     with pytest.raises(SystemExit):

@@ -125,21 +125,12 @@ def write_kv(
     block_d = triton.next_power_of_2(head_dim)
     scales = (k_scale, v_scale) if kind else (k, v)
     fmax = fp8_max(k_cache.dtype) if kind else 1.0
+    # the shuffle writers' (generic and e4m3) runtime arguments, in their order
+    common = (k, v, k_cache, v_cache, slot_mapping, *scales, tokens, *k.stride()[:2], *v.stride()[:2])
+    common += (num_heads, block_size)
     if layout is KVLayout.SHUFFLE and e4m3_shuffle_write_supported(k, k_cache):
         e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), num_heads)](
-            k,
-            v,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            *scales,
-            tokens,
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            num_heads,
-            block_size,
+            *common,
             HEAD_DIM=head_dim,
             SCALE_KIND=kind,
             FP8_MAX=fmax,
@@ -152,19 +143,7 @@ def write_kv(
         x = shuffle_width(k_cache.dtype)
         block_h, warps = shuffle_write_tiles(num_heads, head_dim, x)
         write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(num_heads, block_h))](
-            k,
-            v,
-            k_cache,
-            v_cache,
-            slot_mapping,
-            *scales,
-            tokens,
-            k.stride(0),
-            k.stride(1),
-            v.stride(0),
-            v.stride(1),
-            num_heads,
-            block_size,
+            *common,
             HEAD_DIM=head_dim,
             X=x,
             SCALE_KIND=kind,

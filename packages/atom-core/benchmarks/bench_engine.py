@@ -18,6 +18,7 @@ import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
 from atom_core.engine import LLM, SamplingParams
+from benchmarks.harness.ceilings import copy_bandwidth
 from benchmarks.harness.shapes import llama3_8b
 
 
@@ -69,17 +70,7 @@ def main():
     prompt, new = 512, 128
     with torch.device("meta"):  # count parameters without allocating them
         weight_bytes = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters()) * 2
-    src = torch.empty(2**29, device="cuda", dtype=torch.bfloat16)
-    dst = torch.empty_like(src)
-    for _ in range(3):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    t = time.perf_counter()
-    for _ in range(10):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    copy_bw = 10 * 2 * src.numel() * 2 / (time.perf_counter() - t)
-    del src, dst
+    copy_bw = copy_bandwidth()  # measured once a process: the runner's record reuses it
     roofline_b1 = copy_bw / weight_bytes  # decode steps per second if weights are read once per step
     rows = []
     with tempfile.TemporaryDirectory() as d:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 
 from atom_kernels.attention.packs import Partials, QueryRows
-from atom_kernels.mla.attention import LatentCache, MlaTiles, _mla_heads_n_kernel, _mla_split_kernel
+from atom_kernels.mla.attention import LatentCache, MlaTiles, _mla_kernel
 from benchmarks.harness.offline_compile import build as offline_build
 from benchmarks.harness.offline_compile import cuobjdump
 
@@ -30,12 +30,9 @@ VARIANTS = [  # tiles, cache dtype
 
 
 def build(tiles: MlaTiles, cache: str):
-    kernel = _mla_heads_n_kernel if tiles.heads_as_n else _mla_split_kernel
     fp8 = cache.startswith("fp8")
     const = dict(RANK=512, ROPE=64, HAS_SCALE=fp8, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n)
-    const["PRECISION"] = "tf32"
-    if tiles.heads_as_n:
-        const["COMPUTE_F16"] = fp8
+    const |= dict(HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=tiles.heads_as_n and fp8, PRECISION="tf32")
     types = dict(
         rows=QueryRows("*bf16", "*bf16", "i32", "i32", "i32", "i32"),
         latent=LatentCache(f"*{cache}", "*fp32", "*i32", "i32", "i32"),
@@ -45,7 +42,7 @@ def build(tiles: MlaTiles, cache: str):
         sm_scale_log2="fp32",
     )
     types |= dict.fromkeys(("num_heads", "max_q", "num_splits"), "i32")
-    return offline_build(kernel, types, const, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
+    return offline_build(_mla_kernel, types, const, num_warps=tiles.num_warps, num_stages=tiles.num_stages)
 
 
 def main() -> dict:

@@ -19,6 +19,7 @@ import triton
 from atom_kernels.cache import KVLayout
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.cache.layout import cache_strides
+from atom_kernels.cache.packs import CacheSlots, new_rows
 from atom_kernels.cache.write import _write_flash_kernel
 from atom_kernels.cache.write_shuffle_e4m3 import e4m3_shuffle_write_kernel
 from benchmarks.harness.ceilings import measure_ceilings
@@ -63,29 +64,12 @@ def sweep_flash(copy_bw, tokens, num_blocks, block_size, slots):
         moved = 2 * k.numel() * (2 + kc.element_size()) + (2 * tokens * HKV * 4 if kind == "token" else 0)
         results = []
         for warps in (1, 2, 4, 8):
+            dst = CacheSlots(kc, vc, slots, *scales, HKV, block_size)
             launch = partial(
-                _write_flash_kernel[(tokens, 1)],
-                k,
-                v,
-                kc,
-                vc,
-                slots,
-                *scales,
-                k.stride(0),
-                k.stride(1),
-                v.stride(0),
-                v.stride(1),
-                HKV,
-                D,
-                block_size,
-                *cache_strides(KVLayout.FLASH, kc),
-                LAYOUT=0,
-                SCALE_KIND={"bf16": 0, "tensor": 1, "token": 2}[kind],
-                FP8_MAX=fp8_max(kc.dtype) if fp8 else 1.0,
-                BLOCK_H=HKV,
-                BLOCK_D=D,
-                num_warps=warps,
-            )
+                _write_flash_kernel[(tokens, 1)], new_rows(k, v), dst, D, *cache_strides(KVLayout.FLASH, kc),
+                LAYOUT=0, SCALE_KIND={"bf16": 0, "tensor": 1, "token": 2}[kind],
+                FP8_MAX=fp8_max(kc.dtype) if fp8 else 1.0, BLOCK_H=HKV, BLOCK_D=D, num_warps=warps,
+            )  # fmt: skip
             results.append((graph_ms([launch]), warps))
         print(f"\nflash KV write {kind}, T={tokens} pages")
         for ms, warps in sorted(results):
@@ -103,28 +87,11 @@ def sweep_e4m3_shuffle(copy_bw, tokens, num_blocks, block_size, slots):
         for maxnreg in (None, 128, 120, 112, 96):
             caps = {} if maxnreg is None else {"maxnreg": maxnreg}
             launch = partial(
-                e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), HKV)],
-                k,
-                v,
-                kc,
-                vc,
-                slots,
-                ks,
-                vs,
-                tokens,
-                k.stride(0),
-                k.stride(1),
-                v.stride(0),
-                v.stride(1),
-                HKV,
-                block_size,
-                HEAD_DIM=D,
-                SCALE_KIND={"tensor": 1, "token": 2}[kind],
-                FP8_MAX=fp8_max(kc.dtype),
-                PAGE=block_size,
-                num_warps=1,
-                **caps,
-            )
+                e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), HKV)], new_rows(k, v),
+                CacheSlots(kc, vc, slots, ks, vs, HKV, block_size), HEAD_DIM=D,
+                SCALE_KIND={"tensor": 1, "token": 2}[kind], FP8_MAX=fp8_max(kc.dtype), PAGE=block_size,
+                num_warps=1, **caps,
+            )  # fmt: skip
             results.append((graph_ms([launch]), maxnreg))
         print(f"\ne4m3 shuffle KV write (Gluon) {kind}, T={tokens} pages")
         for ms, maxnreg in sorted(results, key=lambda r: r[0]):

@@ -162,11 +162,14 @@ def e4m3_decode_build(**constants):
 def e4m3_shuffle_write_build(**constants):
     """cache/write_shuffle_e4m3.e4m3_shuffle_write_kernel with bf16 inputs, int64 slots and 16-divisible
     strides; constants override its constexprs (defaults: D 128, per-tensor scales, pages of 16)."""
+    from atom_kernels.cache.packs import CacheSlots, NewRows
     from atom_kernels.cache.write_shuffle_e4m3 import e4m3_shuffle_write_kernel
 
-    types = dict(k_ptr="*bf16", v_ptr="*bf16", k_cache_ptr="*fp8e4nv", v_cache_ptr="*fp8e4nv")
-    types |= dict(slot_ptr="*i64", k_scale_ptr="*fp32", v_scale_ptr="*fp32")
-    ints = ("tokens", "stride_kt", "stride_kh", "stride_vt", "stride_vh", "num_heads", "block_size")
-    types |= dict.fromkeys(ints, "i32")
+    types = dict(
+        src=NewRows("*bf16", "*bf16", "i32", "i32", "i32", "i32", "i32"),
+        dst=CacheSlots("*fp8e4nv", "*fp8e4nv", "*i64", "*fp32", "*fp32", "i32", "i32"),
+    )
+    divisible = ("src.stride_kt", "src.stride_kh", "src.stride_vt", "src.stride_vh", "dst.num_heads")
+    divisible += ("dst.block_size",)
     defaults = dict(HEAD_DIM=128, SCALE_KIND=1, FP8_MAX=448.0, PAGE=16)
-    return build(e4m3_shuffle_write_kernel, types, defaults | constants, divisible=ints[1:], num_warps=1)
+    return build(e4m3_shuffle_write_kernel, types, defaults | constants, divisible=divisible, num_warps=1)

@@ -13,6 +13,7 @@ from atom_kernels.cache import KVLayout, kv_cache_shapes, write_kv
 from atom_kernels.cache.convert import flash_to_shuffle
 from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
 from atom_kernels.cache.layout import shuffle_width
+from atom_kernels.cache.packs import CacheSlots, new_rows
 from atom_kernels.cache.write_shuffle import shuffle_write_tiles, write_shuffle_kernel
 
 HQ, HKV, D = 32, 8, 128
@@ -125,28 +126,11 @@ def generic_shuffle_write(k, v, kc, vc, slots, ks, vs, block_h=None, warps=None)
     default_h, default_warps = shuffle_write_tiles(HKV, D, x)
     block_h, warps = block_h or default_h, warps or default_warps
     kind = 0 if ks is None else 1 if ks.numel() == 1 else 2
+    dst = CacheSlots(kc, vc, slots, *((ks, vs) if kind else (k, v)), HKV, kc.shape[3])
     write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(HKV, block_h))](
-        k,
-        v,
-        kc,
-        vc,
-        slots,
-        *((ks, vs) if kind else (k, v)),
-        tokens,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        HKV,
-        kc.shape[3],
-        HEAD_DIM=D,
-        X=x,
-        SCALE_KIND=kind,
-        FP8_MAX=fp8_max(kc.dtype) if kind else 1.0,
-        BLOCK_H=block_h,
-        BLOCK_D=D,
-        num_warps=warps,
-    )
+        new_rows(k, v), dst, HEAD_DIM=D, X=x, SCALE_KIND=kind, FP8_MAX=fp8_max(kc.dtype) if kind else 1.0,
+        BLOCK_H=block_h, BLOCK_D=D, num_warps=warps,
+    )  # fmt: skip
 
 
 def decode_inputs(batch: int, heads: int, tokens: int):

@@ -18,3 +18,12 @@ def quantize_fp8(
     else:
         x = x / tl.load(scale_ptr)
     return tl.minimum(tl.maximum(x, -FP8_MAX), FP8_MAX)
+
+
+@triton.jit
+def quantize_rows(x, scale_ptr, scale_off, scale_mask, SCALE_KIND: tl.constexpr, FP8_MAX: tl.constexpr):
+    """quantize_fp8 of a [heads, dims] tile whose rows are token-heads (their absmax over the last axis)."""
+    x = x.to(tl.float32)
+    return quantize_fp8(
+        x, tl.max(tl.abs(x), axis=1, keep_dims=True), scale_ptr, scale_off, scale_mask, SCALE_KIND, FP8_MAX
+    )

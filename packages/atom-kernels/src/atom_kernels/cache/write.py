@@ -12,7 +12,8 @@ import triton.language as tl
 from atom_kernels.cache.fp8 import fp8_max, is_fp8, scale_kind
 from atom_kernels.cache.layout import KVLayout, cache_geometry, cache_strides, layout_code, shuffle_width
 from atom_kernels.cache.offsets import kv_offsets
-from atom_kernels.cache.quantize import quantize_fp8
+from atom_kernels.cache.packs import CacheSlots, new_rows
+from atom_kernels.cache.quantize import quantize_rows
 from atom_kernels.cache.ref import write_kv_ref
 from atom_kernels.cache.write_shuffle import shuffle_write_tiles, write_shuffle_kernel
 from atom_kernels.cache.write_shuffle_e4m3 import e4m3_shuffle_write_kernel, e4m3_shuffle_write_supported
@@ -21,20 +22,9 @@ from atom_kernels.settings import Backend, resolve_backend
 
 @triton.jit
 def _write_flash_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    num_heads,
+    src,
+    dst,
     head_dim,
-    block_size,
     stride_cb,
     stride_cn,
     stride_ch,
@@ -44,45 +34,29 @@ def _write_flash_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    """Program (token, head block): a token's heads are one contiguous row of the cache."""
+    """src: packs.NewRows; dst: packs.CacheSlots. Program (token, head block): a token's heads are one
+    contiguous row of the cache."""
+    num_heads, block_size = dst.num_heads, dst.block_size
     t = tl.program_id(0).to(tl.int64)
     h = (tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)).to(tl.int64)[:, None]
     d = tl.arange(0, BLOCK_D).to(tl.int64)[None, :]
-    slot = tl.load(slot_ptr + t).to(tl.int64)
+    slot = tl.load(dst.slots + t).to(tl.int64)
     if slot < 0:  # -1: padding, not written
         return
     blk = slot // block_size
     off = slot % block_size
     mask = (h < num_heads) & (d < head_dim)
-    k = tl.load(k_ptr + t * stride_kt + h * stride_kh + d, mask=mask, other=0.0)
-    v = tl.load(v_ptr + t * stride_vt + h * stride_vh + d, mask=mask, other=0.0)
+    k = tl.load(src.k + t * src.stride_kt + h * src.stride_kh + d, mask=mask, other=0.0)
+    v = tl.load(src.v + t * src.stride_vt + h * src.stride_vh + d, mask=mask, other=0.0)
     if SCALE_KIND > 0:
-        k = k.to(tl.float32)
-        v = v.to(tl.float32)
         scale_off = (blk * num_heads + h) * block_size + off
-        k = quantize_fp8(
-            k,
-            tl.max(tl.abs(k), axis=1, keep_dims=True),
-            k_scale_ptr,
-            scale_off,
-            h < num_heads,
-            SCALE_KIND,
-            FP8_MAX,
-        )
-        v = quantize_fp8(
-            v,
-            tl.max(tl.abs(v), axis=1, keep_dims=True),
-            v_scale_ptr,
-            scale_off,
-            h < num_heads,
-            SCALE_KIND,
-            FP8_MAX,
-        )
+        k = quantize_rows(k, dst.k_scale, scale_off, h < num_heads, SCALE_KIND, FP8_MAX)
+        v = quantize_rows(v, dst.v_scale, scale_off, h < num_heads, SCALE_KIND, FP8_MAX)
     k_off, v_off = kv_offsets(
         blk, off, h, d, num_heads, head_dim, block_size, stride_cb, stride_cn, stride_ch, LAYOUT, 1
     )
-    tl.store(k_cache_ptr + k_off, k.to(k_cache_ptr.dtype.element_ty), mask=mask)
-    tl.store(v_cache_ptr + v_off, v.to(v_cache_ptr.dtype.element_ty), mask=mask)
+    tl.store(dst.k_cache + k_off, k.to(dst.k_cache.dtype.element_ty), mask=mask)
+    tl.store(dst.v_cache + v_off, v.to(dst.v_cache.dtype.element_ty), mask=mask)
 
 
 def write_kv(
@@ -123,59 +97,29 @@ def write_kv(
     if tokens == 0:
         return
     block_d = triton.next_power_of_2(head_dim)
+    src = new_rows(k, v)
     scales = (k_scale, v_scale) if kind else (k, v)
+    dst = CacheSlots(k_cache, v_cache, slot_mapping, *scales, num_heads, block_size)
     fmax = fp8_max(k_cache.dtype) if kind else 1.0
-    # the shuffle writers' (generic and e4m3) runtime arguments, in their order
-    common = (k, v, k_cache, v_cache, slot_mapping, *scales, tokens, *k.stride()[:2], *v.stride()[:2])
-    common += (num_heads, block_size)
     if layout is KVLayout.SHUFFLE and e4m3_shuffle_write_supported(k, k_cache):
+        page = block_size if block_size & (block_size - 1) == 0 else 0
         e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), num_heads)](
-            *common,
-            HEAD_DIM=head_dim,
-            SCALE_KIND=kind,
-            FP8_MAX=fmax,
-            PAGE=block_size if block_size & (block_size - 1) == 0 else 0,
-            num_warps=1,
-            maxnreg=128,
+            src, dst, HEAD_DIM=head_dim, SCALE_KIND=kind, FP8_MAX=fmax, PAGE=page, num_warps=1, maxnreg=128
         )
         return
     if layout is KVLayout.SHUFFLE:
         x = shuffle_width(k_cache.dtype)
         block_h, warps = shuffle_write_tiles(num_heads, head_dim, x)
         write_shuffle_kernel[(triton.cdiv(tokens, x), triton.cdiv(num_heads, block_h))](
-            *common,
-            HEAD_DIM=head_dim,
-            X=x,
-            SCALE_KIND=kind,
-            FP8_MAX=fmax,
-            BLOCK_H=block_h,
-            BLOCK_D=block_d,
-            num_warps=warps,
-        )
+            src, dst, HEAD_DIM=head_dim, X=x, SCALE_KIND=kind, FP8_MAX=fmax, BLOCK_H=block_h,
+            BLOCK_D=block_d, num_warps=warps,
+        )  # fmt: skip
         return
     # One token per program, all heads; warps from benchmarks/sweep_kv_write.py. Per-token scales reduce
     # each head's row, which one warp does without a shared-memory round trip: faster than 4 warps there.
     block_h = min(triton.next_power_of_2(num_heads), max(1, 8192 // block_d))
     warps = 1 if kind == 2 else 4 if block_h * block_d <= 4096 else 8
     _write_flash_kernel[(tokens, triton.cdiv(num_heads, block_h))](
-        k,
-        v,
-        k_cache,
-        v_cache,
-        slot_mapping,
-        *scales,
-        k.stride(0),
-        k.stride(1),
-        v.stride(0),
-        v.stride(1),
-        num_heads,
-        head_dim,
-        block_size,
-        *cache_strides(layout, k_cache),
-        LAYOUT=layout_code(layout, k_cache),
-        SCALE_KIND=kind,
-        FP8_MAX=fmax,
-        BLOCK_H=block_h,
-        BLOCK_D=block_d,
-        num_warps=warps,
-    )
+        src, dst, head_dim, *cache_strides(layout, k_cache), LAYOUT=layout_code(layout, k_cache),
+        SCALE_KIND=kind, FP8_MAX=fmax, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=warps,
+    )  # fmt: skip

@@ -27,20 +27,8 @@ def _load_rows(src_ptr, t, stride_t, stride_h, h, d, mask):
 
 @triton.jit
 def write_shuffle_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    tokens,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    num_heads,
-    block_size,
+    src,
+    dst,
     HEAD_DIM: tl.constexpr,
     X: tl.constexpr,
     SCALE_KIND: tl.constexpr,
@@ -48,6 +36,9 @@ def write_shuffle_kernel(
     BLOCK_H: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
+    """src: packs.NewRows; dst: packs.CacheSlots. Program (x tokens, head block)."""
+    k_ptr, v_ptr, tokens, stride_kt, stride_kh, stride_vt, stride_vh = src
+    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, num_heads, block_size = dst
     t0 = tl.program_id(0).to(tl.int64) * X
     h1 = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
     i = tl.arange(0, X)

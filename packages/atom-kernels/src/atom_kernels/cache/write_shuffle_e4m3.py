@@ -89,26 +89,17 @@ def _load_v(
 
 @gluon.jit
 def e4m3_shuffle_write_kernel(
-    k_ptr,
-    v_ptr,
-    k_cache_ptr,
-    v_cache_ptr,
-    slot_ptr,
-    k_scale_ptr,
-    v_scale_ptr,
-    tokens,
-    stride_kt,
-    stride_kh,
-    stride_vt,
-    stride_vh,
-    num_heads,
-    block_size,
+    src,
+    dst,
     HEAD_DIM: gl.constexpr,
     SCALE_KIND: gl.constexpr,
     FP8_MAX: gl.constexpr,
     PAGE: gl.constexpr,
 ):
-    """Grid (cdiv(tokens, 16), heads), one warp. K [N, Hkv, D/16, B, 16], V [N, Hkv, B/16, D, 16]."""
+    """src: packs.NewRows; dst: packs.CacheSlots. Grid (cdiv(tokens, 16), heads), one warp.
+    K [N, Hkv, D/16, B, 16], V [N, Hkv, B/16, D, 16]."""
+    k_ptr, v_ptr, tokens, stride_kt, stride_kh, stride_vt, stride_vh = src
+    k_cache_ptr, v_cache_ptr, slot_ptr, k_scale_ptr, v_scale_ptr, num_heads, block_size = dst
     K_TILE: gl.constexpr = gl.BlockedLayout([1, 16], [32 // (HEAD_DIM // 16), HEAD_DIM // 16], [1, 1], [1, 0])
     V_LOAD: gl.constexpr = gl.BlockedLayout([HEAD_DIM // 32, 16], [32, 1], [1, 1], [0, 1])
     V_STORE: gl.constexpr = gl.BlockedLayout([HEAD_DIM // 32, 16], [32, 1], [1, 1], [1, 0])

@@ -34,7 +34,7 @@ class MlaTiles:
     block_n: int
     num_warps: int
     num_stages: int
-    heads_as_n: bool = False  # the transposed loop (_mla_heads_n_kernel)
+    heads_as_n: bool = False  # heads as the MMAs' last dimension (_mla_kernel's HEADS_AS_N)
 
 
 def mla_tiles(
@@ -111,9 +111,21 @@ def _row_tile(latent, table, start, hi, dt, RANK: tl.constexpr, ROPE: tl.constex
     return ok, kv, kp
 
 
+@triton.jit
+def _along_heads(x, HEADS_AS_N: tl.constexpr):
+    """A [BLOCK_H] vector laid along the heads' axis of a tile: its columns with HEADS_AS_N, else its rows."""
+    return x[None, :] if HEADS_AS_N else x[:, None]
+
+
+@triton.jit
+def _across_heads(x, HEADS_AS_N: tl.constexpr):
+    """A vector of the other axis (latent columns, cache rows) laid across the heads of a tile."""
+    return x[:, None] if HEADS_AS_N else x[None, :]
+
+
 @triton.heuristics(_DERIVED)
 @triton.jit
-def _mla_split_kernel(
+def _mla_kernel(
     rows,
     latent,
     parts,
@@ -128,113 +140,68 @@ def _mla_split_kernel(
     HAS_SCALE: tl.constexpr,
     BLOCK_H: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PRECISION: tl.constexpr,
-):
-    """rows: attention.packs.QueryRows (q [T, H, R + P], out [T, H, R]); latent: LatentCache; parts:
-    attention.packs.Partials ([T, H, splits, R] and [T, H, splits]; unused with one split)."""
-    seq, qi, q_len, q_start = _token_of(cu_q_ptr, max_q)
-    if qi >= q_len:
-        return
-    t = (q_start + qi).to(tl.int64)
-    lo, hi = _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N)
-    heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = heads < num_heads
-    c = tl.arange(0, RANK)
-    r = tl.arange(0, ROPE)
-    dt = rows.q.dtype.element_ty
-    q_row = rows.q + t * rows.stride_qt + heads[:, None].to(tl.int64) * rows.stride_qh
-    q_nope = tl.load(q_row + c[None, :], mask=h_ok[:, None], other=0.0)
-    q_pe = tl.load(q_row + RANK + r[None, :], mask=h_ok[:, None], other=0.0)
-    kv_scale, qk_scale = _scales(latent, sm_scale_log2, HAS_SCALE)
-    m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    denom = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([BLOCK_H, RANK], dtype=tl.float32)
-    table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
-    for start in range(lo, hi, BLOCK_N):
-        ok, kv, kp = _row_tile(latent, table, start, hi, dt, RANK, ROPE, BLOCK_N)
-        s = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)
-        s += tl.dot(q_pe, tl.trans(kp), input_precision=PRECISION)
-        s = tl.where(ok[None, :], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))
-        alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[:, None])
-        denom = denom * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None] + tl.dot(p.to(dt), kv, input_precision=PRECISION)
-        m = m_new
-    has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
-    o = tl.where(has_rows[:, None], acc / tl.where(has_rows, denom, 1.0)[:, None], 0.0) * kv_scale
-    if num_splits == 1:
-        o_row = rows.out + t * rows.stride_ot + heads[:, None].to(tl.int64) * rows.stride_oh
-        tl.store(o_row + c[None, :], o.to(rows.out.dtype.element_ty), mask=h_ok[:, None])
-    else:
-        slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
-        tl.store(parts.o + slot[:, None] * RANK + c[None, :], o, mask=h_ok[:, None])
-        lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
-        tl.store(parts.lse + slot, lse, mask=h_ok)
-
-
-@triton.heuristics(_DERIVED)
-@triton.jit
-def _mla_heads_n_kernel(
-    rows,
-    latent,
-    parts,
-    seq_lens_ptr,
-    cu_q_ptr,
-    sm_scale_log2,
-    num_heads,
-    max_q,
-    num_splits,
-    RANK: tl.constexpr,
-    ROPE: tl.constexpr,
-    HAS_SCALE: tl.constexpr,
-    BLOCK_H: tl.constexpr,
-    BLOCK_N: tl.constexpr,
+    HEADS_AS_N: tl.constexpr,
     COMPUTE_F16: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """_mla_split_kernel transposed: the row tile is the MMAs' first operand (K as [rows, 576], V^T as
-    [512, rows]) and the heads their last dimension, so q^T and P^T are read from shared memory."""
+    """rows: attention.packs.QueryRows (q [T, H, R + P], out [T, H, R]); latent: LatentCache; parts:
+    attention.packs.Partials ([T, H, splits, R] and [T, H, splits]; unused with one split).
+
+    Heads are the MMAs' rows (S = Q K^T, O = P V), or with HEADS_AS_N their last dimension: the row
+    tile is the first operand (K as [rows, R + P], V^T as [R, rows]), so q^T and P^T are read from
+    shared memory. Every tile below is [BLOCK_H, *] or, transposed, [*, BLOCK_H]."""
     seq, qi, q_len, q_start = _token_of(cu_q_ptr, max_q)
     if qi >= q_len:
         return
     t = (q_start + qi).to(tl.int64)
     lo, hi = _slice_of(seq_lens_ptr, seq, qi, q_len, num_splits, BLOCK_N)
     heads = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)
-    h_ok = heads < num_heads
-    c = tl.arange(0, RANK)
-    r = tl.arange(0, ROPE)
+    h_ok = _along_heads(heads < num_heads, HEADS_AS_N)
+    c = _across_heads(tl.arange(0, RANK), HEADS_AS_N)
+    r = _across_heads(tl.arange(0, ROPE), HEADS_AS_N)
+    HEAD_AXIS: tl.constexpr = 0 if HEADS_AS_N else 1  # the axis that reductions over a head's rows take
     # e4m3 -> fp16 is one exact instruction per pair (-> bf16 goes through fp32): fp8 rows compute in fp16
     dt = tl.float16 if COMPUTE_F16 else rows.q.dtype.element_ty
-    q_col = rows.q + t * rows.stride_qt + heads[None, :].to(tl.int64) * rows.stride_qh
-    q_nope = tl.load(q_col + c[:, None], mask=h_ok[None, :], other=0.0).to(dt)  # [RANK, BLOCK_H]
-    q_pe = tl.load(q_col + RANK + r[:, None], mask=h_ok[None, :], other=0.0).to(dt)
+    q_at = rows.q + t * rows.stride_qt + _along_heads(heads, HEADS_AS_N).to(tl.int64) * rows.stride_qh
+    q_nope = tl.load(q_at + c, mask=h_ok, other=0.0).to(dt)
+    q_pe = tl.load(q_at + RANK + r, mask=h_ok, other=0.0).to(dt)
     kv_scale, qk_scale = _scales(latent, sm_scale_log2, HAS_SCALE)
     m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     denom = tl.zeros([BLOCK_H], dtype=tl.float32)
-    acc = tl.zeros([RANK, BLOCK_H], dtype=tl.float32)
+    if HEADS_AS_N:
+        acc = tl.zeros([RANK, BLOCK_H], dtype=tl.float32)
+    else:
+        acc = tl.zeros([BLOCK_H, RANK], dtype=tl.float32)
     table = latent.block_tables + seq.to(tl.int64) * latent.stride_bt
     for start in range(lo, hi, BLOCK_N):
         ok, kv, kp = _row_tile(latent, table, start, hi, dt, RANK, ROPE, BLOCK_N)
-        s = tl.dot(kv, q_nope, input_precision=PRECISION)
-        s = tl.dot(kp, q_pe, s, input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
-        s = tl.where(ok[:, None], s * qk_scale, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=0))
+        if HEADS_AS_N:
+            s = tl.dot(kv, q_nope, input_precision=PRECISION)
+            s = tl.dot(kp, q_pe, s, input_precision=PRECISION)  # [BLOCK_N, BLOCK_H]
+        else:
+            s = tl.dot(q_nope, tl.trans(kv), input_precision=PRECISION)
+            s += tl.dot(q_pe, tl.trans(kp), input_precision=PRECISION)
+        s = tl.where(_across_heads(ok, HEADS_AS_N), s * qk_scale, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=HEAD_AXIS))
         alpha = tl.exp2(m - m_new)
-        p = tl.exp2(s - m_new[None, :])
-        denom = denom * alpha + tl.sum(p, axis=0)
-        acc = tl.dot(tl.trans(kv), p.to(dt), acc * alpha[None, :], input_precision=PRECISION)
+        p = tl.exp2(s - _along_heads(m_new, HEADS_AS_N))
+        denom = denom * alpha + tl.sum(p, axis=HEAD_AXIS)
+        if HEADS_AS_N:
+            acc = tl.dot(tl.trans(kv), p.to(dt), acc * alpha[None, :], input_precision=PRECISION)
+        else:
+            acc = acc * alpha[:, None] + tl.dot(p.to(dt), kv, input_precision=PRECISION)
         m = m_new
     has_rows = denom > 0.0  # a slice past this token's rows (short sequences, many slices) has none
-    o = tl.where(has_rows[None, :], acc / tl.where(has_rows, denom, 1.0)[None, :], 0.0) * kv_scale
+    safe_denom = _along_heads(tl.where(has_rows, denom, 1.0), HEADS_AS_N)
+    o = tl.where(_along_heads(has_rows, HEADS_AS_N), acc / safe_denom, 0.0) * kv_scale
     if num_splits == 1:
-        o_col = rows.out + t * rows.stride_ot + heads[None, :].to(tl.int64) * rows.stride_oh
-        tl.store(o_col + c[:, None], o.to(rows.out.dtype.element_ty), mask=h_ok[None, :])
+        o_at = rows.out + t * rows.stride_ot + _along_heads(heads, HEADS_AS_N).to(tl.int64) * rows.stride_oh
+        tl.store(o_at + c, o.to(rows.out.dtype.element_ty), mask=h_ok)
     else:
         slot = (t * num_heads + heads).to(tl.int64) * num_splits + tl.program_id(2)
-        tl.store(parts.o + slot[None, :] * RANK + c[:, None], o, mask=h_ok[None, :])
+        tl.store(parts.o + _along_heads(slot, HEADS_AS_N) * RANK + c, o, mask=h_ok)
         lse = tl.where(has_rows, m + tl.log2(tl.where(has_rows, denom, 1.0)), float("-inf"))
-        tl.store(parts.lse + slot, lse, mask=h_ok)
+        tl.store(parts.lse + slot, lse, mask=heads < num_heads)
 
 
 @triton.jit
@@ -356,14 +323,13 @@ def mla_attention(
             torch.empty(tokens, num_heads, splits, dtype=torch.float32, device=q.device),
         )
     grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
-    kernel, flags = _mla_split_kernel, {}
-    if tiles.heads_as_n:
-        kernel, flags = _mla_heads_n_kernel, dict(COMPUTE_F16=fp8 and q.dtype != torch.float32)
+    compute_f16 = tiles.heads_as_n and fp8 and q.dtype != torch.float32
     latent = LatentCache(cache, scale if fp8 else q, block_tables, block_tables.stride(0), cache.shape[1])
-    kernel[grid](
+    _mla_kernel[grid](
         query_rows(q, out), latent, parts, seq_lens, cu_seqlens_q, softmax_scale * LOG2E, num_heads,
         max_query_len, splits, RANK=kv_lora_rank, ROPE=rope, HAS_SCALE=fp8, BLOCK_H=tiles.block_h,
-        BLOCK_N=tiles.block_n, num_warps=tiles.num_warps, num_stages=tiles.num_stages, **flags,
+        BLOCK_N=tiles.block_n, HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=compute_f16,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
     )  # fmt: skip
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](

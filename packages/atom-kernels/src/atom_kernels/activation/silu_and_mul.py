@@ -49,6 +49,6 @@ def silu_and_mul(
     grid = (tokens, triton.cdiv(inter, block))
     pdl = pdl_launch(x.device)
     _silu_and_mul_kernel[grid](
-        x, out, inter, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl
-    )
+        x, out, inter, x.stride(0), out.stride(0), BLOCK=block, PDL=pdl, launch_pdl=pdl,
+    )  # fmt: skip
     return out

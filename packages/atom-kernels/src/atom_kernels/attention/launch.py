@@ -145,51 +145,25 @@ def run_paged_attention(
                 "one warp"
             )
         e4m3_decode_kernel[grid](
-            *common,
-            GROUP=group,
-            NUM_SPLITS=num_splits,
-            SCALE_KIND=kind,
-            HAS_SINKS=call.sinks is not None,
-            HEAD_DIM=head_dim,
-            BLOCK_N=config.block_n,
-            STAGES=config.num_stages,
-            PAGE=block_size if block_size & (block_size - 1) == 0 else 0,
-            num_warps=1,
-        )
+            *common, GROUP=group, NUM_SPLITS=num_splits, SCALE_KIND=kind, HAS_SINKS=call.sinks is not None,
+            HEAD_DIM=head_dim, BLOCK_N=config.block_n, STAGES=config.num_stages,
+            PAGE=block_size if block_size & (block_size - 1) == 0 else 0, num_warps=1,
+        )  # fmt: skip
     else:
         paged_attention_kernel[grid](
-            *common,
-            FMT=kv_format(layout, q, k_cache, v_cache, kind),
-            GROUP=group,
-            NUM_SPLITS=num_splits,
-            HAS_SINKS=call.sinks is not None,
-            HEAD_DIM=head_dim,
-            BLOCK_M=block_m,
-            BLOCK_N=config.block_n,
-            PDL=pdl,
-            num_warps=config.num_warps,
-            num_stages=config.num_stages,
-            launch_pdl=pdl,
-        )
+            *common, FMT=kv_format(layout, q, k_cache, v_cache, kind), GROUP=group, NUM_SPLITS=num_splits,
+            HAS_SINKS=call.sinks is not None, HEAD_DIM=head_dim, BLOCK_M=block_m, BLOCK_N=config.block_n,
+            PDL=pdl, num_warps=config.num_warps, num_stages=config.num_stages, launch_pdl=pdl,
+        )  # fmt: skip
     if num_splits > 1:
+        # one warp up to 16 splits, two beyond: faster than four warps at 16 and at 64 splits
+        # (sweep_small_kernels.py, 32 heads of 128; results/h200/archive/small_kernels.log)
         combine_splits_kernel[(tokens, num_q_heads)](
-            parts,
-            out,
-            scores.sinks,
-            out.stride(0),
-            out.stride(1),
-            num_q_heads,
-            NUM_SPLITS=num_splits,
-            HAS_SINKS=call.sinks is not None,
-            HEAD_DIM=head_dim,
-            BLOCK_S=triton.next_power_of_2(num_splits),
-            BLOCK_D=triton.next_power_of_2(head_dim),
-            PDL=pdl,
-            launch_pdl=pdl,
-            # one warp up to 16 splits, two beyond: faster than four warps at 16 and at 64 splits
-            # (sweep_small_kernels.py, 32 heads of 128; results/h200/archive/small_kernels.log)
+            parts, out, scores.sinks, out.stride(0), out.stride(1), num_q_heads, NUM_SPLITS=num_splits,
+            HAS_SINKS=call.sinks is not None, HEAD_DIM=head_dim, BLOCK_S=triton.next_power_of_2(num_splits),
+            BLOCK_D=triton.next_power_of_2(head_dim), PDL=pdl, launch_pdl=pdl,
             num_warps=1 if num_splits <= 16 else 2,
-        )
+        )  # fmt: skip
     return out
 
 

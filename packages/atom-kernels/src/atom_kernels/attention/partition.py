@@ -102,15 +102,9 @@ def plan_decode(seq_lens: torch.Tensor, partition: DecodePartition) -> DecodePar
     if batch > partition.max_batch:
         raise ValueError(f"batch {batch} exceeds the partition's max_batch {partition.max_batch}")
     _plan_kernel[(1,)](
-        seq_lens,
-        partition.cu_blocks,
-        partition.per_program,
-        partition.partial_base,
-        batch,
-        P=partition.num_programs,
-        BLOCK=partition.block,
-        CHUNK=1024 if seq_lens.is_cuda else 64,
-    )
+        seq_lens, partition.cu_blocks, partition.per_program, partition.partial_base, batch,
+        P=partition.num_programs, BLOCK=partition.block, CHUNK=1024 if seq_lens.is_cuda else 64,
+    )  # fmt: skip
     return partition
 
 

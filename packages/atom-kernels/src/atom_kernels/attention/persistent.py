@@ -71,34 +71,15 @@ def paged_decode_persistent(
     parts = Partials(partition.part_o, partition.part_lse)
     plan_bufs = (partition.cu_blocks, partition.per_program, partition.partial_base)
     persistent_decode_kernel[(partition.num_programs, c.num_kv_heads)](
-        query_rows(q, c.out),
-        paged_kv(c.layout, k_cache, v_cache, block_tables, c, k_scale, v_scale),
-        scores,
-        parts,
-        seq_lens,
-        *plan_bufs,
-        batch,
-        num_q_heads,
-        FMT=kv_format(c.layout, q, k_cache, v_cache, c.scale_kind),
-        GROUP=group,
-        HAS_SINKS=sinks is not None,
-        HEAD_DIM=c.head_dim,
-        BLOCK_M=max(16, triton.next_power_of_2(group)),
-        BLOCK_N=partition.block,
-        num_warps=2 if gpu else 1,
-        num_stages=3 if gpu else 1,
-    )
+        query_rows(q, c.out), paged_kv(c.layout, k_cache, v_cache, block_tables, c, k_scale, v_scale), scores,
+        parts, seq_lens, *plan_bufs, batch, num_q_heads,
+        FMT=kv_format(c.layout, q, k_cache, v_cache, c.scale_kind), GROUP=group, HAS_SINKS=sinks is not None,
+        HEAD_DIM=c.head_dim, BLOCK_M=max(16, triton.next_power_of_2(group)), BLOCK_N=partition.block,
+        num_warps=2 if gpu else 1, num_stages=3 if gpu else 1,
+    )  # fmt: skip
     combine_partials_kernel[(batch, num_q_heads)](
-        parts,
-        c.out,
-        scores.sinks,
-        *plan_bufs,
-        c.out.stride(0),
-        c.out.stride(1),
-        num_q_heads,
-        HAS_SINKS=sinks is not None,
-        HEAD_DIM=c.head_dim,
-        BLOCK_S=16,
+        parts, c.out, scores.sinks, *plan_bufs, c.out.stride(0), c.out.stride(1), num_q_heads,
+        HAS_SINKS=sinks is not None, HEAD_DIM=c.head_dim, BLOCK_S=16,
         BLOCK_D=triton.next_power_of_2(c.head_dim),
-    )
+    )  # fmt: skip
     return c.out

@@ -5,7 +5,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.attention.packs import DERIVED
-from atom_kernels.attention.tile import LOG2E, attend
+from atom_kernels.attention.tile import LOG2E, attend_span
 
 
 @triton.heuristics(DERIVED)
@@ -75,19 +75,10 @@ def persistent_decode_kernel(
             q = q.to(tl.float16)
         q_pos = tl.zeros((BLOCK_M,), dtype=tl.int32) + kv_len - 1
         table_ptr = kv.block_tables + t_idx * kv.stride_bt
-        acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-        l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-        m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-        acc, l_i, m_i = attend(
-            acc, l_i, m_i, q, q_pos, kv, table_ptr, n_start, full_end, kvh, scores,
-            FMT, False, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+        acc, l_i, m_i = attend_span(
+            q, q_pos, kv, table_ptr, n_start, full_end, n_end, kvh, scores,
+            FMT, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D,
         )  # fmt: skip
-        acc, l_i, m_i = attend(
-            acc, l_i, m_i, q, q_pos, kv, table_ptr, full_end, n_end, kvh, scores,
-            FMT, True, HAS_SOFTCAP, False, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-        )  # fmt: skip
-        if FMT.SCALE_KIND == 1:
-            acc = acc * tl.load(kv.v_scale)
         whole = (seg_lo == seq_first) & (seg_hi == seq_last)
         l_safe = tl.where(l_i > 0, l_i, 1.0)
         o = acc / l_safe[:, None]

@@ -176,22 +176,10 @@ def run_tma_prefill(call: PagedCall, c: Checked, *, max_query_len: int, config: 
     block_m = max(config.block_m, triton.next_power_of_2(group))
     grid = (triton.cdiv(max_query_len, block_m // group), batch, c.num_kv_heads)
     paged_prefill_tma_kernel[grid](
-        query_rows(q, out),
-        _descriptor(k_cache, c, config.block_n),
-        _descriptor(v_cache, c, config.block_n),
-        scoring(c.softmax_scale, call.softcap, call.sliding_window, call.sinks, q),
-        call.block_tables,
-        seq_lens,
-        call.cu_seqlens_q,
-        call.block_tables.stride(0),
-        k_cache.stride(2),
-        c.block_size,
-        GROUP=group,
-        HAS_SINKS=call.sinks is not None,
-        HEAD_DIM=c.head_dim,
-        BLOCK_M=block_m,
-        BLOCK_N=config.block_n,
-        num_warps=config.num_warps,
-        num_stages=config.num_stages,
-    )
+        query_rows(q, out), _descriptor(k_cache, c, config.block_n), _descriptor(v_cache, c, config.block_n),
+        scoring(c.softmax_scale, call.softcap, call.sliding_window, call.sinks, q), call.block_tables,
+        seq_lens, call.cu_seqlens_q, call.block_tables.stride(0), k_cache.stride(2), c.block_size,
+        GROUP=group, HAS_SINKS=call.sinks is not None, HEAD_DIM=c.head_dim, BLOCK_M=block_m,
+        BLOCK_N=config.block_n, num_warps=config.num_warps, num_stages=config.num_stages,
+    )  # fmt: skip
     return out

@@ -195,3 +195,27 @@ def attend(
         acc = acc * alpha[:, None] + tl.dot(p.to(q.dtype), v, input_precision=DOT_PRECISION)
         m_i = m_new
     return acc, l_i, m_i
+
+
+@triton.jit
+def attend_span(
+    q, q_pos, kv, table_ptr, n_start, full_end, n_end, kvh, scores,
+    FMT: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_WINDOW: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """(acc, l, m) of rows q over KV positions [n_start, n_end): [n_start, full_end) is what every row sees
+    without masks, then the causal edge and window with them; a per-tensor V scale is applied to acc."""
+    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
+    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
+    acc, l_i, m_i = attend(
+        acc, l_i, m_i, q, q_pos, kv, table_ptr, n_start, full_end, kvh, scores,
+        FMT, False, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    acc, l_i, m_i = attend(
+        acc, l_i, m_i, q, q_pos, kv, table_ptr, full_end, n_end, kvh, scores,
+        FMT, True, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+    )  # fmt: skip
+    if FMT.SCALE_KIND == 1:
+        acc = acc * tl.load(kv.v_scale)
+    return acc, l_i, m_i

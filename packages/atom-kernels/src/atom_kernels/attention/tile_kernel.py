@@ -9,7 +9,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.attention.packs import DERIVED_TILED
-from atom_kernels.attention.tile import LOG2E, attend, normalize, tile_rows
+from atom_kernels.attention.tile import LOG2E, attend_span, normalize, tile_rows
 from atom_kernels.pdl import let_next_launch, wait_for_inputs
 
 
@@ -85,20 +85,10 @@ def paged_attention_kernel(
         full_end = n_start + tl.maximum(tl.minimum(n_end, first_pos + 1) - n_start, 0) // BLOCK_N * BLOCK_N
 
     table_ptr = kv.block_tables + seq.to(tl.int64) * kv.stride_bt
-    acc = tl.zeros((BLOCK_M, BLOCK_D), dtype=tl.float32)
-    l_i = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    m_i = tl.full((BLOCK_M,), float("-inf"), dtype=tl.float32)
-    # The positions every row sees without masks, then the causal edge and window with them.
-    acc, l_i, m_i = attend(
-        acc, l_i, m_i, q, q_pos, kv, table_ptr, n_start, full_end, kvh, scores,
-        FMT, False, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
+    acc, l_i, m_i = attend_span(
+        q, q_pos, kv, table_ptr, n_start, full_end, n_end, kvh, scores,
+        FMT, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_M, BLOCK_N, BLOCK_D,
     )  # fmt: skip
-    acc, l_i, m_i = attend(
-        acc, l_i, m_i, q, q_pos, kv, table_ptr, full_end, n_end, kvh, scores,
-        FMT, True, HAS_SOFTCAP, HAS_WINDOW, DOT_PRECISION, HEAD_DIM, BLOCK_N, BLOCK_D,
-    )  # fmt: skip
-    if FMT.SCALE_KIND == 1:
-        acc = acc * tl.load(kv.v_scale)
 
     if NUM_SPLITS == 1:
         o = normalize(acc, l_i, m_i, scores.sinks, head, row_ok, HAS_SINKS)

@@ -47,16 +47,9 @@ def varlen_causal_attention(
     # sequence b's position p is page cu[b] + p; positions past its end are never read (clamped in range)
     tables = (cu_seqlens[:-1, None] + rows[None, :]).clamp_(max=max(tokens - 1, 0)).to(torch.int32)
     out = paged_prefill(
-        q.contiguous(),
-        k_pages,
-        v_pages,
-        cu_seqlens_q=cu_seqlens,
-        seq_lens=seq_lens,
-        block_tables=tables,
-        max_query_len=max_seq_len,
-        softmax_scale=softmax_scale,
-        backend=backend,
-    )
+        q.contiguous(), k_pages, v_pages, cu_seqlens_q=cu_seqlens, seq_lens=seq_lens, block_tables=tables,
+        max_query_len=max_seq_len, softmax_scale=softmax_scale, backend=backend,
+    )  # fmt: skip
     return out[..., :v_width]
 
 

@@ -88,13 +88,6 @@ def move_rows_back(
         move_rows_back_ref(positions, seq_lens, slots, block_tables, lag, q, block_size)
         return
     _move_rows_kernel[(s,)](
-        positions,
-        seq_lens,
-        slots,
-        block_tables,
-        lag,
-        block_tables.stride(0),
-        q,
-        block_size,
+        positions, seq_lens, slots, block_tables, lag, block_tables.stride(0), q, block_size,
         BLOCK_Q=triton.next_power_of_2(q),
-    )
+    )  # fmt: skip

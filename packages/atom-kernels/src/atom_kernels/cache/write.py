@@ -104,8 +104,8 @@ def write_kv(
     if layout is KVLayout.SHUFFLE and e4m3_shuffle_write_supported(k, k_cache):
         page = block_size if block_size & (block_size - 1) == 0 else 0
         e4m3_shuffle_write_kernel[(triton.cdiv(tokens, 16), num_heads)](
-            src, dst, HEAD_DIM=head_dim, SCALE_KIND=kind, FP8_MAX=fmax, PAGE=page, num_warps=1, maxnreg=128
-        )
+            src, dst, HEAD_DIM=head_dim, SCALE_KIND=kind, FP8_MAX=fmax, PAGE=page, num_warps=1, maxnreg=128,
+        )  # fmt: skip
         return
     if layout is KVLayout.SHUFFLE:
         x = shuffle_width(k_cache.dtype)

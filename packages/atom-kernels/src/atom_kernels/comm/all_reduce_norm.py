@@ -157,27 +157,12 @@ def all_reduce_rms_norm(
     if tokens:
         words = triton.next_power_of_2(hidden // pack)
         pdl = pdl_launch(x.device)
+        region_words = half_bytes // _WORD_BYTES  # the 8-byte words of one (half, source rank) region
         _all_reduce_rms_norm_kernel[(tokens,)](
-            x,
-            residual if residual is not None else x,
-            weight,
-            out,
-            new_residual,
-            buffers,
-            counts,
-            half_bytes // _WORD_BYTES,  # the 8-byte words of one (half, source rank) region
-            hidden,
-            eps,
-            weight_offset,
-            rank,
-            HAS_RESIDUAL=residual is not None,
-            WORLD=world,
-            PACK=pack,
-            WORDS=words,
-            PDL=pdl,
-            num_warps=min(16, max(1, words // 128)),
-            launch_pdl=pdl,
-        )
+            x, residual if residual is not None else x, weight, out, new_residual, buffers, counts,
+            region_words, hidden, eps, weight_offset, rank, HAS_RESIDUAL=residual is not None, WORLD=world,
+            PACK=pack, WORDS=words, PDL=pdl, num_warps=min(16, max(1, words // 128)), launch_pdl=pdl,
+        )  # fmt: skip
     return out, new_residual
 
 

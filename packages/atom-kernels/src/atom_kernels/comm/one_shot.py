@@ -110,8 +110,8 @@ def one_shot_all_reduce(
         raise ValueError(f"programs must be in [1, {MAX_PROGRAMS}], got {programs}")
     if n:
         _one_shot_kernel[(programs,)](
-            x, out, buffers, pads, n, rank, WORLD=world, BLOCK=block, num_warps=min(16, max(4, block // 256))
-        )
+            x, out, buffers, pads, n, rank, WORLD=world, BLOCK=block, num_warps=min(16, max(4, block // 256)),
+        )  # fmt: skip
     return out
 
 

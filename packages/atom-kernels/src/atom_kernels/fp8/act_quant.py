@@ -134,20 +134,7 @@ def quantize_act(
     block_m = max(1, min(triton.next_power_of_2(m), _TILE_ELEMENTS // block_g))
     grid = (triton.cdiv(m, block_m), groups)
     _quantize_act_kernel[grid](
-        x,
-        xq,
-        xs,
-        m,
-        k,
-        x.stride(0),
-        xq.stride(0),
-        xs.stride(0),
-        xs.stride(1),
-        group,
-        BLOCK_M=block_m,
-        BLOCK_G=block_g,
-        POW2=pow2_scales,
-        GATED=gated_input,
-        num_warps=4 if block_m * block_g >= 1024 else 1,
-    )
+        x, xq, xs, m, k, x.stride(0), xq.stride(0), xs.stride(0), xs.stride(1), group, BLOCK_M=block_m,
+        BLOCK_G=block_g, POW2=pow2_scales, GATED=gated_input, num_warps=4 if block_m * block_g >= 1024 else 1,
+    )  # fmt: skip
     return xq, xs

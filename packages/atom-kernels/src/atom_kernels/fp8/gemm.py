@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.settings import SETTINGS
+from atom_kernels.tile_order import grouped_tile
 
 MIN_FP8_DOT_K = 32  # the fp8 MMA's smallest K: a narrower group is zero-padded to it
 
@@ -67,12 +68,7 @@ def _w8a8_kernel(
     pid = tl.program_id(0)
     tiles_m = tl.cdiv(M, BLOCK_M)
     tiles_n = tl.cdiv(N, BLOCK_N)
-    # GROUP_M row tiles walk the n tiles together, so their A rows and W columns stay in L2.
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(pid, tiles_m, tiles_n, GROUP_M)
     rm = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     # Edge tiles re-read the last row/column instead of masking: loads stay full vectors, the store masks.
@@ -125,30 +121,11 @@ def w8a8_gemm(
         return y
     t = tiles or gemm_tiles(m)
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)
+    b = bias if bias is not None else scale  # never read without HAS_BIAS
     _w8a8_kernel[grid](
-        xq,
-        xs,
-        weight,
-        scale,
-        bias if bias is not None else scale,  # never read without HAS_BIAS
-        y,
-        m,
-        n,
-        k,
-        bn,
-        xq.stride(0),
-        xs.stride(0),
-        weight.stride(0),
-        scale.stride(0),
-        y.stride(0),
-        BLOCK_M=t.block_m,
-        BLOCK_N=t.block_n,
-        BLOCK_K=bk,
-        DOT_K=max(bk, MIN_FP8_DOT_K),
-        GROUP_M=t.group_m,
-        EVEN_K=k % bk == 0,
-        HAS_BIAS=bias is not None,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
-    )
+        xq, xs, weight, scale, b, y, m, n, k, bn, xq.stride(0), xs.stride(0), weight.stride(0),
+        scale.stride(0), y.stride(0), BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_K=max(bk, MIN_FP8_DOT_K), GROUP_M=t.group_m, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
+        num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
     return y

@@ -154,34 +154,11 @@ def w8a8_skinny(
         counters = tile_counters(xq.device, grid[0])
     else:
         partial = counters = out  # never read with one split
+    b = bias if bias is not None else scale  # never read without HAS_BIAS
     _w8a8_skinny_kernel[grid](
-        xq,
-        xs,
-        weight,
-        scale,
-        bias if bias is not None else scale,  # never read without HAS_BIAS
-        out,
-        partial,
-        counters,
-        m,
-        n,
-        k,
-        bn,
-        per_split,
-        split,
-        xq.stride(0),
-        xs.stride(0),
-        weight.stride(0),
-        scale.stride(0),
-        out.stride(0),
-        BLOCK_N=t.block_n,
-        BLOCK_K=bk,
-        DOT_K=max(bk, MIN_FP8_DOT_K),
-        BLOCK_M=block_m,
-        EVEN_K=k % bk == 0,
-        HAS_BIAS=bias is not None,
-        SPLIT=split > 1,
-        num_warps=t.num_warps,
-        num_stages=t.num_stages,
-    )
+        xq, xs, weight, scale, b, out, partial, counters, m, n, k, bn, per_split, split, xq.stride(0),
+        xs.stride(0), weight.stride(0), scale.stride(0), out.stride(0), BLOCK_N=t.block_n, BLOCK_K=bk,
+        DOT_K=max(bk, MIN_FP8_DOT_K), BLOCK_M=block_m, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
+        SPLIT=split > 1, num_warps=t.num_warps, num_stages=t.num_stages,
+    )  # fmt: skip
     return out

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.linear.split_k import store_gemv_rows
+
 MAX_SKINNY_ROWS = 16
 
 
@@ -102,9 +104,7 @@ def _gemv_kernel(
         acc += w.to(tl.float32) * s * x.to(tl.float32)[None, :, :]
         w_ptrs += SUBS * SUB_K
     y = tl.sum(tl.sum(acc, 2), 1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows).to(tl.float32)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+    store_gemv_rows(y, y_ptr, b_ptr, rows, rn, N, HAS_BIAS)
 
 
 @triton.jit
@@ -183,50 +183,15 @@ def run_stream(
     step = t.subs * t.sub_k
     if rows == 1:
         _gemv_kernel[grid](
-            x,
-            weight,
-            scale,
-            b,
-            y,
-            n,
-            k,
-            bn,
-            bk,
-            weight.stride(0),
-            scale.stride(0),
-            BLOCK_N=t.block_n,
-            SUBS=t.subs,
-            SUB_K=t.sub_k,
-            UNIFORM=t.uniform,
-            EVEN_K=k % step == 0,
-            HAS_BIAS=bias is not None,
-            num_warps=t.warps,
-            num_stages=t.stages,
-        )
+            x, weight, scale, b, y, n, k, bn, bk, weight.stride(0), scale.stride(0), BLOCK_N=t.block_n,
+            SUBS=t.subs, SUB_K=t.sub_k, UNIFORM=t.uniform, EVEN_K=k % step == 0, HAS_BIAS=bias is not None,
+            num_warps=t.warps, num_stages=t.stages,
+        )  # fmt: skip
     else:
+        precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 x: fp32 products, not TF32
         _skinny_kernel[grid](
-            x,
-            weight,
-            scale,
-            b,
-            y,
-            rows,
-            n,
-            k,
-            bn,
-            bk,
-            x.stride(0),
-            weight.stride(0),
-            scale.stride(0),
-            y.stride(0),
-            BLOCK_N=t.block_n,
-            BLOCK_K=t.sub_k,
-            SUBS=t.subs,
-            BLOCK_M=16,
-            UNIFORM=t.uniform,
-            EVEN_K=k % step == 0,
-            HAS_BIAS=bias is not None,
-            PRECISION="ieee" if x.dtype == torch.float32 else "tf32",  # fp32 x: fp32 products, not TF32
-            num_warps=t.warps,
+            x, weight, scale, b, y, rows, n, k, bn, bk, x.stride(0), weight.stride(0), scale.stride(0),
+            y.stride(0), BLOCK_N=t.block_n, BLOCK_K=t.sub_k, SUBS=t.subs, BLOCK_M=16, UNIFORM=t.uniform,
+            EVEN_K=k % step == 0, HAS_BIAS=bias is not None, PRECISION=precision, num_warps=t.warps,
             num_stages=t.stages,
-        )
+        )  # fmt: skip

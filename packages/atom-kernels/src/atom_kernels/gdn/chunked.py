@@ -338,19 +338,9 @@ def gated_delta_rule_chunked(
     tiles: launch shapes and matmul precisions (default `gdn_tiles`).
     """
     out, done = gdn_entry(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        state,
-        state_indices,
-        has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm,
-        out=out,
-        backend=backend,
-    )
+        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm, out=out, backend=backend,
+    )  # fmt: skip
     if done:
         return out
     cu_seqlens, state_indices, has_initial_state = unit_stride(cu_seqlens, state_indices, has_initial_state)

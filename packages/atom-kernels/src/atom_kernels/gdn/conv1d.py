@@ -231,19 +231,11 @@ def causal_conv1d(
     if out is None:
         out = torch.zeros_like(x, memory_format=torch.contiguous_format)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        return out.copy_(
-            causal_conv1d_ref(
-                x,
-                weight,
-                bias,
-                cu_seqlens,
-                conv_state,
-                state_indices,
-                has_initial_state=has_initial_state,
-                activation=activation,
-                step_state_indices=step_state_indices,
-            )
-        )
+        want = causal_conv1d_ref(
+            x, weight, bias, cu_seqlens, conv_state, state_indices, has_initial_state=has_initial_state,
+            activation=activation, step_state_indices=step_state_indices,
+        )  # fmt: skip
+        return out.copy_(want)
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:
         return out
@@ -255,42 +247,16 @@ def causal_conv1d(
     init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
     grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))
     _conv_kernel[grid](
-        x,
-        weight,
-        bias if bias is not None else weight,
-        out,
-        conv_state,
-        cu_seqlens,
-        state_indices,
-        init,
-        dim,
-        x.stride(0),
-        out.stride(0),
-        conv_state.stride(0),
-        conv_state.stride(1),
-        WIDTH=width,
-        HAS_BIAS=bias is not None,
-        HAS_INIT=has_initial_state is not None,
-        SILU=activation,
-        BLOCK_T=block_t,
+        x, weight, bias if bias is not None else weight, out, conv_state, cu_seqlens, state_indices, init,
+        dim, x.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1), WIDTH=width,
+        HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
         BLOCK_D=block_d,
-    )
+    )  # fmt: skip
     steps = () if step_state_indices is None else (step_state_indices,)
     kernel = _state_kernel if step_state_indices is None else _step_state_kernel
     kernel[(seqs, triton.cdiv(dim, block_d))](
-        x,
-        conv_state,
-        cu_seqlens,
-        state_indices,
-        init,
-        *steps,
-        dim,
-        x.stride(0),
-        conv_state.stride(0),
-        conv_state.stride(1),
-        WIDTH=width,
-        HAS_INIT=has_initial_state is not None,
-        BLOCK_D=block_d,
+        x, conv_state, cu_seqlens, state_indices, init, *steps, dim, x.stride(0), conv_state.stride(0),
+        conv_state.stride(1), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
         BLOCK_W=triton.next_power_of_2(max(1, width - 1)),
-    )
+    )  # fmt: skip
     return out

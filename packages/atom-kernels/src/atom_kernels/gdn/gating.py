@@ -49,15 +49,7 @@ def gdn_gating(
     beta = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     if a.shape[0]:
         _gating_kernel[(a.shape[0],)](
-            A_log,
-            a,
-            dt_bias,
-            b,
-            g,
-            beta,
-            a.shape[1],
-            a.stride(0),
-            b.stride(0),
+            A_log, a, dt_bias, b, g, beta, a.shape[1], a.stride(0), b.stride(0),
             BLOCK_H=triton.next_power_of_2(a.shape[1]),
-        )
+        )  # fmt: skip
     return g, beta

@@ -98,16 +98,7 @@ def gdn_entry(
     if resolve_backend(backend, v.device) is not Backend.TORCH:
         return out, False
     ref = gated_delta_rule_ref(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        state,
-        state_indices,
-        has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm,
-        step_state_indices=step_state_indices,
-    )
+        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm, step_state_indices=step_state_indices,
+    )  # fmt: skip
     return out.copy_(ref), True

@@ -122,20 +122,9 @@ def gated_delta_rule_recurrent(
     B=64 and B=256 than 32 rows and 4 warps).
     """
     out, done = gdn_entry(
-        q,
-        k,
-        v,
-        g,
-        beta,
-        cu_seqlens,
-        state,
-        state_indices,
-        has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm,
-        out=out,
-        backend=backend,
-        step_state_indices=step_state_indices,
-    )
+        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
+        use_qk_l2norm=use_qk_l2norm, out=out, backend=backend, step_state_indices=step_state_indices,
+    )  # fmt: skip
     if done:
         return out
     cu_seqlens, state_indices, has_initial_state, step_state_indices = unit_stride(
@@ -148,22 +137,11 @@ def gated_delta_rule_recurrent(
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
         block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
     _recurrent_kernel[(seqs, num_v_heads, triton.cdiv(dv, block_v))](
-        *(token_heads(x) for x in (q, k, v, out)),
-        g,
-        beta,
-        state_slots(state, state_indices, has_initial_state),
-        cu_seqlens,
-        step_state_indices if step_state_indices is not None else state_indices,
-        num_v_heads,
-        num_v_heads // q.shape[1],
-        dk**-0.5,
-        DK=dk,
-        DV=dv,
-        BK=bk,
-        BLOCK_V=block_v,
-        L2NORM=use_qk_l2norm,
-        HAS_INIT=has_initial_state is not None,
-        STEP_STATES=step_state_indices is not None,
+        *(token_heads(x) for x in (q, k, v, out)), g, beta,
+        state_slots(state, state_indices, has_initial_state), cu_seqlens,
+        step_state_indices if step_state_indices is not None else state_indices, num_v_heads,
+        num_v_heads // q.shape[1], dk**-0.5, DK=dk, DV=dv, BK=bk, BLOCK_V=block_v, L2NORM=use_qk_l2norm,
+        HAS_INIT=has_initial_state is not None, STEP_STATES=step_state_indices is not None,
         num_warps=num_warps,
-    )
+    )  # fmt: skip
     return out

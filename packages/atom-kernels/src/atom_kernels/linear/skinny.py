@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation import silu_and_mul
-from atom_kernels.linear.split_k import split_total
+from atom_kernels.linear.split_k import split_total, store_gemv_rows
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 from atom_kernels.tile_tickets import tile_counters
@@ -80,9 +80,7 @@ def _gemv_kernel(
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
-    if HAS_BIAS:
-        y += tl.load(b_ptr + rows).to(tl.float32)
-    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+    store_gemv_rows(y, y_ptr, b_ptr, rows, rn, N, HAS_BIAS)
 
 
 @triton.jit
@@ -278,23 +276,10 @@ def run_skinny(
     pdl = pdl_launch(x.device)
     if rows == 1:
         _gemv_kernel[(tiles_n,)](
-            x,
-            weight,
-            b,
-            y,
-            n,
-            k,
-            weight.stride(0),
-            BLOCK_N=tiles.block_n,
-            BLOCK_K=tiles.block_k,
-            EVEN_K=even_k,
-            GATED=gated_input,
-            HAS_BIAS=bias is not None,
-            PDL=pdl,
-            num_warps=tiles.warps,
-            num_stages=tiles.stages,
-            launch_pdl=pdl,
-        )
+            x, weight, b, y, n, k, weight.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
+            EVEN_K=even_k, GATED=gated_input, HAS_BIAS=bias is not None, PDL=pdl, num_warps=tiles.warps,
+            num_stages=tiles.stages, launch_pdl=pdl,
+        )  # fmt: skip
         return
     if rows > MAX_SKINNY_ROWS:
         raise ValueError(f"the skinny kernel takes at most {MAX_SKINNY_ROWS} rows, got {rows}")
@@ -309,28 +294,8 @@ def run_skinny(
     else:
         partial = counters = y  # never read with one split
     _skinny_kernel[(tiles_n, splits)](
-        x,
-        weight,
-        b,
-        y,
-        partial,
-        counters,
-        rows,
-        n,
-        k,
-        k_per_split,
-        splits,
-        x.stride(0),
-        weight.stride(0),
-        y.stride(0),
-        BLOCK_N=tiles.block_n,
-        BLOCK_K=tiles.block_k,
-        BLOCK_M=block_m,
-        SPLIT=splits > 1,
-        EVEN_K=even_k,
-        HAS_BIAS=bias is not None,
-        PDL=pdl,
-        num_warps=tiles.warps,
-        num_stages=tiles.stages,
+        x, weight, b, y, partial, counters, rows, n, k, k_per_split, splits, x.stride(0), weight.stride(0),
+        y.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k, BLOCK_M=block_m, SPLIT=splits > 1,
+        EVEN_K=even_k, HAS_BIAS=bias is not None, PDL=pdl, num_warps=tiles.warps, num_stages=tiles.stages,
         launch_pdl=pdl,
-    )
+    )  # fmt: skip

@@ -43,3 +43,12 @@ def split_total(
             )
         reset_ticket(counter_ptr, tile)
     return last, total
+
+
+@triton.jit
+def store_gemv_rows(y, y_ptr, b_ptr, rows, rn, N, HAS_BIAS: tl.constexpr):
+    """A GEMV's fp32 outputs y [BLOCK_N] for weight rows rn (rows: rn clamped to N - 1), bias added, stored
+    in y's dtype; rows past N are not stored."""
+    if HAS_BIAS:
+        y += tl.load(b_ptr + rows).to(tl.float32)
+    tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)

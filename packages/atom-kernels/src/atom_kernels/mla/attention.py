@@ -291,18 +291,11 @@ def mla_attention(
             f"out must be [{tokens}, {num_heads}, {kv_lora_rank}] {q.dtype}, last dim contiguous"
         )
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        return out.copy_(
-            mla_attention_ref(
-                q,
-                cache,
-                cu_seqlens_q,
-                seq_lens,
-                block_tables,
-                softmax_scale=softmax_scale,
-                kv_lora_rank=kv_lora_rank,
-                scale=scale if fp8 else None,
-            )
-        )
+        want = mla_attention_ref(
+            q, cache, cu_seqlens_q, seq_lens, block_tables, softmax_scale=softmax_scale,
+            kv_lora_rank=kv_lora_rank, scale=scale if fp8 else None,
+        )  # fmt: skip
+        return out.copy_(want)
     pow2 = triton.next_power_of_2
     if pow2(kv_lora_rank) != kv_lora_rank or pow2(rope) != rope or rope < 16:
         raise ValueError(
@@ -333,14 +326,7 @@ def mla_attention(
     )  # fmt: skip
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](
-            parts.o,
-            parts.lse,
-            out,
-            num_heads,
-            out.stride(0),
-            out.stride(1),
-            splits,
-            BLOCK_S=pow2(splits),
+            parts.o, parts.lse, out, num_heads, out.stride(0), out.stride(1), splits, BLOCK_S=pow2(splits),
             RANK=kv_lora_rank,
-        )
+        )  # fmt: skip
     return out

@@ -89,15 +89,6 @@ def write_latent(
         raise ValueError(f"the Triton latent write needs power-of-two widths, got {rank} and {rope}")
     if kv_c.shape[0]:
         _write_latent_kernel[(kv_c.shape[0],)](
-            kv_c,
-            k_pe,
-            cache,
-            slot_mapping,
-            scale if fp8 else cache,
-            kv_c.stride(0),
-            k_pe.stride(0),
-            fp8_max(cache.dtype) if fp8 else 0.0,
-            RANK=rank,
-            ROPE=rope,
-            FP8=fp8,
-        )
+            kv_c, k_pe, cache, slot_mapping, scale if fp8 else cache, kv_c.stride(0), k_pe.stride(0),
+            fp8_max(cache.dtype) if fp8 else 0.0, RANK=rank, ROPE=rope, FP8=fp8,
+        )  # fmt: skip

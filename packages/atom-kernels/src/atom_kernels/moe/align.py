@@ -206,21 +206,10 @@ def order_by_expert(
     pdl = pdl_launch(device)
     if one_program:
         _order_small_kernel[(1,)](
-            ids,
-            sorted_pairs,
-            tile_expert,
-            num_padded,
-            num_experts,
-            pairs,
-            capacity,
-            BLOCK_M=block_m,
-            BLOCK_E=block_e,
-            BLOCK_P=max(1, min(32, 8192 // block_e)),
-            BLOCK_T=block_t,
-            PDL=pdl,
-            num_warps=4,
+            ids, sorted_pairs, tile_expert, num_padded, num_experts, pairs, capacity, BLOCK_M=block_m,
+            BLOCK_E=block_e, BLOCK_P=max(1, min(32, 8192 // block_e)), BLOCK_T=block_t, PDL=pdl, num_warps=4,
             launch_pdl=pdl,
-        )
+        )  # fmt: skip
         return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)
     counts = torch.zeros(num_experts, dtype=torch.int32, device=device)
     rank = torch.empty(pairs, dtype=torch.int32, device=device)
@@ -230,21 +219,9 @@ def order_by_expert(
     if pairs:
         _count_kernel[grid](ids, counts, rank, pairs, BLOCK=block, PDL=pdl, launch_pdl=pdl)
     _tiles_kernel[(1,)](
-        counts,
-        start,
-        tile_expert,
-        num_padded,
-        sorted_pairs,
-        num_experts,
-        pairs,
-        capacity,
-        BLOCK_M=block_m,
-        BLOCK_E=block_e,
-        BLOCK_T=block_t,
-        PDL=pdl,
-        num_warps=4,
-        launch_pdl=pdl,
-    )
+        counts, start, tile_expert, num_padded, sorted_pairs, num_experts, pairs, capacity, BLOCK_M=block_m,
+        BLOCK_E=block_e, BLOCK_T=block_t, PDL=pdl, num_warps=4, launch_pdl=pdl,
+    )  # fmt: skip
     if pairs:
         _scatter_kernel[grid](ids, rank, start, sorted_pairs, pairs, BLOCK=block, PDL=pdl, launch_pdl=pdl)
     return ExpertOrder(sorted_pairs, tile_expert, num_padded, pairs, block_m)

@@ -52,6 +52,6 @@ def combine_topk(y: torch.Tensor, top_k: int, out: torch.Tensor) -> torch.Tensor
     grid = (tokens, triton.cdiv(hidden, block_h))
     pdl = pdl_launch(y.device)
     _combine_kernel[grid](
-        y, out, hidden, out.stride(0), TOP_K=top_k, BLOCK_H=block_h, PDL=pdl, num_warps=4, launch_pdl=pdl
-    )
+        y, out, hidden, out.stride(0), TOP_K=top_k, BLOCK_H=block_h, PDL=pdl, num_warps=4, launch_pdl=pdl,
+    )  # fmt: skip
     return out

@@ -24,6 +24,7 @@ import triton.language as tl
 
 from atom_kernels.moe.align import ExpertOrder
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
+from atom_kernels.tile_order import grouped_tile
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,12 +173,7 @@ def _expert_gemm_kernel(
     pid = tl.program_id(0)
     tiles_n = tl.cdiv(N, BLOCK_N)
     tiles_m = tl.num_programs(0) // tiles_n
-    # GROUP_M row tiles walk the n tiles together, so their A rows stay in L2.
-    per_group = GROUP_M * tiles_n
-    first_m = (pid // per_group) * GROUP_M
-    size_m = tl.minimum(tiles_m - first_m, GROUP_M)
-    pid_m = first_m + (pid % per_group) % size_m
-    pid_n = (pid % per_group) // size_m
+    pid_m, pid_n = grouped_tile(pid, tiles_m, tiles_n, GROUP_M)
     rows = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
     if PAIR_TILES:  # one token: tile m is pair m, in its first row (align.order_one_token)
         pair = tl.where(rows == pid_m * BLOCK_M, pid_m, pairs.num_pairs)
@@ -277,37 +273,21 @@ def _launch(
     act = Activations(a, w_scale, a.stride(0), 0)  # the scale is never read without FP8_A
     if a_scale is not None:
         act = Activations(a, a_scale, a.stride(0), a_scale.stride(0))
-    _expert_gemm_kernel[grid](
-        act,
-        ExpertWeights(w, w_scale, w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1)),
-        PairRows(
-            order.tile_expert if order.pair_tiles else order.sorted_pairs,
-            order.tile_expert,
-            order.tile_expert if order.pair_tiles else order.num_padded,
-            pair_weights if pair_weights is not None else a,
-            order.num_pairs,
-            top_k,
-        ),
-        out,
-        out.stride(0),
-        n,
-        k,
-        SCALE_N=scale_n,
-        SCALE_K=scale_k,
-        GATED=gated,
-        WEIGHTED=pair_weights is not None,
-        BLOCK_M=cfg.block_m,
-        BLOCK_N=cfg.block_n,
-        BLOCK_K=block_k,
-        GROUP_M=cfg.group_m,
-        FP8_W=scales is not None,
-        FP8_A=a_scale is not None,
-        PAIR_TILES=order.pair_tiles,
-        PDL=pdl,
-        num_warps=cfg.num_warps,
-        num_stages=cfg.num_stages,
-        launch_pdl=pdl,
+    weights = ExpertWeights(w, w_scale, w.stride(0), w.stride(1), w_scale.stride(0), w_scale.stride(1))
+    pairs = PairRows(
+        order.tile_expert if order.pair_tiles else order.sorted_pairs,
+        order.tile_expert,
+        order.tile_expert if order.pair_tiles else order.num_padded,
+        pair_weights if pair_weights is not None else a,
+        order.num_pairs,
+        top_k,
     )
+    _expert_gemm_kernel[grid](
+        act, weights, pairs, out, out.stride(0), n, k, SCALE_N=scale_n, SCALE_K=scale_k, GATED=gated,
+        WEIGHTED=pair_weights is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+        GROUP_M=cfg.group_m, FP8_W=scales is not None, FP8_A=a_scale is not None, PAIR_TILES=order.pair_tiles,
+        PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
+    )  # fmt: skip
 
 
 def gate_up(

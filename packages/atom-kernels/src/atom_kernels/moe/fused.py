@@ -13,6 +13,7 @@ from atom_kernels.moe.align import order_by_expert, order_one_token
 from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.ref import fused_experts_ref
+from atom_kernels.outputs import rows_like
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
 
@@ -170,10 +171,7 @@ def fused_experts(
     """
     _check(x, w13, w2, topk_weights, topk_ids, scales)
     tokens, hidden = x.shape
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    elif out.shape != x.shape or out.dtype != x.dtype:
-        raise ValueError(f"out must be [{tokens}, {hidden}] {x.dtype}")
+    out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
         return out.copy_(_experts_torch(x, w13, w2, topk_weights, topk_ids, scales))
     if tokens == 0:

@@ -47,15 +47,9 @@ def _grouped_topk_impl(
     scaling: float,
 ) -> tuple[Tensor, Tensor]:
     return moe.grouped_topk(
-        logits,
-        top_k,
-        num_groups=num_groups,
-        topk_groups=topk_groups,
-        bias=bias,
-        scoring=scoring,
-        renormalize=renormalize,
-        scaling=scaling,
-    )
+        logits, top_k, num_groups=num_groups, topk_groups=topk_groups, bias=bias, scoring=scoring,
+        renormalize=renormalize, scaling=scaling,
+    )  # fmt: skip
 
 
 _grouped_topk_op = opaque("grouped_topk", _grouped_topk_impl, _routing_fake)

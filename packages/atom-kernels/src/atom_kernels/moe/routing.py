@@ -184,20 +184,10 @@ def topk_softmax(
     if logits.shape[0]:
         pdl = pdl_launch(logits.device)
         _topk_softmax_kernel[(logits.shape[0],)](
-            logits,
-            weights,
-            ids,
-            logits.shape[1],
-            logits.stride(0),
-            TOP_K=top_k,
-            RENORMALIZE=renormalize,
-            ROUND_TO=_ROUNDINGS[round_to],
-            BLOCK_E=triton.next_power_of_2(logits.shape[1]),
-            BLOCK_K=triton.next_power_of_2(top_k),
-            PDL=pdl,
-            num_warps=_warps(logits.shape[1]),
-            launch_pdl=pdl,
-        )
+            logits, weights, ids, logits.shape[1], logits.stride(0), TOP_K=top_k, RENORMALIZE=renormalize,
+            ROUND_TO=_ROUNDINGS[round_to], BLOCK_E=triton.next_power_of_2(logits.shape[1]),
+            BLOCK_K=triton.next_power_of_2(top_k), PDL=pdl, num_warps=_warps(logits.shape[1]), launch_pdl=pdl,
+        )  # fmt: skip
     return weights, ids
 
 
@@ -237,15 +227,9 @@ def grouped_topk(
     weights, ids = _outputs(logits.shape[0], top_k, logits.device, weights, ids)
     if resolve_backend(backend, logits.device) is Backend.TORCH:
         ref_w, ref_ids = grouped_topk_ref(
-            logits,
-            top_k,
-            num_groups=num_groups,
-            topk_groups=topk_groups,
-            bias=bias,
-            scoring=scoring,
-            renormalize=renormalize,
-            scaling=scaling,
-        )
+            logits, top_k, num_groups=num_groups, topk_groups=topk_groups, bias=bias, scoring=scoring,
+            renormalize=renormalize, scaling=scaling,
+        )  # fmt: skip
         return weights.copy_(ref_w), ids.copy_(ref_ids)
     pow2 = triton.next_power_of_2
     if pow2(num_groups) != num_groups or pow2(group_size) != group_size:
@@ -256,22 +240,9 @@ def grouped_topk(
     if logits.shape[0]:
         pdl = pdl_launch(logits.device)
         _grouped_topk_kernel[(logits.shape[0],)](
-            logits,
-            bias if bias is not None else logits,
-            weights,
-            ids,
-            logits.stride(0),
-            scaling,
-            GROUPS=num_groups,
-            GROUP_SIZE=group_size,
-            TOPK_GROUPS=topk_groups,
-            TOP_K=top_k,
-            BLOCK_K=pow2(top_k),
-            HAS_BIAS=bias is not None,
-            SIGMOID=scoring == "sigmoid",
-            RENORMALIZE=renormalize,
-            PDL=pdl,
-            num_warps=_warps(experts),
-            launch_pdl=pdl,
-        )
+            logits, bias if bias is not None else logits, weights, ids, logits.stride(0), scaling,
+            GROUPS=num_groups, GROUP_SIZE=group_size, TOPK_GROUPS=topk_groups, TOP_K=top_k,
+            BLOCK_K=pow2(top_k), HAS_BIAS=bias is not None, SIGMOID=scoring == "sigmoid",
+            RENORMALIZE=renormalize, PDL=pdl, num_warps=_warps(experts), launch_pdl=pdl,
+        )  # fmt: skip
     return weights, ids

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.norm.ref import rms_norm_gated_ref
+from atom_kernels.outputs import rows_like
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -61,28 +62,14 @@ def rms_norm_gated(
     if x.stride(-1) != 1 or gate.stride(-1) != 1:
         raise ValueError("rms_norm_gated needs the last dimension of x and gate contiguous")
     rows, dim = x.shape
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be [{rows}, {dim}] {x.dtype} with a contiguous last dim")
+    out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
         return out.copy_(rms_norm_gated_ref(x, gate, weight, eps))
     if rows:
         block_d = triton.next_power_of_2(dim)
         block_r = max(1, min(64, 4096 // block_d))
         _rms_norm_gated_kernel[(triton.cdiv(rows, block_r),)](
-            x,
-            gate,
-            weight,
-            out,
-            rows,
-            dim,
-            eps,
-            x.stride(0),
-            gate.stride(0),
-            out.stride(0),
-            BLOCK_R=block_r,
-            BLOCK_D=block_d,
-            num_warps=4,
-        )
+            x, gate, weight, out, rows, dim, eps, x.stride(0), gate.stride(0), out.stride(0), BLOCK_R=block_r,
+            BLOCK_D=block_d, num_warps=4,
+        )  # fmt: skip
     return out

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.norm.ref import rms_norm_ref
+from atom_kernels.outputs import rows_like
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -75,10 +76,7 @@ def rms_norm(
     if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype):
         raise ValueError(f"residual must be like x: {tuple(x.shape)} {x.dtype}, got {tuple(residual.shape)}")
     tokens, hidden = x.shape
-    if out is None:
-        out = torch.empty_like(x, memory_format=torch.contiguous_format)
-    elif out.shape != x.shape or out.dtype != x.dtype or out.stride(-1) != 1:
-        raise ValueError(f"out must be [{tokens}, {hidden}] {x.dtype} with a contiguous last dim")
+    out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
         ref = rms_norm_ref(x, weight, eps, residual, weight_offset)
         if residual is None:
@@ -89,22 +87,9 @@ def rms_norm(
     if tokens:
         pdl = pdl_launch(x.device)
         _rms_norm_kernel[(tokens,)](
-            x,
-            residual if residual is not None else x,
-            weight,
-            out,
-            new_residual,
-            hidden,
-            eps,
-            weight_offset,
-            x.stride(0),
-            residual.stride(0) if residual is not None else 0,
-            out.stride(0),
-            new_residual.stride(0),
-            HAS_RESIDUAL=residual is not None,
-            BLOCK=triton.next_power_of_2(hidden),
-            PDL=pdl,
-            num_warps=min(16, max(1, triton.next_power_of_2(hidden) // 256)),
-            launch_pdl=pdl,
-        )
+            x, residual if residual is not None else x, weight, out, new_residual, hidden, eps, weight_offset,
+            x.stride(0), residual.stride(0) if residual is not None else 0, out.stride(0),
+            new_residual.stride(0), HAS_RESIDUAL=residual is not None, BLOCK=triton.next_power_of_2(hidden),
+            PDL=pdl, num_warps=min(16, max(1, triton.next_power_of_2(hidden) // 256)), launch_pdl=pdl,
+        )  # fmt: skip
     return out if residual is None else (out, new_residual)

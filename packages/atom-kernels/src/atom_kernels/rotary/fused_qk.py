@@ -224,8 +224,8 @@ def qk_norm_rope_write(
         else:
             section = tuple(mrope_section)
             qr, kr = apply_mrope_ref(
-                positions, qn, kn, inv_freq, section=section, interleaved=mrope_interleaved, **rope
-            )
+                positions, qn, kn, inv_freq, section=section, interleaved=mrope_interleaved, **rope,
+            )  # fmt: skip
         write_kv_ref(kr, v, k_cache, v_cache, slot_mapping, KVLayout.FLASH, None, None)
         return out.copy_(qr)
     if tokens == 0:
@@ -241,22 +241,12 @@ def qk_norm_rope_write(
     stride_pos = positions.stride(0) if mrope_section is not None else 0
     rope = Rotation(positions, axes, inv_freq, stride_pos, scaling)
     cache = FlashSlots(k_cache, v_cache, slot_mapping, k_cache.shape[1], *k_cache.stride()[:3])
+    # Without the norms LLVM would fuse a rounded product into the rotation's sum (the norms' select
+    # keeps it from doing so): launched as the plain rotary kernels are (test_rotary_rounding_sm90.py).
     _qk_norm_rope_write_kernel[(tokens, 2)](
-        *(head_rows(x) for x in (q, k, v, out)),
-        norms,
-        rope,
-        cache,
-        D=dim,
-        HALF=half,
-        MROPE=mrope_section is not None,
-        NORM=norm,
-        BLOCK_QH=block_qh,
-        BLOCK_KH=block_kh,
-        PDL=pdl,
-        num_warps=max(1, min(8, block_qh * dim // 1024)),
-        launch_pdl=pdl,
-        # Without the norms LLVM would fuse a rounded product into the rotation's sum (the norms' select
-        # keeps it from doing so): launched as the plain rotary kernels are (test_rotary_rounding_sm90.py).
+        *(head_rows(x) for x in (q, k, v, out)), norms, rope, cache, D=dim, HALF=half,
+        MROPE=mrope_section is not None, NORM=norm, BLOCK_QH=block_qh, BLOCK_KH=block_kh, PDL=pdl,
+        num_warps=max(1, min(8, block_qh * dim // 1024)), launch_pdl=pdl,
         **({} if norm else ROUNDED_AS_TRANSFORMERS),
-    )
+    )  # fmt: skip
     return out

@@ -84,16 +84,9 @@ def apply_mrope(
         raise ValueError(f"positions must be [3, T={q.shape[0]}] (T/H/W rows), got {tuple(positions.shape)}")
     if resolve_backend(backend, q.device) is Backend.TORCH:
         rq, rk = apply_mrope_ref(
-            positions,
-            q,
-            k,
-            inv_freq,
-            rotary_dim=rotary_dim,
-            section=section,
-            interleaved=interleaved,
-            scaling=scaling,
-            neox=neox,
-        )
+            positions, q, k, inv_freq, rotary_dim=rotary_dim, section=section, interleaved=interleaved,
+            scaling=scaling, neox=neox,
+        )  # fmt: skip
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         launch_rotation(

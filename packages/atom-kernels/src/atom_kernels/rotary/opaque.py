@@ -47,16 +47,9 @@ def _apply_mrope_impl(
     neox: bool,
 ) -> None:
     rotary.apply_mrope(
-        positions,
-        q,
-        k,
-        inv_freq,
-        rotary_dim=rotary_dim,
-        section=section,
-        interleaved=interleaved,
-        scaling=scaling,
-        neox=neox,
-    )
+        positions, q, k, inv_freq, rotary_dim=rotary_dim, section=section, interleaved=interleaved,
+        scaling=scaling, neox=neox,
+    )  # fmt: skip
 
 
 _apply_mrope_op = opaque("apply_mrope", _apply_mrope_impl, lambda *args: None, mutates=("q", "k"))

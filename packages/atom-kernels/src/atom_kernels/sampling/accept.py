@@ -77,13 +77,7 @@ def accepted_drafts(
     out = torch.empty(4, s, dtype=torch.int64, device=draws.device)
     has_shift = shift is not None
     _accept_kernel[(s,)](
-        draws,
-        ids,
-        shift if has_shift else out,
-        out,
-        s,
-        q,
-        HAS_SHIFT=has_shift,
+        draws, ids, shift if has_shift else out, out, s, q, HAS_SHIFT=has_shift,
         BLOCK_Q=triton.next_power_of_2(q),
-    )
+    )  # fmt: skip
     return out

@@ -109,19 +109,8 @@ def greedy_tokens(logits: torch.Tensor, *, backend: Backend | str | None = None)
     part_idx = torch.empty(rows * chunks, dtype=torch.int32, device=logits.device)
     part_ok = torch.empty(rows * chunks, dtype=torch.int32, device=logits.device)
     _greedy_kernel[(rows, chunks)](
-        logits,
-        out,
-        part_val,
-        part_idx,
-        part_ok,
-        tile_counters(logits.device, rows),
-        rows,
-        vocab,
-        logits.stride(0),
-        chunks,
-        CHUNK=CHUNK,
-        BLOCK=min(_BLOCK, triton.next_power_of_2(vocab)),
-        BLOCK_C=triton.next_power_of_2(chunks),
-        num_warps=4,
-    )
+        logits, out, part_val, part_idx, part_ok, tile_counters(logits.device, rows), rows, vocab,
+        logits.stride(0), chunks, CHUNK=CHUNK, BLOCK=min(_BLOCK, triton.next_power_of_2(vocab)),
+        BLOCK_C=triton.next_power_of_2(chunks), num_warps=4,
+    )  # fmt: skip
     return out

@@ -12,20 +12,21 @@ import triton
 import triton.language as tl
 
 from atom_kernels.gdn.inputs import unit_stride
+from atom_kernels.gdn.packs import state_slots
 from atom_kernels.gdn.ref import causal_conv1d_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
-def _sequence(cu_ptr, idx_ptr, init_ptr, seq, HAS_INIT: tl.constexpr):
+def _sequence(cu_ptr, slots, seq, HAS_INIT: tl.constexpr):
     """Sequence seq's state slot (-1: padding), first token, length, and whether its old window counts
     (False for a new request, whatever its slot held)."""
-    slot = tl.load(idx_ptr + seq).to(tl.int64)
+    slot = tl.load(slots.indices + seq).to(tl.int64)
     start = tl.load(cu_ptr + seq)
     length = tl.load(cu_ptr + seq + 1) - start
     use_state = length >= 0  # all True
     if HAS_INIT:
-        use_state = tl.load(init_ptr + seq) != 0
+        use_state = tl.load(slots.init + seq) != 0
     return slot, start, length, use_state
 
 
@@ -42,15 +43,11 @@ def _conv_kernel(
     w_ptr,
     bias_ptr,
     out_ptr,
-    state_ptr,
+    slots,
     cu_ptr,
-    idx_ptr,
-    init_ptr,
     dim,
     stride_x,
     stride_out,
-    stride_ss,
-    stride_sd,
     WIDTH: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     HAS_INIT: tl.constexpr,
@@ -58,7 +55,7 @@ def _conv_kernel(
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
 ):
-    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
     if slot < 0:  # a padding sequence: nothing to compute
         return
     i = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
@@ -80,7 +77,7 @@ def _conv_kernel(
         )
         hist = (WIDTH - 1) + src
         from_state = tl.load(
-            state_ptr + slot * stride_ss + d[None, :].to(tl.int64) * stride_sd + hist[:, None],
+            slots.state + slot * slots.stride_ss + d[None, :].to(tl.int64) * slots.stride_sh + hist[:, None],
             mask=(rows_from_state & (src < 0))[:, None] & d_ok[None, :],
             other=0.0,
         )
@@ -95,20 +92,16 @@ def _conv_kernel(
 @triton.jit
 def _state_kernel(
     x_ptr,
-    state_ptr,
+    slots,
     cu_ptr,
-    idx_ptr,
-    init_ptr,
     dim,
     stride_x,
-    stride_ss,
-    stride_sd,
     WIDTH: tl.constexpr,
     HAS_INIT: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
 ):
-    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
     if slot < 0:
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -121,28 +114,24 @@ def _state_kernel(
         mask=mask & (j_ok & (src >= 0))[None, :],
         other=0.0,
     )
-    row = state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd
+    row = slots.state + slot * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh
     old = tl.load(
         row + (WIDTH - 1 + src)[None, :],
         mask=mask & (j_ok & (src < 0) & _spread(use_state, BLOCK_W))[None, :],
         other=0.0,
     )
     new = from_x.to(tl.float32) + old.to(tl.float32)  # read everything before writing the slot
-    tl.store(row + j[None, :], new.to(state_ptr.dtype.element_ty), mask=mask & j_ok[None, :])
+    tl.store(row + j[None, :], new.to(slots.state.dtype.element_ty), mask=mask & j_ok[None, :])
 
 
 @triton.jit
 def _step_state_kernel(
     x_ptr,
-    state_ptr,
+    slots,
     cu_ptr,
-    idx_ptr,
-    init_ptr,
     step_ptr,
     dim,
     stride_x,
-    stride_ss,
-    stride_sd,
     WIDTH: tl.constexpr,
     HAS_INIT: tl.constexpr,
     BLOCK_D: tl.constexpr,
@@ -150,7 +139,7 @@ def _step_state_kernel(
 ):
     """Speculative verify: the window after each token t goes to slot step[t]. The old state is read
     once, before any write, since a step slot may be the sequence's own."""
-    slot, start, length, use_state = _sequence(cu_ptr, idx_ptr, init_ptr, tl.program_id(0), HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
     if slot < 0:
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -158,7 +147,7 @@ def _step_state_kernel(
     mask = d[:, None] < dim
     c_ok = c < WIDTH - 1
     old = tl.load(
-        state_ptr + slot * stride_ss + d[:, None].to(tl.int64) * stride_sd + c[None, :],
+        slots.state + slot * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh + c[None, :],
         mask=mask & (c_ok & _spread(use_state, BLOCK_W))[None, :],
         other=0.0,
     ).to(tl.float32)  # [BLOCK_D, BLOCK_W]
@@ -175,10 +164,10 @@ def _step_state_kernel(
             # column src + W-1 of the old state, picked by a one-hot product (registers are not indexable)
             pick = (c[None, :] == (src + WIDTH - 1)[:, None]) & (src < 0)[:, None]  # [window col, old col]
             from_old = tl.sum(old[:, None, :] * pick[None, :, :].to(tl.float32), axis=2)
-            row = state_ptr + step * stride_ss + d[:, None].to(tl.int64) * stride_sd
+            row = slots.state + step * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh
             tl.store(
                 row + c[None, :],
-                (from_x + from_old).to(state_ptr.dtype.element_ty),
+                (from_x + from_old).to(slots.state.dtype.element_ty),
                 mask=mask & c_ok[None, :],
             )
 
@@ -244,19 +233,18 @@ def causal_conv1d(
     )
     max_len = max_seqlen or x.shape[0]  # a bound known without reading the lengths on the host
     block_t, block_d = min(32, triton.next_power_of_2(max_len)), min(128, triton.next_power_of_2(dim))
-    init = has_initial_state.to(torch.int8) if has_initial_state is not None else state_indices
+    slots = state_slots(conv_state, state_indices, has_initial_state)  # stride_sh: a channel's window
     grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))
     _conv_kernel[grid](
-        x, weight, bias if bias is not None else weight, out, conv_state, cu_seqlens, state_indices, init,
-        dim, x.stride(0), out.stride(0), conv_state.stride(0), conv_state.stride(1), WIDTH=width,
+        x, weight, bias if bias is not None else weight, out, slots, cu_seqlens, dim, x.stride(0),
+        out.stride(0), WIDTH=width,
         HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
         BLOCK_D=block_d,
     )  # fmt: skip
     steps = () if step_state_indices is None else (step_state_indices,)
     kernel = _state_kernel if step_state_indices is None else _step_state_kernel
     kernel[(seqs, triton.cdiv(dim, block_d))](
-        x, conv_state, cu_seqlens, state_indices, init, *steps, dim, x.stride(0), conv_state.stride(0),
-        conv_state.stride(1), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
+        x, slots, cu_seqlens, *steps, dim, x.stride(0), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
         BLOCK_W=triton.next_power_of_2(max(1, width - 1)),
     )  # fmt: skip
     return out

@@ -25,8 +25,9 @@ def token_heads(x: torch.Tensor) -> TokenHeads:
 
 
 class StateSlots(NamedTuple):
-    """The request states [slots, HV, Dv, Dk] and each sequence's slot ([S], -1: padding) and fresh-start
-    flag ([S] int8, 0: start from zeros; unread without HAS_INIT)."""
+    """The request states [slots, HV, Dv, Dk] (or conv1d's windows [slots, dim, W-1], stride_sh then a
+    channel's stride) and each sequence's slot ([S], -1: padding) and fresh-start flag ([S] int8, 0: start
+    from zeros; unread without HAS_INIT)."""
 
     state: torch.Tensor
     stride_ss: int

@@ -14,6 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.fp8.packs import scaled_rows
 from atom_kernels.settings import SETTINGS
 from atom_kernels.tile_order import grouped_tile
 
@@ -42,20 +43,13 @@ def gemm_tiles(m: int, *, interpret: bool = SETTINGS.triton_interpret) -> GemmTi
 
 @triton.jit
 def _w8a8_kernel(
-    a_ptr,
-    as_ptr,
-    w_ptr,
-    ws_ptr,
+    act,
+    wt,
     b_ptr,
     c_ptr,
     M,
     N,
     K,
-    bn,
-    stride_am,
-    stride_as,
-    stride_wn,
-    stride_ws,
     stride_cm,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -75,10 +69,10 @@ def _w8a8_kernel(
     rows = tl.minimum(rm, M - 1).to(tl.int64)
     cols = tl.minimum(rn, N - 1).to(tl.int64)
     ks = tl.arange(0, DOT_K)
-    a_ptrs = a_ptr + rows[:, None] * stride_am + ks[None, :]
-    w_ptrs = w_ptr + cols[None, :] * stride_wn + ks[:, None]  # W^T tile [DOT_K, BLOCK_N], K-major
-    as_ptrs = as_ptr + rows * stride_as
-    ws_ptrs = ws_ptr + (cols // bn) * stride_ws  # each column's scale row
+    a_ptrs = act.q + rows[:, None] * act.stride + ks[None, :]
+    w_ptrs = wt.q + cols[None, :] * wt.stride + ks[:, None]  # W^T tile [DOT_K, BLOCK_N], K-major
+    as_ptrs = act.scale + rows * act.stride_scale
+    ws_ptrs = wt.scale + (cols // wt.block_rows) * wt.stride_scale  # each column's scale row
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     for step in range(0, tl.cdiv(K, BLOCK_K)):
         if EVEN_K and BLOCK_K == DOT_K:
@@ -123,9 +117,8 @@ def w8a8_gemm(
     grid = (triton.cdiv(m, t.block_m) * triton.cdiv(n, t.block_n),)
     b = bias if bias is not None else scale  # never read without HAS_BIAS
     _w8a8_kernel[grid](
-        xq, xs, weight, scale, b, y, m, n, k, bn, xq.stride(0), xs.stride(0), weight.stride(0),
-        scale.stride(0), y.stride(0), BLOCK_M=t.block_m, BLOCK_N=t.block_n, BLOCK_K=bk,
-        DOT_K=max(bk, MIN_FP8_DOT_K), GROUP_M=t.group_m, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
-        num_warps=t.num_warps, num_stages=t.num_stages,
+        scaled_rows(xq, xs), scaled_rows(weight, scale, bn), b, y, m, n, k, y.stride(0), BLOCK_M=t.block_m,
+        BLOCK_N=t.block_n, BLOCK_K=bk, DOT_K=max(bk, MIN_FP8_DOT_K), GROUP_M=t.group_m, EVEN_K=k % bk == 0,
+        HAS_BIAS=bias is not None, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip
     return y

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
+from atom_kernels.fp8.packs import scaled_rows
 from atom_kernels.linear.split_k import split_total
 from atom_kernels.tile_tickets import tile_counters
 
@@ -56,10 +57,8 @@ def skinny_tiles(n: int, k: int, block_k: int, rows: int = 16) -> SkinnyTiles:
 
 @triton.jit
 def _w8a8_skinny_kernel(
-    a_ptr,
-    as_ptr,
-    w_ptr,
-    ws_ptr,
+    act,
+    wt,
     b_ptr,
     c_ptr,
     partial_ptr,
@@ -67,13 +66,8 @@ def _w8a8_skinny_kernel(
     M,
     N,
     K,
-    bn,
     steps_per_split,
     splits,
-    stride_am,
-    stride_as,
-    stride_wn,
-    stride_ws,
     stride_cm,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # the scale group block_k
@@ -91,10 +85,10 @@ def _w8a8_skinny_kernel(
     ks = tl.arange(0, DOT_K)
     first = split * steps_per_split
     last = tl.minimum(first + steps_per_split, tl.cdiv(K, BLOCK_K))
-    w_ptrs = w_ptr + cols[:, None] * stride_wn + (first * BLOCK_K + ks)[None, :]  # [BLOCK_N, DOT_K]
-    a_ptrs = a_ptr + rm[None, :].to(tl.int64) * stride_am + (first * BLOCK_K + ks)[:, None]  # xq^T
-    ws_ptrs = ws_ptr + (cols // bn) * stride_ws
-    as_ptrs = as_ptr + rm * stride_as
+    w_ptrs = wt.q + cols[:, None] * wt.stride + (first * BLOCK_K + ks)[None, :]  # [BLOCK_N, DOT_K]
+    a_ptrs = act.q + rm[None, :].to(tl.int64) * act.stride + (first * BLOCK_K + ks)[:, None]  # xq^T
+    ws_ptrs = wt.scale + (cols // wt.block_rows) * wt.stride_scale
+    as_ptrs = act.scale + rm * act.stride_scale
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for step in range(first, last):
         if EVEN_K and BLOCK_K == DOT_K:
@@ -156,8 +150,8 @@ def w8a8_skinny(
         partial = counters = out  # never read with one split
     b = bias if bias is not None else scale  # never read without HAS_BIAS
     _w8a8_skinny_kernel[grid](
-        xq, xs, weight, scale, b, out, partial, counters, m, n, k, bn, per_split, split, xq.stride(0),
-        xs.stride(0), weight.stride(0), scale.stride(0), out.stride(0), BLOCK_N=t.block_n, BLOCK_K=bk,
+        scaled_rows(xq, xs), scaled_rows(weight, scale, bn), b, out, partial, counters, m, n, k, per_split,
+        split, out.stride(0), BLOCK_N=t.block_n, BLOCK_K=bk,
         DOT_K=max(bk, MIN_FP8_DOT_K), BLOCK_M=block_m, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
         SPLIT=split > 1, num_warps=t.num_warps, num_stages=t.num_stages,
     )  # fmt: skip

@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.fp8.packs import scaled_rows
 from atom_kernels.linear.split_k import store_gemv_rows
 
 MAX_SKINNY_ROWS = 16
@@ -63,16 +64,12 @@ def stream_tiles(rows: int, n: int, k: int, block_k: int) -> StreamTiles:
 @triton.jit
 def _gemv_kernel(
     x_ptr,
-    w_ptr,
-    s_ptr,
+    wt,
     b_ptr,
     y_ptr,
     N,
     K,
-    bn,
     bk,
-    stride_w,
-    stride_s,
     BLOCK_N: tl.constexpr,
     SUBS: tl.constexpr,
     SUB_K: tl.constexpr,
@@ -85,8 +82,10 @@ def _gemv_kernel(
     rows = tl.minimum(rn, N - 1)
     seg = tl.arange(0, SUBS) * SUB_K  # [SUBS] segment starts within a step
     koff = seg[:, None] + tl.arange(0, SUB_K)[None, :]  # [SUBS, SUB_K]
-    w_ptrs = w_ptr + rows[:, None, None].to(tl.int64) * stride_w + koff[None, :, :]
-    s_rows = s_ptr + (rows // bn).to(tl.int64) * stride_s  # [BLOCK_N]: each weight row's scale row
+    w_ptrs = wt.q + rows[:, None, None].to(tl.int64) * wt.stride + koff[None, :, :]
+    s_rows = (
+        wt.scale + (rows // wt.block_rows).to(tl.int64) * wt.stride_scale
+    )  # [BLOCK_N]: each weight row's scale row
     acc = tl.zeros([BLOCK_N, SUBS, SUB_K], tl.float32)
     for k in range(0, K, SUBS * SUB_K):
         kk = k + koff
@@ -110,18 +109,14 @@ def _gemv_kernel(
 @triton.jit
 def _skinny_kernel(
     x_ptr,
-    w_ptr,
-    s_ptr,
+    wt,
     b_ptr,
     y_ptr,
     M,
     N,
     K,
-    bn,
     bk,
     stride_x,
-    stride_w,
-    stride_s,
     stride_y,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,  # channels of one product (one scale segment when UNIFORM)
@@ -136,9 +131,9 @@ def _skinny_kernel(
     rows = tl.minimum(rn, N - 1)
     rm = tl.arange(0, BLOCK_M)
     rk = tl.arange(0, BLOCK_K)
-    w_ptrs = w_ptr + rows[:, None].to(tl.int64) * stride_w + rk[None, :]
+    w_ptrs = wt.q + rows[:, None].to(tl.int64) * wt.stride + rk[None, :]
     x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
-    s_rows = s_ptr + (rows // bn).to(tl.int64) * stride_s
+    s_rows = wt.scale + (rows // wt.block_rows).to(tl.int64) * wt.stride_scale
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
     for k0 in range(0, K, SUBS * BLOCK_K):
         for j in tl.static_range(SUBS):
@@ -183,15 +178,15 @@ def run_stream(
     step = t.subs * t.sub_k
     if rows == 1:
         _gemv_kernel[grid](
-            x, weight, scale, b, y, n, k, bn, bk, weight.stride(0), scale.stride(0), BLOCK_N=t.block_n,
-            SUBS=t.subs, SUB_K=t.sub_k, UNIFORM=t.uniform, EVEN_K=k % step == 0, HAS_BIAS=bias is not None,
-            num_warps=t.warps, num_stages=t.stages,
+            x, scaled_rows(weight, scale, bn), b, y, n, k, bk, BLOCK_N=t.block_n, SUBS=t.subs, SUB_K=t.sub_k,
+            UNIFORM=t.uniform, EVEN_K=k % step == 0, HAS_BIAS=bias is not None, num_warps=t.warps,
+            num_stages=t.stages,
         )  # fmt: skip
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 x: fp32 products, not TF32
         _skinny_kernel[grid](
-            x, weight, scale, b, y, rows, n, k, bn, bk, x.stride(0), weight.stride(0), scale.stride(0),
-            y.stride(0), BLOCK_N=t.block_n, BLOCK_K=t.sub_k, SUBS=t.subs, BLOCK_M=16, UNIFORM=t.uniform,
+            x, scaled_rows(weight, scale, bn), b, y, rows, n, k, bk, x.stride(0), y.stride(0),
+            BLOCK_N=t.block_n, BLOCK_K=t.sub_k, SUBS=t.subs, BLOCK_M=16, UNIFORM=t.uniform,
             EVEN_K=k % step == 0, HAS_BIAS=bias is not None, PRECISION=precision, num_warps=t.warps,
             num_stages=t.stages,
         )  # fmt: skip

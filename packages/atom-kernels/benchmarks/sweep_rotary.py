@@ -13,7 +13,6 @@ from functools import partial
 import torch
 import triton
 
-from atom_kernels.rotary.mrope import _mrope_kernel
 from atom_kernels.rotary.packs import head_rows
 from atom_kernels.rotary.rope import _rotary_kernel, rotary_tiles
 
@@ -28,12 +27,11 @@ SHAPES = [  # name, q heads, kv heads, head dim, rotary dim, mrope section (None
 
 def _launch(grid, pos, q, k, inv_freq, section, interleaved, common):
     rows = (head_rows(q), head_rows(k), inv_freq, q.shape[0])
-    if section:
-        _mrope_kernel[grid](
-            pos, *rows, pos.stride(0), 1.0, SECTION=tuple(section), INTERLEAVED=interleaved, **common
-        )
-    else:
-        _rotary_kernel[grid](pos, *rows, 1.0, **common)
+    stride_pos = pos.stride(0) if section else 0
+    _rotary_kernel[grid](
+        pos, *rows, stride_pos, 1.0, SECTION=tuple(section or (0, 0, 0)), INTERLEAVED=interleaved,
+        MROPE=bool(section), **common,
+    )  # fmt: skip
 
 
 def main():

@@ -194,8 +194,8 @@ def test_bad_input_is_named(change, message):
 def test_multi_token_tiles_match_one_token_tiles():
     # BLOCK_T > 1 is a sweep option (benchmarks/sweep_rotary.py): it must rotate exactly what BLOCK_T=1 does,
     # including the masked tail of the last tile.
-    from atom_kernels.rotary.mrope import _mrope_kernel
     from atom_kernels.rotary.packs import head_rows
+    from atom_kernels.rotary.rope import _rotary_kernel
 
     tokens, hq, hkv, d, rot, section = 11, 4, 2, 64, 32, (4, 6, 6)
     q, k = _qkv(tokens, hq, hkv, d, torch.float32)
@@ -204,7 +204,7 @@ def test_multi_token_tiles_match_one_token_tiles():
     want_q, want_k = apply_mrope_ref(
         positions, q, k, inv_freq, rotary_dim=rot, section=section, interleaved=True
     )
-    _mrope_kernel[(3,)](
+    _rotary_kernel[(3,)](
         positions,
         head_rows(q),
         head_rows(k),
@@ -214,6 +214,7 @@ def test_multi_token_tiles_match_one_token_tiles():
         1.0,
         SECTION=(4, 6, 6),
         INTERLEAVED=True,
+        MROPE=True,
         NEOX=True,
         HALF=16,
         BLOCK_QH=4,

@@ -14,7 +14,6 @@ import json, os, re, sys
 sys.path.insert(0, os.environ["ATOM_KERNELS_DIR"])  # the offline compile tools live with the benchmarks
 from benchmarks.harness.offline_compile import build
 from atom_kernels.rotary.fused_qk import FlashSlots, QKNorms, Rotation, _qk_norm_rope_write_kernel
-from atom_kernels.rotary.mrope import _mrope_kernel
 from atom_kernels.rotary.packs import HeadRows
 from atom_kernels.rotary.rope import ROUNDED_AS_TRANSFORMERS, _rotary_kernel
 
@@ -30,13 +29,14 @@ def bf16_fmas(kernel, types, consts, options):
     return len(re.findall(r"\bfma\.rn\.bf16(x2)?\b", ptx))
 
 rope = dict(NEOX=True, HALF=64, BLOCK_QH=16, BLOCK_KH=4, BLOCK_HALF=64, BLOCK_T=1)
-mrope = dict(rope, SECTION=(22, 21, 21), INTERLEAVED=True)
+rope |= dict(MROPE=False, SECTION=(0, 0, 0), INTERLEAVED=False)
+mrope = dict(rope, MROPE=True, SECTION=(22, 21, 21), INTERLEAVED=True)
 prologue = dict(D=256, HALF=32, MROPE=True, NORM=True, BLOCK_QH=16, BLOCK_KH=2, PDL=True)
 llama_prologue = dict(D=128, HALF=64, MROPE=False, NORM=False, BLOCK_QH=32, BLOCK_KH=8, PDL=True)
 print(json.dumps({
     "rope_contracted": bf16_fmas(_rotary_kernel, ROTARY, rope, {}),
     "rope": bf16_fmas(_rotary_kernel, ROTARY, rope, ROUNDED_AS_TRANSFORMERS),
-    "mrope": bf16_fmas(_mrope_kernel, ROTARY, mrope, ROUNDED_AS_TRANSFORMERS),
+    "mrope": bf16_fmas(_rotary_kernel, ROTARY, mrope, ROUNDED_AS_TRANSFORMERS),
     "prologue": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, prologue, {}),
     "prologue_no_norm_contracted": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, llama_prologue, {}),
     "prologue_no_norm": bf16_fmas(_qk_norm_rope_write_kernel, PROLOGUE, llama_prologue, ROUNDED_AS_TRANSFORMERS),

@@ -4,50 +4,11 @@ launch that reads the [3, T] positions itself: no gathered cos/sin tensor is bui
 from __future__ import annotations
 
 import torch
-import triton
-import triton.language as tl
 
 from atom_kernels.rotary.packs import check_rotation
 from atom_kernels.rotary.ref import apply_mrope_ref
-from atom_kernels.rotary.rope import apply_rotary, launch_rotation, rotate_qk
+from atom_kernels.rotary.rope import apply_rotary, launch_rotation
 from atom_kernels.settings import Backend, resolve_backend
-
-
-@triton.jit
-def _mrope_kernel(
-    pos_ptr,
-    q,
-    k,
-    inv_freq_ptr,
-    num_tokens,
-    stride_pos,
-    scaling,
-    SECTION: tl.constexpr,
-    INTERLEAVED: tl.constexpr,
-    NEOX: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_QH: tl.constexpr,
-    BLOCK_KH: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-    BLOCK_T: tl.constexpr,
-):
-    """q, k: packs.HeadRows; positions [3, T] (row stride stride_pos); SECTION: frequencies per T/H/W axis."""
-    t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
-    t_ok = t < num_tokens
-    i = tl.arange(0, BLOCK_HALF)[None, :]
-    pos_t = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)[:, None]
-    pos_h = tl.load(pos_ptr + stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
-    pos_w = tl.load(pos_ptr + 2 * stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
-    # Which position row turns frequency i: a compile-time pattern over i, shared by every token.
-    if INTERLEAVED:
-        use_h = (i % 3 == 1) & (i < 3 * SECTION[1])
-        use_w = (i % 3 == 2) & (i < 3 * SECTION[2])
-    else:
-        use_h = (i >= SECTION[0]) & (i < SECTION[0] + SECTION[1])
-        use_w = i >= SECTION[0] + SECTION[1]
-    pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
-    angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    rotate_qk(q, k, t, t_ok, angle, scaling, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)
 
 
 def apply_mrope(
@@ -90,7 +51,14 @@ def apply_mrope(
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
         launch_rotation(
-            _mrope_kernel, positions, q, k, inv_freq, positions.stride(0), rotary_dim=rotary_dim,
-            scaling=scaling, SECTION=section, INTERLEAVED=interleaved, NEOX=neox,
-        )  # fmt: skip
+            positions,
+            q,
+            k,
+            inv_freq,
+            rotary_dim=rotary_dim,
+            scaling=scaling,
+            section=section,
+            interleaved=interleaved,
+            neox=neox,
+        )
     return q, k

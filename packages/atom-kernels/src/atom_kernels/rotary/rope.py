@@ -63,26 +63,34 @@ def _rotate(
 
 
 @triton.jit
-def rotate_qk(
-    q,
-    k,
-    t,
-    t_ok,
-    angle,
-    scaling,
-    NEOX: tl.constexpr,
-    HALF: tl.constexpr,
-    BLOCK_QH: tl.constexpr,
-    BLOCK_KH: tl.constexpr,
-    BLOCK_HALF: tl.constexpr,
-):
-    """q and k (packs.HeadRows) of tokens t [BLOCK_T] turned by angle [BLOCK_T, BLOCK_HALF] (fp32); RoPE and
-    MRoPE differ only in how they compute the angle."""
-    cos = (tl.cos(angle) * scaling)[:, None, :]
-    sin = (tl.sin(angle) * scaling)[:, None, :]
-    t3, ok3 = t[:, None, None], t_ok[:, None, None]
-    _rotate(q, t3, ok3, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
-    _rotate(k, t3, ok3, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
+def _angles(
+    pos_ptr, inv_freq_ptr, t, t_ok, stride_pos, SECTION: tl.constexpr, INTERLEAVED: tl.constexpr,
+    MROPE: tl.constexpr, HALF: tl.constexpr, BLOCK_HALF: tl.constexpr,
+):  # fmt: skip
+    """[BLOCK_T, BLOCK_HALF] fp32 angles of tokens t: position times inv_freq. RoPE reads positions [T];
+    MRoPE [3, T] (rows T, H, W; row stride stride_pos), each frequency taking one row: SECTION gives the
+    frequencies per axis, INTERLEAVED cycles T/H/W over them (Qwen3-VL, Qwen3.5), else they are chunks
+    (Qwen2-VL)."""
+    if MROPE:
+        i = tl.arange(0, BLOCK_HALF)[None, :]
+        pos_t = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+        pos_h = tl.load(pos_ptr + stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+        pos_w = tl.load(pos_ptr + 2 * stride_pos + t, mask=t_ok, other=0).to(tl.float32)[:, None]
+        # Which position row turns frequency i: a compile-time pattern over i, shared by every token.
+        if INTERLEAVED:
+            use_h = (i % 3 == 1) & (i < 3 * SECTION[1])
+            use_w = (i % 3 == 2) & (i < 3 * SECTION[2])
+        else:
+            use_h = (i >= SECTION[0]) & (i < SECTION[0] + SECTION[1])
+            use_w = i >= SECTION[0] + SECTION[1]
+        pos = tl.where(use_h, pos_h, tl.where(use_w, pos_w, pos_t))  # [BLOCK_T, BLOCK_HALF]
+        angle = pos * tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
+    else:
+        i = tl.arange(0, BLOCK_HALF)
+        inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
+        pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
+        angle = pos[:, None] * inv_freq[None, :]
+    return angle
 
 
 @triton.jit
@@ -92,7 +100,11 @@ def _rotary_kernel(
     k,
     inv_freq_ptr,
     num_tokens,
+    stride_pos,
     scaling,
+    SECTION: tl.constexpr,
+    INTERLEAVED: tl.constexpr,
+    MROPE: tl.constexpr,
     NEOX: tl.constexpr,
     HALF: tl.constexpr,
     BLOCK_QH: tl.constexpr,
@@ -100,25 +112,30 @@ def _rotary_kernel(
     BLOCK_HALF: tl.constexpr,
     BLOCK_T: tl.constexpr,
 ):
-    """q, k: packs.HeadRows; positions [T]."""
+    """q, k: packs.HeadRows, turned in place by _angles' angles (RoPE and MRoPE differ only there)."""
     t = tl.program_id(0).to(tl.int64) * BLOCK_T + tl.arange(0, BLOCK_T)
     t_ok = t < num_tokens
-    i = tl.arange(0, BLOCK_HALF)
-    inv_freq = tl.load(inv_freq_ptr + i, mask=i < HALF, other=0.0)
-    pos = tl.load(pos_ptr + t, mask=t_ok, other=0).to(tl.float32)
-    angle = pos[:, None] * inv_freq[None, :]
-    rotate_qk(q, k, t, t_ok, angle, scaling, NEOX, HALF, BLOCK_QH, BLOCK_KH, BLOCK_HALF)
+    angle = _angles(pos_ptr, inv_freq_ptr, t, t_ok, stride_pos, SECTION, INTERLEAVED, MROPE, HALF, BLOCK_HALF)
+    cos = (tl.cos(angle) * scaling)[:, None, :]
+    sin = (tl.sin(angle) * scaling)[:, None, :]
+    t3, ok3 = t[:, None, None], t_ok[:, None, None]
+    _rotate(q, t3, ok3, cos, sin, NEOX, HALF, BLOCK_QH, BLOCK_HALF)
+    _rotate(k, t3, ok3, cos, sin, NEOX, HALF, BLOCK_KH, BLOCK_HALF)
 
 
-def launch_rotation(kernel, positions, q, k, inv_freq, *extra, rotary_dim: int, scaling: float, **constexprs):
-    """kernel (_rotary_kernel or mrope._mrope_kernel) over q and k's tokens: positions, q, k, inv_freq,
-    T, then `extra` runtime arguments and the scaling; tiles from rotary_tiles."""
+def launch_rotation(
+    positions, q, k, inv_freq, *, rotary_dim: int, scaling: float, section=None, interleaved=False, neox=True
+):
+    """_rotary_kernel over q and k's tokens: MRoPE when section is given (positions [3, T]), else RoPE
+    (positions [T]); tiles from rotary_tiles."""
     half = rotary_dim // 2
     block_qh, block_kh, block_half, block_t, warps = rotary_tiles(q.shape[1], k.shape[1], half)
-    kernel[(triton.cdiv(q.shape[0], block_t),)](
-        positions, head_rows(q), head_rows(k), inv_freq, q.shape[0], *extra, scaling,
+    stride_pos = positions.stride(0) if section is not None else 0
+    _rotary_kernel[(triton.cdiv(q.shape[0], block_t),)](
+        positions, head_rows(q), head_rows(k), inv_freq, q.shape[0], stride_pos, scaling,
+        SECTION=tuple(section or (0, 0, 0)), INTERLEAVED=interleaved, MROPE=section is not None, NEOX=neox,
         HALF=half, BLOCK_QH=block_qh, BLOCK_KH=block_kh, BLOCK_HALF=block_half, BLOCK_T=block_t,
-        num_warps=warps, **constexprs, **ROUNDED_AS_TRANSFORMERS,
+        num_warps=warps, **ROUNDED_AS_TRANSFORMERS,
     )  # fmt: skip
 
 
@@ -148,7 +165,5 @@ def apply_rotary(
         )
         return q.copy_(rq), k.copy_(rk)
     if q.shape[0]:
-        launch_rotation(
-            _rotary_kernel, positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, NEOX=neox
-        )
+        launch_rotation(positions, q, k, inv_freq, rotary_dim=rotary_dim, scaling=scaling, neox=neox)
     return q, k

@@ -3,6 +3,7 @@ the tokens a non-speculative run produced (speculative output must equal non-spe
 
 import torch
 
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from tools.testing_models import successor_language
 
 
@@ -37,3 +38,27 @@ def forced(plain: dict[tuple[tuple[int, ...], int], list[int]], right_for: int |
         return want[p] if right_for is None or j < right_for else (want[p] + 1) % vocab
 
     return oracle
+
+
+def draft_logits_in_two_forwards(runner, tokens: list[int], state_slot: int) -> torch.Tensor:
+    """The draft model's logits [len(tokens) - 1, V] for the tokens after each of tokens[:-1], one sequence:
+    the target prefills all of them (state in state_slot; -1 without state layers), then the draft runs its
+    rows in two forwards, so that its own KV cache carries from the first into the second."""
+    n, table = len(tokens), list(range(5))
+    target = runner.run(
+        StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [state_slot], [True], list(range(n)))
+    )
+    logits = []
+    for rows in (range(0, 7), range(7, n - 1)):
+        step = DraftInputs(
+            [tokens[i + 1] for i in rows],
+            list(rows),
+            [len(rows)],
+            [rows.stop],
+            [table],
+            list(rows),
+            "target",
+            list(range(len(rows))),
+        )
+        logits.append(runner.run_draft(step, target).logits)
+    return torch.cat(logits)

@@ -15,13 +15,12 @@ from collections import Counter
 import pytest
 import torch
 from core_fixtures.checkpoints import deepseek_mtp_checkpoint, save_word_tokenizer
-from core_fixtures.drafts import forced, language_prompts, mtp, plain_tokens
+from core_fixtures.drafts import draft_logits_in_two_forwards, forced, language_prompts, mtp, plain_tokens
 from core_fixtures.references import hf_main_hidden, torch_reference_ops
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, EngineConfig, SamplingParams
 from atom_core.engine.execution.model_runner import ModelRunner
-from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from tools.testing_models import transformers_mtp_logits
 from tools.testing_seams import record_steps
 
@@ -64,29 +63,12 @@ def test_draft_logits_equal_the_reference_written_from_the_published_forward(unt
     engine = EngineConfig(model=path, num_kv_blocks=32, speculative_config=mtp(1), **COMMON)
     runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
     tokens = language_prompts(VOCAB, [19])[0]
-    n, table = len(tokens), list(range(5))
-    target = runner.run(
-        StepInputs(tokens, list(range(n)), [n], [n], [table], [0], [-1], [True], list(range(n)))
-    )
-    logits = []
-    for rows in (range(0, 7), range(7, n - 1)):  # the draft's rows in two forwards: its own KV carries over
-        step = DraftInputs(
-            [tokens[i + 1] for i in rows],
-            list(rows),
-            [len(rows)],
-            [rows.stop],
-            [table],
-            list(rows),
-            "target",
-            list(range(len(rows))),
-        )
-        logits.append(runner.run_draft(step, target).logits)
+    got = draft_logits_in_two_forwards(runner, tokens, state_slot=-1)
     with torch.no_grad():
         ids = torch.tensor([tokens])
         hidden = hf_main_hidden(main, ids)
         expected = reference(ids, hidden)[0]
         published = transformers_mtp_logits(path, ids, hidden)
-    got = torch.cat(logits)
     torch.testing.assert_close(got, expected, rtol=0, atol=1e-4 * expected.abs().max().item())
     torch.testing.assert_close(got, published, rtol=0, atol=1e-4 * published.abs().max().item())
 

@@ -22,7 +22,7 @@ import torch.nn.functional as F
 import triton
 
 from atom_kernels import fused_experts, grouped_topk, topk_softmax
-from atom_kernels.moe import TileConfig, tile_config
+from atom_kernels.moe import GroupedRouting, TileConfig, tile_config
 from atom_kernels.moe.ref import grouped_topk_ref, topk_softmax_ref
 from benchmarks.harness.ceilings import measure_ceilings
 
@@ -169,7 +169,7 @@ def main():
         bias = torch.randn(256, device=DEV) * 0.1
         kw = dict(num_groups=8, topk_groups=4, bias=bias, scaling=2.5)
         ms = bench_graph(partial(grouped_topk, logits, 8, **kw))
-        base = bench(partial(grouped_topk_ref, logits, 8, **kw))
+        base = bench(partial(grouped_topk_ref, logits, 8, GroupedRouting(8, 4, scaling=2.5), bias))
         rows.append(
             dict(
                 op="grouped_topk",

@@ -16,6 +16,7 @@ if not torch.cuda.is_available():
 
 
 # Imported after TRITON_INTERPRET is set: the first @triton.jit decides interpreter or not.
+from atom_kernels.attention import PagedCall, paged_attention_ref
 from atom_kernels.cache import kv_cache_shapes
 from atom_kernels.cache.fp8 import fp8_max, is_fp8
 from atom_kernels.cache.ref import write_kv_ref
@@ -43,6 +44,15 @@ class PagedCase:
             k_scale=self.k_scale,
             v_scale=self.v_scale,
         )
+
+    def reference(self, **options) -> torch.Tensor:
+        """paged_attention_ref of this case with the scales it was built with and `options` (layout,
+        softmax_scale, sliding_window, softcap, sinks)."""
+        call = PagedCall(
+            self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seq_lens, self.block_tables,
+            k_scale=self.k_scale, v_scale=self.v_scale, **options,
+        )  # fmt: skip
+        return paged_attention_ref(call)
 
 
 def make_case(

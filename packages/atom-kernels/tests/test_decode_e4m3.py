@@ -14,7 +14,7 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon._runtime import GluonASTSource
 
-from atom_kernels.attention import decode_e4m3, paged_attention_ref, paged_decode
+from atom_kernels.attention import decode_e4m3, paged_decode
 from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode import decode_kernel, decode_tiles
 from atom_kernels.attention.decode_e4m3 import e4m3_decode_supported
@@ -64,17 +64,7 @@ def _decode_and_check(case, query_len=1, num_splits=None, **kw):
         **kw,
     )
     assert not torch.isnan(out).any(), "an output element was not written, or a poisoned KV entry was read"
-    want = paged_attention_ref(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seq_lens,
-        case.block_tables,
-        k_scale=case.k_scale,
-        v_scale=case.v_scale,
-        **kw,
-    )
+    want = case.reference(**kw)
     torch.testing.assert_close(out.float(), want.float(), rtol=TOL, atol=TOL)
 
 

@@ -14,7 +14,7 @@ from atom_kernels.gdn import (
     gdn_gating,
     gdn_tiles,
 )
-from atom_kernels.gdn.ref import causal_conv1d_ref, gated_delta_rule_ref, gdn_gating_ref
+from atom_kernels.gdn.ref import gdn_gating_ref
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -65,7 +65,7 @@ def test_reference_equals_transformers(use_chunks):
     state = torch.randn(3, hv, DV, DK) * 0.1
     initial = state.clone()
     cu = _cu(lengths, device="cpu")
-    out = gated_delta_rule_ref(q, k, v, g, beta, cu, state, torch.tensor([2, 0]))
+    out = gated_delta_rule_recurrent(q, k, v, g, beta, cu, state, torch.tensor([2, 0]), backend="torch")
     fn = hf.torch_chunk_gated_delta_rule if use_chunks else hf.torch_recurrent_gated_delta_rule
     fn = inspect.unwrap(fn)  # the torch reference itself: transformers dispatches to fla when it is installed
     for s, slot in enumerate((2, 0)):
@@ -111,7 +111,9 @@ def test_kernels_match_reference(kernel, lengths, hk, hv, dtype):
     state[indices[1].long()] = float("nan")  # a new request: its slot's old contents must not be read
     ref_state = state.clone()
     cu = _cu(lengths)
-    want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices, has_initial_state=has_init)
+    want = gated_delta_rule_recurrent(
+        q, k, v, g, beta, cu, ref_state, indices, has_initial_state=has_init, backend="torch"
+    )
     out = torch.full_like(v, float("nan"))
     got = kernel(q, k, v, g, beta, cu, state, indices, has_initial_state=has_init, out=out, backend="triton")
     assert got.data_ptr() == out.data_ptr() and not torch.isnan(got).any()
@@ -137,7 +139,7 @@ def test_chunked_tiles_match_reference(change):
     ref_state = state.clone()
     indices = torch.tensor([1, 0], device=DEVICE, dtype=torch.int32)
     cu = _cu(lengths)
-    want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices)
+    want = gated_delta_rule_recurrent(q, k, v, g, beta, cu, ref_state, indices, backend="torch")
     tiles = dataclasses.replace(gdn_tiles(LOW, DV, interpret=not GPU), **change)
     got = gated_delta_rule_chunked(q, k, v, g, beta, cu, state, indices, backend="triton", tiles=tiles)
     torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
@@ -177,7 +179,7 @@ def test_decode_steps_over_slots_with_padding(state_dtype):
     cu = _cu([1] * batch)
     for _ in range(3):  # consecutive steps carry the state
         q, k, v, g, beta = _gdn_inputs([1] * batch, hk, hv, torch.float32)
-        want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices)
+        want = gated_delta_rule_recurrent(q, k, v, g, beta, cu, ref_state, indices, backend="torch")
         got = gated_delta_rule_recurrent(q, k, v, g, beta, cu, state, indices, backend="triton")
         tol = 1e-4 if state_dtype == torch.float32 else 2e-2
         torch.testing.assert_close(got, want, rtol=tol, atol=tol)
@@ -194,7 +196,7 @@ def test_conv_reference_equals_transformers():
     dim, width, length = 12, 4, 9
     x, weight, bias = torch.randn(length, dim), torch.randn(dim, width), torch.randn(dim)
     state = torch.zeros(1, dim, width - 1)
-    out = causal_conv1d_ref(x, weight, bias, torch.tensor([0, length]), state, torch.tensor([0]))
+    out = causal_conv1d(x, weight, bias, torch.tensor([0, length]), state, torch.tensor([0]), backend="torch")
     want = hf.causal_conv1d_fn(x.t()[None], weight, bias, activation="silu")[0].t()
     torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
     # one decode step from that state equals transformers' update
@@ -203,7 +205,9 @@ def test_conv_reference_equals_transformers():
         None
     ].clone()  # its state keeps W inputs
     want_step = hf.causal_conv1d_update(step.t()[None], hf_state, weight, bias, activation="silu")[0].t()
-    got_step = causal_conv1d_ref(step, weight, bias, torch.tensor([0, 1]), state, torch.tensor([0]))
+    got_step = causal_conv1d(
+        step, weight, bias, torch.tensor([0, 1]), state, torch.tensor([0]), backend="torch"
+    )
     torch.testing.assert_close(got_step, want_step, rtol=1e-5, atol=1e-5)
 
 
@@ -221,7 +225,7 @@ def test_conv_kernel_matches_reference(lengths, dtype):
     )
     has_init = torch.tensor([True, False, True, True][: len(lengths)], device=DEVICE)
     ref_state = state.clone()
-    want = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices, has_initial_state=has_init)
+    want = causal_conv1d(x, weight, bias, cu, ref_state, indices, has_initial_state=has_init, backend="torch")
     got = causal_conv1d(
         x,
         weight,
@@ -241,7 +245,7 @@ def test_conv_kernel_matches_reference(lengths, dtype):
     again = causal_conv1d(
         x, weight, bias, cu, state2, indices, has_initial_state=torch.ones_like(has_init), backend="triton"
     )
-    want2 = causal_conv1d_ref(x, weight, bias, cu, ref_state, indices)
+    want2 = causal_conv1d(x, weight, bias, cu, ref_state, indices, backend="torch")
     torch.testing.assert_close(again, want2, rtol=tol, atol=tol)
     torch.testing.assert_close(state2, ref_state, rtol=tol, atol=tol)
 

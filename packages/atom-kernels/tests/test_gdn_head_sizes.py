@@ -12,7 +12,6 @@ from atom_kernels.gdn import (
     max_key_head_size,
 )
 from atom_kernels.gdn.inputs import padded_head_size
-from atom_kernels.gdn.ref import gated_delta_rule_ref
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -57,7 +56,9 @@ def test_rules_at_any_head_size_match_reference(kernel, dk, dv):
     has_init = torch.tensor([i % 2 == 0 for i in range(len(lengths))], device=DEVICE)
     ref_state = state.clone()
     cu = _cu(lengths)
-    want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices, has_initial_state=has_init)
+    want = gated_delta_rule_recurrent(
+        q, k, v, g, beta, cu, ref_state, indices, has_initial_state=has_init, backend="torch"
+    )
     got = kernel(q, k, v, g, beta, cu, state, indices, has_initial_state=has_init, backend="triton")
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(state, ref_state, rtol=2e-3, atol=2e-3, equal_nan=True)
@@ -72,7 +73,7 @@ def test_key_heads_wider_than_128_in_16_bit_activations(kernel, dk, dv):
     state, indices = _slots(len(lengths), 2, dk, dv)
     ref_state = state.clone()
     cu = _cu(lengths)
-    want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices)
+    want = gated_delta_rule_recurrent(q, k, v, g, beta, cu, ref_state, indices, backend="torch")
     got = kernel(q, k, v, g, beta, cu, state, indices, backend="triton")
     torch.testing.assert_close(got, want, rtol=5e-2, atol=5e-2)
     torch.testing.assert_close(state, ref_state, rtol=5e-2, atol=5e-2, equal_nan=True)
@@ -105,7 +106,9 @@ def test_verify_states_at_any_head_size_match_reference(dk, dv):
     steps = torch.tensor([first, first + 1, -1, first + 3, first + 4], dtype=torch.int32, device=DEVICE)
     ref_state = state.clone()
     cu = _cu(lengths)
-    want = gated_delta_rule_ref(q, k, v, g, beta, cu, ref_state, indices, step_state_indices=steps)
+    want = gated_delta_rule_recurrent(
+        q, k, v, g, beta, cu, ref_state, indices, step_state_indices=steps, backend="torch"
+    )
     got = gated_delta_rule_recurrent(
         q, k, v, g, beta, cu, state, indices, step_state_indices=steps, backend="triton"
     )

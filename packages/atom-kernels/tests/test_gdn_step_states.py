@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_recurrent
-from atom_kernels.gdn.ref import causal_conv1d_ref, gated_delta_rule_ref
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -53,10 +52,14 @@ def test_rule_keeps_every_token_state(backend):
 
     def run(rows, scratch, own):
         a, b = rows
-        gated_delta_rule_ref(q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], _cu([b - a]), scratch, _ids([own]))
+        gated_delta_rule_recurrent(
+            q[a:b], k[a:b], v[a:b], g[a:b], beta[a:b], _cu([b - a]), scratch, _ids([own]), backend="torch"
+        )
 
     want = _prefix_states(run, before)
-    plain = gated_delta_rule_ref(q, k, v, g, beta, _cu(LENGTHS), before.clone(), _ids(OWN))
+    plain = gated_delta_rule_recurrent(
+        q, k, v, g, beta, _cu(LENGTHS), before.clone(), _ids(OWN), backend="torch"
+    )
     got = gated_delta_rule_recurrent(
         q, k, v, g, beta, _cu(LENGTHS), state, _ids(OWN), step_state_indices=_ids(STEPS), backend=backend
     )
@@ -77,10 +80,10 @@ def test_conv_keeps_every_token_window(backend):
 
     def run(rows, scratch, own):
         a, b = rows
-        causal_conv1d_ref(x[a:b], weight, bias, _cu([b - a]), scratch, _ids([own]))
+        causal_conv1d(x[a:b], weight, bias, _cu([b - a]), scratch, _ids([own]), backend="torch")
 
     want = _prefix_states(run, before)
-    plain = causal_conv1d_ref(x, weight, bias, _cu(LENGTHS), before.clone(), _ids(OWN))
+    plain = causal_conv1d(x, weight, bias, _cu(LENGTHS), before.clone(), _ids(OWN), backend="torch")
     got = causal_conv1d(
         x,
         weight,

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from atom_kernels.gdn import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent
-from atom_kernels.gdn.ref import causal_conv1d_ref, gated_delta_rule_ref
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 HK, HV, DK, DV = 2, 4, 16, 32
@@ -37,8 +36,8 @@ def test_rules_read_strided_state_slots(kernel):
     started = torch.tensor([[True, False], [False, False], [True, True]], device=DEVICE)[:, 0]
     state = torch.randn(16, HV, DV, DK, device=DEVICE) * 0.1
     want_state = state.clone()
-    want = gated_delta_rule_ref(
-        q, k, v, g, beta, _cu(), want_state, slots.contiguous(), has_initial_state=started
+    want = gated_delta_rule_recurrent(
+        q, k, v, g, beta, _cu(), want_state, slots.contiguous(), has_initial_state=started, backend="torch"
     )
     got = kernel(q, k, v, g, beta, _cu(), state, slots, has_initial_state=started, backend="triton")
     torch.testing.assert_close(got, want, rtol=2e-3, atol=2e-3)
@@ -57,8 +56,17 @@ def test_verify_reads_strided_resume_and_step_slots():
     steps = torch.arange(20, 38, dtype=torch.int32, device=DEVICE).view(9, 2)[:, 0]  # 20, 22, ..., 36
     state = torch.randn(40, HV, DV, DK, device=DEVICE) * 0.1
     want_state = state.clone()
-    want = gated_delta_rule_ref(
-        q, k, v, g, beta, cu, want_state, resume.contiguous(), step_state_indices=steps.contiguous()
+    want = gated_delta_rule_recurrent(
+        q,
+        k,
+        v,
+        g,
+        beta,
+        cu,
+        want_state,
+        resume.contiguous(),
+        step_state_indices=steps.contiguous(),
+        backend="torch",
     )
     got = gated_delta_rule_recurrent(
         q, k, v, g, beta, cu, state, resume, step_state_indices=steps, backend="triton"
@@ -76,8 +84,8 @@ def test_conv_reads_strided_state_slots():
     started = torch.tensor([[True, False], [False, False], [True, True]], device=DEVICE)[:, 0]
     state = torch.randn(16, dim, width - 1, device=DEVICE)
     want_state = state.clone()
-    want = causal_conv1d_ref(
-        x, weight, None, _cu(), want_state, slots.contiguous(), has_initial_state=started
+    want = causal_conv1d(
+        x, weight, None, _cu(), want_state, slots.contiguous(), has_initial_state=started, backend="torch"
     )
     got = causal_conv1d(x, weight, None, _cu(), state, slots, has_initial_state=started, backend="triton")
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)

@@ -6,7 +6,7 @@ import torch
 from atom_kernels.cache.fp8 import fp8_max
 from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.mla.attention import MlaTiles
-from atom_kernels.mla.ref import mla_attention_ref, read_latent_ref, write_latent_ref
+from atom_kernels.mla.ref import read_latent_ref, write_latent_ref
 
 GPU = torch.cuda.is_available()
 DEVICE = "cuda" if GPU else "cpu"
@@ -65,7 +65,14 @@ def _run(case, softmax_scale, **kwargs):
         **kwargs,
     )
     assert got.data_ptr() == out.data_ptr()
-    want = mla_attention_ref(q, **args, softmax_scale=softmax_scale, kv_lora_rank=RANK)
+    want = mla_attention(
+        q,
+        **args,
+        softmax_scale=softmax_scale,
+        max_query_len=case["max_query_len"],
+        kv_lora_rank=RANK,
+        backend="torch",
+    )
     return got, want
 
 

@@ -1,11 +1,11 @@
 """move_rows_back: a batch's rows moved back by a per-sequence lag (positions, sequence lengths, cache
-slots) in one launch, against its torch reference and against slots computed on the host (CPU: Triton's
+slots) in one launch, against its torch path and against slots computed on the host (CPU: Triton's
 interpreter; GPU: the kernel)."""
 
 import pytest
 import torch
 
-from atom_kernels.cache import move_rows_back, move_rows_back_ref
+from atom_kernels.cache import move_rows_back
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -29,7 +29,7 @@ def test_rows_move_back_as_the_reference_and_the_host_say(seqs, q, block_size):
     gen = torch.Generator().manual_seed(seqs * 10 + q)
     want = batch(seqs, q, block_size, -(-3 * q // block_size) + 2, gen)
     got = [t.clone() for t in want]
-    move_rows_back_ref(*want, q, block_size)
+    move_rows_back(*want, q, block_size, backend="torch")
     move_rows_back(*got, q, block_size, backend="triton")
     for w, g in zip(want, got, strict=True):
         assert torch.equal(w, g)
@@ -51,6 +51,6 @@ def test_strided_block_table_rows():
     wide = torch.zeros(tables.shape[0], 10, dtype=torch.int32, device=DEVICE)
     wide[:, :6] = tables
     want = [t.clone() for t in (positions, seq_lens, slots)]
-    move_rows_back_ref(*want, tables, lag, 3, 4)
+    move_rows_back(*want, tables, lag, 3, 4, backend="torch")
     move_rows_back(positions, seq_lens, slots, wide[:, :6], lag, 3, 4, backend="triton")
     assert all(torch.equal(w, g) for w, g in zip(want, (positions, seq_lens, slots), strict=True))

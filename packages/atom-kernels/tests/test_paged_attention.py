@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from atom_kernels.attention import paged_attention_ref, paged_decode, paged_prefill
+from atom_kernels.attention import paged_decode, paged_prefill
 from atom_kernels.cache import KVLayout
 from atom_kernels.cache.fp8 import default_fp8_dtype
 
@@ -17,17 +17,7 @@ LAYOUTS = list(KVLayout)
 
 def _check(out, case, **kw):
     assert not torch.isnan(out).any(), "an output element was not written, or a poisoned KV entry was read"
-    expected = paged_attention_ref(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seq_lens,
-        case.block_tables,
-        k_scale=case.k_scale,
-        v_scale=case.v_scale,
-        **kw,
-    )
+    expected = case.reference(**kw)
     tol = TOL[case.q.dtype]
     torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
 

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from atom_kernels.attention import DecodePartition, paged_attention_ref, paged_decode_persistent, plan_decode
+from atom_kernels.attention import DecodePartition, paged_decode_persistent, plan_decode
 from atom_kernels.attention.partition import plan_decode_ref
 from atom_kernels.cache import KVLayout
 from atom_kernels.cache.fp8 import default_fp8_dtype
@@ -81,9 +81,7 @@ def test_persistent_decode_matches_reference(paged_case, layout, dtype, programs
         backend="triton",
     )
     assert not torch.isnan(out).any()
-    expected = paged_attention_ref(
-        case.q, case.k_cache, case.v_cache, case.cu_seqlens_q, case.seq_lens, case.block_tables, layout=layout
-    )
+    expected = case.reference(layout=layout)
     torch.testing.assert_close(out.float(), expected.float(), rtol=TOL[dtype], atol=TOL[dtype])
 
 
@@ -112,16 +110,7 @@ def test_persistent_decode_softcap_sinks_and_a_reused_plan(paged_case, programs)
     )
     first = paged_decode_persistent(case.q, case.k_cache, case.v_cache, **kw)
     again = paged_decode_persistent(case.q, case.k_cache, case.v_cache, plan=False, **kw)
-    expected = paged_attention_ref(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seq_lens,
-        case.block_tables,
-        softcap=4.0,
-        sinks=sinks,
-    )
+    expected = case.reference(softcap=4.0, sinks=sinks)
     torch.testing.assert_close(first, expected, rtol=TOL[torch.float32], atol=TOL[torch.float32])
     torch.testing.assert_close(again, first, rtol=0, atol=0)
 
@@ -152,16 +141,7 @@ def test_persistent_decode_fp8(paged_case, scales):
         k_scale=case.k_scale,
         v_scale=case.v_scale,
     )
-    expected = paged_attention_ref(
-        case.q,
-        case.k_cache,
-        case.v_cache,
-        case.cu_seqlens_q,
-        case.seq_lens,
-        case.block_tables,
-        k_scale=case.k_scale,
-        v_scale=case.v_scale,
-    )
+    expected = case.reference()
     torch.testing.assert_close(out.float(), expected.float(), rtol=2e-2, atol=2e-2)
 
 

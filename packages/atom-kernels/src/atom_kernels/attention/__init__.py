@@ -1,6 +1,7 @@
 """Paged attention: varlen prefill/extend and split-KV decode over the paged KV cache; causal attention of
 fresh packed sequences (MLA's un-absorbed prefill)."""
 
+from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode import paged_decode
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.persistent import paged_decode_persistent
@@ -10,6 +11,7 @@ from atom_kernels.attention.varlen import varlen_causal_attention
 
 __all__ = [
     "DecodePartition",
+    "PagedCall",
     "paged_attention_ref",
     "paged_decode",
     "paged_decode_persistent",

@@ -1,5 +1,5 @@
 """One paged-attention call's inputs, gathered once by each entry point (decode.py, prefill.py,
-persistent.py) and read by the checks, the torch reference and the launches."""
+persistent.py) and read by the checks, the torch reference (ref.py) and the launches."""
 
 from __future__ import annotations
 
@@ -7,7 +7,6 @@ from dataclasses import dataclass
 
 import torch
 
-from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.layout import KVLayout
 
 
@@ -30,11 +29,3 @@ class PagedCall:
     k_scale: torch.Tensor | None = None
     v_scale: torch.Tensor | None = None
     out: torch.Tensor | None = None
-
-    def reference(self, softmax_scale: float) -> torch.Tensor:
-        """paged_attention_ref of this call (float64 math) in q's dtype."""
-        return paged_attention_ref(
-            self.q, self.k_cache, self.v_cache, self.cu_seqlens_q, self.seq_lens, self.block_tables,
-            layout=self.layout, softmax_scale=softmax_scale, sliding_window=self.sliding_window,
-            softcap=self.softcap, sinks=self.sinks, k_scale=self.k_scale, v_scale=self.v_scale,
-        )  # fmt: skip

@@ -11,6 +11,7 @@ import triton
 from atom_kernels.attention.call import PagedCall
 from atom_kernels.attention.decode_e4m3 import MAX_ROWS, e4m3_decode_kernel, e4m3_decode_supported
 from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
+from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.attention.tile_kernel import combine_splits_kernel, paged_attention_kernel
 from atom_kernels.cache.fp8 import is_fp8, scale_kind
 from atom_kernels.cache.layout import KVLayout, cache_geometry, shuffle_width
@@ -113,7 +114,7 @@ def run_paged_attention(
     tokens, num_q_heads, _ = q.shape
     batch = seq_lens.numel()
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        return out.copy_(call.reference(scale))
+        return out.copy_(paged_attention_ref(call))
     if tokens == 0 or batch == 0:
         return out
 

@@ -15,6 +15,7 @@ from atom_kernels.attention.launch import check_inputs, check_shuffle_tile
 from atom_kernels.attention.packs import Partials, kv_format, paged_kv, query_rows, scoring
 from atom_kernels.attention.partition import DecodePartition, plan_decode
 from atom_kernels.attention.persistent_kernel import combine_partials_kernel, persistent_decode_kernel
+from atom_kernels.attention.ref import paged_attention_ref
 from atom_kernels.cache.layout import KVLayout
 from atom_kernels.settings import Backend, resolve_backend
 
@@ -60,7 +61,7 @@ def paged_decode_persistent(
         raise ValueError(f"partition buffers are for {tuple(partition.part_o.shape[1:])}, not [Hq, D]")
     check_shuffle_tile(c.layout, partition.block, k_cache.dtype)
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        return c.out.copy_(call.reference(c.softmax_scale))
+        return c.out.copy_(paged_attention_ref(call))
     if batch == 0:
         return c.out
     if plan:

@@ -3,7 +3,7 @@
 from atom_kernels.cache.convert import flash_to_shuffle, to_flash
 from atom_kernels.cache.fp8 import default_fp8_dtype, fp8_max
 from atom_kernels.cache.layout import KVLayout, kv_cache_shapes, shuffle_width
-from atom_kernels.cache.move_rows import move_rows_back, move_rows_back_ref
+from atom_kernels.cache.move_rows import move_rows_back
 from atom_kernels.cache.write import write_kv
 
 __all__ = [
@@ -13,7 +13,6 @@ __all__ = [
     "fp8_max",
     "kv_cache_shapes",
     "move_rows_back",
-    "move_rows_back_ref",
     "shuffle_width",
     "to_flash",
     "write_kv",

@@ -3,8 +3,8 @@ the cache slots they address, in one launch.
 
 A speculative engine that launches a verify before it has read how many drafts the one before accepted
 prepares its rows as if all were, then moves each sequence's rows back by the drafts that were rejected
-(a count on the device). In torch that is about ten small kernels a forward (move_rows_back_ref); here one
-program a sequence does all of it.
+(a count on the device). In torch that is about ten small kernels a forward (move_rows_back's torch
+path); here one program a sequence does all of it.
 """
 
 from __future__ import annotations
@@ -14,27 +14,6 @@ import triton
 import triton.language as tl
 
 from atom_kernels.settings import Backend, resolve_backend
-
-
-def move_rows_back_ref(
-    positions: torch.Tensor,
-    seq_lens: torch.Tensor,
-    slots: torch.Tensor,
-    block_tables: torch.Tensor,
-    lag: torch.Tensor,
-    q: int,
-    block_size: int,
-) -> None:
-    """In place, for S = len(lag) sequences of q rows each (the first S * q rows, the first S sequences):
-    positions [>= S * q] int64 and seq_lens [>= S] int32 drop by each sequence's lag [S] int64, and slots
-    [>= S * q] int64 become the moved positions' cache slots in block_tables [>= S, P] int32
-    (block_tables[s][p // block_size] * block_size + p % block_size)."""
-    s = lag.shape[0]
-    moved = positions[: s * q].view(s, q)
-    moved -= lag[:, None]
-    seq_lens[:s] -= lag.to(seq_lens.dtype)
-    pages = block_tables[:s].gather(1, (moved // block_size).long()).long()
-    slots[: s * q] = (pages * block_size + moved % block_size).view(-1)
 
 
 @triton.jit
@@ -71,9 +50,14 @@ def move_rows_back(
     *,
     backend: Backend | str | None = None,
 ) -> None:
-    """move_rows_back_ref in one launch (shapes and dtypes as there; every tensor contiguous but
-    block_tables, whose rows may be strided). The kernel runs on a GPU, or with backend="triton" under the
-    CPU interpreter; otherwise torch."""
+    """In place, for S = len(lag) sequences of q rows each (the first S * q rows, the first S sequences):
+    positions [>= S * q] int64 and seq_lens [>= S] int32 drop by each sequence's lag [S] int64, and slots
+    [>= S * q] int64 become the moved positions' cache slots in block_tables [>= S, P] int32
+    (block_tables[s][p // block_size] * block_size + p % block_size).
+
+    Every tensor contiguous but block_tables, whose rows may be strided. The kernel runs on a GPU, or with
+    backend="triton" under the CPU interpreter; otherwise the torch path (the reference the tests hold
+    the kernel to)."""
     s = lag.shape[0]
     use_kernel = (
         resolve_backend(backend, lag.device) is not Backend.TORCH
@@ -84,8 +68,12 @@ def move_rows_back(
         and block_tables.stride(-1) == 1
         and all(t.stride(0) == 1 for t in (positions, seq_lens, slots, lag))
     )
-    if not use_kernel:
-        move_rows_back_ref(positions, seq_lens, slots, block_tables, lag, q, block_size)
+    if not use_kernel:  # the torch path: about ten small kernels
+        moved = positions[: s * q].view(s, q)
+        moved -= lag[:, None]
+        seq_lens[:s] -= lag.to(seq_lens.dtype)
+        pages = block_tables[:s].gather(1, (moved // block_size).long()).long()
+        slots[: s * q] = (pages * block_size + moved % block_size).view(-1)
         return
     _move_rows_kernel[(s,)](
         positions, seq_lens, slots, block_tables, lag, block_tables.stride(0), q, block_size,

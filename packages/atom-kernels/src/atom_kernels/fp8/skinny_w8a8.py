@@ -21,7 +21,7 @@ import triton.language as tl
 
 from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
 from atom_kernels.fp8.packs import scaled_rows
-from atom_kernels.linear.split_k import split_total
+from atom_kernels.linear.split_k import finish_swapped_tile
 from atom_kernels.tile_tickets import tile_counters
 
 MAX_ROWS = 64  # x rows on the MMA's N side, padded to 16, 32 or 64
@@ -103,15 +103,10 @@ def _w8a8_skinny_kernel(
         acc += tl.dot(w, a) * w_s[:, None] * a_s[None, :]
         w_ptrs += BLOCK_K
         a_ptrs += BLOCK_K
-    write = True
-    if SPLIT:
-        write, acc = split_total(
-            acc, partial_ptr, counter_ptr, pid_n, split, tl.num_programs(0), splits, BLOCK_N, BLOCK_M
-        )
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + cols).to(tl.float32)[:, None]
-    c_ptrs = c_ptr + rm[None, :].to(tl.int64) * stride_cm + rn[:, None]
-    tl.store(c_ptrs, acc.to(c_ptr.dtype.element_ty), mask=m_ok[None, :] & (rn[:, None] < N) & write)
+    finish_swapped_tile(
+        acc, c_ptr, stride_cm, rm, rn, M, N, b_ptr, cols, partial_ptr, counter_ptr, pid_n, splits,
+        HAS_BIAS, SPLIT, BLOCK_N, BLOCK_M,
+    )  # fmt: skip
 
 
 def w8a8_skinny(

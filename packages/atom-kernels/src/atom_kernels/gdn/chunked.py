@@ -19,6 +19,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.gdn.call import GdnCall, SequenceSlots
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.gdn.packs import ChunkBuffers, ChunkPlan, state_slots, token_heads
 from atom_kernels.settings import SETTINGS, Backend
@@ -337,10 +338,9 @@ def gated_delta_rule_chunked(
     decode uses the recurrent kernel.
     tiles: launch shapes and matmul precisions (default `gdn_tiles`).
     """
-    out, done = gdn_entry(
-        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm, out=out, backend=backend,
-    )  # fmt: skip
+    slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state)
+    call = GdnCall(q, k, v, g, beta, state, slots, use_qk_l2norm)
+    out, done = gdn_entry(call, out=out, backend=backend)
     if done:
         return out
     cu_seqlens, state_indices, has_initial_state = unit_stride(cu_seqlens, state_indices, has_initial_state)

@@ -11,6 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.gdn.call import ConvCall, SequenceSlots
 from atom_kernels.gdn.inputs import unit_stride
 from atom_kernels.gdn.packs import state_slots
 from atom_kernels.gdn.ref import causal_conv1d_ref
@@ -220,10 +221,8 @@ def causal_conv1d(
     if out is None:
         out = torch.zeros_like(x, memory_format=torch.contiguous_format)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        want = causal_conv1d_ref(
-            x, weight, bias, cu_seqlens, conv_state, state_indices, has_initial_state=has_initial_state,
-            activation=activation, step_state_indices=step_state_indices,
-        )  # fmt: skip
+        slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state, step_state_indices)
+        want = causal_conv1d_ref(ConvCall(x, weight, bias, conv_state, slots, activation))
         return out.copy_(want)
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:

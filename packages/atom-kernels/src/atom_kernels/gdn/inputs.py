@@ -5,11 +5,14 @@ from __future__ import annotations
 import torch
 import triton
 
+from atom_kernels.gdn.call import GdnCall
 from atom_kernels.gdn.ref import gated_delta_rule_ref
 from atom_kernels.settings import Backend, resolve_backend
 
 
-def check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices) -> None:
+def check_gdn_inputs(call: GdnCall) -> None:
+    q, k, v, g, beta, state = call.q, call.k, call.v, call.g, call.beta, call.state
+    cu_seqlens, state_indices = call.slots.cu_seqlens, call.slots.state_indices
     tokens, num_k_heads, dk = q.shape if q.dim() == 3 else (0, 0, 0)
     if q.dim() != 3 or k.shape != q.shape or v.dim() != 3 or v.shape[0] != tokens:
         raise ValueError(
@@ -71,34 +74,16 @@ def unit_stride(*index_tensors: torch.Tensor | None) -> tuple[torch.Tensor | Non
 
 
 def gdn_entry(
-    q,
-    k,
-    v,
-    g,
-    beta,
-    cu_seqlens,
-    state,
-    state_indices,
-    *,
-    has_initial_state,
-    use_qk_l2norm,
-    out,
-    backend,
-    step_state_indices=None,
+    call: GdnCall, *, out: torch.Tensor | None, backend: Backend | str | None
 ) -> tuple[torch.Tensor, bool]:
     """Checks the inputs and allocates out; on the torch backend also computes the result.
     Returns (out, done): done means the reference already wrote out and the state."""
-    check_gdn_inputs(q, k, v, g, beta, cu_seqlens, state, state_indices)
-    if step_state_indices is not None and step_state_indices.shape != (q.shape[0],):
-        raise ValueError(
-            f"step_state_indices must be [T] = [{q.shape[0]}], got {tuple(step_state_indices.shape)}"
-        )
+    check_gdn_inputs(call)
+    tokens, steps = call.q.shape[0], call.slots.step_state_indices
+    if steps is not None and steps.shape != (tokens,):
+        raise ValueError(f"step_state_indices must be [T] = [{tokens}], got {tuple(steps.shape)}")
     if out is None:
-        out = torch.empty_like(v, memory_format=torch.contiguous_format)
-    if resolve_backend(backend, v.device) is not Backend.TORCH:
+        out = torch.empty_like(call.v, memory_format=torch.contiguous_format)
+    if resolve_backend(backend, call.v.device) is not Backend.TORCH:
         return out, False
-    ref = gated_delta_rule_ref(
-        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm, step_state_indices=step_state_indices,
-    )  # fmt: skip
-    return out.copy_(ref), True
+    return out.copy_(gated_delta_rule_ref(call)), True

@@ -8,6 +8,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.gdn.call import GdnCall, SequenceSlots
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.gdn.packs import state_slots, token_heads
 from atom_kernels.settings import Backend
@@ -121,10 +122,9 @@ def gated_delta_rule_recurrent(
     default one warp a program and about 32k programs (sweep_gdn_decode.py: nearer copy bandwidth at
     B=64 and B=256 than 32 rows and 4 warps).
     """
-    out, done = gdn_entry(
-        q, k, v, g, beta, cu_seqlens, state, state_indices, has_initial_state=has_initial_state,
-        use_qk_l2norm=use_qk_l2norm, out=out, backend=backend, step_state_indices=step_state_indices,
-    )  # fmt: skip
+    slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state, step_state_indices)
+    call = GdnCall(q, k, v, g, beta, state, slots, use_qk_l2norm)
+    out, done = gdn_entry(call, out=out, backend=backend)
     if done:
         return out
     cu_seqlens, state_indices, has_initial_state, step_state_indices = unit_stride(

@@ -13,6 +13,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.gdn.call import ConvCall, GdnCall
+
 
 def gdn_gating_ref(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
     """g = -exp(A_log) * softplus(a + dt_bias) (fp32), beta = sigmoid(b) (b's dtype): [T, HV] each."""
@@ -24,75 +26,43 @@ def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
     return x * torch.rsqrt((x * x).sum(dim=-1, keepdim=True) + eps)
 
 
-def gated_delta_rule_ref(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
-    cu_seqlens: torch.Tensor,
-    state: torch.Tensor,
-    state_indices: torch.Tensor,
-    *,
-    has_initial_state: torch.Tensor | None = None,
-    use_qk_l2norm: bool = True,
-    step_state_indices: torch.Tensor | None = None,
-) -> torch.Tensor:
+def gated_delta_rule_ref(call: GdnCall) -> torch.Tensor:
     """Runs each sequence from its slot's state (zeros where has_initial_state is False) and writes the
     final state back into the slot, or with step_state_indices [T] the state after each token t into slot
     step_state_indices[t] (-1: kept nowhere) and nothing into the sequence's own slot (unless named).
     Returns o [T, HV, Dv] in v's dtype; padding sequences' rows are zero."""
+    q, k, v, g, beta, state = call.q, call.k, call.v, call.g, call.beta, call.state
     out = torch.zeros_like(v)
     group = v.shape[1] // k.shape[1]
-    for s in range(state_indices.numel()):
-        slot = int(state_indices[s])
-        start, end = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if slot < 0 or end == start:
-            continue
+    for slot, start, end, keep in call.slots.spans():
         qs, ks = (x[start:end].float().repeat_interleave(group, dim=1) for x in (q, k))
-        if use_qk_l2norm:
+        if call.use_qk_l2norm:
             qs, ks = l2norm_ref(qs), l2norm_ref(ks)
         qs = qs * qs.shape[-1] ** -0.5
         vs, gs, bs = v[start:end].float(), g[start:end].float(), beta[start:end].float()
-        keep = has_initial_state is None or bool(has_initial_state[s])
         h = state[slot].float().clone() if keep else torch.zeros_like(state[slot], dtype=torch.float32)
         for t in range(end - start):  # h: [HV, Dv, Dk]
             h = h * gs[t].exp()[:, None, None]
             delta = (vs[t] - torch.einsum("hvk,hk->hv", h, ks[t])) * bs[t][:, None]
             h = h + delta[:, :, None] * ks[t][:, None, :]
             out[start + t] = torch.einsum("hvk,hk->hv", h, qs[t]).to(v.dtype)
-            if step_state_indices is not None and (step := int(step_state_indices[start + t])) >= 0:
+            if (step := call.slots.step_slot(start + t)) >= 0:
                 state[step] = h.to(state.dtype)
-        if step_state_indices is None:
+        if call.slots.step_state_indices is None:
             state[slot] = h.to(state.dtype)
     return out
 
 
-def causal_conv1d_ref(
-    x: torch.Tensor,
-    weight: torch.Tensor,
-    bias: torch.Tensor | None,
-    cu_seqlens: torch.Tensor,
-    conv_state: torch.Tensor,
-    state_indices: torch.Tensor,
-    *,
-    has_initial_state: torch.Tensor | None = None,
-    activation: bool = True,
-    step_state_indices: torch.Tensor | None = None,
-) -> torch.Tensor:
+def causal_conv1d_ref(call: ConvCall) -> torch.Tensor:
     """Depthwise causal conv over each sequence of x [T, D] with weight [D, W], continuing from the slot's
     last W-1 inputs conv_state [slots, D, W-1] (zeros where has_initial_state is False), then SiLU.
     Writes the sequence's last W-1 inputs back to its slot, or with step_state_indices [T] the last W-1
     inputs up to each token t into slot step_state_indices[t] (-1: kept nowhere) instead.
     Returns [T, D] in x's dtype."""
+    x, weight, bias, conv_state = call.x, call.weight, call.bias, call.conv_state
     out = torch.zeros_like(x)
     width = weight.shape[1]
-    for s in range(state_indices.numel()):
-        slot = int(state_indices[s])
-        start, end = int(cu_seqlens[s]), int(cu_seqlens[s + 1])
-        if slot < 0 or end == start:
-            continue
-        keep = has_initial_state is None or bool(has_initial_state[s])
+    for slot, start, end, keep in call.slots.spans():
         history = (
             conv_state[slot].float() if keep else torch.zeros_like(conv_state[slot], dtype=torch.float32)
         )
@@ -103,12 +73,12 @@ def causal_conv1d_ref(
             bias.float() if bias is not None else None,
             groups=x.shape[1],
         )[0]
-        y = F.silu(y) if activation else y
+        y = F.silu(y) if call.activation else y
         out[start:end] = y.t().to(x.dtype)
-        if step_state_indices is None:
+        if call.slots.step_state_indices is None:
             conv_state[slot] = seq[:, -(width - 1) :].to(conv_state.dtype)
             continue
         for t in range(end - start):  # the window ending at token t: columns t+1 .. t+W-1 of seq
-            if (step := int(step_state_indices[start + t])) >= 0:
+            if (step := call.slots.step_slot(start + t)) >= 0:
                 conv_state[step] = seq[:, t + 1 : t + width].to(conv_state.dtype)
     return out

@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.activation import silu_and_mul
-from atom_kernels.linear.split_k import split_total, store_gemv_rows
+from atom_kernels.linear.split_k import finish_swapped_tile, store_gemv_rows
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 from atom_kernels.tile_tickets import tile_counters
@@ -128,15 +128,10 @@ def _skinny_kernel(
         acc = tl.dot(w, x, acc)
         w_ptrs += BLOCK_K
         x_ptrs += BLOCK_K
-    write = True
-    if SPLIT:
-        write, acc = split_total(
-            acc, partial_ptr, counter_ptr, tile, split, tl.num_programs(0), splits, BLOCK_N, BLOCK_M
-        )
-    if HAS_BIAS:
-        acc += tl.load(b_ptr + rows).to(tl.float32)[:, None]
-    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_y + rn[:, None]
-    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N) & write)
+    finish_swapped_tile(
+        acc, y_ptr, stride_y, rm, rn, M, N, b_ptr, rows, partial_ptr, counter_ptr, tile, splits,
+        HAS_BIAS, SPLIT, BLOCK_N, BLOCK_M,
+    )  # fmt: skip
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, gated_input: bool) -> int:

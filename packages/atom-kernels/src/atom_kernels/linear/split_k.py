@@ -52,3 +52,31 @@ def store_gemv_rows(y, y_ptr, b_ptr, rows, rn, N, HAS_BIAS: tl.constexpr):
     if HAS_BIAS:
         y += tl.load(b_ptr + rows).to(tl.float32)
     tl.store(y_ptr + rn, y.to(y_ptr.dtype.element_ty), mask=rn < N)
+
+
+@triton.jit
+def finish_swapped_tile(
+    acc, y_ptr, stride_y, rm, rn, M, N, b_ptr, bias_rows, partial_ptr, counter_ptr, tile, splits,
+    HAS_BIAS: tl.constexpr, SPLIT: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_M: tl.constexpr,
+):  # fmt: skip
+    """The epilogue of a swap-AB skinny GEMM whose grid is (tiles, splits): acc, fp32 [BLOCK_N, BLOCK_M]
+    of weight rows rn by activation rows rm, summed over the splits (split_total) when SPLIT, then
+    stored by the program holding the total into y [M, N] (row stride stride_y) in y's dtype, with
+    bias [N] read at bias_rows (rn clamped to N - 1) added, where rm < M and rn < N."""
+    write = True
+    if SPLIT:
+        write, acc = split_total(
+            acc,
+            partial_ptr,
+            counter_ptr,
+            tile,
+            tl.program_id(1),
+            tl.num_programs(0),
+            splits,
+            BLOCK_N,
+            BLOCK_M,
+        )
+    if HAS_BIAS:
+        acc += tl.load(b_ptr + bias_rows).to(tl.float32)[:, None]
+    y_ptrs = y_ptr + rm[None, :].to(tl.int64) * stride_y + rn[:, None]
+    tl.store(y_ptrs, acc.to(y_ptr.dtype.element_ty), mask=(rm[None, :] < M) & (rn[:, None] < N) & write)

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from atom_kernels.attention.packs import Partials, query_rows
 from atom_kernels.mla.cache import check_latent_dtype
+from atom_kernels.mla.call import MlaCall
 from atom_kernels.mla.ref import mla_attention_ref
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
@@ -291,10 +292,10 @@ def mla_attention(
             f"out must be [{tokens}, {num_heads}, {kv_lora_rank}] {q.dtype}, last dim contiguous"
         )
     if resolve_backend(backend, q.device) is Backend.TORCH:
-        want = mla_attention_ref(
-            q, cache, cu_seqlens_q, seq_lens, block_tables, softmax_scale=softmax_scale,
-            kv_lora_rank=kv_lora_rank, scale=scale if fp8 else None,
+        call = MlaCall(
+            q, cache, cu_seqlens_q, seq_lens, block_tables, softmax_scale, kv_lora_rank, scale if fp8 else None
         )  # fmt: skip
+        want = mla_attention_ref(call)
         return out.copy_(want)
     pow2 = triton.next_power_of_2
     if pow2(kv_lora_rank) != kv_lora_rank or pow2(rope) != rope or rope < 16:

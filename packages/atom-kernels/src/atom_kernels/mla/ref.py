@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import torch
 
+from atom_kernels.mla.call import MlaCall
+
 
 def write_latent_ref(
     kv_c: torch.Tensor,
@@ -36,30 +38,22 @@ def read_latent_ref(cache: torch.Tensor, block_table: torch.Tensor, length: int,
     return rows * float(scale) if scale is not None else rows
 
 
-def mla_attention_ref(
-    q: torch.Tensor,
-    cache: torch.Tensor,
-    cu_seqlens_q: torch.Tensor,
-    seq_lens: torch.Tensor,
-    block_tables: torch.Tensor,
-    *,
-    softmax_scale: float,
-    kv_lora_rank: int = 512,
-    scale: torch.Tensor | None = None,
-) -> torch.Tensor:
+def mla_attention_ref(call: MlaCall) -> torch.Tensor:
     """Absorbed MLA of new query tokens against their sequence's paged latent rows (float64 math).
 
     q: [T, Hq, 576]; each sequence's queries are its last q_len of seq_lens[b] cached tokens, so query i
     sees rows at positions <= seq_len - q_len + i (decode: all of them). Returns [T, Hq, kv_lora_rank].
     """
+    q, cache, cu_seqlens_q, seq_lens = call.q, call.cache, call.cu_seqlens_q, call.seq_lens
+    kv_lora_rank = call.kv_lora_rank
     out = torch.empty(q.shape[0], q.shape[1], kv_lora_rank, dtype=q.dtype, device=q.device)
     for b in range(seq_lens.numel()):
         start, end = int(cu_seqlens_q[b]), int(cu_seqlens_q[b + 1])
         kv_len, q_len = int(seq_lens[b]), end - start
         if q_len == 0:
             continue
-        rows = read_latent_ref(cache, block_tables[b], kv_len, scale)  # [L, 576]
-        scores = torch.einsum("thd,ld->thl", q[start:end].double(), rows) * softmax_scale
+        rows = read_latent_ref(cache, call.block_tables[b], kv_len, call.scale)  # [L, 576]
+        scores = torch.einsum("thd,ld->thl", q[start:end].double(), rows) * call.softmax_scale
         position = torch.arange(kv_len, device=q.device)
         limit = kv_len - q_len + torch.arange(q_len, device=q.device)
         scores = scores.masked_fill(position[None, None, :] > limit[:, None, None], float("-inf"))

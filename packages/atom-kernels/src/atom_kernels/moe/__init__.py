@@ -5,11 +5,13 @@ experts as two grouped GEMMs (gate/up fused with SiLU-and-mul, down with the rou
 from atom_kernels.moe.align import ExpertOrder, order_by_expert
 from atom_kernels.moe.expert_gemm import TileConfig, tile_config
 from atom_kernels.moe.fused import ExpertScales, fused_experts
+from atom_kernels.moe.grouping import GroupedRouting
 from atom_kernels.moe.routing import grouped_topk, topk_softmax
 
 __all__ = [
     "ExpertOrder",
     "ExpertScales",
+    "GroupedRouting",
     "TileConfig",
     "fused_experts",
     "grouped_topk",

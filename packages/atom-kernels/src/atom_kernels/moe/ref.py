@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.moe.grouping import GroupedRouting
+
 
 def topk_softmax_ref(
     logits: torch.Tensor, top_k: int, renormalize: bool
@@ -18,15 +20,7 @@ def topk_softmax_ref(
 
 
 def grouped_topk_ref(
-    logits: torch.Tensor,
-    top_k: int,
-    *,
-    num_groups: int,
-    topk_groups: int,
-    bias: torch.Tensor | None = None,
-    scoring: str = "sigmoid",
-    renormalize: bool = True,
-    scaling: float = 1.0,
+    logits: torch.Tensor, top_k: int, routing: GroupedRouting, bias: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """DeepSeek-V3 routing. logits: [T, E]; bias: [E] (chooses experts, does not weight them).
 
@@ -35,7 +29,12 @@ def grouped_topk_ref(
     scores of the chosen experts, renormalized to sum 1 if asked, times scaling.
     Returns (weights [T, k] fp32, ids [T, k] int32).
     """
-    scores = torch.sigmoid(logits.float()) if scoring == "sigmoid" else torch.softmax(logits.float(), dim=-1)
+    num_groups, topk_groups = routing.num_groups, routing.topk_groups
+    scores = (
+        torch.sigmoid(logits.float())
+        if routing.scoring == "sigmoid"
+        else torch.softmax(logits.float(), dim=-1)
+    )
     tokens, experts = scores.shape
     choice = scores + bias.float() if bias is not None else scores
     grouped = choice.view(tokens, num_groups, experts // num_groups)
@@ -45,9 +44,9 @@ def grouped_topk_ref(
     choice = grouped.masked_fill(~keep[..., None], float("-inf")).view(tokens, experts)
     ids = choice.topk(top_k, dim=-1).indices
     weights = scores.gather(1, ids)
-    if renormalize:
+    if routing.renormalize:
         weights = weights / weights.sum(dim=-1, keepdim=True)
-    return weights * scaling, ids.to(torch.int32)
+    return weights * routing.scaling, ids.to(torch.int32)
 
 
 def fused_experts_ref(

@@ -13,6 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
+from atom_kernels.moe.grouping import GroupedRouting
 from atom_kernels.moe.ref import grouped_topk_ref, topk_softmax_ref
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
@@ -213,23 +214,12 @@ def grouped_topk(
     """
     _check_logits(logits, top_k)
     experts = logits.shape[1]
-    if scoring not in ("sigmoid", "softmax"):
-        raise ValueError(f"scoring must be 'sigmoid' or 'softmax', got {scoring!r}")
-    if num_groups < 1 or experts % num_groups or not 1 <= topk_groups <= num_groups:
-        raise ValueError(f"{experts} experts cannot be split into {num_groups} groups keeping {topk_groups}")
+    routing = GroupedRouting(num_groups, topk_groups, scoring, renormalize, scaling)
+    routing.check(experts, top_k, bias)
     group_size = experts // num_groups
-    if top_k > topk_groups * group_size:
-        raise ValueError(f"top_k={top_k} exceeds the {topk_groups * group_size} experts of the kept groups")
-    if bias is not None and group_size < 2:
-        raise ValueError("with a bias a group's score is its two best experts: groups need 2+ experts")
-    if bias is not None and bias.shape != (experts,):
-        raise ValueError(f"bias must be [{experts}], got {tuple(bias.shape)}")
     weights, ids = _outputs(logits.shape[0], top_k, logits.device, weights, ids)
     if resolve_backend(backend, logits.device) is Backend.TORCH:
-        ref_w, ref_ids = grouped_topk_ref(
-            logits, top_k, num_groups=num_groups, topk_groups=topk_groups, bias=bias, scoring=scoring,
-            renormalize=renormalize, scaling=scaling,
-        )  # fmt: skip
+        ref_w, ref_ids = grouped_topk_ref(logits, top_k, routing, bias)
         return weights.copy_(ref_w), ids.copy_(ref_ids)
     pow2 = triton.next_power_of_2
     if pow2(num_groups) != num_groups or pow2(group_size) != group_size:

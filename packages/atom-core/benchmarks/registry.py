@@ -131,6 +131,11 @@ BENCHES: dict[str, Bench] = {
     "grammar_backends": Bench(
         "bench_grammar_backends", "xgrammar against llguidance: schema compile and mask fill (CPU).", gpus=0
     ),
+    "count_launches": Bench(
+        "count_launches",
+        "What a hybrid prefill and decode step launch on a GPU (torch ops + Triton kernels), counted on the CPU.",
+        gpus=0,
+    ),
     "profile_engine_step": Bench(
         "profile_engine_step", "Where a decode step's time goes: replay, schedule, inputs, sample."
     ),

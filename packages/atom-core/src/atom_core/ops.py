@@ -20,12 +20,14 @@ from atom_kernels.comm import all_reduce_rms_norm, fused_buffer_bytes, one_shot_
 from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
 from atom_kernels.gdn import (
+    ChunkPlan,
     causal_conv1d,
     check_gdn_head_sizes,
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
     gdn_gating,
     max_key_head_size,
+    plan_chunks,
 )
 from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.moe import ExpertScales
@@ -44,6 +46,7 @@ from atom_kernels.opaque import (
 
 __all__ = [
     "PEER_NORM_MAX_ROWS",
+    "ChunkPlan",
     "DecodePartition",
     "ExpertScales",
     "KVLayout",
@@ -69,6 +72,7 @@ __all__ = [
     "paged_decode_persistent",
     "paged_prefill",
     "peer_pad_slots",
+    "plan_chunks",
     "plan_decode",
     "rms_norm",
     "rms_norm_gated",

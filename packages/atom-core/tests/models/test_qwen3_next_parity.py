@@ -190,3 +190,21 @@ def test_three_row_positions_take_interleaved_mrope_as_transformers(tmp_path):
         ValueError, match=r"positions of shape \(3, 13\) need a model with rope mrope_section"
     ):
         forward(tmp_path / "next", positions)
+
+
+def test_a_forward_plans_the_deltanet_chunks_once(tmp_path, monkeypatch):
+    """The chunk plan depends on the forward's sequences alone: the first GDN layer makes it, the others
+    (CONFIG has two) take it from the state metadata; decode steps make none."""
+    from atom_core.cache import metadata
+
+    made = []
+    real = metadata.plan_chunks
+    monkeypatch.setattr(metadata, "plan_chunks", lambda cu, tokens: made.append(tokens) or real(cu, tokens))
+    qwen3_next_checkpoint(tmp_path, "qwen3.5-moe")
+    assert CONFIG["layer_types"].count("linear_attention") == 2
+    llm = LLM(
+        tmp_path, kernel_backend="torch", dtype="float32", max_model_len=128, max_num_batched_tokens=256
+    )
+    params = SamplingParams(temperature=0, max_tokens=3, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": PROMPTS[0]}, {"prompt_token_ids": PROMPTS[1]}], params)
+    assert made == [len(PROMPTS[0]) + len(PROMPTS[1])]  # one prefill forward of both prompts

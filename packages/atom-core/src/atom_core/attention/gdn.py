@@ -15,7 +15,7 @@ from typing import Protocol
 
 import torch
 
-from atom_core.attention.gdn_step import GDNStates, GDNStepView, gdn_step
+from atom_core.attention.gdn_step import GDNStates, GDNStepView, chunked_form, gdn_step
 from atom_core.cache.allocate import StateCache
 from atom_core.cache.metadata import StateMetadata
 from atom_core.cache.specs import STATE, StateCacheSpec
@@ -113,7 +113,8 @@ class GDNSlotLayer:
         outs = []
         # verifying sequences (state after every token) first, then the others
         for i, j, m in meta.parts(mixed.shape[0]):
-            view = GDNStepView(m.cu_seqlens_q, m.slots, ~m.fresh, m.max_query_len, m.step_slots)
+            plan = m.chunk_plan(j - i) if chunked_form(m.max_query_len, m.step_slots) else None
+            view = GDNStepView(m.cu_seqlens_q, m.slots, m.started(), m.max_query_len, m.step_slots, plan)
             outs.append(
                 gdn_step(self.spec, mixed[i:j], b[i:j], a[i:j], conv_weight, A_log, dt_bias, states, view)
             )

@@ -20,7 +20,13 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from atom_core.ops import causal_conv1d, gated_delta_rule_chunked, gated_delta_rule_recurrent, gdn_gating
+from atom_core.ops import (
+    ChunkPlan,
+    causal_conv1d,
+    gated_delta_rule_chunked,
+    gated_delta_rule_recurrent,
+    gdn_gating,
+)
 
 if TYPE_CHECKING:  # (gdn.py's native layer calls this module)
     from atom_core.attention.gdn import GDNLayerSpec
@@ -42,13 +48,27 @@ class GDNStepView:
     continues from and writes back (-1: padding, no state touched, output rows zero); started: [N] bool
     (False: starts from zeros), None when every sequence continues; max_query_len: the longest sequence's
     tokens or a bound on it (above 1 without step_slots: the chunked form); step_slots: [T] int, a verify
-    step's slot for the state after each token (the sequence's own slot is then left alone)."""
+    step's slot for the state after each token (the sequence's own slot is then left alone);
+    chunk_plan: the chunked form's plan_chunks(cu_seqlens, T), when the engine makes it once a forward
+    (else each layer makes its own)."""
 
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
     started: torch.Tensor | None
     max_query_len: int
     step_slots: torch.Tensor | None = None
+    chunk_plan: ChunkPlan | None = None
+
+    @property
+    def chunked(self) -> bool:
+        """Whether the delta rule takes the chunked form (prefill chunks) rather than token by token."""
+        return chunked_form(self.max_query_len, self.step_slots)
+
+
+def chunked_form(max_query_len: int, step_slots: torch.Tensor | None) -> bool:
+    """The one rule: sequences of more than one token take the chunked form, unless a verify step keeps
+    the state after every token (only the token-by-token form does)."""
+    return step_slots is None and max_query_len > 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,14 +122,16 @@ def gdn_step(
     raise TypeError(f"gdn_step: unknown view {type(view).__name__}")
 
 
-def _delta_rule(spec, mixed, b, a, weights, cu, recurrent, slots, started, chunked, steps=None):
-    """The conv's output mixed -> the gated delta rule's o, chunked or token by token (keeping the state
-    after each token in steps)."""
+def _delta_rule(spec, mixed, b, a, weights, cu, recurrent, slots, started, chunked, steps=None, plan=None):
+    """The conv's output mixed -> the gated delta rule's o, chunked (with plan, if made) or token by
+    token (keeping the state after each token in steps)."""
     _, A_log, dt_bias = weights
     q, k, v = spec.split_heads(mixed)
     g, beta = gdn_gating(A_log, a, dt_bias, b)
     if chunked:
-        return gated_delta_rule_chunked(q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started)
+        return gated_delta_rule_chunked(
+            q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, plan=plan
+        )
     return gated_delta_rule_recurrent(
         q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, step_state_indices=steps
     )
@@ -142,11 +164,11 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
     if gathered:
         live = view.slots >= 0
         states.conv[rows[live], :, : width - 1] = conv[live]
-    chunked = view.step_slots is None and view.max_query_len > 1
     cu, started = view.cu_seqlens, view.started
     return _delta_rule(
-        spec, x, b, a, weights, cu, states.recurrent, view.slots, started, chunked, view.step_slots
-    )
+        spec, x, b, a, weights, cu, states.recurrent, view.slots, started, view.chunked, view.step_slots,
+        view.chunk_plan,
+    )  # fmt: skip
 
 
 def _block_verify(spec, mixed, b, a, weights, states: GDNStates, view: GDNBlockVerify) -> torch.Tensor:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 from atom_core.host_copy import host_to_device, to_device
+from atom_core.ops import ChunkPlan, plan_chunks
 
 
 @dataclass(slots=True)
@@ -26,6 +27,22 @@ class StateMetadata:
     step_slots: torch.Tensor | None = None  # [T] int32: where the state after each token goes (verify)
     num_tokens: int = 0  # with step_slots: the tokens these sequences cover (rest's come after them)
     rest: StateMetadata | None = None  # with step_slots: the sequences after them, if any
+    # what every state layer of the forward derives alike, made by the first that needs it
+    _started: torch.Tensor | None = None
+    _chunk_plan: ChunkPlan | None = None
+
+    def started(self) -> torch.Tensor:
+        """[B] bool: the sequence continues its slot's state (not fresh)."""
+        if self._started is None:
+            self._started = ~self.fresh
+        return self._started
+
+    def chunk_plan(self, num_tokens: int) -> ChunkPlan:
+        """The chunked delta rule's plan of these sequences' num_tokens tokens (plan_chunks), the same
+        for every GDN layer of the forward: the first one makes it (about twenty small launches)."""
+        if self._chunk_plan is None:
+            self._chunk_plan = plan_chunks(self.cu_seqlens_q, num_tokens)
+        return self._chunk_plan
 
     def parts(self, num_tokens: int) -> list[tuple[int, int, StateMetadata]]:
         """(first token, end token, metadata) of each group of sequences run together: one group, or the

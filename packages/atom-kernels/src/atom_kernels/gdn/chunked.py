@@ -299,10 +299,15 @@ def _output_kernel(
     tl.store(o_ptrs, o.to(out.x.dtype.element_ty), mask=o_mask)
 
 
-def _chunk_plan(cu_seqlens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(chunk -> sequence or -1 past the last chunk, chunk -> first token, sequence -> first chunk [S+1]),
-    computed on the device without a host sync. There are at most T // C + S chunks (each sequence adds
-    at most one partial chunk); the grid takes that bound and the extra programs return at once."""
+def plan_chunks(cu_seqlens: torch.Tensor, tokens: int) -> ChunkPlan:
+    """The chunked kernels' plan for sequences back to back (cu_seqlens [S+1] int, T = tokens), made on
+    the device without a host sync: each chunk's sequence (-1 past the last chunk) and first token, and
+    each sequence's first chunk [S+1]. There are at most T // C + S chunks (each sequence adds at most
+    one partial chunk); the grid takes that bound and the extra programs return at once.
+
+    It depends on cu_seqlens and T alone, so an engine makes it once a forward and passes it to every
+    GDN layer's gated_delta_rule_chunked (plan=), which otherwise makes its own."""
+    cu_seqlens = unit_stride(cu_seqlens)[0]
     seqs = cu_seqlens.numel() - 1
     cu = cu_seqlens.long()
     counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
@@ -313,7 +318,7 @@ def _chunk_plan(cu_seqlens: torch.Tensor, tokens: int) -> tuple[torch.Tensor, to
     inside = seq.clamp(max=seqs - 1)
     start = cu[inside] + (j - first[inside]) * CHUNK
     chunk_seq = torch.where(j < first[-1], seq, -1)
-    return chunk_seq.int(), start.int(), first.int()
+    return ChunkPlan(cu_seqlens, chunk_seq.int(), start.int(), first.int())
 
 
 def gated_delta_rule_chunked(
@@ -331,12 +336,15 @@ def gated_delta_rule_chunked(
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
     tiles: GdnTiles | None = None,
+    plan: ChunkPlan | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule for prefill; same arguments and result as `gated_delta_rule_recurrent`.
 
     Plans the chunks on the device (no host sync; intermediates are sized from T and S). Prefill only:
     decode uses the recurrent kernel.
     tiles: launch shapes and matmul precisions (default `gdn_tiles`).
+    plan: `plan_chunks(cu_seqlens, T)` when the caller has it (it is the same for every layer of a
+    forward); default: made here.
     """
     slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state)
     call = GdnCall(q, k, v, g, beta, state, slots, use_qk_l2norm)
@@ -347,7 +355,7 @@ def gated_delta_rule_chunked(
     tokens, seqs = q.shape[0], state_indices.numel()
     if tokens == 0:
         return out
-    chunks = tokens // CHUNK + seqs  # _chunk_plan's bound
+    chunks = tokens // CHUNK + seqs  # plan_chunks' bound
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     bk, bv = padded_head_size(dk), padded_head_size(dv)
     group = num_v_heads // q.shape[1]
@@ -376,7 +384,13 @@ def gated_delta_rule_chunked(
         h=torch.empty(chunks, num_v_heads, bk, bv, **buf),  # the state before each chunk, transposed
         v_new=torch.empty(chunks, num_v_heads, CHUNK, bv, **buf),
     )
-    plan = ChunkPlan(cu_seqlens, *_chunk_plan(cu_seqlens, tokens))
+    if plan is None:
+        plan = plan_chunks(cu_seqlens, tokens)
+    elif plan.chunk_seq.shape != (chunks,) or plan.first_chunk.shape != (seqs + 1,):
+        raise ValueError(
+            f"plan is for {plan.chunk_seq.numel()} chunks and {plan.first_chunk.numel() - 1} sequences; "
+            f"these {tokens} tokens in {seqs} sequences need plan_chunks(cu_seqlens, {tokens})"
+        )
     heads = dict(C=CHUNK, DK=dk, DV=dv, BK=bk, BV=bv)
     q_rows, k_rows = token_heads(q), token_heads(k)
     _prepare_kernel[(chunks, num_v_heads)](

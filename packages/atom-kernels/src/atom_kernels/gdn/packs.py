@@ -44,7 +44,7 @@ def state_slots(
 
 
 class ChunkPlan(NamedTuple):
-    """The chunked path's plan, made on the device (chunked._chunk_plan): cu_seqlens [S+1], each chunk's
+    """The chunked path's plan, made on the device (chunked.plan_chunks): cu_seqlens [S+1], each chunk's
     sequence (-1 past the last) and first token, each sequence's first chunk [S+1]."""
 
     cu_seqlens: torch.Tensor

@@ -54,6 +54,11 @@ def test_a_given_plan_gives_what_the_layer_plans_itself():
     plan = plan_chunks(cu, sum(lengths))
     given = gated_delta_rule_chunked(q, k, v, g, beta, cu, given_state, slots, backend="triton", plan=plan)
     assert torch.equal(given, own) and torch.equal(given_state, own_state)
+    # the kernels read the plan they are given: one of the same shape for [5, 70] splits these tokens
+    # elsewhere, so the result moves
+    other = plan_chunks(_cu(lengths[::-1]), sum(lengths))
+    moved = gated_delta_rule_chunked(q, k, v, g, beta, cu, state.clone(), slots, backend="triton", plan=other)
+    assert not torch.allclose(moved, own)
 
 
 def test_a_plan_for_other_sequences_is_refused():

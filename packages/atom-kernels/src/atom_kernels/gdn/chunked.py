@@ -7,7 +7,8 @@ Per chunk of C=64 tokens and value head (math as transformers' torch_chunk_gated
    u = T (beta v);
    and, for step 2, the keys decayed to the chunk's end and the chunk's whole decay;
 2. state (sequential over a sequence's chunks, parallel over heads and value blocks): the state before
-   each chunk, and the chunk's corrected values v_new = u - w S^T; the final state goes to the slot;
+   each chunk, and the chunk's corrected values v_new = u - w S^T; the final state goes to the slot,
+   and a snapshot's (the plan ends a chunk where it is taken) to the snapshot's slot;
 3. output (all chunks at once): o = (q exp(cum)) S_before^T + ((q k^T) * decay, causal) v_new.
 """
 
@@ -19,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.call import GdnCall, SequenceSlots
+from atom_kernels.gdn.call import GdnCall, SequenceSlots, Snapshots
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.gdn.packs import ChunkBuffers, ChunkPlan, state_slots, token_heads
 from atom_kernels.settings import SETTINGS, Backend
@@ -126,7 +127,7 @@ def _prepare_kernel(
     HALF: tl.constexpr = C // 2
     LOW: tl.constexpr = bufs.w.dtype.element_ty
     t0 = tl.load(plan.chunk_start + c)
-    end = tl.load(plan.cu_seqlens + seq + 1)
+    end = tl.load(plan.chunk_end + c)
     r = tl.arange(0, HALF)
     rows0, rows1 = (t0 + r).to(tl.int64), (t0 + HALF + r).to(tl.int64)
     ok0, ok1 = rows0 < end, rows1 < end
@@ -192,6 +193,7 @@ def _state_kernel(
     plan,
     slots,
     bufs,
+    snapshot_slots,
     num_v_heads,
     C: tl.constexpr,
     DK: tl.constexpr,
@@ -200,11 +202,12 @@ def _state_kernel(
     BV: tl.constexpr,
     BLOCK_V: tl.constexpr,
     HAS_INIT: tl.constexpr,
+    HAS_SNAPSHOTS: tl.constexpr,
     PREC: tl.constexpr,
     LOWP: tl.constexpr,
 ):
     """Program (sequence, value head, value block): step 2. slots: packs.StateSlots (h and v_new of bufs
-    written here)."""
+    written here); snapshot_slots [S] (read with HAS_SNAPSHOTS)."""
     # The only sequential part: per chunk two dependent matmuls on the state; every load in the loop
     # depends on the chunk index alone, so the next chunk's can be in flight (num_stages). The state is
     # held transposed, [DK, BLOCK_V], so both matmuls have 64+ rows (Hopper's warpgroup MMA).
@@ -222,6 +225,10 @@ def _state_kernel(
     h = tl.load(s_ptrs, mask=real, other=0.0).to(tl.float32)  # [BK, BLOCK_V]: S^T
     if HAS_INIT:  # a new request starts from zeros, whatever the slot held
         h = tl.where(tl.load(slots.init + seq) != 0, h, 0.0)
+    if HAS_SNAPSHOTS:  # the state after chunk snap_c also goes to the snapshot's slot
+        snap_slot = tl.load(snapshot_slots + seq).to(tl.int64)
+        snap_c = tl.where(snap_slot >= 0, tl.load(plan.snapshot_chunk + seq), -1)
+        snap_ptrs = s_ptrs + (snap_slot - slot) * slots.stride_ss
     hv64 = hv.to(tl.int64)  # buffer offsets in int64: chunks * heads * 64 * 128 passes 2^31 at long prompts
     for c in range(tl.load(plan.first_chunk + seq), tl.load(plan.first_chunk + seq + 1)):
         slot_c = c * num_v_heads + hv64
@@ -235,6 +242,8 @@ def _state_kernel(
         v_low = v_new.to(bufs.v_new.dtype.element_ty)
         h = h * decay + _mm(tl.trans(kd), v_low, LOWP, LOW, PREC)
         tl.store(bufs.v_new + slot_c * C * BV + i[:, None] * BV + vs[None, :], v_low)
+        if HAS_SNAPSHOTS:
+            tl.store(snap_ptrs, h.to(slots.state.dtype.element_ty), mask=real & (c == snap_c))
     tl.store(s_ptrs, h.to(slots.state.dtype.element_ty), mask=real)
 
 
@@ -267,7 +276,7 @@ def _output_kernel(
     hv = tl.program_id(1)
     vs = tl.program_id(2) * BLOCK_V + tl.arange(0, BLOCK_V)
     t0 = tl.load(plan.chunk_start + c)
-    end = tl.load(plan.cu_seqlens + seq + 1)
+    end = tl.load(plan.chunk_end + c)
     i = tl.arange(0, C)
     ks = tl.arange(0, BK)
     kcols = _within(ks, DK, BK)[None, :]
@@ -299,26 +308,54 @@ def _output_kernel(
     tl.store(o_ptrs, o.to(out.x.dtype.element_ty), mask=o_mask)
 
 
-def plan_chunks(cu_seqlens: torch.Tensor, tokens: int) -> ChunkPlan:
-    """The chunked kernels' plan for sequences back to back (cu_seqlens [S+1] int, T = tokens), made on
-    the device without a host sync: each chunk's sequence (-1 past the last chunk) and first token, and
-    each sequence's first chunk [S+1]. There are at most T // C + S chunks (each sequence adds at most
-    one partial chunk); the grid takes that bound and the extra programs return at once.
+def max_chunks(tokens: int, seqs: int, *, snapshots: bool = False) -> int:
+    """The bound on the chunks of T tokens in S sequences the grids take: each sequence adds at most one
+    partial chunk, and one more where a snapshot ends a chunk early."""
+    return tokens // CHUNK + seqs * (2 if snapshots else 1)
 
-    It depends on cu_seqlens and T alone, so an engine makes it once a forward and passes it to every
-    GDN layer's gated_delta_rule_chunked (plan=), which otherwise makes its own."""
+
+def plan_chunks(
+    cu_seqlens: torch.Tensor, tokens: int, snapshot_lens: torch.Tensor | None = None
+) -> ChunkPlan:
+    """The chunked kernels' plan for sequences back to back (cu_seqlens [S+1] int, T = tokens), made on
+    the device without a host sync: each chunk's sequence (-1 past the last chunk), first and end token,
+    and each sequence's first chunk [S+1]. The grid takes max_chunks() programs; the extra ones return
+    at once.
+
+    snapshot_lens [S] int (Snapshots.lens): a sequence's chunks end after its first lens[s] tokens too,
+    the next starting there, and the plan names that chunk (snapshot_chunk; -1 where lens[s] is not in
+    1..length). Without them snapshot_chunk is all -1.
+
+    It depends on cu_seqlens, T and the lens alone, so an engine makes it once a forward and passes it
+    to every GDN layer's gated_delta_rule_chunked (plan=), which otherwise makes its own."""
     cu_seqlens = unit_stride(cu_seqlens)[0]
     seqs = cu_seqlens.numel() - 1
     cu = cu_seqlens.long()
-    counts = (cu[1:] - cu[:-1] + CHUNK - 1) // CHUNK
+    lengths = cu[1:] - cu[:-1]
+    # each sequence in two pieces, [0, split) and [split, length): the second is empty without a snapshot
+    split = lengths
+    if snapshot_lens is not None:
+        lens = snapshot_lens.long()
+        taken = (lens >= 1) & (lens <= lengths)
+        split = torch.where(taken, lens, lengths)
+    head = (split + CHUNK - 1) // CHUNK
+    counts = head + (lengths - split + CHUNK - 1) // CHUNK
     first = torch.zeros(seqs + 1, dtype=torch.long, device=cu.device)
     torch.cumsum(counts, 0, out=first[1:])
-    j = torch.arange(tokens // CHUNK + seqs, device=cu.device)
+    j = torch.arange(max_chunks(tokens, seqs, snapshots=snapshot_lens is not None), device=cu.device)
     seq = torch.searchsorted(first[1:], j, right=True)  # the s with first[s] <= j < first[s + 1]
     inside = seq.clamp(max=seqs - 1)
-    start = cu[inside] + (j - first[inside]) * CHUNK
+    local, head_of, split_of = j - first[inside], head[inside], split[inside]
+    in_head = local < head_of
+    start = torch.where(in_head, local * CHUNK, split_of + (local - head_of) * CHUNK)
+    end = torch.minimum(start + CHUNK, torch.where(in_head, split_of, lengths[inside]))
     chunk_seq = torch.where(j < first[-1], seq, -1)
-    return ChunkPlan(cu_seqlens, chunk_seq.int(), start.int(), first.int())
+    if snapshot_lens is None:
+        snapshot_chunk = torch.full((seqs,), -1, dtype=torch.int32, device=cu.device)
+    else:
+        snapshot_chunk = torch.where(taken, first[:-1] + head - 1, -1).int()
+    base = cu[inside]
+    return ChunkPlan(chunk_seq.int(), (base + start).int(), (base + end).int(), first.int(), snapshot_chunk)
 
 
 def gated_delta_rule_chunked(
@@ -337,16 +374,18 @@ def gated_delta_rule_chunked(
     backend: Backend | str | None = None,
     tiles: GdnTiles | None = None,
     plan: ChunkPlan | None = None,
+    snapshots: Snapshots | None = None,
 ) -> torch.Tensor:
     """Chunked gated delta rule for prefill; same arguments and result as `gated_delta_rule_recurrent`.
 
     Plans the chunks on the device (no host sync; intermediates are sized from T and S). Prefill only:
     decode uses the recurrent kernel.
     tiles: launch shapes and matmul precisions (default `gdn_tiles`).
-    plan: `plan_chunks(cu_seqlens, T)` when the caller has it (it is the same for every layer of a
-    forward); default: made here.
+    plan: `plan_chunks(cu_seqlens, T, snapshots.lens)` when the caller has it (it is the same for every
+    layer of a forward); default: made here.
+    snapshots: states kept partway through sequences, in slots of their own (call.Snapshots).
     """
-    slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state)
+    slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state, snapshots=snapshots)
     call = GdnCall(q, k, v, g, beta, state, slots, use_qk_l2norm)
     out, done = gdn_entry(call, out=out, backend=backend)
     if done:
@@ -355,7 +394,7 @@ def gated_delta_rule_chunked(
     tokens, seqs = q.shape[0], state_indices.numel()
     if tokens == 0:
         return out
-    chunks = tokens // CHUNK + seqs  # plan_chunks' bound
+    chunks = max_chunks(tokens, seqs, snapshots=snapshots is not None)
     num_v_heads, dv, dk = v.shape[1], v.shape[2], q.shape[2]
     bk, bv = padded_head_size(dk), padded_head_size(dv)
     group = num_v_heads // q.shape[1]
@@ -384,12 +423,14 @@ def gated_delta_rule_chunked(
         h=torch.empty(chunks, num_v_heads, bk, bv, **buf),  # the state before each chunk, transposed
         v_new=torch.empty(chunks, num_v_heads, CHUNK, bv, **buf),
     )
+    lens = None if snapshots is None else snapshots.lens
     if plan is None:
-        plan = plan_chunks(cu_seqlens, tokens)
+        plan = plan_chunks(cu_seqlens, tokens, lens)
     elif plan.chunk_seq.shape != (chunks,) or plan.first_chunk.shape != (seqs + 1,):
+        need = f"plan_chunks(cu_seqlens, {tokens}{'' if lens is None else ', snapshots.lens'})"
         raise ValueError(
             f"plan is for {plan.chunk_seq.numel()} chunks and {plan.first_chunk.numel() - 1} sequences; "
-            f"these {tokens} tokens in {seqs} sequences need plan_chunks(cu_seqlens, {tokens})"
+            f"these {tokens} tokens in {seqs} sequences need {need}"
         )
     heads = dict(C=CHUNK, DK=dk, DV=dv, BK=bk, BV=bv)
     q_rows, k_rows = token_heads(q), token_heads(k)
@@ -397,9 +438,11 @@ def gated_delta_rule_chunked(
         k_rows, token_heads(v), g, beta, plan, bufs, num_v_heads, group, **heads, L2NORM=use_qk_l2norm,
         LOG2C=CHUNK.bit_length() - 1, PREC_INV=tiles.inverse_precision, LOWP=lowp, num_warps=tiles.prepare_warps,
     )  # fmt: skip
+    snapshot_slots = state_indices if snapshots is None else unit_stride(snapshots.slots)[0]
     _state_kernel[(seqs, num_v_heads, bv // tiles.state_block_v)](
-        plan, state_slots(state, state_indices, has_initial_state), bufs, num_v_heads, **heads,
-        BLOCK_V=tiles.state_block_v, HAS_INIT=has_initial_state is not None, PREC=prec, LOWP=lowp,
+        plan, state_slots(state, state_indices, has_initial_state), bufs, snapshot_slots, num_v_heads, **heads,
+        BLOCK_V=tiles.state_block_v, HAS_INIT=has_initial_state is not None, HAS_SNAPSHOTS=snapshots is not None,
+        PREC=prec, LOWP=lowp,
         num_warps=tiles.state_warps, num_stages=tiles.state_stages,
     )  # fmt: skip
     _output_kernel[(chunks, num_v_heads, bv // tiles.out_block_v)](

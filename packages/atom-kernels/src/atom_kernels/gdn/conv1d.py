@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.call import ConvCall, SequenceSlots
+from atom_kernels.gdn.call import ConvCall, SequenceSlots, Snapshots
 from atom_kernels.gdn.inputs import unit_stride
 from atom_kernels.gdn.packs import state_slots
 from atom_kernels.gdn.ref import causal_conv1d_ref
@@ -91,38 +91,64 @@ def _conv_kernel(
 
 
 @triton.jit
-def _state_kernel(
-    x_ptr,
-    slots,
-    cu_ptr,
-    dim,
-    stride_x,
-    WIDTH: tl.constexpr,
-    HAS_INIT: tl.constexpr,
-    BLOCK_D: tl.constexpr,
-    BLOCK_W: tl.constexpr,
+def _window(
+    x_ptr, row, start, upto, d, j, mask, stride_x, use_state, WIDTH: tl.constexpr, BLOCK_W: tl.constexpr
 ):
-    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
-    if slot < 0:
-        return
-    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-    j = tl.arange(0, BLOCK_W)  # new state column j holds input position length - (W-1) + j
-    src = length - (WIDTH - 1) + j
+    """The last W-1 inputs up to the sequence's first `upto` tokens, [BLOCK_D, BLOCK_W] fp32: column j
+    holds position upto - (W-1) + j, from x, or from the old window (row) before the sequence's start."""
+    src = upto - (WIDTH - 1) + j
     j_ok = j < WIDTH - 1
-    mask = d[:, None] < dim
     from_x = tl.load(
         x_ptr + (start + src).to(tl.int64)[None, :] * stride_x + d[:, None],
         mask=mask & (j_ok & (src >= 0))[None, :],
         other=0.0,
     )
-    row = slots.state + slot * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh
     old = tl.load(
         row + (WIDTH - 1 + src)[None, :],
         mask=mask & (j_ok & (src < 0) & _spread(use_state, BLOCK_W))[None, :],
         other=0.0,
     )
-    new = from_x.to(tl.float32) + old.to(tl.float32)  # read everything before writing the slot
-    tl.store(row + j[None, :], new.to(slots.state.dtype.element_ty), mask=mask & j_ok[None, :])
+    return from_x.to(tl.float32) + old.to(tl.float32)
+
+
+@triton.jit
+def _state_kernel(
+    x_ptr,
+    slots,
+    cu_ptr,
+    snapshot_slots,
+    snapshot_lens,
+    dim,
+    stride_x,
+    WIDTH: tl.constexpr,
+    HAS_INIT: tl.constexpr,
+    HAS_SNAPSHOTS: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+    BLOCK_W: tl.constexpr,
+):
+    """The window after the sequence's last token to its slot, and with HAS_SNAPSHOTS the window after
+    its first snapshot_lens[seq] tokens to slot snapshot_slots[seq] (-1: none); both are read before
+    either is written."""
+    seq = tl.program_id(0)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, seq, HAS_INIT)
+    if slot < 0:
+        return
+    d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    j = tl.arange(0, BLOCK_W)
+    mask = d[:, None] < dim
+    store = mask & (j < WIDTH - 1)[None, :]
+    row = slots.state + slot * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh
+    new = _window(x_ptr, row, start, length, d, j, mask, stride_x, use_state, WIDTH, BLOCK_W)
+    if HAS_SNAPSHOTS:
+        snap_slot = tl.load(snapshot_slots + seq).to(tl.int64)
+        upto = tl.load(snapshot_lens + seq)
+        taken = (snap_slot >= 0) & (upto >= 1) & (upto <= length)
+        upto = tl.where(taken, upto, length)  # (no read past the sequence for a length out of range)
+        kept = _window(x_ptr, row, start, upto, d, j, mask, stride_x, use_state, WIDTH, BLOCK_W)
+        taken = _spread(taken, BLOCK_W)
+        snap_row = row + (snap_slot - slot) * slots.stride_ss
+        tl.store(snap_row + j[None, :], kept.to(slots.state.dtype.element_ty), mask=store & taken[None, :])
+    tl.store(row + j[None, :], new.to(slots.state.dtype.element_ty), mask=store)
 
 
 @triton.jit
@@ -185,6 +211,7 @@ def causal_conv1d(
     activation: bool = True,
     max_seqlen: int | None = None,
     step_state_indices: torch.Tensor | None = None,
+    snapshots: Snapshots | None = None,
     out: torch.Tensor | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -199,6 +226,8 @@ def causal_conv1d(
     always enough but launches idle programs when there are many sequences).
     step_state_indices: [T] int (speculative verify): the last W-1 inputs up to token t go to that slot
     (-1: nowhere), and the sequence's own slot is written only where named.
+    snapshots: the last W-1 inputs up to a sequence's first lens[s] tokens also go to slot slots[s]
+    (call.Snapshots; not with step_state_indices).
     Returns out [T, D] in x's dtype.
     """
     if x.dim() != 2 or weight.dim() != 2 or weight.shape[0] != x.shape[1]:
@@ -218,11 +247,11 @@ def causal_conv1d(
         )
     if x.stride(-1) != 1 or not weight.is_contiguous():
         raise ValueError("causal_conv1d needs x's last dimension and weight contiguous")
+    sequences = SequenceSlots(cu_seqlens, state_indices, has_initial_state, step_state_indices, snapshots)
     if out is None:
         out = torch.zeros_like(x, memory_format=torch.contiguous_format)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state, step_state_indices)
-        want = causal_conv1d_ref(ConvCall(x, weight, bias, conv_state, slots, activation))
+        want = causal_conv1d_ref(ConvCall(x, weight, bias, conv_state, sequences, activation))
         return out.copy_(want)
     seqs = state_indices.numel()
     if seqs == 0 or x.shape[0] == 0:
@@ -240,10 +269,13 @@ def causal_conv1d(
         HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
         BLOCK_D=block_d,
     )  # fmt: skip
-    steps = () if step_state_indices is None else (step_state_indices,)
-    kernel = _state_kernel if step_state_indices is None else _step_state_kernel
-    kernel[(seqs, triton.cdiv(dim, block_d))](
-        x, slots, cu_seqlens, *steps, dim, x.stride(0), WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d,
-        BLOCK_W=triton.next_power_of_2(max(1, width - 1)),
-    )  # fmt: skip
+    state_grid, block_w = (seqs, triton.cdiv(dim, block_d)), triton.next_power_of_2(max(1, width - 1))
+    flags = dict(WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d, BLOCK_W=block_w)
+    if step_state_indices is not None:
+        _step_state_kernel[state_grid](x, slots, cu_seqlens, step_state_indices, dim, x.stride(0), **flags)
+        return out
+    kept = (state_indices, cu_seqlens) if snapshots is None else unit_stride(snapshots.slots, snapshots.lens)
+    _state_kernel[state_grid](
+        x, slots, cu_seqlens, *kept, dim, x.stride(0), HAS_SNAPSHOTS=snapshots is not None, **flags
+    )
     return out

@@ -44,13 +44,16 @@ def state_slots(
 
 
 class ChunkPlan(NamedTuple):
-    """The chunked path's plan, made on the device (chunked.plan_chunks): cu_seqlens [S+1], each chunk's
-    sequence (-1 past the last) and first token, each sequence's first chunk [S+1]."""
+    """The chunked path's plan, made on the device (chunked.plan_chunks): each chunk's sequence (-1 past
+    the last), first token and end token; each sequence's first chunk [S+1]; and the chunk after which
+    each sequence's snapshot is kept ([S], -1: none). A sequence's chunks are 64 tokens from its start,
+    except that one ends at its snapshot, where the next begins."""
 
-    cu_seqlens: torch.Tensor
     chunk_seq: torch.Tensor
     chunk_start: torch.Tensor
+    chunk_end: torch.Tensor
     first_chunk: torch.Tensor
+    snapshot_chunk: torch.Tensor
 
 
 class ChunkBuffers(NamedTuple):

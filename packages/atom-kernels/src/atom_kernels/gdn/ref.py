@@ -29,12 +29,13 @@ def l2norm_ref(x: torch.Tensor, eps: float = 1e-6) -> torch.Tensor:
 def gated_delta_rule_ref(call: GdnCall) -> torch.Tensor:
     """Runs each sequence from its slot's state (zeros where has_initial_state is False) and writes the
     final state back into the slot, or with step_state_indices [T] the state after each token t into slot
-    step_state_indices[t] (-1: kept nowhere) and nothing into the sequence's own slot (unless named).
+    step_state_indices[t] (-1: kept nowhere) and nothing into the sequence's own slot (unless named);
+    a snapshot's state goes to its slot after its first lens[s] tokens.
     Returns o [T, HV, Dv] in v's dtype; padding sequences' rows are zero."""
     q, k, v, g, beta, state = call.q, call.k, call.v, call.g, call.beta, call.state
     out = torch.zeros_like(v)
     group = v.shape[1] // k.shape[1]
-    for slot, start, end, keep in call.slots.spans():
+    for slot, start, end, keep, snapshot in call.slots.spans():
         qs, ks = (x[start:end].float().repeat_interleave(group, dim=1) for x in (q, k))
         if call.use_qk_l2norm:
             qs, ks = l2norm_ref(qs), l2norm_ref(ks)
@@ -48,6 +49,8 @@ def gated_delta_rule_ref(call: GdnCall) -> torch.Tensor:
             out[start + t] = torch.einsum("hvk,hk->hv", h, qs[t]).to(v.dtype)
             if (step := call.slots.step_slot(start + t)) >= 0:
                 state[step] = h.to(state.dtype)
+            if snapshot is not None and snapshot[1] == t + 1:
+                state[snapshot[0]] = h.to(state.dtype)
         if call.slots.step_state_indices is None:
             state[slot] = h.to(state.dtype)
     return out
@@ -57,12 +60,13 @@ def causal_conv1d_ref(call: ConvCall) -> torch.Tensor:
     """Depthwise causal conv over each sequence of x [T, D] with weight [D, W], continuing from the slot's
     last W-1 inputs conv_state [slots, D, W-1] (zeros where has_initial_state is False), then SiLU.
     Writes the sequence's last W-1 inputs back to its slot, or with step_state_indices [T] the last W-1
-    inputs up to each token t into slot step_state_indices[t] (-1: kept nowhere) instead.
+    inputs up to each token t into slot step_state_indices[t] (-1: kept nowhere) instead; a snapshot
+    keeps the last W-1 inputs up to its first lens[s] tokens in its slot.
     Returns [T, D] in x's dtype."""
     x, weight, bias, conv_state = call.x, call.weight, call.bias, call.conv_state
     out = torch.zeros_like(x)
     width = weight.shape[1]
-    for slot, start, end, keep in call.slots.spans():
+    for slot, start, end, keep, snapshot in call.slots.spans():
         history = (
             conv_state[slot].float() if keep else torch.zeros_like(conv_state[slot], dtype=torch.float32)
         )
@@ -75,6 +79,9 @@ def causal_conv1d_ref(call: ConvCall) -> torch.Tensor:
         )[0]
         y = F.silu(y) if call.activation else y
         out[start:end] = y.t().to(x.dtype)
+        if snapshot is not None:  # the window ending at token n - 1: columns n .. n+W-2 of seq
+            n = snapshot[1]
+            conv_state[snapshot[0]] = seq[:, n : n + width - 1].to(conv_state.dtype)
         if call.slots.step_state_indices is None:
             conv_state[slot] = seq[:, -(width - 1) :].to(conv_state.dtype)
             continue

@@ -21,6 +21,7 @@ from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
 from atom_kernels.gdn import (
     ChunkPlan,
+    Snapshots,
     causal_conv1d,
     check_gdn_head_sizes,
     gated_delta_rule_chunked,
@@ -50,6 +51,7 @@ __all__ = [
     "DecodePartition",
     "ExpertScales",
     "KVLayout",
+    "Snapshots",
     "all_reduce_rms_norm",
     "apply_mrope",
     "apply_rotary",

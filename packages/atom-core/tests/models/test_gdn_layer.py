@@ -203,3 +203,40 @@ def test_a_conv_activation_the_kernels_lack_is_refused_by_name():
     assert not GDNLayerSpec(**fields, conv_activation=None).conv_silu
     with pytest.raises(ValueError, match=r"linear_attn.core: the GDN conv's activation .* got 'gelu'"):
         GDNLayerSpec(**fields, conv_activation="gelu")
+
+
+@pytest.mark.parametrize("kernel_backend", ["torch", "triton"])
+def test_a_snapshot_partway_through_a_chunk_is_the_state_there(kernel_backend, monkeypatch):
+    """The prefix cache's snapshot: a chunk that passes a kept boundary leaves, in the snapshot's slot,
+    both states a run that ended at the boundary leaves in its own (and its outputs are unchanged)."""
+    from atom_kernels import settings
+    from atom_kernels.settings import Backend, Settings
+
+    backend = Backend.TORCH if kernel_backend == "torch" else Backend.TRITON
+    monkeypatch.setattr(settings, "SETTINGS", Settings(backend, settings.SETTINGS.triton_interpret))
+    hf = _hf_layer("qwen3.5", "24-40")
+    ours = _atom_layer("qwen3.5", "24-40", hf, kernel_backend)
+    gen = torch.Generator().manual_seed(2)
+    # sequence 0 keeps its state after 70 of 75 tokens (past the 64-token chunk), sequence 1 keeps none
+    x = [torch.randn(n, LINEAR["hidden_size"], generator=gen).to(DEVICE) for n in (75, 6)]
+    caches = allocate_caches(
+        [ours.cache_spec], CacheConfig(), dtype=torch.float32, num_blocks=0, num_slots=5, device=DEVICE
+    )
+    states = caches[0].states
+
+    def forward(rows, slots, lens, kept=()):
+        meta = StateMetadata.build(
+            slots=slots, fresh=[True] * len(slots), query_lens=lens, snapshot_slots=kept,
+            snapshot_lens=[70, 0][: len(kept)], device=DEVICE,
+        )  # fmt: skip
+        with bind_forward_context(ForwardContext({"state": meta}, caches)), torch.no_grad():
+            return ours(torch.cat(rows))
+
+    boundary = forward([x[0][:70]], [4], [70])  # the run that ends at the boundary, in slot 4
+    out = forward(x, [0, 1], [75, 6], kept=[3, -1])
+    plain = forward(x, [2, 1], [75, 6])
+    assert torch.equal(states["conv"][3], states["conv"][4])  # the conv window: the same inputs
+    torch.testing.assert_close(states["recurrent"][3], states["recurrent"][4], rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(out[:70], boundary, rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(out, plain, rtol=2e-4, atol=2e-4)
+    torch.testing.assert_close(states["recurrent"][0], states["recurrent"][2], rtol=2e-4, atol=2e-4)

@@ -199,7 +199,9 @@ def test_a_forward_plans_the_deltanet_chunks_once(tmp_path, monkeypatch):
 
     made = []
     real = metadata.plan_chunks
-    monkeypatch.setattr(metadata, "plan_chunks", lambda cu, tokens: made.append(tokens) or real(cu, tokens))
+    monkeypatch.setattr(
+        metadata, "plan_chunks", lambda cu, tokens, lens=None: made.append(tokens) or real(cu, tokens, lens)
+    )
     qwen3_next_checkpoint(tmp_path, "qwen3.5-moe")
     assert CONFIG["layer_types"].count("linear_attention") == 2
     llm = LLM(

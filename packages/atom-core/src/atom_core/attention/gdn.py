@@ -114,7 +114,9 @@ class GDNSlotLayer:
         # verifying sequences (state after every token) first, then the others
         for i, j, m in meta.parts(mixed.shape[0]):
             plan = m.chunk_plan(j - i) if chunked_form(m.max_query_len, m.step_slots) else None
-            view = GDNStepView(m.cu_seqlens_q, m.slots, m.started(), m.max_query_len, m.step_slots, plan)
+            view = GDNStepView(
+                m.cu_seqlens_q, m.slots, m.started(), m.max_query_len, m.step_slots, plan, m.snapshots
+            )
             outs.append(
                 gdn_step(self.spec, mixed[i:j], b[i:j], a[i:j], conv_weight, A_log, dt_bias, states, view)
             )

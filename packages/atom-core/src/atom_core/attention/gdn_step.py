@@ -6,7 +6,9 @@ Engines keep a layer's states in slots and describe a step with a view of them; 
 atom-vllm and atom-sglang only translate their own metadata into one of these views:
   - GDNStepView: each sequence continues from its slot and writes it back (prefill chunks, decodes,
     mixed batches); for a verify step, the state after each token also goes to a slot of its own
-    (step_slots), from which the engine commits the accepted one (the native engine renames slots).
+    (step_slots), from which the engine commits the accepted one (the native engine renames slots);
+    a prefill chunk may also keep its state partway through in a slot of its own (snapshots: the
+    native engine's prefix cache).
   - GDNBlockVerify: each verifying sequence owns k + 1 state blocks and resumes from the block of the
     last accepted token (vLLM's layout): the commit is the read at the next step.
   - GDNScratchVerify: the sequences' states stay as they were and the state after each token goes to
@@ -22,6 +24,7 @@ import torch
 
 from atom_core.ops import (
     ChunkPlan,
+    Snapshots,
     causal_conv1d,
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
@@ -49,8 +52,9 @@ class GDNStepView:
     (False: starts from zeros), None when every sequence continues; max_query_len: the longest sequence's
     tokens or a bound on it (above 1 without step_slots: the chunked form); step_slots: [T] int, a verify
     step's slot for the state after each token (the sequence's own slot is then left alone);
-    chunk_plan: the chunked form's plan_chunks(cu_seqlens, T), when the engine makes it once a forward
-    (else each layer makes its own)."""
+    chunk_plan: the chunked form's plan_chunks(cu_seqlens, T, snapshots' lens), when the engine makes it
+    once a forward (else each layer makes its own); snapshots: per sequence, a slot that keeps the state
+    after the first lens[i] of its tokens (the chunked form only: never with step_slots)."""
 
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
@@ -58,6 +62,7 @@ class GDNStepView:
     max_query_len: int
     step_slots: torch.Tensor | None = None
     chunk_plan: ChunkPlan | None = None
+    snapshots: Snapshots | None = None
 
     @property
     def chunked(self) -> bool:
@@ -122,16 +127,20 @@ def gdn_step(
     raise TypeError(f"gdn_step: unknown view {type(view).__name__}")
 
 
-def _delta_rule(spec, mixed, b, a, weights, cu, recurrent, slots, started, chunked, steps=None, plan=None):
-    """The conv's output mixed -> the gated delta rule's o, chunked (with plan, if made) or token by
-    token (keeping the state after each token in steps)."""
+def _delta_rule(
+    spec, mixed, b, a, weights, cu, recurrent, slots, started, chunked, steps=None, plan=None, snapshots=None
+):
+    """The conv's output mixed -> the gated delta rule's o, chunked (with plan, if made, and keeping
+    snapshots) or token by token (keeping the state after each token in steps)."""
     _, A_log, dt_bias = weights
     q, k, v = spec.split_heads(mixed)
     g, beta = gdn_gating(A_log, a, dt_bias, b)
     if chunked:
         return gated_delta_rule_chunked(
-            q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, plan=plan
+            q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, plan=plan, snapshots=snapshots
         )
+    if snapshots is not None:
+        raise ValueError(f"{spec.prefix}: snapshots are kept by the chunked form (a prefill chunk) only")
     return gated_delta_rule_recurrent(
         q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, step_state_indices=steps
     )
@@ -142,8 +151,8 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
     conv, slots = states.conv, view.slots
     gathered = conv.stride(-1) != 1 or conv.shape[-1] != width - 1
     if gathered:  # the conv kernel takes [slots, D, W-1] windows with unit last stride: work on a copy
-        if view.step_slots is not None:
-            raise ValueError(f"{spec.prefix}: per-token conv states need [slots, conv_dim, W-1] windows")
+        if view.step_slots is not None or view.snapshots is not None:
+            raise ValueError(f"{spec.prefix}: kept conv states need [slots, conv_dim, W-1] windows")
         rows = slots.long().clamp(min=0)
         conv = states.conv[rows, :, : width - 1].contiguous()
         slots = torch.where(
@@ -160,6 +169,7 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
         activation=spec.conv_silu,
         max_seqlen=view.max_query_len,
         step_state_indices=view.step_slots,
+        snapshots=view.snapshots,
     )
     if gathered:
         live = view.slots >= 0
@@ -167,7 +177,7 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
     cu, started = view.cu_seqlens, view.started
     return _delta_rule(
         spec, x, b, a, weights, cu, states.recurrent, view.slots, started, view.chunked, view.step_slots,
-        view.chunk_plan,
+        view.chunk_plan, view.snapshots,
     )  # fmt: skip
 
 

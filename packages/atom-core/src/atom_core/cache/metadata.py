@@ -5,6 +5,10 @@ where the state after each token is kept (the sequence's own slot for its last k
 for each draft), so the engine can commit the state of the last accepted position by renaming slots,
 without a copy and without keeping a rejected draft's effect. The other sequences (prefills, decodes
 without drafts) follow in `rest` with their own metadata.
+
+With prefix caching, a prefill chunk that passes the block boundary whose state a later request can
+resume from keeps the state there (`snapshots`: a slot and the chunk's tokens before it, per sequence),
+so the chunk does not have to end at the boundary.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from atom_core.host_copy import host_to_device, to_device
-from atom_core.ops import ChunkPlan, plan_chunks
+from atom_core.ops import ChunkPlan, Snapshots, plan_chunks
 
 
 @dataclass(slots=True)
@@ -27,6 +31,7 @@ class StateMetadata:
     step_slots: torch.Tensor | None = None  # [T] int32: where the state after each token goes (verify)
     num_tokens: int = 0  # with step_slots: the tokens these sequences cover (rest's come after them)
     rest: StateMetadata | None = None  # with step_slots: the sequences after them, if any
+    snapshots: Snapshots | None = None  # states kept partway through sequences' chunks
     # what every state layer of the forward derives alike, made by the first that needs it
     _started: torch.Tensor | None = None
     _chunk_plan: ChunkPlan | None = None
@@ -41,7 +46,8 @@ class StateMetadata:
         """The chunked delta rule's plan of these sequences' num_tokens tokens (plan_chunks), the same
         for every GDN layer of the forward: the first one makes it (about twenty small launches)."""
         if self._chunk_plan is None:
-            self._chunk_plan = plan_chunks(self.cu_seqlens_q, num_tokens)
+            lens = None if self.snapshots is None else self.snapshots.lens
+            self._chunk_plan = plan_chunks(self.cu_seqlens_q, num_tokens, lens)
         return self._chunk_plan
 
     def parts(self, num_tokens: int) -> list[tuple[int, int, StateMetadata]]:
@@ -62,12 +68,18 @@ class StateMetadata:
         fresh: Sequence[bool],
         query_lens: Sequence[int],
         step_slots: Sequence[int] = (),
+        snapshot_slots: Sequence[int] = (),
+        snapshot_lens: Sequence[int] = (),
         device: torch.device | str = "cpu",
     ) -> StateMetadata:
         """step_slots: per token of the leading sequences that verify drafts (their lengths sum to
-        len(step_slots)); empty when no sequence verifies."""
+        len(step_slots)); empty when no sequence verifies. snapshot_slots, snapshot_lens: per sequence,
+        the slot that keeps the state after the first snapshot_lens[i] tokens of its chunk (-1: none;
+        never a verifying sequence); empty when none does."""
         if not (len(slots) == len(fresh) == len(query_lens)):
             raise ValueError("slots, fresh and query_lens must have one entry per sequence")
+        if snapshot_slots and not (len(snapshot_slots) == len(snapshot_lens) == len(slots)):
+            raise ValueError("snapshot_slots and snapshot_lens must have one entry per sequence")
         if step_slots:
             covered, tokens = 0, 0
             while tokens < len(step_slots):
@@ -75,6 +87,8 @@ class StateMetadata:
                 covered += 1
             if tokens != len(step_slots):
                 raise ValueError("step_slots must cover whole leading sequences")
+            if any(s >= 0 for s in snapshot_slots[:covered]):
+                raise ValueError("a sequence that verifies drafts keeps every token's state, not a snapshot")
             head = cls.build(
                 slots=slots[:covered], fresh=fresh[:covered], query_lens=query_lens[:covered], device=device
             )
@@ -85,14 +99,21 @@ class StateMetadata:
                     slots=slots[covered:],
                     fresh=fresh[covered:],
                     query_lens=query_lens[covered:],
+                    snapshot_slots=snapshot_slots[covered:],
+                    snapshot_lens=snapshot_lens[covered:],
                     device=device,
                 )
             return head
         cu = torch.zeros(len(query_lens) + 1, dtype=torch.int32)
         cu[1:] = torch.tensor(list(query_lens)).cumsum(0)
+        snapshots = None
+        if any(s >= 0 for s in snapshot_slots):  # (one copy for both)
+            kept = to_device([list(snapshot_slots), list(snapshot_lens)], torch.int32, device)
+            snapshots = Snapshots(kept[0], kept[1])
         return cls(
             slots=to_device(list(slots), torch.int32, device),
             fresh=to_device(list(fresh), torch.bool, device),
             cu_seqlens_q=host_to_device(cu, device),
             max_query_len=max(query_lens),
+            snapshots=snapshots,
         )

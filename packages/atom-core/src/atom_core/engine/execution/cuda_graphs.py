@@ -95,10 +95,12 @@ class DecodeGraphs:
         self.hidden = None
 
     def serves(self, inputs: StepInputs) -> bool:
-        """Whether inputs is this graph set's case: every sequence adds query_len tokens, all get logits."""
+        """Whether inputs is this graph set's case: every sequence adds query_len tokens, all get logits
+        (and no state is kept partway through a chunk)."""
         batch = len(inputs.query_lens)
         return (
-            len(inputs.ids) == batch * self.q
+            not inputs.snapshot_slots
+            and len(inputs.ids) == batch * self.q
             and len(inputs.logit_rows) == len(inputs.ids)
             and all(n == self.q for n in inputs.query_lens)
             and self.size_for(batch) is not None

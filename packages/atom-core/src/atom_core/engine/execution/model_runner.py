@@ -183,6 +183,8 @@ class ModelRunner:
                 fresh=inputs.fresh,
                 query_lens=inputs.query_lens,
                 step_slots=inputs.step_slots,
+                snapshot_slots=inputs.snapshot_slots,
+                snapshot_lens=inputs.snapshot_lens,
                 device=self.device,
             )
         # one copy of the token rows' ids and positions, and one of the logits rows; through pinned memory, as

@@ -30,9 +30,14 @@ class StepInputs:
     # state layers under speculation: per token of the leading sequences that verify drafts, the state
     # slot that keeps the state after it (their own for the known token, a spare one per draft)
     step_slots: list[int] = field(default_factory=list)
-    # state slot copies (source, destination): snapshots restored before the forward, kept after it
+    # state slot copies (source, destination): snapshots restored before the forward, kept after it (a
+    # sequence's state at the end of its chunk)
     state_copies: list[tuple[int, int]] = field(default_factory=list)
     state_saves: list[tuple[int, int]] = field(default_factory=list)
+    # per sequence, a state the forward keeps partway through its chunk: the snapshot slot (-1: none) and
+    # the chunk's tokens before it (empty: no sequence keeps one)
+    snapshot_slots: list[int] = field(default_factory=list)
+    snapshot_lens: list[int] = field(default_factory=list)
     # async scheduling: sample every logits row on the device as these rows say (StepResult.tokens), for
     # the next step, whose token rows fed_rows take them from rows fed_from (their ids here are placeholders)
     sampling: SamplingRows | None = None
@@ -103,7 +108,15 @@ def prepare_step(batch: ScheduledBatch) -> StepInputs:
             last = len(inputs.ids) - len(draft) - 1
             inputs.logit_rows += range(last, last + len(draft) + 1)
     inputs.state_copies = [(snapshot, seq.state_slot) for seq, snapshot in batch.restores]
-    inputs.state_saves = [(seq.state_slot, snapshot) for seq, _, snapshot in batch.saves]
+    rows = {id(seq): row for row, seq in enumerate(batch.seqs)}
+    for save in batch.saves:
+        row = rows[id(save.seq)]
+        if save.upto == batch.num_new_tokens[row]:  # its slot holds it after the forward: copied then
+            inputs.state_saves.append((save.seq.state_slot, save.slot))
+            continue
+        if not inputs.snapshot_slots:
+            inputs.snapshot_slots, inputs.snapshot_lens = [-1] * len(batch.seqs), [0] * len(batch.seqs)
+        inputs.snapshot_slots[row], inputs.snapshot_lens[row] = save.slot, save.upto
     return inputs
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from atom_core.engine.config import SchedulerConfig
 from atom_core.engine.plan import CachePlan
@@ -22,15 +23,26 @@ from atom_core.engine.state.state_slots import StateSlots
 from atom_core.engine.state.state_snapshots import StateSnapshots
 
 
+class StateSave(NamedTuple):
+    """The state of seq after the block at block_index (a cacheable boundary), kept in snapshot slot
+    `slot`: the state after the first `upto` tokens of seq's chunk in this step. The forward keeps it
+    where it passes the boundary (within the chunk or at its end), so no chunk has to end there."""
+
+    seq: Sequence
+    block_index: int
+    slot: int
+    upto: int
+
+
 @dataclass(slots=True)
 class ScheduledBatch:
     seqs: list[Sequence]
     num_new_tokens: list[int]  # tokens each sequence computes this step (its drafts included)
     drafts: list[list[int]] = field(default_factory=list)  # speculative tokens verified after its known ones
     # state layers with prefix caching: (sequence, snapshot slot) to start from before the forward, and
-    # (sequence, index of the block its chunk ends with, snapshot slot) to keep the state in after it
+    # the states the forward keeps at block boundaries
     restores: list[tuple[Sequence, int]] = field(default_factory=list)
-    saves: list[tuple[Sequence, int, int]] = field(default_factory=list)
+    saves: list[StateSave] = field(default_factory=list)
 
 
 class Scheduler:
@@ -82,8 +94,6 @@ class Scheduler:
             drafts = seq.draft_token_ids[: budget - 1] if seq.num_uncomputed == 1 else []
             cap = min(prefill_budget, budget - decodes) if prefilling else budget
             n = min(seq.num_uncomputed + len(drafts), cap)
-            if not drafts:
-                n = self._end_at_snapshot_boundary(seq, n)
             if drafts and not self.blocks.can_allocate(seq, n):  # short of blocks: drafts go before others do
                 drafts, n = [], seq.num_uncomputed
             while not self.blocks.can_allocate(seq, n):
@@ -103,7 +113,7 @@ class Scheduler:
         while self.waiting and budget > 0 and len(self.running) < self.config.max_num_seqs:
             seq = self.waiting[0]
             self.blocks.admit(seq)
-            n = self._end_at_snapshot_boundary(seq, min(seq.num_uncomputed, budget))
+            n = min(seq.num_uncomputed, budget)
             if not self.blocks.can_allocate(seq, n):
                 self.blocks.release(seq)  # hand back the cached prefix; retry next step
                 if not self.running:
@@ -130,25 +140,21 @@ class Scheduler:
             budget -= n
         return self._verifying_first(batch)
 
-    def _end_at_snapshot_boundary(self, seq: Sequence, n: int) -> int:
-        """With state snapshots: a chunk that would run past the boundary a later request can hit (the
-        last full block before seq's last token) ends there, so the state at it can be kept."""
-        if self.blocks.snapshots is None:
-            return n
-        start, target = seq.num_computed_tokens, self.blocks.cacheable_blocks(seq) * self.blocks.block_size
-        return target - start if start < target < start + n else n
-
     def _plan_snapshot(self, seq: Sequence, n: int, batch: ScheduledBatch) -> None:
-        """Keep the state after this chunk if it ends on a cacheable block boundary: at the last one (what a
-        request with the same prompt hits) even by evicting the least recently used snapshot, at one on
-        the way (a shorter shared prefix) only in a free slot."""
+        """Keep the state where this chunk passes a cacheable block boundary: at the last one (what a
+        request with the same prompt hits), within the chunk or at its end, even by evicting the least
+        recently used snapshot; else at the chunk's end if it is a boundary on the way (a shorter shared
+        prefix), only in a free slot."""
         snapshots, b = self.blocks.snapshots, self.blocks.block_size
-        end, target = seq.num_computed_tokens + n, self.blocks.cacheable_blocks(seq) * b
-        if snapshots is None or end % b or end > target:
+        if snapshots is None:
+            return
+        start, target = seq.num_computed_tokens, self.blocks.cacheable_blocks(seq) * b
+        end = target if start < target <= start + n else start + n
+        if end % b or end > target:
             return
         slot = snapshots.reserve(evict=end == target)
         if slot is not None:
-            batch.saves.append((seq, end // b - 1, slot))
+            batch.saves.append(StateSave(seq, end // b - 1, slot, end - start))
 
     def grant_draft_rows(self, seq: Sequence, n: int) -> bool:
         """Blocks for n rows past seq's computed tokens (a chained draft's cache rows), if free ones are
@@ -161,7 +167,7 @@ class Scheduler:
     def settle_snapshots(self, batch: ScheduledBatch, *, ran: bool) -> None:
         """After the batch's forward (ran) or its failure: the states it saved are findable by their
         block's content key (registered now), the slots of those that could not be are given back."""
-        for seq, index, slot in batch.saves:
+        for seq, index, slot, _ in batch.saves:
             if ran:
                 self.blocks.register_full_blocks(seq)
             if ran and index < len(seq.block_keys):

@@ -6,9 +6,9 @@ A prefill that is host-bound (issue 52: ~4,000 launches for 64 tokens of the hyb
 host time per launch, so the count is the lever. Tiny Qwen3.5-MoE (tools/testing_qwen.py: two GDN and two
 attention layers, 64 experts, top-8), fp16, the Triton path through the CPU interpreter; the counts are the
 GPU path's (the host code is the same), by op and by the file that launched it. One prompt of --tokens
-tokens to its first token (forwards: with prefix caching the hybrid's prefill stops at the last full
-block to keep its state there, so most prompts take two), then one decode step (eager: a graph replays
-the decode's launches, it does not remove them).
+tokens to its first token (forwards: one, as the state at the last full block, which prefix caching
+keeps, is taken inside the forward; earlier records show two, the prefill having stopped at that block),
+then one decode step (eager: a graph replays the decode's launches, it does not remove them).
 """
 
 from __future__ import annotations

@@ -84,6 +84,25 @@ BENCHES: dict[str, Bench] = {
             ),
         ),
     ),
+    "ttft": Bench(
+        "bench_ttft",
+        "Time to first token, one request at a time: Qwen3.5-35B-A3B, DeepSeek-V2-Lite, Llama-3-8B shapes.",
+        tuple(
+            Target(
+                f"{model} TTFT, {tokens}-token prompt",
+                f"rows[model={model},tokens={tokens}].ttft_ms",
+                goal,
+                "ms",
+                higher_is_better=False,
+                issue=52,
+            )
+            for model, tokens, goal in (
+                ("qwen3.5-35b-a3b", 16, 10),
+                ("qwen3.5-35b-a3b", 512, 30),
+                ("deepseek-v2-lite", 512, 22),
+            )
+        ),
+    ),
     "step_vs_replay": Bench(
         "bench_step_vs_replay",
         "The whole decode step through LLM.generate against the GPU time of its graph replays.",

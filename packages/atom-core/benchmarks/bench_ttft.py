@@ -1,6 +1,7 @@
 """Time to first token through the public LLM.generate, at published shapes with dummy bf16 weights.
 
   python -m benchmarks run ttft [-- --models qwen3.5-35b-a3b deepseek-v2-lite llama3-8b --lengths 16 512]
+  ... -- --eager-prefill   (prefill steps not replayed from CUDA graphs: max_prefill_graph_tokens=0)
 
 One request at a time, max_tokens=1, prefix caching on (as served) and fresh random prompt tokens every
 run (no prefix hit); the median of --repeats runs after a warm-up of each length. MoE routers re-drawn, so
@@ -69,7 +70,7 @@ def gpu_profile(llm: LLM, vocab: int, length: int) -> tuple[int, float]:
     return len(kernels), sum(e.device_time for e in kernels) / 1e3
 
 
-def measure(name: str, lengths: list[int], repeats: int) -> list[dict]:
+def measure(name: str, lengths: list[int], repeats: int, engine: dict) -> list[dict]:
     config = MODELS[name]()
     rows = []
     with tempfile.TemporaryDirectory() as path:
@@ -81,6 +82,7 @@ def measure(name: str, lengths: list[int], repeats: int) -> list[dict]:
             max_model_len=max(lengths) + 16,
             max_num_seqs=4,
             max_num_batched_tokens=max(8192, max(lengths)),
+            **engine,
         )
         redraw_llm_routers(llm, config.hidden_size)
         for length in lengths:
@@ -121,11 +123,15 @@ def main():
     parser.add_argument("--models", nargs="+", choices=sorted(MODELS), default=list(MODELS))
     parser.add_argument("--lengths", nargs="+", type=int, default=[16, 512, 2048])
     parser.add_argument("--repeats", type=int, default=7)
+    parser.add_argument("--eager-prefill", action="store_true", help="max_prefill_graph_tokens=0")
     args = parser.parse_args()
+    engine = dict(max_prefill_graph_tokens=0) if args.eager_prefill else {}
     rows = []
     for name in args.models:
-        rows += measure(name, args.lengths, args.repeats)
-    return dict(device=torch.cuda.get_device_name(), repeats=args.repeats, rows=rows)
+        rows += measure(name, args.lengths, args.repeats, engine)
+    return dict(
+        device=torch.cuda.get_device_name(), repeats=args.repeats, eager_prefill=args.eager_prefill, rows=rows
+    )
 
 
 if __name__ == "__main__":

@@ -85,3 +85,33 @@ def test_a_state_layer_replays_in_graphs_as_it_runs_eagerly(tmp_path, with_token
             assert llm.engine.runner.graphs.decode.replays >= max(MAX_TOKENS) - 1
         llm.shutdown()
     assert outputs[False] == outputs[True]
+
+
+def test_prefill_steps_replay_as_they_run_eagerly(tmp_path):
+    """Prefill chunks beside decodes, replayed from prefill graphs on a GDN hybrid (state slots, fresh
+    flags, snapshots kept inside a chunk, padding sequences), give the eager engine's tokens; a repeated
+    prompt resumes from its snapshot in both."""
+    from tools.testing_qwen import qwen3_next_checkpoint
+
+    qwen3_next_checkpoint(tmp_path, "qwen3.5-moe")
+    prompts = [{"prompt_token_ids": p} for p in (*PROMPTS, PROMPTS[1])]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (*MAX_TOKENS, 5)]
+    outputs = {}
+    for eager in (True, False):
+        llm = LLM(
+            tmp_path,
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=8,
+            max_num_batched_tokens=64,  # chunks of the 120-token prompt beside the others' decodes
+            gpu_memory_utilization=0.3,
+            enforce_eager=eager,
+        )
+        outputs[eager] = [o.outputs[0].token_ids for o in llm.generate(prompts[:-1], params[:-1])]
+        outputs[eager] += [o.outputs[0].token_ids for o in llm.generate(prompts[-1:], params[-1:])]
+        graphs = llm.engine.runner.graphs
+        if not eager:
+            assert graphs.prefill.replays >= 3 and graphs.decode.replays > 0
+        assert llm.engine.scheduler.num_state_restores > 0
+        llm.shutdown()
+    assert outputs[False] == outputs[True]

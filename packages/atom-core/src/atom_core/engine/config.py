@@ -51,7 +51,10 @@ class EngineConfig:
     # it must be free when the engine starts, and the KV cache takes what the weights leave of it (unused when
     # num_kv_blocks sizes the cache)
     gpu_memory_utilization: float = 0.9
-    enforce_eager: bool = False  # no CUDA graphs for decode (the CPU is always eager)
+    enforce_eager: bool = False  # no CUDA graphs (the CPU is always eager)
+    # the most tokens a prefill step replayed from a CUDA graph has (steps of up to 8 sequences, prefill
+    # chunks and decodes mixed; captured at powers of two from 16); 0: prefill steps run eagerly
+    max_prefill_graph_tokens: int = 512
     disable_custom_all_reduce: bool = (
         False  # tensor parallel: NCCL for every all-reduce (no peer-memory kernel)
     )
@@ -105,6 +108,14 @@ class EngineConfig:
         if self.state_cache_dtype not in STATE_CACHE_DTYPES:
             raise ConfigError(
                 f"state_cache_dtype must be one of {', '.join(STATE_CACHE_DTYPES)}, got {self.state_cache_dtype!r}"
+            )
+        if (
+            isinstance(self.max_prefill_graph_tokens, bool)
+            or not isinstance(self.max_prefill_graph_tokens, int)
+            or self.max_prefill_graph_tokens < 0
+        ):
+            raise ConfigError(
+                f"max_prefill_graph_tokens must be a non-negative integer, got {self.max_prefill_graph_tokens!r}"
             )
         if self.state_snapshots is not None and (
             isinstance(self.state_snapshots, bool)
@@ -222,7 +233,13 @@ class EngineConfig:
             help="share of the GPU's total memory the engine may use, weights and KV cache together "
             "(as vLLM's); the KV cache takes what is left",
         )
-        group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs for decode")
+        group.add_argument("--enforce-eager", action="store_true", help="no CUDA graphs")
+        group.add_argument(
+            "--max-prefill-graph-tokens",
+            type=int,
+            default=d.max_prefill_graph_tokens,
+            help="the most tokens a prefill step replayed from a CUDA graph has (0: prefill runs eagerly)",
+        )
         group.add_argument(
             "--disable-custom-all-reduce",
             action="store_true",

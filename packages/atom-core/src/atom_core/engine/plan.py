@@ -24,6 +24,9 @@ logger = logging.getLogger("atom.engine")
 
 # decode batch sizes the CUDA graphs are captured at (those below max_num_seqs, and max_num_seqs itself)
 GRAPH_BATCH_SIZES = (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, 128, 160, 192, 224, 256)
+# prefill graphs: token counts from 16 up by powers of two, and sequence counts (padding takes one more)
+PREFILL_GRAPH_MIN_TOKENS = 16
+PREFILL_GRAPH_SEQS = (1, 2, 4, 8)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +47,9 @@ class CachePlan:
     prefix_caching: bool
     async_scheduling: bool
     graph_sizes: tuple[int, ...]  # captured decode batch sizes; (): eager forwards only
+    # captured prefill steps: token counts and sequence counts (()): prefill steps run eagerly
+    prefill_graph_tokens: tuple[int, ...] = ()
+    prefill_graph_seqs: tuple[int, ...] = ()
     off: tuple[tuple[str, str], ...] = ()  # (mode, why) of every mode turned off
     # under speculation with async scheduling: prefill chunks run beside a verify launched ahead
     prefills_ahead: bool = False
@@ -92,9 +98,11 @@ def plan_engine(
     *,
     device: torch.device,
     fit_blocks: Callable[[int], int],
+    layer_kinds: Collection[str] = (),
 ) -> CachePlan:
-    """The plan for a model whose caches need `kinds` of metadata. fit_blocks(state rows) -> how many KV
-    blocks the memory left after that many state rows holds (agreed by every tensor-parallel rank)."""
+    """The plan for a model whose caches need `kinds` of metadata (layer_kinds: its cache specs'
+    layer kinds). fit_blocks(state rows) -> how many KV blocks the memory left after that many state rows
+    holds (agreed by every tensor-parallel rank)."""
     off: list[tuple[str, str]] = []
     spec = engine.speculative_config
     k = spec.num_speculative_tokens if spec is not None else 0
@@ -122,6 +130,10 @@ def plan_engine(
     graphs_off = _why_no_graphs(engine, model, device)
     if graphs_off:
         off.append(("CUDA graphs", graphs_off))
+    prefill_off = graphs_off or _why_no_prefill_graphs(engine, layer_kinds)
+    if prefill_off and not graphs_off:
+        off.append(("prefill CUDA graphs", prefill_off))
+    prefill_tokens, prefill_seqs = ((), ()) if prefill_off else _prefill_graph_shapes(engine)
     async_off = _why_no_async(engine)
     if async_off:
         off.append(("async scheduling", async_off))
@@ -139,6 +151,8 @@ def plan_engine(
         prefix_caching=wanted is not False and (not state or snapshots > 0),
         async_scheduling=async_off is None,
         graph_sizes=() if graphs_off else _graph_sizes(engine.max_num_seqs),
+        prefill_graph_tokens=prefill_tokens,
+        prefill_graph_seqs=prefill_seqs,
         off=tuple(off),
         prefills_ahead=not async_off and k > 0 and prefills_off is None,
     )
@@ -172,6 +186,28 @@ def _why_no_graphs(engine: EngineConfig, model: ModelConfig, device: torch.devic
     if model.rope.rope_type == "dynamic":
         return "dynamic RoPE reads the batch's longest position on the host"
     return None
+
+
+def _why_no_prefill_graphs(engine: EngineConfig, layer_kinds: Collection[str]) -> str | None:
+    if engine.max_prefill_graph_tokens < PREFILL_GRAPH_MIN_TOKENS:
+        return f"max_prefill_graph_tokens={engine.max_prefill_graph_tokens}"
+    if "mla" in layer_kinds:
+        # MLA picks absorbed or up-projected attention from the batch's lengths, on the host
+        return "MLA chooses its prefill attention per batch on the host"
+    return None
+
+
+def _prefill_graph_shapes(engine: EngineConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """Token counts (powers of two from 16 up to max_prefill_graph_tokens and the step's token budget)
+    and sequence counts (up to max_num_seqs and one padding sequence) of the prefill graphs."""
+    top = min(engine.max_prefill_graph_tokens, engine.max_num_batched_tokens)
+    tokens, t = [], PREFILL_GRAPH_MIN_TOKENS
+    while t <= top:
+        tokens.append(t)
+        t *= 2
+    if not tokens:
+        return (), ()
+    return tuple(tokens), tuple(s for s in PREFILL_GRAPH_SEQS if s <= engine.max_num_seqs + 1)
 
 
 def _why_no_async(engine: EngineConfig) -> str | None:

@@ -1,6 +1,7 @@
 """The CUDA graphs one runner captures, by the shape of forward each serves: the target's decode (one token
-a sequence), its speculative verify (1 + k tokens a sequence), and the draft's (one token: chaining;
-1 + k: catching up on a verified step)."""
+a sequence), its speculative verify (1 + k tokens a sequence), its prefill steps (a few sequences of any
+lengths, up to a token count), and the draft's (one token: chaining; 1 + k: catching up on a verified
+step)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from torch import nn
 
 from atom_core.cache.specs import PAGED
 from atom_core.engine.execution.cuda_graphs import DecodeGraphs
+from atom_core.engine.execution.prefill_graphs import PrefillGraphs
 from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs
 from atom_core.engine.plan import CachePlan
 
@@ -37,6 +39,12 @@ class GraphSets:
         )
         with torch.inference_mode():
             self.decode = DecodeGraphs(model, caches, kinds, **shape)
+            self.prefill: PrefillGraphs | None = None
+            if plan.prefill_graph_tokens:
+                self.prefill = PrefillGraphs(
+                    model, caches, kinds, tokens=plan.prefill_graph_tokens, seqs=plan.prefill_graph_seqs,
+                    device=device, max_model_len=plan.max_model_len, block_size=plan.block_size,
+                )  # fmt: skip
             self.verify: DecodeGraphs | None = None
             self.drafts: list[DecodeGraphs] = []
             if draft is not None:
@@ -47,15 +55,16 @@ class GraphSets:
                     for n in (1, q)
                 ]
 
-    def for_step(self, inputs: StepInputs) -> DecodeGraphs | None:
+    def for_step(self, inputs: StepInputs) -> DecodeGraphs | PrefillGraphs | None:
         """The graphs that replay this target step, if any."""
-        return next((g for g in (self.decode, self.verify) if g is not None and g.serves(inputs)), None)
+        sets = (self.decode, self.verify, self.prefill)
+        return next((g for g in sets if g is not None and g.serves(inputs)), None)
 
     def for_draft(self, inputs: DraftInputs) -> DecodeGraphs | None:
         return next((g for g in self.drafts if g.serves(inputs)), None)
 
     def release(self) -> None:
         """Free every graph (a tensor-parallel rank must, before its NCCL group is destroyed)."""
-        for graphs in (self.decode, self.verify, *self.drafts):
+        for graphs in (self.decode, self.verify, self.prefill, *self.drafts):
             if graphs is not None:
                 graphs.release()

@@ -92,7 +92,14 @@ class ModelRunner:
             budget=budget,
             group=control_group if parallel.tp_size > 1 else None,
         )
-        self.plan = plan = plan_engine(engine, model_config, self.kinds, device=device, fit_blocks=fit_blocks)
+        self.plan = plan = plan_engine(
+            engine,
+            model_config,
+            self.kinds,
+            device=device,
+            fit_blocks=fit_blocks,
+            layer_kinds={spec.layer_kind for spec in self.cache_specs},
+        )
         self.caches = allocate_caches(
             self.cache_specs,
             self.cache,

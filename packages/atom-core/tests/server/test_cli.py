@@ -169,6 +169,7 @@ ENGINE_OPTIONS = {  # every engine option, each away from its default
     "--gpu-memory-utilization": "0.5",
     "--speculative-config": '{"method": "mtp", "num_speculative_tokens": 2}',
     "--state-snapshots": "3",
+    "--max-prefill-graph-tokens": "256",
     "--state-cache-dtype": "bfloat16",
     "--generation-config": "vllm",
     "--tokenizer": "/tok",

@@ -40,6 +40,7 @@ def run_one(
     package: Path,
     ceilings: Callable[[], tuple[float, float]] | None,
     label: str | None,
+    baseline: bool = False,
 ) -> Path | None:
     """Run one benchmark's main() with args as its command line and append its record; under torchrun only
     rank 0 records (returns None on the others)."""
@@ -71,6 +72,8 @@ def run_one(
     }
     if label:
         record["label"] = label
+    if baseline:  # a reference to compare with (older sources, a path turned off), not the package's figure
+        record["baseline"] = True
     if result is None:
         record["output"] = tee.kept.getvalue()[-OUTPUT_KEPT:]
     if os.environ.get("RANK", "0") != "0":
@@ -95,6 +98,11 @@ def main(
     run = sub.add_parser("run", help="run benchmarks and append their records to the ledger")
     run.add_argument("names", nargs="+", help="registered names (see `list`)")
     run.add_argument("--label", help="a tag kept in each record (e.g. before / after a change)")
+    run.add_argument(
+        "--baseline",
+        action="store_true",
+        help="a reference run (older sources, a path turned off): kept, never the report's latest figure",
+    )
     sub.add_parser("list", help="the registered benchmarks and their targets")
     report = sub.add_parser("report", help="write PERFORMANCE.md from the ledgers")
     report.add_argument("--check", action="store_true", help="exit 1 if PERFORMANCE.md is not up to date")
@@ -122,7 +130,7 @@ def main(
     if extra and len(args.names) > 1:
         parser.error("arguments after -- go to one benchmark: name only one")
     for name in args.names:
-        path = run_one(name, benches[name], extra, package, ceilings, args.label)
+        path = run_one(name, benches[name], extra, package, ceilings, args.label, args.baseline)
         if path is not None:
             print(f"[benchmarks] {name}: record appended to {path.relative_to(package)}")
     return 0

@@ -21,9 +21,10 @@ def _figure(value: float) -> str:
 
 
 def latest(records: list[dict], target: Target) -> tuple[float, dict] | None:
-    """The newest record (by date, then by place in the ledger) holding target's figure, and the figure."""
+    """The newest record (by date, then by place in the ledger) holding target's figure, and the figure;
+    baseline records (references a change was measured against) are never it."""
     order = sorted(range(len(records)), key=lambda i: (records[i].get("date", ""), i), reverse=True)
-    for record in (records[i] for i in order):
+    for record in (records[i] for i in order if not records[i].get("baseline")):
         try:
             value = pick(record.get("result"), target.metric)
         except MissingMetric:

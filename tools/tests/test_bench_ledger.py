@@ -102,6 +102,10 @@ def test_runs_append_records_and_the_report_shows_the_latest(package, capsys):
     assert main(benches, root, "Fake", argv=["report", "--check"]) == 1
     assert main(benches, root, "Fake", argv=["report"]) == 0
     assert main(benches, root, "Fake", argv=["report", "--check"]) == 0
+    # a baseline run after it is kept, but the report still shows the package's own latest figure
+    assert main(benches, root, "Fake", argv=["run", "fake", "--baseline", "--", "--scale", "9"]) == 0
+    assert load(root / "benchmarks" / "results")[slug]["fake"][-1]["baseline"] is True
+    assert "| 4 ms | <= 3 ms (#1) | no |" in render("Fake", benches, root / "benchmarks" / "results")
 
 
 def test_under_torchrun_only_rank_0_records(package, monkeypatch):

@@ -132,3 +132,34 @@ def test_steps_a_graph_cannot_replay_run_eagerly(hybrid):
     with pytest.raises(NotImplementedError, match=r"no static buffers for \['latent'\] caches"):
         PrefillGraphs(None, [], {"latent"}, tokens=[16], seqs=[1], max_model_len=8, block_size=4,
                       device=torch.device("cpu"), capture=False)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("engine", "layer_kinds", "tokens", "seqs"),
+    [
+        (dict(), {"mha", "gdn"}, (16, 32, 64, 128, 256, 512), (1, 2, 4, 8)),
+        (dict(max_num_seqs=2, max_num_batched_tokens=100), {"mha"}, (16, 32, 64), (1, 2)),
+        (dict(max_prefill_graph_tokens=8192), {"mla"}, (16, 32, 64, 128, 256, 512, 1024), (1, 2, 4, 8)),
+        (dict(max_prefill_graph_tokens=0), {"mha"}, (), ()),
+        (dict(enforce_eager=True), {"mha"}, (), ()),
+    ],
+)
+def test_the_plan_captures_prefill_steps_at_powers_of_two(engine, layer_kinds, tokens, seqs):
+    """Token counts from 16 up to max_prefill_graph_tokens and the step budget (MLA: below the lengths
+    whose attention the host picks), sequence counts up to max_num_seqs and a padding one."""
+    from atom_core.config import ModelConfig
+    from atom_core.engine import EngineConfig
+    from atom_core.engine.plan import plan_engine
+
+    model = ModelConfig.from_hf_dict(
+        {"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "num_hidden_layers": 1,
+         "num_attention_heads": 2, "num_key_value_heads": 1, "vocab_size": 64, "intermediate_size": 64,
+         "max_position_embeddings": 4096, "torch_dtype": "bfloat16"}
+    )  # fmt: skip
+    config = EngineConfig(**{"num_kv_blocks": 512, "kernel_backend": "triton", **engine})
+    plan = plan_engine(
+        config, model, {PAGED}, device=torch.device("cuda"), fit_blocks=None, layer_kinds=layer_kinds
+    )
+    assert plan.prefill_graph_tokens == tokens and plan.prefill_graph_seqs == seqs
+    off = dict(plan.off)
+    assert ("prefill CUDA graphs" in off) == (engine.get("max_prefill_graph_tokens") == 0)

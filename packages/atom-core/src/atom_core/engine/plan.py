@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from atom_core.attention.mla import UNABSORBED_MIN_TOKENS
 from atom_core.cache.specs import STATE
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.engine.config import EngineConfig
@@ -130,10 +131,10 @@ def plan_engine(
     graphs_off = _why_no_graphs(engine, model, device)
     if graphs_off:
         off.append(("CUDA graphs", graphs_off))
-    prefill_off = graphs_off or _why_no_prefill_graphs(engine, layer_kinds)
+    prefill_off = graphs_off or _why_no_prefill_graphs(engine)
     if prefill_off and not graphs_off:
         off.append(("prefill CUDA graphs", prefill_off))
-    prefill_tokens, prefill_seqs = ((), ()) if prefill_off else _prefill_graph_shapes(engine)
+    prefill_tokens, prefill_seqs = ((), ()) if prefill_off else _prefill_graph_shapes(engine, layer_kinds)
     async_off = _why_no_async(engine)
     if async_off:
         off.append(("async scheduling", async_off))
@@ -188,19 +189,22 @@ def _why_no_graphs(engine: EngineConfig, model: ModelConfig, device: torch.devic
     return None
 
 
-def _why_no_prefill_graphs(engine: EngineConfig, layer_kinds: Collection[str]) -> str | None:
+def _why_no_prefill_graphs(engine: EngineConfig) -> str | None:
     if engine.max_prefill_graph_tokens < PREFILL_GRAPH_MIN_TOKENS:
         return f"max_prefill_graph_tokens={engine.max_prefill_graph_tokens}"
-    if "mla" in layer_kinds:
-        # MLA picks absorbed or up-projected attention from the batch's lengths, on the host
-        return "MLA chooses its prefill attention per batch on the host"
     return None
 
 
-def _prefill_graph_shapes(engine: EngineConfig) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _prefill_graph_shapes(
+    engine: EngineConfig, layer_kinds: Collection[str]
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Token counts (powers of two from 16 up to max_prefill_graph_tokens and the step's token budget)
     and sequence counts (up to max_num_seqs and one padding sequence) of the prefill graphs."""
     top = min(engine.max_prefill_graph_tokens, engine.max_num_batched_tokens)
+    if "mla" in layer_kinds:
+        # MLA attends fresh prefills of UNABSORBED_MIN_TOKENS or more on up-projected K/V, chosen on the
+        # host from the batch's lengths: graphs (captured absorbed) stay below them
+        top = min(top, UNABSORBED_MIN_TOKENS - 1)
     tokens, t = [], PREFILL_GRAPH_MIN_TOKENS
     while t <= top:
         tokens.append(t)

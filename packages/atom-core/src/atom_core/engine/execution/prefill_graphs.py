@@ -6,7 +6,8 @@ expert GEMMs) whose host cost, not the GPU's work, sets the time to first token 
 tokens. A step of n sequences and t tokens replays the smallest captured T >= t, S >= n whose padding
 fits: the T - t padded rows belong to S - n padding sequences, one row each but the last, which takes
 the rest. A padding sequence writes no cache row (slot -1), reads S rows of block 0 and touches no state
-(state slot -1: the GDN kernels skip it and write zeros), like a decode graph's padded rows. Kernel grids
+(state slot -1: the GDN kernels skip it and write zeros), like a decode graph's padded rows. MLA layers
+attend absorbed, as they do eagerly below the lengths the plan caps these graphs at. Kernel grids
 are sized at capture from T and S; the kernels read each sequence's lengths from the buffers. Logits come
 back for the step's logits rows only (at most one a sequence: no drafts).
 """

@@ -138,7 +138,7 @@ def test_steps_a_graph_cannot_replay_run_eagerly(hybrid):
     ("engine", "layer_kinds", "tokens", "seqs"),
     [
         (dict(), {"mha", "gdn"}, (16, 32, 64, 128, 256, 512), (1, 2, 4, 8)),
-        (dict(max_num_seqs=2, max_num_batched_tokens=100), {"mha"}, (16, 32, 64), (1, 2)),
+        (dict(max_num_seqs=2, max_num_batched_tokens=100), {"mha"}, (16, 32, 64), (1, 2, 3)),
         (dict(max_prefill_graph_tokens=8192), {"mla"}, (16, 32, 64, 128, 256, 512, 1024), (1, 2, 4, 8)),
         (dict(max_prefill_graph_tokens=0), {"mha"}, (), ()),
         (dict(enforce_eager=True), {"mha"}, (), ()),

@@ -257,6 +257,7 @@ def test_decode_graphs_equal_eager_steps_on_a_gpu(tmp_path):
             dtype="float32",
             max_model_len=256,
             max_num_seqs=4,
+            max_num_batched_tokens=64,  # prefill chunks beside decodes: prefill graphs replay them
             enforce_eager=eager,
             gpu_memory_utilization=0.3,  # (the engine of the loop before is still alive)
         )

@@ -211,7 +211,8 @@ def _prefill_graph_shapes(
         t *= 2
     if not tokens:
         return (), ()
-    return tuple(tokens), tuple(s for s in PREFILL_GRAPH_SEQS if s <= engine.max_num_seqs + 1)
+    most = min(PREFILL_GRAPH_SEQS[-1], engine.max_num_seqs + 1)  # (room for a padding sequence)
+    return tuple(tokens), tuple(sorted({s for s in PREFILL_GRAPH_SEQS if s < most} | {most}))
 
 
 def _why_no_async(engine: EngineConfig) -> str | None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from atom_core.engine.execution.graph_buffers import GRAPH_BUFFERS, StaticBuffers
-from atom_core.engine.execution.step_inputs import StepInputs, feed_sampled
+from atom_core.engine.execution.step_inputs import DraftInputs, StepInputs, feed_sampled
 from atom_core.forward_context import ForwardContext, bind_forward_context
 
 
@@ -94,12 +94,12 @@ class DecodeGraphs:
         self.hidden_out.clear()
         self.hidden = None
 
-    def serves(self, inputs: StepInputs) -> bool:
+    def serves(self, inputs: StepInputs | DraftInputs) -> bool:
         """Whether inputs is this graph set's case: every sequence adds query_len tokens, all get logits
-        (and no state is kept partway through a chunk)."""
+        (and a target step keeps no state partway through a chunk)."""
         batch = len(inputs.query_lens)
         return (
-            not inputs.snapshot_slots
+            not (isinstance(inputs, StepInputs) and inputs.snapshot_slots)
             and len(inputs.ids) == batch * self.q
             and len(inputs.logit_rows) == len(inputs.ids)
             and all(n == self.q for n in inputs.query_lens)

@@ -15,16 +15,14 @@ host-bound: the launches, not the math, set its speed.
 from __future__ import annotations
 
 import argparse
-import gc
 import statistics
-import tempfile
 import time
 
 import torch
 from torch.profiler import ProfilerActivity, profile
 
 from atom_core.engine import LLM, SamplingParams
-from benchmarks.harness.routers import redraw_llm_routers
+from benchmarks.harness.engine_timing import dummy_llm
 from benchmarks.harness.shapes import llama3_8b, make_config, v2_lite_shape
 
 MODELS = {
@@ -76,18 +74,9 @@ def gpu_profile(llm: LLM, vocab: int, length: int) -> tuple[int, float]:
 def measure(name: str, lengths: list[int], repeats: int, engine: dict) -> list[dict]:
     config = MODELS[name]()
     rows = []
-    with tempfile.TemporaryDirectory() as path:
-        config.save_pretrained(path)
-        llm = LLM(
-            path,
-            load_format="dummy",
-            dtype="bfloat16",
-            max_model_len=max(lengths) + 16,
-            max_num_seqs=4,
-            max_num_batched_tokens=max(8192, max(lengths)),
-            **engine,
-        )
-        redraw_llm_routers(llm, config.hidden_size)
+    longest = max(lengths)
+    sizes = dict(max_model_len=longest + 16, max_num_seqs=4, max_num_batched_tokens=max(8192, longest))
+    with dummy_llm(config, **sizes, **engine) as llm:
         for length in lengths:
             for _ in range(2):  # warm-up: compile and autotune at this length
                 first_token_ms(llm, config.vocab_size, length)
@@ -114,10 +103,6 @@ def measure(name: str, lengths: list[int], repeats: int, engine: dict) -> list[d
                 f"{r['host_bound']:.1f}x",
                 flush=True,
             )
-        llm.shutdown()
-        del llm
-    gc.collect()
-    torch.cuda.empty_cache()
     return rows
 
 

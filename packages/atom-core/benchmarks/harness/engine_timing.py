@@ -3,9 +3,11 @@ from the difference of two generations; the copy bandwidth of the same run."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import tempfile
 import time
+from collections.abc import Iterator
 
 import torch
 from transformers import PretrainedConfig
@@ -62,23 +64,26 @@ def step_ms(llm: LLM, vocab: int, batch: int, steps: int = 24) -> tuple[float, f
     return whole, forward
 
 
+@contextlib.contextmanager
+def dummy_llm(config: PretrainedConfig, **engine) -> Iterator[LLM]:
+    """config built in the engine with dummy bf16 weights (MoE routers re-drawn; engine: EngineConfig
+    fields), shut down and its memory handed back on leaving."""
+    with tempfile.TemporaryDirectory() as path:
+        config.save_pretrained(path)
+        llm = LLM(path, load_format="dummy", dtype="bfloat16", **engine)
+        redraw_llm_routers(llm, config.hidden_size)  # no-op for dense models
+        try:
+            yield llm
+        finally:
+            llm.shutdown()
+            del llm
+            gc.collect()
+            torch.cuda.empty_cache()
+
+
 def engine_step_times(config: PretrainedConfig, batches, steps: int) -> dict[int, tuple[float, float]]:
     """{batch: (whole step ms, forward ms)} of config built in the engine with dummy weights (MoE routers
     re-drawn), decoding after 512-token prompts."""
-    with tempfile.TemporaryDirectory() as path:
-        config.save_pretrained(path)
-        llm = LLM(
-            path,
-            load_format="dummy",
-            dtype="bfloat16",
-            max_model_len=512 + 160,
-            max_num_seqs=64,
-            max_num_batched_tokens=8192,
-        )
-        redraw_llm_routers(llm, config.hidden_size)  # no-op for dense models
-        out = {b: step_ms(llm, config.vocab_size, b, steps=steps) for b in batches}
-        llm.shutdown()
-    del llm
-    gc.collect()
-    torch.cuda.empty_cache()
-    return out
+    engine = dict(max_model_len=512 + 160, max_num_seqs=64, max_num_batched_tokens=8192)
+    with dummy_llm(config, **engine) as llm:
+        return {b: step_ms(llm, config.vocab_size, b, steps=steps) for b in batches}

@@ -31,7 +31,7 @@ from atom_kernels.gdn import (
     plan_chunks,
 )
 from atom_kernels.mla import mla_attention, write_latent
-from atom_kernels.moe import ExpertScales
+from atom_kernels.moe import ExpertScales, SharedExpert
 from atom_kernels.opaque import (
     apply_mrope,
     apply_rotary,
@@ -51,6 +51,7 @@ __all__ = [
     "DecodePartition",
     "ExpertScales",
     "KVLayout",
+    "SharedExpert",
     "Snapshots",
     "all_reduce_rms_norm",
     "apply_mrope",

@@ -16,7 +16,7 @@ from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
 from atom_core.layers.parallel import RankPartial, add_sums, all_reduce, may_defer_reduce
-from atom_core.ops import fused_experts, topk_softmax
+from atom_core.ops import SharedExpert, fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
 
 
@@ -122,18 +122,23 @@ class SparseMoE(nn.Module):
         return self.shared_expert
 
     def experts(
-        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor
+        self, x: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, shared: SharedExpert | None = None
     ) -> torch.Tensor | RankPartial:
         """x: [T, H], the routing's weights and ids [T, k] -> the routed experts' sum [T, H] over all ranks
-        (unreduced, as a RankPartial, where defer_output_reduce asked for it)."""
+        (unreduced, as a RankPartial, where defer_output_reduce asked for it), plus the shared expert's
+        term where given (one rank only: it is the whole output, not a rank's share)."""
         scales = None if self.fp8 is None else self.fp8.scales(self.w13_scale_inv, self.w2_scale_inv)
-        partial = fused_experts(x, self.w13, self.w2, weights, ids, scales=scales)
+        partial = fused_experts(x, self.w13, self.w2, weights, ids, scales=scales, shared=shared)
         if self.defer_reduce and may_defer_reduce(self.parallel):
             return RankPartial(partial, self.parallel)
         return all_reduce(partial, self.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
         weights, ids = self.route(x)
+        if self.shared_expert is not None and self.parallel.tp_size == 1:
+            # the gated shared expert joins the routed experts' combine (no sigmoid, product, sum after it)
+            shared = SharedExpert(self.shared_expert(x), self.shared_expert_gate(x))
+            return self.experts(x, weights, ids, shared)
         out = self.experts(x, weights, ids)
         if self.shared_expert is not None:  # scaled per token by a replicated gate: on partials too
             gate, shared = torch.sigmoid(self.shared_expert_gate(x)), self.shared_expert(x)

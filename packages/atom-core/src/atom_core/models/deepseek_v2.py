@@ -25,7 +25,7 @@ from atom_core.layers.parallel import RankPartial, add_sums
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule
 from atom_core.models.weights import GATE_UP_PACKED, load_by_rules
-from atom_core.ops import grouped_topk
+from atom_core.ops import SharedExpert, grouped_topk
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -83,6 +83,9 @@ class DeepseekMoE(SparseMoE):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
         weights, ids = self.route(x)
+        if self.shared_experts is not None and self.parallel.tp_size == 1:
+            # the shared experts' output joins the routed experts' combine (no sum after it)
+            return self.experts(x, weights, ids, SharedExpert(self.shared_experts(x)))
         out = self.experts(x, weights, ids)
         if self.shared_experts is not None:
             out = add_sums(out, self.shared_experts(x))

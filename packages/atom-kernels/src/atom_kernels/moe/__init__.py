@@ -7,11 +7,13 @@ from atom_kernels.moe.expert_gemm import TileConfig, tile_config
 from atom_kernels.moe.fused import ExpertScales, fused_experts
 from atom_kernels.moe.grouping import GroupedRouting
 from atom_kernels.moe.routing import grouped_topk, topk_softmax
+from atom_kernels.moe.shared import SharedExpert
 
 __all__ = [
     "ExpertOrder",
     "ExpertScales",
     "GroupedRouting",
+    "SharedExpert",
     "TileConfig",
     "fused_experts",
     "grouped_topk",

@@ -13,6 +13,7 @@ from atom_kernels.moe.align import order_by_expert, order_one_token
 from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.ref import fused_experts_ref
+from atom_kernels.moe.shared import SharedExpert
 from atom_kernels.outputs import rows_like
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
@@ -152,9 +153,11 @@ def fused_experts(
     down_config: TileConfig | None = None,
     scales: ExpertScales | None = None,
     quantize_input: bool | None = None,
+    shared: SharedExpert | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
-    """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j].
+    """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j], plus
+    the block's shared expert's term (shared.SharedExpert: its output, scaled by its gate's sigmoid).
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
@@ -171,9 +174,12 @@ def fused_experts(
     """
     _check(x, w13, w2, topk_weights, topk_ids, scales)
     tokens, hidden = x.shape
+    if shared is not None:
+        shared.check(tokens, hidden)
     out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        return out.copy_(_experts_torch(x, w13, w2, topk_weights, topk_ids, scales))
+        routed = _experts_torch(x, w13, w2, topk_weights, topk_ids, scales)
+        return out.copy_(routed if shared is None else routed.float() + shared.term())
     if tokens == 0:
         return out
     top_k, experts = topk_ids.shape[1], w13.shape[0]
@@ -212,4 +218,4 @@ def fused_experts(
     else:
         h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
         y = down(h, w2, order, pair_weights, down_cfg, scales and (scales.w2, scales.block))
-    return combine_topk(y, top_k, out)
+    return combine_topk(y, top_k, out, shared)

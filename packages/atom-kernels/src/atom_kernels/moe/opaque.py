@@ -7,7 +7,7 @@ import torch
 
 from atom_kernels import moe
 from atom_kernels.custom_op import like_x, opaque, pick
-from atom_kernels.moe import ExpertScales
+from atom_kernels.moe import ExpertScales, SharedExpert
 
 Tensor = torch.Tensor
 
@@ -80,11 +80,14 @@ def _fused_experts_impl(
     w13_scale: Tensor | None,
     w2_scale: Tensor | None,
     scale_block: list[int] | None,
+    shared_out: Tensor | None,
+    shared_gate: Tensor | None,
 ) -> Tensor:
     scales = None
     if w13_scale is not None and w2_scale is not None and scale_block is not None:
         scales = ExpertScales(w13_scale, w2_scale, (scale_block[0], scale_block[1]))
-    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales)
+    shared = None if shared_out is None else SharedExpert(shared_out, shared_gate)
+    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales, shared=shared)
 
 
 _fused_experts_op = opaque("fused_experts", _fused_experts_impl, like_x)
@@ -98,7 +101,10 @@ def fused_experts(
     topk_ids: Tensor,
     *,
     scales: ExpertScales | None = None,
+    shared: SharedExpert | None = None,
 ) -> Tensor:
-    """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]."""
+    """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]
+    (plus the shared expert's term, if given)."""
     flat = (None, None, None) if scales is None else (scales.w13, scales.w2, list(scales.block))
-    return pick(_fused_experts_op, _fused_experts_impl)(x, w13, w2, topk_weights, topk_ids, *flat)
+    term = (None, None) if shared is None else (shared.out, shared.gate)
+    return pick(_fused_experts_op, _fused_experts_impl)(x, w13, w2, topk_weights, topk_ids, *flat, *term)

@@ -82,6 +82,22 @@ OPCHECK_CASES = {
             None,  # no scales: bf16/fp32 experts
             None,
             None,
+            None,  # no shared expert
+            None,
+        ),
+    ),
+    "fused_experts with a gated shared expert": (
+        moe_ops._fused_experts_op,
+        (
+            torch.randn(5, 32),
+            *_experts(),
+            torch.rand(5, 2),
+            torch.randint(0, 4, (5, 2), dtype=torch.int32),
+            None,
+            None,
+            None,
+            torch.randn(5, 32),
+            torch.randn(5, 1),
         ),
     ),
 }
@@ -110,7 +126,7 @@ def test_opcheck_fp8_ops():
     q13, q2, scales = _fp8_experts()
     args = (torch.randn(5, 64), q13, q2, torch.rand(5, 2), torch.randint(0, 4, (5, 2), dtype=torch.int32))
     torch.library.opcheck(
-        moe_ops._fused_experts_op, (*args, scales.w13, scales.w2, [16, 32]), test_utils=FP8_CHECKS
+        moe_ops._fused_experts_op, (*args, scales.w13, scales.w2, [16, 32], None, None), test_utils=FP8_CHECKS
     )
 
 

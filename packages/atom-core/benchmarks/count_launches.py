@@ -34,7 +34,7 @@ from tools.testing_qwen import qwen3_next_checkpoint
 NO_KERNEL = {
     "view", "_unsafe_view", "reshape", "_reshape_alias", "as_strided", "slice", "select", "unsqueeze",
     "squeeze", "t", "transpose", "permute", "expand", "alias", "detach", "split", "split_with_sizes",
-    "unbind", "narrow", "chunk", "unfold", "lift_fresh", "is_nonzero", "item", "_local_scalar_dense",
+    "unbind", "narrow", "chunk", "unfold", "lift_fresh", "is_nonzero", "item", "_local_scalar_dense", "detach_",
     "set_", "resize_",
 }  # fmt: skip
 ALLOCATIONS = {"empty", "empty_strided", "empty_like", "new_empty", "new_empty_strided"}
@@ -53,12 +53,13 @@ class LaunchCount(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         name = func.overloadpacket.__name__
+        out = func(*args, **(kwargs or {}))
         if not self.inside_triton:
             if name in ALLOCATIONS:
                 self.allocations += 1
-            elif name not in NO_KERNEL:
+            elif name not in NO_KERNEL and not (name == "to" and out is args[0]):  # a no-op conversion
                 self.count(name)
-        return func(*args, **(kwargs or {}))
+        return out
 
     def count(self, name: str) -> None:
         self.ops[name] += 1

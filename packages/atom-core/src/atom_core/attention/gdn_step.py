@@ -47,14 +47,14 @@ class GDNStates:
 
 @dataclass(frozen=True, slots=True)
 class GDNStepView:
-    """cu_seqlens: [N+1] int32, each sequence's tokens back to back; slots: [N] int, the slot each
-    continues from and writes back (-1: padding, no state touched, output rows zero); started: [N] bool
-    (False: starts from zeros), None when every sequence continues; max_query_len: the longest sequence's
-    tokens or a bound on it (above 1 without step_slots: the chunked form); step_slots: [T] int, a verify
-    step's slot for the state after each token (the sequence's own slot is then left alone);
-    chunk_plan: the chunked form's plan_chunks(cu_seqlens, T, snapshots' lens), when the engine makes it
-    once a forward (else each layer makes its own); snapshots: per sequence, a slot that keeps the state
-    after the first lens[i] of its tokens (the chunked form only: never with step_slots)."""
+    """cu_seqlens: [N+1] int32, each sequence's tokens back to back; slots: [N] int, the slot each continues
+    from and writes back (-1: padding, no state touched, output rows zero); started: [N] bool or int8 (False /
+    0: starts from zeros), None when every sequence continues; max_query_len: the longest sequence's tokens or
+    a bound on it (above 1 without step_slots: the chunked form); step_slots: [T] int, a verify step's slot
+    for the state after each token (the sequence's own slot is then left alone); chunk_plan: the chunked
+    form's plan_chunks(cu_seqlens, T, snapshots' lens), when the engine makes it once a forward (else each
+    layer makes its own); snapshots: per sequence, a slot that keeps the state after the first lens[i] of its
+    tokens (the chunked form only: never with step_slots)."""
 
     cu_seqlens: torch.Tensor
     slots: torch.Tensor
@@ -149,6 +149,8 @@ def _delta_rule(
 def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView) -> torch.Tensor:
     width = spec.conv_width
     conv, slots = states.conv, view.slots
+    # the kernels read int8 flags: converted once for both of them (a no-op on the engine's, int8 already)
+    started = None if view.started is None else view.started.to(torch.int8)
     gathered = conv.stride(-1) != 1 or conv.shape[-1] != width - 1
     if gathered:  # the conv kernel takes [slots, D, W-1] windows with unit last stride: work on a copy
         if view.step_slots is not None or view.snapshots is not None:
@@ -165,7 +167,7 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
         view.cu_seqlens,
         conv,
         slots,
-        has_initial_state=view.started,
+        has_initial_state=started,
         activation=spec.conv_silu,
         max_seqlen=view.max_query_len,
         step_state_indices=view.step_slots,
@@ -174,10 +176,9 @@ def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView)
     if gathered:
         live = view.slots >= 0
         states.conv[rows[live], :, : width - 1] = conv[live]
-    cu, started = view.cu_seqlens, view.started
     return _delta_rule(
-        spec, x, b, a, weights, cu, states.recurrent, view.slots, started, view.chunked, view.step_slots,
-        view.chunk_plan, view.snapshots,
+        spec, x, b, a, weights, view.cu_seqlens, states.recurrent, view.slots, started, view.chunked,
+        view.step_slots, view.chunk_plan, view.snapshots,
     )  # fmt: skip
 
 

@@ -37,9 +37,10 @@ class StateMetadata:
     _chunk_plan: ChunkPlan | None = None
 
     def started(self) -> torch.Tensor:
-        """[B] bool: the sequence continues its slot's state (not fresh)."""
+        """[B] int8, 1 where the sequence continues its slot's state (not fresh): the dtype the GDN kernels
+        read, made in one launch a forward, not converted again by each layer's two kernels."""
         if self._started is None:
-            self._started = ~self.fresh
+            self._started = self.fresh.view(torch.int8) ^ 1
         return self._started
 
     def chunk_plan(self, num_tokens: int) -> ChunkPlan:

@@ -37,7 +37,7 @@ class Span(NamedTuple):
 class SequenceSlots:
     """Where each sequence's recurrent state lives. cu_seqlens [S+1]: the sequences' tokens back to back;
     state_indices [S]: each sequence's slot (-1: a padding sequence, nothing read or written);
-    has_initial_state [S] bool (False: start from zeros; None: every sequence continues its slot);
+    has_initial_state [S] bool or int8 (False / 0: start from zeros; None: every sequence continues its slot);
     step_state_indices [T] (speculative verify: the state after each token goes to that slot, -1
     nowhere, and a sequence's own slot is written only where named); snapshots: states also kept
     partway through sequences (not with step_state_indices, which keep every token's)."""

@@ -221,7 +221,7 @@ def causal_conv1d(
     cu_seqlens: [S+1] int32; conv_state: [slots, D, W-1] (last dim contiguous), the last W-1 inputs;
     state_indices: [S] int (-1: a padding sequence: its rows of out are not written, zeros unless out is
     given, and no state is touched);
-    has_initial_state: [S] bool, False starts from zeros. Decode is S one-token sequences (max_seqlen=1).
+    has_initial_state: [S] bool or int8, False / 0 starts from zeros. Decode is S one-token sequences (max_seqlen=1).
     max_seqlen: the longest sequence, if the caller knows it (sizes the grid; default T, which is
     always enough but launches idle programs when there are many sequences).
     step_state_indices: [T] int (speculative verify): the last W-1 inputs up to token t go to that slot

@@ -114,7 +114,7 @@ def gated_delta_rule_recurrent(
 
     q, k: [T, HK, Dk]; v: [T, HV, Dv]; g (log decay, fp32), beta: [T, HV]; cu_seqlens: [S+1] int32;
     state: [slots, HV, Dv, Dk] fp32 or bf16, read from and written back to state_indices [S] (-1:
-    padding, output rows zero); has_initial_state: [S] bool (False: start from zeros).
+    padding, output rows zero); has_initial_state: [S] bool or int8 (False / 0: start from zeros).
     step_state_indices: [T] int (speculative verify): the state after token t goes to that slot (-1:
     nowhere) and the sequence's own slot is not written at the end (name it for one of its tokens to
     update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in

@@ -13,6 +13,7 @@ from torch import nn
 
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig, checkpoint_file, outside_checkpoint
+from atom_core.layers.joint_linear import JointLinears
 from atom_core.models.weights import FP8_DTYPES
 from atom_core.quantization import quant_config_for
 from atom_core.registry import get_model_spec
@@ -307,11 +308,16 @@ def _fill_dummy(param: nn.Parameter, gen: torch.Generator) -> None:
 
 
 def finish_loading(model: nn.Module) -> None:
-    """Each linear's weight method finishes its weights once all are loaded (engines that load weights
-    themselves call this after their own loading)."""
+    """Each linear's weight method finishes its weights once all are loaded, then the linears a layer runs
+    as one matmul are joined (layers/joint_linear.py). Engines that load weights themselves call this after
+    their own loading."""
     for module in model.modules():
         if (method := getattr(module, "quant_method", None)) is not None:
             method.process_weights_after_loading(module)
+    for module in model.modules():
+        for value in vars(module).values():
+            if isinstance(value, JointLinears):
+                value.join()
 
 
 def _check_finite(model: nn.Module, path) -> None:

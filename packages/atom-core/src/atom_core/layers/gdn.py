@@ -23,6 +23,7 @@ from torch import nn
 from atom_core.attention.gdn import GDNLayerSpec
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
+from atom_core.layers.joint_linear import JointLinears
 from atom_core.layers.linear import (
     ColumnParallelLinear,
     PartsColumnParallelLinear,
@@ -100,6 +101,14 @@ class GatedDeltaNet(nn.Module):
             self.in_proj_z = ColumnParallelLinear(hidden, value_dim, prefix=f"{prefix}.in_proj_z", **common)
             self.in_proj_b = ColumnParallelLinear(hidden, num_v_heads, prefix=f"{prefix}.in_proj_b", **common)
             self.in_proj_a = ColumnParallelLinear(hidden, num_v_heads, prefix=f"{prefix}.in_proj_a", **common)
+        # the input projections as one matmul once loaded (one launch, not two or four, a decode layer)
+        self.in_projs = JointLinears(
+            *(
+                (self.in_proj_qkvz, self.in_proj_ba)
+                if grouped_projections
+                else (self.in_proj_qkv, self.in_proj_z, self.in_proj_b, self.in_proj_a)
+            )
+        )
         # as checkpoints store them: conv1d.weight [conv_dim, 1, width] (depthwise, no bias), channels q | k | v
         self.conv1d = nn.Module()
         self.conv1d.weight = _sharded(
@@ -134,13 +143,14 @@ class GatedDeltaNet(nn.Module):
         """-> mixed q|k|v [T, conv_dim], z [T, HV, Dv], b, a [T, HV]."""
         tokens = hidden.shape[0]
         if not self.grouped:
-            z = self.in_proj_z(hidden).view(tokens, self.num_v_heads, self.head_v_dim)
-            return self.in_proj_qkv(hidden), z, self.in_proj_b(hidden), self.in_proj_a(hidden)
+            mixed, z, b, a = self.in_projs(hidden)
+            return mixed, z.view(tokens, self.num_v_heads, self.head_v_dim), b, a
         ratio = self.num_v_heads // self.num_k_heads
         dk, group_v = self.head_k_dim, ratio * self.head_v_dim
-        qkvz = self.in_proj_qkvz(hidden).view(tokens, self.num_k_heads, 2 * dk + 2 * group_v)
+        qkvz, ba = self.in_projs(hidden)
+        qkvz = qkvz.view(tokens, self.num_k_heads, 2 * dk + 2 * group_v)
         q, k, v, z = qkvz.split([dk, dk, group_v, group_v], dim=-1)
-        ba = self.in_proj_ba(hidden).view(tokens, self.num_k_heads, 2 * ratio)
+        ba = ba.view(tokens, self.num_k_heads, 2 * ratio)
         b, a = (x.reshape(tokens, self.num_v_heads) for x in ba.split([ratio, ratio], dim=-1))
         mixed = torch.cat([q.reshape(tokens, -1), k.reshape(tokens, -1), v.reshape(tokens, -1)], dim=-1)
         return mixed, z.reshape(tokens, self.num_v_heads, self.head_v_dim), b, a

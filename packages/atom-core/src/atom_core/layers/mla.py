@@ -15,6 +15,7 @@ from torch import nn
 from atom_core.attention.mla import MLALayerSpec
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
+from atom_core.layers.joint_linear import JointLinears
 from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.parallel import RankPartial
@@ -61,6 +62,10 @@ class MLAAttention(nn.Module):
             prefix=f"{prefix}.kv_a_proj_with_mqa",
             **common,
         )
+        # the query's (first) and the latent's projections of the input as one matmul once loaded
+        self.in_projs = JointLinears(
+            self.q_proj if self.q_lora_rank is None else self.q_a_proj, self.kv_a_proj_with_mqa
+        )
         self.kv_a_layernorm = RMSNorm(self.kv_lora_rank, config.rms_norm_eps, dtype=config.dtype)
         self.kv_b_proj = ColumnParallelLinear(
             self.kv_lora_rank,
@@ -96,14 +101,13 @@ class MLAAttention(nn.Module):
 
     def forward(self, positions: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor | RankPartial:
         tokens, heads = hidden.shape[0], self.num_heads
-        if self.q_lora_rank is None:
-            q = self.q_proj(hidden)
-        else:
-            q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(hidden)))
+        q, latent = self.in_projs(hidden)
+        if self.q_lora_rank is not None:
+            q = self.q_b_proj(self.q_a_layernorm(q))
         q = q.view(tokens, heads, self.nope_dim + self.rope_dim)
         q_nope, q_pe = q.split([self.nope_dim, self.rope_dim], dim=-1)  # [T, H, nope], [T, H, P]
-        kv_c, k_pe = self.kv_a_proj_with_mqa(hidden).split([self.kv_lora_rank, self.rope_dim], dim=-1)
-        kv_c = self.kv_a_layernorm(kv_c.contiguous())  # [T, R]
+        kv_c, k_pe = latent.split([self.kv_lora_rank, self.rope_dim], dim=-1)
+        kv_c = self.kv_a_layernorm(kv_c)  # [T, R] (the norm reads strided rows: no copy first)
         k_pe = k_pe.contiguous().view(tokens, 1, self.rope_dim)
         q_pe, k_pe = self.rotary_emb(positions, q_pe, k_pe)
         if self.attn.wants_unabsorbed():  # long fresh prefills: per-head K and V from the latent, once

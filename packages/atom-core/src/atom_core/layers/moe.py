@@ -12,6 +12,8 @@ import torch
 from torch import nn
 
 from atom_core.config import ParallelConfig
+from atom_core.layers.fused import silu_and_mul_linear
+from atom_core.layers.joint_linear import JointLinears
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
@@ -75,6 +77,11 @@ class SparseMoE(nn.Module):
             self.shared_expert_gate = ReplicatedLinear(
                 hidden, 1, bias=False, prefix=f"{prefix}.shared_expert_gate", dtype=dtype, parallel=parallel
             )
+        # the projections of the block's input as one matmul once loaded (router, shared gate_up and gate)
+        shared_in = (
+            () if self.shared_expert is None else (self.shared_expert.gate_up_proj, self.shared_expert_gate)
+        )
+        self.in_projs = JointLinears(self.gate, *shared_in)
 
     def weight_loader(self, param, loaded, shard_id):
         """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections, or
@@ -105,10 +112,12 @@ class SparseMoE(nn.Module):
                 loaded.narrow(0, rank * inter, inter)
             )
 
-    def route(self, x: torch.Tensor):
+    def route(self, x: torch.Tensor, logits: torch.Tensor | None = None):
         """x: [T, H] -> (weights [T, k] fp32 rounded to x's dtype, as transformers rounds them; expert ids
-        [T, k]). The rounding happens in the routing kernel: no conversion launches around it."""
-        return topk_softmax(self.gate(x), self.top_k, self.norm_topk_prob, round_to=x.dtype)
+        [T, k]). The rounding happens in the routing kernel: no conversion launches around it. logits: the
+        router's [T, E] output where the caller has it already."""
+        logits = self.gate(x) if logits is None else logits
+        return topk_softmax(logits, self.top_k, self.norm_topk_prob, round_to=x.dtype)
 
     def defer_output_reduce(self) -> None:
         """forward returns the routed and shared experts' partial sums added (a RankPartial) for the next
@@ -134,16 +143,17 @@ class SparseMoE(nn.Module):
         return all_reduce(partial, self.parallel)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | RankPartial:
-        weights, ids = self.route(x)
-        if self.shared_expert is not None and self.parallel.tp_size == 1:
+        if self.shared_expert is None:
+            weights, ids = self.route(x)
+            return self.experts(x, weights, ids)
+        logits, gate_up, gate = self.in_projs(x)
+        weights, ids = self.route(x, logits)
+        shared = silu_and_mul_linear(self.shared_expert.down_proj, gate_up)  # the shared expert's output
+        if self.parallel.tp_size == 1:
             # the gated shared expert joins the routed experts' combine (no sigmoid, product, sum after it)
-            shared = SharedExpert(self.shared_expert(x), self.shared_expert_gate(x))
-            return self.experts(x, weights, ids, shared)
+            return self.experts(x, weights, ids, SharedExpert(shared, gate))
         out = self.experts(x, weights, ids)
-        if self.shared_expert is not None:  # scaled per token by a replicated gate: on partials too
-            gate, shared = torch.sigmoid(self.shared_expert_gate(x)), self.shared_expert(x)
-            if isinstance(shared, RankPartial):
-                out = add_sums(out, RankPartial(gate * shared.partial, shared.parallel))
-            else:
-                out = add_sums(out, gate * shared)
-        return out
+        gate = torch.sigmoid(gate)  # scaled per token by a replicated gate: on partials too
+        if isinstance(shared, RankPartial):
+            return add_sums(out, RankPartial(gate * shared.partial, shared.parallel))
+        return add_sums(out, gate * shared)

@@ -12,7 +12,9 @@ MTP layer. Prints one table; the runner keeps the result in the ledger.
   a plain decode forward, the whole speculative step (verify + draft + host), and end to end at B=1 with the
   draft's acceptance forced to 100% (the final norms of target and draft zeroed: every logit is 0, both
   pick token 0; the same kernels read the same bytes), beside the speed-up that the measured step costs
-  give at 80% acceptance per drafted token.
+  give at 80% acceptance per drafted token; and end to end at B=1 with each drafted token right with
+  probability 0.7, independently (an oracle forces the drafts on the device), beside the speed-up the
+  measured step costs predict at that rate.
 """
 
 from __future__ import annotations
@@ -64,6 +66,42 @@ def force_full_acceptance(llm: LLM) -> None:
     runner = llm.engine.runner
     runner.model.model.norm.weight.data.zero_()
     runner.draft.block.shared_head.norm.weight.data.zero_()
+
+
+ORACLE_RATE = 0.7
+
+
+def forced_rate_run(llm: LLM, vocab: int, k: int, rate: float) -> dict:
+    """B=1 end to end with each drafted token right with probability `rate`, independently (the target
+    picks token 0 once force_full_acceptance zeroed its norm; the oracle proposes 0, else 1, from a hash
+    of the draft's output position and index), on the device, so verifies still launch ahead. Returns
+    tok/s, the tokens a verify step emitted on average, accepted/drafted, and the expected tokens a step,
+    (1 - rate^(k+1)) / (1 - rate)."""
+    drafter, stats = llm.engine.drafter, llm.engine.stats
+
+    def ahead(seqs, j, positions, tokens):
+        x = positions.to(torch.int64) * 0x9E3779B1 + (j + 1) * 0x85EBCA77  # a mixed (position, j) key
+        for _ in range(2):
+            x = (x ^ (x >> 15)) * 0x2C1B3C6D
+        u = (x & 0xFFFFFF).double() / float(1 << 24)
+        return torch.where(u < rate, 0, 1).to(torch.int64)
+
+    drafter.ahead_oracle = ahead
+    before = (stats.num_draft_tokens, stats.num_accepted_tokens, stats.num_verifications)
+    try:
+        rate_e2e = tok_s(llm, vocab, 1)
+    finally:
+        drafter.ahead_oracle = None
+    drafted = stats.num_draft_tokens - before[0]
+    accepted = stats.num_accepted_tokens - before[1]
+    verifies = max(stats.num_verifications - before[2], 1)
+    return dict(
+        rate=rate,
+        tok_s=rate_e2e,
+        tokens_per_step=(accepted + verifies) / verifies,
+        accepted_over_drafted=accepted / max(drafted, 1),
+        expected_tokens_per_step=(1 - rate ** (k + 1)) / (1 - rate),
+    )
 
 
 def main():
@@ -138,7 +176,7 @@ def main():
                     )
                 )
             force_full_acceptance(llm)
-            stats = llm.engine
+            stats = llm.engine.stats
             drafted, accepted = stats.num_draft_tokens, stats.num_accepted_tokens
             e2e = tok_s(llm, vocab, 1)
             entry["B1_full_acceptance_tok_s"] = e2e
@@ -152,6 +190,22 @@ def main():
                     f"{e2e:,.0f} tok/s",
                     f"{entry['B1_full_acceptance_speedup']:.2f}x plain",
                     f"acceptance {entry['acceptance_rate']:.0%} (forced)",
+                )
+            )
+            entry["B1_forced"] = forced = forced_rate_run(llm, vocab, k, ORACLE_RATE)
+            forced["speedup"] = forced["tok_s"] / result["plain_B1"]["tok_s"]
+            # the speed-up the measured step costs predict at that acceptance: tokens a step emits, over
+            # the speculative step's cost in plain steps
+            forced["expected_speedup"] = (
+                forced["expected_tokens_per_step"] * plain_step[1] / entry["B1"]["spec_step_ms"]
+            )
+            rows.append(
+                (
+                    f"MTP k={k} B=1 e2e, {ORACLE_RATE:.0%} oracle",
+                    f"{forced['tok_s']:,.0f} tok/s",
+                    f"{forced['speedup']:.2f}x plain (expected {forced['expected_speedup']:.2f}x)",
+                    f"{forced['tokens_per_step']:.2f} tokens a step, accepted/drafted "
+                    f"{forced['accepted_over_drafted']:.0%}",
                 )
             )
             result[f"mtp_k{k}"] = entry

@@ -48,6 +48,26 @@ def test_gated_input_and_bias(rows, n, k, dtype):
     _assert_close(got, two_step, dtype)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 5, 17, MAX_SKINNY_ROWS + 1])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_fp32_output_keeps_the_unrounded_sums(rows, dtype, backend):
+    """out_dtype=float32 is the product of fp32 copies of x and the weight (a router's logits): sums not
+    rounded to x's dtype (the kernels at 64 rows or fewer, torch past that or when asked)."""
+    x, w, b = _operands(rows, 72, 256, dtype, bias=True)
+    got = linear(x, w, b, out_dtype=torch.float32, backend=backend)
+    assert got.dtype == torch.float32 and got.shape == (rows, 72)
+    want = F.linear(x.float(), w.float(), b.float())
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    assert (got - want).abs().max() < (linear(x, w, b, backend=backend).float() - want).abs().max()
+
+
+def test_an_output_dtype_other_than_x_or_fp32_is_refused():
+    x, w, _ = _operands(1, 8, 16, torch.float16)
+    with pytest.raises(ValueError, match=r"out_dtype must be x's dtype or torch\.float32"):
+        linear(x, w, out_dtype=torch.bfloat16)
+
+
 def test_leading_dims_and_strided_rows():
     base = torch.randn(2, 3, 96, dtype=torch.float16, device=DEVICE)
     x = base[..., :64]  # rows 96 apart, last dim contiguous

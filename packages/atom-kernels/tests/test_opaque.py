@@ -50,8 +50,15 @@ def _fp8_experts(e=4, h=64, i=32, block=(16, 32)):
 # (op, sample args) for torch.library.opcheck: the schema, the fake implementation and the
 # functionalized (AOT) form against the real implementation
 OPCHECK_CASES = {
-    "linear": (linear_ops._linear_op, (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False)),
-    "linear_gated": (linear_ops._linear_op, (torch.randn(5, 64), torch.randn(24, 32), None, True)),
+    "linear": (
+        linear_ops._linear_op,
+        (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False, None),
+    ),
+    "linear_gated": (linear_ops._linear_op, (torch.randn(5, 64), torch.randn(24, 32), None, True, None)),
+    "linear_fp32_out": (
+        linear_ops._linear_op,
+        (torch.randn(5, 32).half(), torch.randn(24, 32).half(), None, False, torch.float32),
+    ),
     "rms_norm": (norm_ops._rms_norm_op, (torch.randn(5, 32), torch.randn(32), 1e-6, 0.0)),
     "rms_norm_residual": (
         norm_ops._rms_norm_residual_op,

@@ -23,9 +23,11 @@ COMMON = dict(dtype=torch.float32, parallel=PARALLEL)
 
 def _filled(layer, seed: int):
     gen = torch.Generator().manual_seed(seed)
-    for param in layer.parameters():
-        if param.is_floating_point() and param.element_size() > 1:
-            param.data.copy_(torch.randn(param.shape, generator=gen))
+    for param in layer.parameters():  # fp8 weights as e4m3 values, their block scales positive
+        value = torch.randn(param.shape, generator=gen)
+        param.data.copy_(
+            (value.abs() + 0.1 if getattr(param, "block_scale", False) else value).to(param.dtype)
+        )
     return layer
 
 

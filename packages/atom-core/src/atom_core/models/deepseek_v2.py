@@ -13,7 +13,6 @@ import re
 from collections.abc import Iterable
 
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from atom_core.build import BuildContext
@@ -25,7 +24,7 @@ from atom_core.layers.parallel import RankPartial, add_sums
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule
 from atom_core.models.weights import GATE_UP_PACKED, load_by_rules
-from atom_core.ops import SharedExpert, grouped_topk
+from atom_core.ops import SharedExpert, grouped_topk, linear
 
 _LAYER = re.compile(r"^model\.layers\.(\d+)\.")
 
@@ -67,8 +66,9 @@ class DeepseekMoE(SparseMoE):
         return self.shared_experts
 
     def route(self, x: torch.Tensor):
-        """x: [T, H] -> (weights [T, k] fp32, ids [T, k]); router logits in fp32, as transformers computes them."""
-        logits = F.linear(x.float(), self.gate.weight.float())
+        """x: [T, H] -> (weights [T, k] fp32, ids [T, k]); router logits in fp32, as transformers computes them
+        (from fp32 copies of x and the weight: here one matmul that keeps its fp32 sums, no copies)."""
+        logits = linear(x, self.gate.weight, out_dtype=torch.float32)
         r = self.routing
         return grouped_topk(
             logits,

@@ -10,15 +10,27 @@ from atom_kernels.linear import linear as _linear
 Tensor = torch.Tensor
 
 
-def _linear_impl(x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool) -> Tensor:
-    return _linear(x, weight, bias, gated_input=gated_input)
+def _linear_impl(
+    x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool, out_dtype: torch.dtype | None
+) -> Tensor:
+    return _linear(x, weight, bias, gated_input=gated_input, out_dtype=out_dtype)
 
 
-_linear_op = opaque(
-    "linear", _linear_impl, lambda x, weight, *args: x.new_empty((*x.shape[:-1], weight.shape[0]))
-)
+def _linear_fake(x, weight, bias, gated_input, out_dtype):
+    return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype or x.dtype)
 
 
-def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None, *, gated_input: bool = False) -> Tensor:
-    """atom_kernels.linear.linear: x [..., K] (or [..., 2K] with gated_input), weight [N, K] -> [..., N]."""
-    return pick(_linear_op, _linear_impl)(x, weight, bias, gated_input)
+_linear_op = opaque("linear", _linear_impl, _linear_fake)
+
+
+def linear(
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None = None,
+    *,
+    gated_input: bool = False,
+    out_dtype: torch.dtype | None = None,
+) -> Tensor:
+    """atom_kernels.linear.linear: x [..., K] (or [..., 2K] with gated_input), weight [N, K] -> [..., N]
+    in out_dtype (None: x's dtype, or torch.float32)."""
+    return pick(_linear_op, _linear_impl)(x, weight, bias, gated_input, out_dtype)

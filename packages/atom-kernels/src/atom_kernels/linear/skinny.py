@@ -157,12 +157,15 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     gated_input: bool = False,
+    out_dtype: torch.dtype | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
     """x @ weight^T + bias, the weight-streaming kernels at <= MAX_SKINNY_ROWS rows.
 
     x: [..., K], or [..., 2K] with gated_input (the input is then silu(x[..., :K]) * x[..., K:]);
-    weight: [N, K] (nn.Linear's layout), same dtype as x; bias: [N] or None. Returns [..., N].
+    weight: [N, K] (nn.Linear's layout), same dtype as x; bias: [N] or None. Returns [..., N] in
+    out_dtype (None: x's dtype); torch.float32 keeps the fp32 sums unrounded, as a product of fp32 copies
+    of x and weight would (a router's logits), without making those copies.
     The kernels run for fp16/bf16 on a GPU (or with backend="triton", under the CPU interpreter);
     everything else goes to torch. With PDL (pdl.py) the one-row kernel starts reading `weight` before
     the previous kernel has finished: no kernel still in flight on the stream may write it.
@@ -181,14 +184,19 @@ def linear(
     )
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
+    out_dtype = out_dtype or x.dtype
+    if out_dtype not in (x.dtype, torch.float32):
+        raise ValueError(f"linear's out_dtype must be x's dtype or torch.float32, got {out_dtype}")
     if not use_kernel:
         h = silu_and_mul(x2, backend=chosen) if gated_input else x2
+        if out_dtype != x.dtype:
+            h, weight, bias = (None if t is None else t.to(out_dtype) for t in (h, weight, bias))
         return F.linear(h, weight, bias).view(*lead, n)
     if gated_input and rows > 1:
         # Computing silu * up inside the MMA kernel's load stalls its pipeline (far slower than a separate
         # kernel): past one row the activation runs as its own kernel.
         x2, gated_input = silu_and_mul(x2, backend=chosen), False
-    y = torch.empty(rows, n, dtype=x.dtype, device=x.device)
+    y = torch.empty(rows, n, dtype=out_dtype, device=x.device)  # the kernels round to y's dtype
     tiles = skinny_tiles(rows, weight.shape[1], n)
     run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=tiles)
     return y.view(*lead, n)

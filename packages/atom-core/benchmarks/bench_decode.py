@@ -1,0 +1,127 @@
+"""Decode on the seeds' target models (issue 52's table): B=1 tok/s and its share of the active-weight
+roofline, and the B=64 step against its floor, through LLM.generate with dummy weights at the published
+shapes.
+
+  python -m benchmarks run decode [-- --models llama3-8b deepseek-v2-lite ...]
+
+The issue's method: 512-token prompts (fresh ones, no prefix hits), greedy, every token generated;
+t(n) is LLM.generate's wall time for n new tokens (median of --repeats), and a decode step is
+(t(128) - t(1)) / 127. Its floor is the bytes the step must read (harness/floors.py: the weights the
+batch touches, experts as uniform routing reaches them, KV or latent rows at the mean context, GDN states
+read and written) over the copy bandwidth measured in the same run; at B=1 the weights alone over it give
+the active-weight roofline. MoE routers are re-drawn (dummy ones send every token to the same experts).
+Models that do not fit one GPU in bf16 run fewer layers, said in the name (qwen3-next-80b-a3b-24l,
+deepseek-v3-4l: the V3 layer shape, four layers, one dense).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import statistics
+import time
+
+import torch
+
+from atom_core.engine import LLM, SamplingParams
+from benchmarks.bench_fp8_engine import FP8_FORMAT
+from benchmarks.harness.ceilings import copy_bandwidth
+from benchmarks.harness.engine_timing import dummy_llm
+from benchmarks.harness.floors import cache_bytes, weight_bytes
+from benchmarks.harness.shapes import llama3_8b, make_config, qwen3_30b_a3b, v2_lite_shape, v3_slice
+
+PROMPT, NEW, BATCHES = 512, 128, (1, 64)
+
+
+def _fp8(config):
+    config.quantization_config = dict(FP8_FORMAT)
+    return config
+
+
+MODELS = {
+    "llama3-8b": lambda: llama3_8b(32),
+    "llama3-8b-fp8": lambda: _fp8(llama3_8b(32)),
+    "qwen3-30b-a3b": qwen3_30b_a3b,
+    "deepseek-v2-lite": lambda: v2_lite_shape(27),
+    "qwen3.5-35b-a3b": lambda: make_config("qwen3.5-35b-a3b", None),
+    "qwen3-next-80b-a3b-24l": lambda: make_config("qwen3-next-80b-a3b", 24),
+    "deepseek-v3-4l": v3_slice,
+}
+
+
+def generate_s(llm: LLM, vocab: int, batch: int, new: int, repeats: int) -> float:
+    """Median wall time of LLM.generate for batch fresh prompts and `new` tokens each."""
+    params = SamplingParams(temperature=0, max_tokens=new, ignore_eos=True)
+    times = []
+    for _ in range(repeats):
+        prompts = [{"prompt_token_ids": torch.randint(0, vocab, (PROMPT,)).tolist()} for _ in range(batch)]
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        llm.generate(prompts, params, use_tqdm=False)
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def measure(name: str, repeats: int, bandwidth: float) -> list[dict]:
+    config = MODELS[name]()
+    engine = dict(max_model_len=PROMPT + NEW + 16, max_num_seqs=64, max_num_batched_tokens=8192)
+    rows = []
+    with dummy_llm(config, **engine) as llm:
+        model = llm.engine.runner.model
+        for batch in BATCHES:
+            generate_s(llm, config.vocab_size, batch, 2, 1)  # compiles this batch's shapes
+            first = generate_s(llm, config.vocab_size, batch, 1, repeats)
+            whole = generate_s(llm, config.vocab_size, batch, NEW, repeats)
+            step = (whole - first) / (NEW - 1)
+            weights = weight_bytes(model, batch)
+            cache = cache_bytes(model, batch, PROMPT + NEW // 2, torch.bfloat16)
+            floor = (weights + cache) / bandwidth
+            row = dict(
+                model=name,
+                batch=batch,
+                layers=config.num_hidden_layers,
+                step_ms=step * 1e3,
+                tok_s=batch / step,
+                weight_GB=weights / 1e9,
+                cache_GB=cache / 1e9,
+                floor_ms=floor * 1e3,
+                step_over_floor=step / floor,
+            )
+            if batch == 1:
+                row["pct_active_roofline"] = 100 * weights / bandwidth / step
+            rows.append(row)
+            print(row, flush=True)
+    return rows
+
+
+def main() -> dict:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--models", nargs="+", choices=list(MODELS), default=list(MODELS))
+    parser.add_argument("--repeats", type=int, default=3)
+    args = parser.parse_args()
+    bandwidth = copy_bandwidth()
+    record = dict(
+        date=datetime.date.today().isoformat(),
+        device=torch.cuda.get_device_name(),
+        copy_TBps=bandwidth / 1e12,
+        method="step = (t(128 new) - t(1 new)) / 127 through LLM.generate, 512-token prompts",
+        rows=[],
+    )
+    for name in args.models:
+        record["rows"] += measure(name, args.repeats, bandwidth)
+    print(f"\n{record['device']}, copy {bandwidth / 1e12:.2f} TB/s")
+    print(
+        f"{'model':<24} {'B':>3} {'tok/s':>9} {'step ms':>8} {'floor ms':>9} {'step/floor':>10} {'% roofline':>10}"
+    )
+    for r in record["rows"]:
+        pct = f"{r['pct_active_roofline']:.0f}%" if r["batch"] == 1 else ""
+        print(
+            f"{r['model']:<24} {r['batch']:>3} {r['tok_s']:>9.1f} {r['step_ms']:>8.3f} {r['floor_ms']:>9.3f} "
+            f"{r['step_over_floor']:>10.2f} {pct:>10}"
+        )
+    return record
+
+
+if __name__ == "__main__":
+    main()

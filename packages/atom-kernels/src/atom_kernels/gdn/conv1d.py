@@ -2,7 +2,9 @@
 
 Prefill and decode are one path: decode is a batch of one-token sequences. Outputs come first (each
 program reads the old state for its sequence's first W-1 positions), then a second launch shifts the
-sequence's last W-1 inputs into its slot, so no program reads a state another has overwritten.
+sequence's last W-1 inputs into its slot, so no program reads a state another has overwritten. Where
+one program holds a whole sequence (decode, chunks up to 32 tokens) and only the final window is kept,
+that program shifts the window itself after its reads: one launch.
 """
 
 from __future__ import annotations
@@ -55,14 +57,35 @@ def _conv_kernel(
     SILU: tl.constexpr,
     BLOCK_T: tl.constexpr,
     BLOCK_D: tl.constexpr,
+    SHIFT_STATE: tl.constexpr,  # one program holds the whole sequence: it also writes the new window
+    BLOCK_W: tl.constexpr,
 ):
     slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
     if slot < 0:  # a padding sequence: nothing to compute
         return
-    i = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
-    if tl.program_id(2) * BLOCK_T >= length:
-        return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+    if tl.program_id(2) * BLOCK_T < length:
+        _conv_rows(x_ptr, w_ptr, bias_ptr, out_ptr, slots, slot, start, length, use_state, d, dim, stride_x,
+                   stride_out, WIDTH, HAS_BIAS, SILU, BLOCK_T, BLOCK_D)  # fmt: skip
+    if SHIFT_STATE:
+        # The window after the last token, read before any of it is written; no other program reads
+        # this sequence's window (the grid's time dimension is 1), so no second launch has to wait.
+        j = tl.arange(0, BLOCK_W)
+        mask = d[:, None] < dim
+        row = slots.state + slot * slots.stride_ss + d[:, None].to(tl.int64) * slots.stride_sh
+        new = _window(x_ptr, row, start, length, d, j, mask, stride_x, use_state, WIDTH, BLOCK_W)
+        tl.debug_barrier()  # every thread's reads of the old window (here and in the rows) come first
+        tl.store(row + j[None, :], new.to(slots.state.dtype.element_ty), mask=mask & (j < WIDTH - 1)[None, :])
+
+
+@triton.jit
+def _conv_rows(
+    x_ptr, w_ptr, bias_ptr, out_ptr, slots, slot, start, length, use_state, d, dim, stride_x, stride_out,
+    WIDTH: tl.constexpr, HAS_BIAS: tl.constexpr, SILU: tl.constexpr, BLOCK_T: tl.constexpr,
+    BLOCK_D: tl.constexpr,
+):  # fmt: skip
+    """The outputs of this program's BLOCK_T positions of the sequence, channels d."""
+    i = tl.program_id(2) * BLOCK_T + tl.arange(0, BLOCK_T)  # positions within the sequence
     d_ok = d < dim
     row_ok = i < length
     rows_from_state = row_ok & _spread(use_state, BLOCK_T)
@@ -263,13 +286,18 @@ def causal_conv1d(
     block_t, block_d = min(32, triton.next_power_of_2(max_len)), min(128, triton.next_power_of_2(dim))
     slots = state_slots(conv_state, state_indices, has_initial_state)  # stride_sh: a channel's window
     grid = (seqs, triton.cdiv(dim, block_d), triton.cdiv(max_len, block_t))
+    block_w = triton.next_power_of_2(max(1, width - 1))
+    # one program a sequence (decode, short chunks) and only the final window kept: one launch
+    shift = grid[2] == 1 and step_state_indices is None and snapshots is None
     _conv_kernel[grid](
         x, weight, bias if bias is not None else weight, out, slots, cu_seqlens, dim, x.stride(0),
         out.stride(0), WIDTH=width,
         HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
-        BLOCK_D=block_d,
+        BLOCK_D=block_d, SHIFT_STATE=shift, BLOCK_W=block_w,
     )  # fmt: skip
-    state_grid, block_w = (seqs, triton.cdiv(dim, block_d)), triton.next_power_of_2(max(1, width - 1))
+    if shift:
+        return out
+    state_grid = (seqs, triton.cdiv(dim, block_d))
     flags = dict(WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d, BLOCK_W=block_w)
     if step_state_indices is not None:
         _step_state_kernel[state_grid](x, slots, cu_seqlens, step_state_indices, dim, x.stride(0), **flags)

@@ -8,6 +8,7 @@ import torch
 import torch.nn.functional as F
 
 from atom_kernels.gdn import (
+    Gating,
     causal_conv1d,
     gated_delta_rule_chunked,
     gated_delta_rule_recurrent,
@@ -187,6 +188,37 @@ def test_decode_steps_over_slots_with_padding(state_dtype):
     # a bf16 state is rounded from fp32 sums taken in another order: one bf16 step (<= 2^-7 relative) apart
     stol = dict(rtol=1e-4, atol=1e-4) if state_dtype == torch.float32 else dict(rtol=8e-3, atol=1e-3)
     torch.testing.assert_close(state.float(), ref_state.float(), **stol)
+
+
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_recurrent_step_computes_its_own_gating(backend):
+    """gating= (gdn_gating's inputs, a and b strided rows of one projection) in place of g and beta: the
+    same outputs and states as gdn_gating then the rule, verify step slots included."""
+    hk, hv = 2, 4
+    state = torch.randn(6, hv, DV, DK, device=DEVICE) * 0.1
+    indices = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEVICE)
+    lens = [2, 1, 3]
+    q, k, v, _, _ = _gdn_inputs(lens, hk, hv, torch.float16)
+    ab = torch.randn(sum(lens), 3 * hv, device=DEVICE, dtype=torch.float16)  # a | b | other columns
+    a, b = ab[:, :hv], ab[:, hv : 2 * hv]
+    A_log, dt_bias = torch.randn(hv, device=DEVICE), torch.randn(hv, device=DEVICE)
+    steps = torch.tensor([0, 5, 2, 3, 2, -1], dtype=torch.int32, device=DEVICE)
+    for step_slots in (None, steps):
+        want_state, got_state = state.clone(), state.clone()
+        g, beta = gdn_gating(A_log, a, dt_bias, b, backend=backend)
+        want = gated_delta_rule_recurrent(
+            q, k, v, g, beta, _cu(lens), want_state, indices, step_state_indices=step_slots, backend=backend
+        )
+        got = gated_delta_rule_recurrent(
+            q, k, v, None, None, _cu(lens), got_state, indices, step_state_indices=step_slots,
+            gating=Gating(A_log, a, dt_bias, b), backend=backend,
+        )  # fmt: skip
+        torch.testing.assert_close(got, want, rtol=1e-3, atol=1e-3)
+        torch.testing.assert_close(got_state, want_state, rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="g and beta, or gating"):
+        gated_delta_rule_recurrent(
+            q, k, v, g, beta, _cu(lens), state, indices, gating=Gating(A_log, a, dt_bias, b), backend=backend
+        )
 
 
 def test_conv_reference_equals_transformers():

@@ -21,6 +21,7 @@ from atom_kernels.comm import pad_slots as peer_pad_slots
 from atom_kernels.fp8 import dequantize_weight_ref as dequantize_fp8_weight
 from atom_kernels.gdn import (
     ChunkPlan,
+    Gating,
     Snapshots,
     causal_conv1d,
     check_gdn_head_sizes,
@@ -50,6 +51,7 @@ __all__ = [
     "ChunkPlan",
     "DecodePartition",
     "ExpertScales",
+    "Gating",
     "KVLayout",
     "SharedExpert",
     "Snapshots",

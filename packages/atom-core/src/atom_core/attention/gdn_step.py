@@ -24,6 +24,7 @@ import torch
 
 from atom_core.ops import (
     ChunkPlan,
+    Gating,
     Snapshots,
     causal_conv1d,
     gated_delta_rule_chunked,
@@ -134,16 +135,17 @@ def _delta_rule(
     snapshots) or token by token (keeping the state after each token in steps)."""
     _, A_log, dt_bias = weights
     q, k, v = spec.split_heads(mixed)
-    g, beta = gdn_gating(A_log, a, dt_bias, b)
     if chunked:
+        g, beta = gdn_gating(A_log, a, dt_bias, b)
         return gated_delta_rule_chunked(
             q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, plan=plan, snapshots=snapshots
         )
     if snapshots is not None:
         raise ValueError(f"{spec.prefix}: snapshots are kept by the chunked form (a prefill chunk) only")
-    return gated_delta_rule_recurrent(
-        q, k, v, g, beta, cu, recurrent, slots, has_initial_state=started, step_state_indices=steps
-    )
+    return gated_delta_rule_recurrent(  # token by token, the gating computed in the same kernel
+        q, k, v, None, None, cu, recurrent, slots, has_initial_state=started, step_state_indices=steps,
+        gating=Gating(A_log, a, dt_bias, b),
+    )  # fmt: skip
 
 
 def _slot_step(spec, mixed, b, a, weights, states: GDNStates, view: GDNStepView) -> torch.Tensor:

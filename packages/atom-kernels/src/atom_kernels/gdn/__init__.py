@@ -1,7 +1,7 @@
 """Gated delta net (Qwen3-Next, Qwen3.5 linear attention): gating, causal conv1d with state slots, and the
 gated delta rule as a chunked prefill and a recurrent decode step."""
 
-from atom_kernels.gdn.call import Snapshots
+from atom_kernels.gdn.call import Gating, Snapshots
 from atom_kernels.gdn.chunked import GdnTiles, gated_delta_rule_chunked, gdn_tiles, plan_chunks
 from atom_kernels.gdn.conv1d import causal_conv1d
 from atom_kernels.gdn.gating import gdn_gating
@@ -11,6 +11,7 @@ from atom_kernels.gdn.recurrent import gated_delta_rule_recurrent
 
 __all__ = [
     "ChunkPlan",
+    "Gating",
     "GdnTiles",
     "Snapshots",
     "causal_conv1d",

@@ -85,16 +85,28 @@ class SequenceSlots:
         return -1 if self.step_state_indices is None else int(self.step_state_indices[token])
 
 
+class Gating(NamedTuple):
+    """What g and beta come from (gdn_gating's inputs): A_log, dt_bias [HV]; a, b [T, HV] (rows may be
+    strided, last dim contiguous). A kernel given these computes g and beta per token itself, with
+    gdn_gating's formulas and roundings, so the separate gating launch goes."""
+
+    A_log: torch.Tensor
+    a: torch.Tensor
+    dt_bias: torch.Tensor
+    b: torch.Tensor
+
+
 @dataclass(frozen=True, slots=True)
 class GdnCall:
     """A gated delta rule (layouts in ref.py): q, k [T, HK, Dk]; v [T, HV, Dv]; g (log decay), beta
-    [T, HV]; state [slots, HV, Dv, Dk] at `slots`; use_qk_l2norm: L2-normalize q and k first."""
+    [T, HV] (None where the kernel computes them from Gating inputs); state [slots, HV, Dv, Dk] at
+    `slots`; use_qk_l2norm: L2-normalize q and k first."""
 
     q: torch.Tensor
     k: torch.Tensor
     v: torch.Tensor
-    g: torch.Tensor
-    beta: torch.Tensor
+    g: torch.Tensor | None
+    beta: torch.Tensor | None
     state: torch.Tensor
     slots: SequenceSlots
     use_qk_l2norm: bool = True

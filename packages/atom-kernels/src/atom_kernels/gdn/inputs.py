@@ -21,7 +21,7 @@ def check_gdn_inputs(call: GdnCall) -> None:
     num_v_heads, dv = v.shape[1], v.shape[2]
     if num_v_heads % num_k_heads:
         raise ValueError(f"value heads ({num_v_heads}) must be a multiple of key heads ({num_k_heads})")
-    if g.shape != (tokens, num_v_heads) or beta.shape != (tokens, num_v_heads):
+    if g is not None and (g.shape != (tokens, num_v_heads) or beta.shape != (tokens, num_v_heads)):
         raise ValueError(
             f"g and beta must be [T, HV] = {(tokens, num_v_heads)}, got {tuple(g.shape)}, {tuple(beta.shape)}"
         )
@@ -33,7 +33,9 @@ def check_gdn_inputs(call: GdnCall) -> None:
         raise ValueError(
             f"cu_seqlens [S+1] and state_indices [S] disagree: {tuple(cu_seqlens.shape)}, {tuple(state_indices.shape)}"
         )
-    if not (g.is_contiguous() and beta.is_contiguous()) or min(x.stride(-1) for x in (q, k, v)) != 1:
+    if (g is not None and not (g.is_contiguous() and beta.is_contiguous())) or min(
+        x.stride(-1) for x in (q, k, v)
+    ) != 1:
         raise ValueError("g and beta must be contiguous, and q, k, v need a contiguous last dimension")
     check_gdn_head_sizes(dk, dv, v.dtype)
 

@@ -43,6 +43,26 @@ def state_slots(
     return StateSlots(state, state.stride(0), state.stride(1), indices, init)
 
 
+class GatingPtrs(NamedTuple):
+    """gdn_gating's inputs as a kernel reads them (call.Gating): A_log, dt_bias [HV]; a, b [T, HV] with
+    their row strides. Unread without FUSED_GATING (any tensor stands in)."""
+
+    a_log: torch.Tensor
+    a: torch.Tensor
+    dt_bias: torch.Tensor
+    b: torch.Tensor
+    stride_a: int
+    stride_b: int
+
+
+def gating_ptrs(stand_in: torch.Tensor, gating=None) -> GatingPtrs:
+    if gating is None:
+        return GatingPtrs(stand_in, stand_in, stand_in, stand_in, 0, 0)
+    return GatingPtrs(
+        gating.A_log, gating.a, gating.dt_bias, gating.b, gating.a.stride(0), gating.b.stride(0)
+    )
+
+
 class ChunkPlan(NamedTuple):
     """The chunked path's plan, made on the device (chunked.plan_chunks): each chunk's sequence (-1 past
     the last), first token and end token; each sequence's first chunk [S+1]; and the chunk after which

@@ -8,10 +8,12 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.gdn.call import GdnCall, SequenceSlots
+from atom_kernels.gdn.call import Gating, GdnCall, SequenceSlots
+from atom_kernels.gdn.gating import check_gating, gate_values
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
-from atom_kernels.gdn.packs import state_slots, token_heads
-from atom_kernels.settings import Backend
+from atom_kernels.gdn.packs import gating_ptrs, state_slots, token_heads
+from atom_kernels.gdn.ref import gdn_gating_ref
+from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
@@ -29,6 +31,7 @@ def _recurrent_kernel(
     out,
     g_ptr,
     beta_ptr,
+    gating,  # packs.GatingPtrs: with FUSED_GATING, g and beta come from these
     slots,
     cu_ptr,
     step_ptr,
@@ -42,8 +45,10 @@ def _recurrent_kernel(
     L2NORM: tl.constexpr,
     HAS_INIT: tl.constexpr,
     STEP_STATES: tl.constexpr,
+    FUSED_GATING: tl.constexpr,
 ):
-    """q, k, v, out: packs.TokenHeads; slots: packs.StateSlots; g, beta [T, HV]; cu [S+1]; step [T]."""
+    """q, k, v, out: packs.TokenHeads; slots: packs.StateSlots; g, beta [T, HV] (or, FUSED_GATING, the
+    gating's inputs); cu [S+1]; step [T]."""
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // group
@@ -75,8 +80,22 @@ def _recurrent_kernel(
         kt = tl.load(k.x + t64 * k.stride_t + hk * k.stride_h + ks, mask=kcols, other=0.0)
         kt = _l2norm(kt.to(tl.float32), L2NORM)
         vt = tl.load(v.x + t64 * v.stride_t + hv * v.stride_h + vs, mask=vrows, other=0.0).to(tl.float32)
-        g = tl.load(g_ptr + t64 * num_v_heads + hv).to(tl.float32)
-        beta = tl.load(beta_ptr + t64 * num_v_heads + hv).to(tl.float32)
+        if FUSED_GATING:
+            g, beta = gate_values(
+                gating.a_log,
+                gating.a,
+                gating.dt_bias,
+                gating.b,
+                t64,
+                hv,
+                hv >= 0,  # (every head: a scalar mask)
+                gating.stride_a,
+                gating.stride_b,
+            )
+        else:
+            g = tl.load(g_ptr + t64 * num_v_heads + hv)
+            beta = tl.load(beta_ptr + t64 * num_v_heads + hv)
+        g, beta = g.to(tl.float32), beta.to(tl.float32)
         h = h * tl.exp(g)
         delta = (vt - tl.sum(h * kt[None, :], axis=1)) * beta
         h = h + delta[:, None] * kt[None, :]
@@ -96,8 +115,8 @@ def gated_delta_rule_recurrent(
     q: torch.Tensor,
     k: torch.Tensor,
     v: torch.Tensor,
-    g: torch.Tensor,
-    beta: torch.Tensor,
+    g: torch.Tensor | None,
+    beta: torch.Tensor | None,
     cu_seqlens: torch.Tensor,
     state: torch.Tensor,
     state_indices: torch.Tensor,
@@ -109,6 +128,7 @@ def gated_delta_rule_recurrent(
     backend: Backend | str | None = None,
     block_v: int | None = None,
     num_warps: int = 1,
+    gating: Gating | None = None,
 ) -> torch.Tensor:
     """Gated delta rule, token by token (see atom_kernels.gdn.ref for the math and layouts).
 
@@ -120,8 +140,17 @@ def gated_delta_rule_recurrent(
     update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in
     CUDA graphs. block_v / num_warps: the tile (value rows of the state per program), for sweeps; by
     default one warp a program and about 32k programs (sweep_gdn_decode.py: nearer copy bandwidth at
-    B=64 and B=256 than 32 rows and 4 warps).
+    B=64 and B=256 than 32 rows and 4 warps). gating: pass g = beta = None and gdn_gating's inputs
+    instead; the kernel computes g and beta per token as gdn_gating does (one launch fewer).
     """
+    if (gating is None) == (g is None) or (g is None) != (beta is None):
+        raise ValueError("gated_delta_rule_recurrent takes g and beta, or gating (with g = beta = None)")
+    if gating is not None:
+        check_gating(*gating)
+        if gating.a.shape != (q.shape[0], v.shape[1] if v.dim() == 3 else -1):
+            raise ValueError(f"gating's a and b must be [T, HV], got {tuple(gating.a.shape)}")
+        if resolve_backend(backend, q.device) is Backend.TORCH:  # the reference takes g and beta
+            (g, beta), gating = gdn_gating_ref(*gating), None
     slots = SequenceSlots(cu_seqlens, state_indices, has_initial_state, step_state_indices)
     call = GdnCall(q, k, v, g, beta, state, slots, use_qk_l2norm)
     out, done = gdn_entry(call, out=out, backend=backend)
@@ -137,11 +166,12 @@ def gated_delta_rule_recurrent(
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
         block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
     _recurrent_kernel[(seqs, num_v_heads, triton.cdiv(dv, block_v))](
-        *(token_heads(x) for x in (q, k, v, out)), g, beta,
+        *(token_heads(x) for x in (q, k, v, out)),
+        *((g, beta, gating_ptrs(q)) if gating is None else (q, q, gating_ptrs(q, gating))),
         state_slots(state, state_indices, has_initial_state), cu_seqlens,
         step_state_indices if step_state_indices is not None else state_indices, num_v_heads,
         num_v_heads // q.shape[1], dk**-0.5, DK=dk, DV=dv, BK=bk, BLOCK_V=block_v, L2NORM=use_qk_l2norm,
         HAS_INIT=has_initial_state is not None, STEP_STATES=step_state_indices is not None,
-        num_warps=num_warps,
+        FUSED_GATING=gating is not None, num_warps=num_warps,
     )  # fmt: skip
     return out

@@ -1,7 +1,7 @@
 """DeepSeek in the native engine on a GPU (dummy bf16 weights): a DeepSeek-V2-Lite-shaped DeepseekV3 with one
 MTP layer. Prints one table; the runner keeps the result in the ledger.
 
-  python -m benchmarks run deepseek -- [--layers 27] [--skip-hf]
+  python -m benchmarks run deepseek -- [--layers 27] [--skip-hf] [--ks 1 2 3]
 
 - End to end (prompt 512, 128 new, greedy): B=1 and B=64 tok/s; transformers at B=1 in the same run.
 - The decode step alone (engine.step(), host work included) against its floor: the bytes a step must read
@@ -108,6 +108,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--layers", type=int, default=27)
     parser.add_argument("--skip-hf", action="store_true")
+    parser.add_argument("--ks", type=int, nargs="+", default=[1, 2, 3], help="MTP draft lengths to run")
     args = parser.parse_args()
     config = v2_lite_shape(args.layers)
     bandwidth = copy_bandwidth()
@@ -151,7 +152,7 @@ def main():
         del llm
         gc.collect()
         torch.cuda.empty_cache()
-        for k in (1, 2, 3):
+        for k in args.ks:
             llm = LLM(path, **common, speculative_config={"method": "mtp", "num_speculative_tokens": k})
             redraw_llm_routers(llm, config.hidden_size)
             entry = {}

@@ -62,6 +62,24 @@ def test_fp32_output_keeps_the_unrounded_sums(rows, dtype, backend):
     assert (got - want).abs().max() < (linear(x, w, b, backend=backend).float() - want).abs().max()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("rows", [1, 3])
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+def test_sigmoid_gate_scales_the_input_as_torch_does(rows, dtype, backend):
+    """sigmoid_gate: the attention output times its per-head gate, the gate left inside the projection's
+    [T, H, 2D] output (q | gate per head): equal to `x * torch.sigmoid(gate)` then the matmul, rounded
+    alike (fused in the one-row kernel, torch otherwise)."""
+    heads, d, n = 4, 32, 48
+    x, w, b = _operands(rows, n, heads * d, dtype, bias=True)
+    projected = torch.randn(rows, heads, 2 * d, dtype=dtype, device=DEVICE)
+    gate = projected[..., d:]  # [rows, H, D], heads 2D apart
+    got = linear(x, w, b, sigmoid_gate=gate, backend=backend)
+    scaled = x * torch.sigmoid(gate.reshape(rows, heads * d))
+    _assert_close(got, linear_ref(scaled, w, b), dtype)
+    with pytest.raises(ValueError, match="sigmoid_gate"):
+        linear(x, w, sigmoid_gate=gate[..., :-1], backend=backend)
+
+
 def test_an_output_dtype_other_than_x_or_fp32_is_refused():
     x, w, _ = _operands(1, 8, 16, torch.float16)
     with pytest.raises(ValueError, match=r"out_dtype must be x's dtype or torch\.float32"):

@@ -52,12 +52,19 @@ def _fp8_experts(e=4, h=64, i=32, block=(16, 32)):
 OPCHECK_CASES = {
     "linear": (
         linear_ops._linear_op,
-        (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False, None),
+        (torch.randn(5, 32), torch.randn(24, 32), torch.randn(24), False, None, None),
     ),
-    "linear_gated": (linear_ops._linear_op, (torch.randn(5, 64), torch.randn(24, 32), None, True, None)),
+    "linear_gated": (
+        linear_ops._linear_op,
+        (torch.randn(5, 64), torch.randn(24, 32), None, True, None, None),
+    ),
     "linear_fp32_out": (
         linear_ops._linear_op,
-        (torch.randn(5, 32).half(), torch.randn(24, 32).half(), None, False, torch.float32),
+        (torch.randn(5, 32).half(), torch.randn(24, 32).half(), None, False, torch.float32, None),
+    ),
+    "linear_sigmoid_gate": (
+        linear_ops._linear_op,
+        (torch.randn(1, 32), torch.randn(24, 32), None, False, None, torch.randn(1, 4, 16)[..., :8]),
     ),
     "rms_norm": (norm_ops._rms_norm_op, (torch.randn(5, 32), torch.randn(32), 1e-6, 0.0)),
     "rms_norm_residual": (

@@ -8,6 +8,7 @@ from torch import nn
 from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
 from atom_core.build import BuildContext
 from atom_core.config import ModelConfig
+from atom_core.layers.fused import sigmoid_gate_linear
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.parallel import RankPartial
@@ -80,8 +81,7 @@ class SelfAttention(nn.Module):
         )
         gate = None
         if self.output_gate:  # q stays a strided view: the norm (or the fused prologue) writes a new tensor
-            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)
-            gate = gate.reshape(tokens, self.num_heads * self.head_dim)
+            q, gate = q.view(tokens, self.num_heads, 2 * self.head_dim).chunk(2, dim=-1)  # gate [T, H, D]
         q = q.view(tokens, self.num_heads, self.head_dim)  # [T, Hq, D]
         k = k.view(tokens, self.num_kv_heads, self.head_dim)  # [T, Hkv, D]
         v = v.view(tokens, self.num_kv_heads, self.head_dim)
@@ -91,8 +91,8 @@ class SelfAttention(nn.Module):
         if out is None:
             out = self._attend(positions, q, k, v)
         out = out.reshape(tokens, self.num_heads * self.head_dim)  # [T, Hq * D]
-        if gate is not None:
-            out = out * torch.sigmoid(gate)
+        if gate is not None:  # scaled by sigmoid(gate) on its way into o_proj (one kernel at decode)
+            return sigmoid_gate_linear(self.o_proj, out, gate)
         return self.o_proj(out)
 
     def defer_output_reduce(self) -> None:

@@ -22,6 +22,11 @@ class UnquantizedLinearMethod:
         """x: [T, 2 * in_local] (gate | up) -> layer(silu(gate) * up), the activation in the matmul's load."""
         return linear(x, layer.weight, gated_input=True)
 
+    def apply_sigmoid_gate(self, layer: nn.Module, x: torch.Tensor, gate: torch.Tensor) -> torch.Tensor:
+        """x: [T, in_local], gate [T, H, D] (H * D = in_local) -> x * sigmoid(gate) @ weight^T, the gate
+        applied in the matmul's load at one row (a row-parallel layer's bias comes after the reduction)."""
+        return linear(x, layer.weight, sigmoid_gate=gate)
+
     def process_weights_after_loading(self, layer: nn.Module) -> None:
         return None
 

@@ -11,12 +11,17 @@ Tensor = torch.Tensor
 
 
 def _linear_impl(
-    x: Tensor, weight: Tensor, bias: Tensor | None, gated_input: bool, out_dtype: torch.dtype | None
+    x: Tensor,
+    weight: Tensor,
+    bias: Tensor | None,
+    gated_input: bool,
+    out_dtype: torch.dtype | None,
+    sigmoid_gate: Tensor | None = None,
 ) -> Tensor:
-    return _linear(x, weight, bias, gated_input=gated_input, out_dtype=out_dtype)
+    return _linear(x, weight, bias, gated_input=gated_input, out_dtype=out_dtype, sigmoid_gate=sigmoid_gate)
 
 
-def _linear_fake(x, weight, bias, gated_input, out_dtype):
+def _linear_fake(x, weight, bias, gated_input, out_dtype, sigmoid_gate=None):
     return x.new_empty((*x.shape[:-1], weight.shape[0]), dtype=out_dtype or x.dtype)
 
 
@@ -30,7 +35,8 @@ def linear(
     *,
     gated_input: bool = False,
     out_dtype: torch.dtype | None = None,
+    sigmoid_gate: Tensor | None = None,
 ) -> Tensor:
     """atom_kernels.linear.linear: x [..., K] (or [..., 2K] with gated_input), weight [N, K] -> [..., N]
-    in out_dtype (None: x's dtype, or torch.float32)."""
-    return pick(_linear_op, _linear_impl)(x, weight, bias, gated_input, out_dtype)
+    in out_dtype (None: x's dtype, or torch.float32); sigmoid_gate [..., H, D]: x * sigmoid(gate) in."""
+    return pick(_linear_op, _linear_impl)(x, weight, bias, gated_input, out_dtype, sigmoid_gate)

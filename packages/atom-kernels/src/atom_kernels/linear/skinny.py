@@ -45,6 +45,15 @@ def _load_x(x_ptrs, gate_offset, mask, GATED: tl.constexpr, MASKED: tl.constexpr
 
 
 @triton.jit
+def _sigmoid_gated(x, gate_ptr, k, mask, head: tl.constexpr, stride_h):
+    """x[k] * sigmoid(gate[k // head, k % head]), each rounded to x's dtype as `x * torch.sigmoid(gate)`
+    rounds them: an attention output scaled by its per-head gate, read where the projection left it."""
+    g = tl.load(gate_ptr + (k // head) * stride_h + k % head, mask=mask, other=0.0).to(tl.float32)
+    scale = (1.0 / (1.0 + tl.exp(-g))).to(x.dtype).to(tl.float32)
+    return (x.to(tl.float32) * scale).to(x.dtype)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     w_ptr,
@@ -59,6 +68,9 @@ def _gemv_kernel(
     GATED: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PDL: tl.constexpr,
+    gate_ptr,  # read with SIGMOID_HEAD > 0 only
+    stride_gate_h,
+    SIGMOID_HEAD: tl.constexpr,  # > 0: the input is x * sigmoid(gate), the gate [heads, SIGMOID_HEAD]
 ):
     let_next_launch(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -71,12 +83,16 @@ def _gemv_kernel(
     w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=rk[None, :] < K, other=0.0)
     wait_for_inputs(PDL)
     x = _load_x(x_ptr + rk, K, rk < K, GATED, not EVEN_K)
+    if SIGMOID_HEAD > 0:
+        x = _sigmoid_gated(x, gate_ptr, rk, rk < K, SIGMOID_HEAD, stride_gate_h)
     acc = w.to(tl.float32) * x.to(tl.float32)[None, :]  # partial sums per lane; one reduction at the end
     w_ptrs += BLOCK_K
     for k in range(BLOCK_K, K, BLOCK_K):
         kk = k + rk
         w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :] < K, other=0.0)
         x = _load_x(x_ptr + kk, K, kk < K, GATED, not EVEN_K)
+        if SIGMOID_HEAD > 0:
+            x = _sigmoid_gated(x, gate_ptr, kk, kk < K, SIGMOID_HEAD, stride_gate_h)
         acc += w.to(tl.float32) * x.to(tl.float32)[None, :]
         w_ptrs += BLOCK_K
     y = tl.sum(acc, 1)
@@ -157,6 +173,7 @@ def linear(
     bias: torch.Tensor | None = None,
     *,
     gated_input: bool = False,
+    sigmoid_gate: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
@@ -165,7 +182,10 @@ def linear(
     x: [..., K], or [..., 2K] with gated_input (the input is then silu(x[..., :K]) * x[..., K:]);
     weight: [N, K] (nn.Linear's layout), same dtype as x; bias: [N] or None. Returns [..., N] in
     out_dtype (None: x's dtype); torch.float32 keeps the fp32 sums unrounded, as a product of fp32 copies
-    of x and weight would (a router's logits), without making those copies.
+    of x and weight would (a router's logits), without making those copies. sigmoid_gate: [..., H, D]
+    with H * D = K (last dim contiguous, heads at any stride: a gate left inside a projection's output):
+    the input is x * sigmoid(sigmoid_gate), rounded as torch rounds it, formed in the one-row kernel's
+    load (other shapes and backends run it first, in torch).
     The kernels run for fp16/bf16 on a GPU (or with backend="triton", under the CPU interpreter);
     everything else goes to torch. With PDL (pdl.py) the one-row kernel starts reading `weight` before
     the previous kernel has finished: no kernel still in flight on the stream may write it.
@@ -187,6 +207,10 @@ def linear(
     out_dtype = out_dtype or x.dtype
     if out_dtype not in (x.dtype, torch.float32):
         raise ValueError(f"linear's out_dtype must be x's dtype or torch.float32, got {out_dtype}")
+    if sigmoid_gate is not None:
+        gate = _check_sigmoid_gate(sigmoid_gate, x, gated_input)
+        if not (use_kernel and rows == 1):
+            x2, sigmoid_gate = x2 * torch.sigmoid(gate.reshape(x2.shape)), None
     if not use_kernel:
         h = silu_and_mul(x2, backend=chosen) if gated_input else x2
         if out_dtype != x.dtype:
@@ -198,8 +222,23 @@ def linear(
         x2, gated_input = silu_and_mul(x2, backend=chosen), False
     y = torch.empty(rows, n, dtype=out_dtype, device=x.device)  # the kernels round to y's dtype
     tiles = skinny_tiles(rows, weight.shape[1], n)
-    run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=tiles)
+    run_skinny(x2, weight, bias, y, gated_input=gated_input, tiles=tiles, sigmoid_gate=sigmoid_gate)
     return y.view(*lead, n)
+
+
+def _check_sigmoid_gate(gate: torch.Tensor, x: torch.Tensor, gated_input: bool) -> torch.Tensor:
+    """The gate as [rows, H, D] (a view)."""
+    if gated_input or gate.dim() < 2 or gate.shape[:-2] != x.shape[:-1]:
+        raise ValueError(
+            f"sigmoid_gate must be [..., H, D] over x [..., H * D] (and no gated_input), got "
+            f"{tuple(gate.shape)} for x {tuple(x.shape)}"
+        )
+    if gate.shape[-2] * gate.shape[-1] != x.shape[-1] or gate.stride(-1) != 1 or gate.dtype != x.dtype:
+        raise ValueError(
+            f"sigmoid_gate [..., H, D] needs H * D = {x.shape[-1]}, a contiguous last dim and x's dtype, got "
+            f"{tuple(gate.shape)} {gate.dtype}"
+        )
+    return gate.reshape(-1, *gate.shape[-2:]) if gate.dim() != 3 else gate
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,10 +306,11 @@ def run_skinny(
     *,
     gated_input: bool,
     tiles: SkinnyTiles,
+    sigmoid_gate: torch.Tensor | None = None,
 ) -> None:
     """The kernels without checks (linear() validates): x [M, K] (or [1, 2K] gated) with a contiguous last
-    dim, y [M, N] contiguous."""
-    if gated_input and x.shape[0] != 1:
+    dim, y [M, N] contiguous; sigmoid_gate [1, H, D] (one row)."""
+    if (gated_input or sigmoid_gate is not None) and x.shape[0] != 1:
         raise ValueError("the gated input is fused for one row only")
     rows, (n, k) = x.shape[0], weight.shape
     b = bias if bias is not None else weight  # never read without HAS_BIAS
@@ -278,10 +318,17 @@ def run_skinny(
     even_k = k % tiles.block_k == 0
     pdl = pdl_launch(x.device)
     if rows == 1:
+        gate = dict(gate_ptr=x, stride_gate_h=0, SIGMOID_HEAD=0)
+        if sigmoid_gate is not None:
+            gate = dict(
+                gate_ptr=sigmoid_gate,
+                stride_gate_h=sigmoid_gate.stride(1),
+                SIGMOID_HEAD=sigmoid_gate.shape[2],
+            )
         _gemv_kernel[(tiles_n,)](
             x, weight, b, y, n, k, weight.stride(0), BLOCK_N=tiles.block_n, BLOCK_K=tiles.block_k,
             EVEN_K=even_k, GATED=gated_input, HAS_BIAS=bias is not None, PDL=pdl, num_warps=tiles.warps,
-            num_stages=tiles.stages, launch_pdl=pdl,
+            num_stages=tiles.stages, launch_pdl=pdl, **gate,
         )  # fmt: skip
         return
     if rows > MAX_SKINNY_ROWS:

@@ -24,11 +24,17 @@ import time
 import torch
 
 from atom_core.engine import LLM, SamplingParams
-from benchmarks.bench_fp8_engine import FP8_FORMAT
 from benchmarks.harness.ceilings import copy_bandwidth
 from benchmarks.harness.engine_timing import dummy_llm
 from benchmarks.harness.floors import cache_bytes, weight_bytes
-from benchmarks.harness.shapes import llama3_8b, make_config, qwen3_30b_a3b, v2_lite_shape, v3_slice
+from benchmarks.harness.shapes import (
+    FP8_FORMAT,
+    llama3_8b,
+    make_config,
+    qwen3_30b_a3b,
+    v2_lite_shape,
+    v3_slice,
+)
 
 PROMPT, NEW, BATCHES = 512, 128, (1, 64)
 

@@ -5,8 +5,8 @@ MTP layer. Prints one table; the runner keeps the result in the ledger.
 
 - End to end (prompt 512, 128 new, greedy): B=1 and B=64 tok/s; transformers at B=1 in the same run.
 - The decode step alone (engine.step(), host work included) against its floor: the bytes a step must read
-  (B=1: attention, dense and shared layers, the top-k experts, the head; B=64: every expert, plus the
-  latent cache) over the copy bandwidth measured in the same run. The routers are re-drawn (realistic_routers:
+  (harness/floors.py: attention, dense and shared layers, the experts B*k uniform picks reach, the head,
+  the latent cache) over the copy bandwidth measured in the same run. The routers are re-drawn (realistic_routers:
   dummy ones send every token to the same experts), so B=64 touches nearly every expert, as the floor assumes.
 - MTP speculative decoding, k = 1..3: the verify forward alone (k + 1 tokens a sequence, CUDA graph) against
   a plain decode forward, the whole speculative step (verify + draft + host), and end to end at B=1 with the
@@ -31,21 +31,9 @@ from transformers import AutoModelForCausalLM, DeepseekV3Config
 from atom_core.engine import LLM
 from benchmarks.harness.ceilings import copy_bandwidth
 from benchmarks.harness.engine_timing import NEW, PROMPT, step_ms, tok_s
+from benchmarks.harness.floors import cache_bytes, weight_bytes
 from benchmarks.harness.routers import redraw_llm_routers
 from benchmarks.harness.shapes import v2_lite_shape
-
-
-def weight_bytes(c: DeepseekV3Config, experts_touched: int) -> int:
-    """Bytes of bf16 weights one decode step reads (the MTP layer not included)."""
-    h, heads = c.hidden_size, c.num_attention_heads
-    qk = c.qk_nope_head_dim + c.qk_rope_head_dim
-    attn = h * heads * qk + h * (c.kv_lora_rank + c.qk_rope_head_dim)
-    attn += c.kv_lora_rank * heads * (c.qk_nope_head_dim + c.v_head_dim) + heads * c.v_head_dim * h
-    dense = 3 * h * c.intermediate_size
-    expert = 3 * h * c.moe_intermediate_size
-    moe = (c.n_shared_experts + experts_touched) * expert + c.n_routed_experts * h
-    layers, dense_layers = c.num_hidden_layers, c.first_k_dense_replace
-    return 2 * (layers * attn + dense_layers * dense + (layers - dense_layers) * moe + c.vocab_size * h)
 
 
 def hf_tok_s(config: DeepseekV3Config) -> float:
@@ -125,10 +113,8 @@ def main():
         for batch in (1, 64):
             e2e = tok_s(llm, vocab, batch)
             whole, forward = step_ms(llm, vocab, batch)
-            touched = config.num_experts_per_tok if batch == 1 else config.n_routed_experts
-            floor_bytes = (
-                weight_bytes(config, touched) + batch * (PROMPT + 64) * 576 * 2 * config.num_hidden_layers
-            )
+            model = llm.engine.runner.model  # the target alone: the MTP layer is not part of a plain step
+            floor_bytes = weight_bytes(model, batch) + cache_bytes(model, batch, PROMPT + 64, torch.bfloat16)
             floor = floor_bytes / bandwidth * 1e3
             result[f"plain_B{batch}"] = dict(
                 tok_s=e2e, step_ms=whole, forward_ms=forward, floor_ms=floor, step_over_floor=whole / floor

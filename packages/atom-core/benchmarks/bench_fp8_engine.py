@@ -20,14 +20,8 @@ from transformers import PretrainedConfig
 
 from benchmarks.harness.ceilings import copy_bandwidth
 from benchmarks.harness.engine_timing import engine_step_times
-from benchmarks.harness.shapes import llama3_8b, qwen3_30b_a3b, v3_slice
+from benchmarks.harness.shapes import FP8_FORMAT, llama3_8b, qwen3_30b_a3b, v3_slice
 
-FP8_FORMAT = {
-    "quant_method": "fp8",
-    "fmt": "e4m3",
-    "activation_scheme": "dynamic",
-    "weight_block_size": [128, 128],
-}
 BATCHES = (1, 64)
 
 

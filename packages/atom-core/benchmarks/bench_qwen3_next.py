@@ -7,10 +7,10 @@ published shapes. Prints one table; the runner keeps the result.
 - End to end (prompt 512, 128 new, greedy): B=1 and B=64 tok/s; transformers at B=1 in the same run
   (32 new tokens: its DeltaNet runs the torch fallback, flash-linear-attention being absent).
 - The decode step (engine.step(), host work included) and its forward alone against the floor: the bytes a
-  step must move (weights the batch touches: B=1 the top-k experts, B=64 the experts B*k uniform picks
-  reach on average, E(1 - (1 - 1/E)^(Bk)); the full-attention KV; every DeltaNet layer's recurrent state
-  read and written, conv state too) over the copy bandwidth measured in the same run. B=1's weight part
-  alone is the active-weight roofline.
+  step must move (harness/floors.py: weights the batch touches, B=1 the top-k experts, B=64 the experts B*k
+  uniform picks reach on average; the full-attention KV; every DeltaNet layer's recurrent and conv state
+  read and written) over the copy bandwidth measured in the same run. B=1's weight part alone is the
+  active-weight roofline.
 - Prefill throughput of one 8k and one 32k prompt (chunks of max_num_batched_tokens, 8192).
 Routers are re-drawn (dummy ones send every token to the same experts), so B=64 touches nearly all experts.
 """
@@ -29,42 +29,11 @@ import transformers
 from atom_core.engine import LLM, SamplingParams
 from benchmarks.harness.ceilings import copy_bandwidth
 from benchmarks.harness.engine_timing import PROMPT, step_ms, tok_s
+from benchmarks.harness.floors import cache_bytes, weight_bytes
 from benchmarks.harness.routers import redraw_routers
 from benchmarks.harness.shapes import SHAPES, make_config
 
 HF_NEW = 32
-
-
-def weight_bytes(c, experts_touched: float) -> float:
-    """bf16 weight bytes one decode step reads."""
-    h, hd = c.hidden_size, c.head_dim
-    full = c.layer_types.count("full_attention")
-    linear = c.num_hidden_layers - full
-    attention = h * 2 * c.num_attention_heads * hd + 2 * h * c.num_key_value_heads * hd
-    attention += c.num_attention_heads * hd * h
-    key, value = (
-        c.linear_num_key_heads * c.linear_key_head_dim,
-        c.linear_num_value_heads * c.linear_value_head_dim,
-    )
-    conv = 2 * key + value
-    gdn = h * (conv + value + 2 * c.linear_num_value_heads) + value * h + conv * c.linear_conv_kernel_dim
-    moe = c.num_experts * h + 3 * h * c.shared_expert_intermediate_size + h
-    moe += experts_touched * 3 * h * c.moe_intermediate_size
-    return 2 * (full * attention + linear * gdn + c.num_hidden_layers * moe + c.vocab_size * h)
-
-
-def cache_bytes(c, batch: int, length: int) -> int:
-    """KV of the full-attention layers read, DeltaNet states read and written, for one decode step."""
-    full = c.layer_types.count("full_attention")
-    linear = c.num_hidden_layers - full
-    kv = full * batch * length * 2 * c.num_key_value_heads * c.head_dim * 2
-    recurrent = c.linear_num_value_heads * c.linear_value_head_dim * c.linear_key_head_dim * 4
-    conv_dim = (
-        2 * c.linear_num_key_heads * c.linear_key_head_dim
-        + c.linear_num_value_heads * c.linear_value_head_dim
-    )
-    conv = conv_dim * (c.linear_conv_kernel_dim - 1) * 2
-    return kv + linear * batch * 2 * (recurrent + conv)
 
 
 def prompts(vocab: int, batch: int, length: int) -> list[dict]:
@@ -123,18 +92,13 @@ def main():
         config.save_pretrained(path)
         llm = LLM(path, **engine)
         redraw_routers(llm.engine.runner.model.named_parameters(), c.hidden_size)
-        active = weight_bytes(c, c.num_experts_per_tok)
+        model = llm.engine.runner.model
+        active = weight_bytes(model, 1)
         result["active_weight_GB"] = active / 1e9
         for batch in (1, 64):
             e2e = tok_s(llm, c.vocab_size, batch)
             whole, forward = step_ms(llm, c.vocab_size, batch)
-            picks = batch * c.num_experts_per_tok
-            touched = (
-                c.num_experts_per_tok
-                if batch == 1
-                else c.num_experts * (1 - (1 - 1 / c.num_experts) ** picks)
-            )
-            floor_bytes = weight_bytes(c, touched) + cache_bytes(c, batch, PROMPT + 64)
+            floor_bytes = weight_bytes(model, batch) + cache_bytes(model, batch, PROMPT + 64, torch.bfloat16)
             floor = floor_bytes / bandwidth * 1e3
             entry = dict(
                 tok_s=e2e, step_ms=whole, forward_ms=forward, floor_ms=floor, step_over_floor=whole / floor

@@ -170,3 +170,12 @@ def configs(name: str):
     if name == "deepseek-v2-lite-mtp2":
         return v2_lite_shape(27), {"speculative_config": {"method": "mtp", "num_speculative_tokens": 2}}
     raise ValueError(name)
+
+
+# The fp8 checkpoint format DeepSeek-V3 ships, for dummy fp8 builds of any shape (e4m3, 128x128 blocks)
+FP8_FORMAT = {
+    "quant_method": "fp8",
+    "fmt": "e4m3",
+    "activation_scheme": "dynamic",
+    "weight_block_size": [128, 128],
+}

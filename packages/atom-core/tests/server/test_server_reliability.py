@@ -116,21 +116,31 @@ def test_the_most_stop_token_ids_allowed_cost_nothing_per_step(server):
 
 def test_a_chat_of_200000_empty_messages_is_refused_without_stalling_the_server(server):
     body = {"messages": [{"role": "user", "content": ""}] * 200_000, "max_tokens": 2}
-    health = []
+    # encoded here, once: the probes below wait on nothing of this process's (encoding 6 MB holds its GIL)
+    payload = json.dumps(body).encode()
+    headers = {"content-type": "application/json"}
 
-    def attack():
-        return _post(server, "/v1/chat/completions", body)
+    def attack() -> tuple[httpx.Response, float]:
+        """The attack beside /health probes: its answer and the slowest probe's seconds."""
+        health = []
+        with ThreadPoolExecutor(1) as pool:
+            url = f"{server.base}/v1/chat/completions"
+            running = pool.submit(httpx.post, url, content=payload, headers=headers, timeout=60)
+            while not running.done():  # /health answers while the body is parsed and refused
+                start = time.monotonic()
+                assert httpx.get(f"{server.base}/health", timeout=10).status_code == 200
+                health.append(time.monotonic() - start)
+            return running.result(), max(health)
 
-    with ThreadPoolExecutor(1) as pool:
-        running = pool.submit(attack)
-        while not running.done():  # /health answers while the body is parsed and refused
-            start = time.monotonic()
-            assert httpx.get(f"{server.base}/health", timeout=10).status_code == 200
-            health.append(time.monotonic() - start)
-        r = running.result()
-    assert r.status_code == 400, r.text
-    assert "messages" in r.json()["error"]["message"] and "at most 4096" in r.json()["error"]["message"]
-    assert max(health) < 1.0, f"/health took {max(health):.2f} s while the body was parsed"
+    # three attacks, judged by their median: a server that parses on its event loop stalls every one of
+    # them, while one pause of a loaded 2-core machine (seconds, once) decides nothing
+    slowest = []
+    for _ in range(3):
+        r, worst = attack()
+        assert r.status_code == 400, r.text
+        assert "messages" in r.json()["error"]["message"] and "at most 4096" in r.json()["error"]["message"]
+        slowest.append(worst)
+    assert statistics.median(slowest) < 1.0, f"/health took {sorted(slowest)} s while bodies were parsed"
 
 
 def _sse_request(port: int, body: dict, rcvbuf: int = 4096) -> socket.socket:

@@ -114,6 +114,25 @@ OPCHECK_CASES = {
             torch.randn(5, 1),
         ),
     ),
+    "fused_experts with biases and GPT-OSS's activation": (
+        moe_ops._fused_experts_op,
+        (
+            torch.randn(5, 32),
+            *_experts(),
+            torch.rand(5, 2),
+            torch.randint(0, 4, (5, 2), dtype=torch.int32),
+            None,
+            None,
+            None,
+            None,
+            None,
+            "swiglu_oai",
+            1.702,
+            7.0,
+            torch.randn(4, 32),  # w13 bias [E, 2I]
+            torch.randn(4, 32),  # w2 bias [E, H]
+        ),
+    ),
 }
 
 

@@ -4,12 +4,16 @@ experts as two grouped GEMMs (gate/up fused with SiLU-and-mul, down with the rou
 
 from atom_kernels.moe.align import ExpertOrder, order_by_expert
 from atom_kernels.moe.expert_gemm import TileConfig, tile_config
+from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.fused import ExpertScales, fused_experts
 from atom_kernels.moe.grouping import GroupedRouting
 from atom_kernels.moe.routing import grouped_topk, topk_softmax
 from atom_kernels.moe.shared import SharedExpert
 
 __all__ = [
+    "SILU",
+    "ExpertActivation",
+    "ExpertBiases",
     "ExpertOrder",
     "ExpertScales",
     "GroupedRouting",

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.moe.align import ExpertOrder
+from atom_kernels.moe.expert_mlp import SILU, ExpertActivation
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.tile_order import grouped_tile
 
@@ -118,6 +119,16 @@ class ExpertWeights(NamedTuple):
     stride_sn: int
 
 
+class Epilogue(NamedTuple):
+    """What follows the product: biases [E, N (x2 gated)] (any float dtype; unread without HAS_BIAS) and the
+    swiglu_oai activation's alpha and limit (unread with ACT 0, silu)."""
+
+    bias: torch.Tensor
+    stride_be: int
+    alpha: float
+    limit: float
+
+
 class PairRows(NamedTuple):
     """Which (token, expert) pair each row computes: the ordering (align.ExpertOrder) and routing weights."""
 
@@ -143,6 +154,7 @@ def _expert_gemm_kernel(
     act,
     wts,
     pairs,
+    epi,
     out_ptr,
     stride_om,
     N,
@@ -151,6 +163,8 @@ def _expert_gemm_kernel(
     SCALE_K: tl.constexpr,
     GATED: tl.constexpr,
     WEIGHTED: tl.constexpr,
+    HAS_BIAS: tl.constexpr,
+    ACT: tl.constexpr,  # expert_mlp.ExpertActivation.code: 0 silu, 1 swiglu_oai
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
@@ -163,8 +177,8 @@ def _expert_gemm_kernel(
     EVEN_K: tl.constexpr,
     PRECISION: tl.constexpr,
 ):
-    """act: Activations; wts: ExpertWeights; pairs: PairRows; out [rows or pairs, N]. The last three
-    constexprs follow from the rest (_DERIVED)."""
+    """act: Activations; wts: ExpertWeights; pairs: PairRows; epi: Epilogue; out [rows or pairs, N]. The
+    last three constexprs follow from the rest (_DERIVED)."""
     # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
     # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
     # loop instead of here measured no better at B=64, and slower at B=1.)
@@ -232,8 +246,18 @@ def _expert_gemm_kernel(
                 acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += BLOCK_K
+    if HAS_BIAS:  # the up half's biases sit N columns after the gate half's
+        b_ptrs = epi.bias + expert * epi.stride_be + cols
+        acc += tl.load(b_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        if GATED:
+            acc_up += tl.load(b_ptrs + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        if ACT == 1:  # swiglu_oai: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)
+            gate = tl.minimum(acc, epi.limit)
+            up = tl.minimum(tl.maximum(acc_up, -epi.limit), epi.limit)
+            acc = gate / (1.0 + tl.exp(-epi.alpha * gate)) * (up + 1.0)
+        else:
+            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
     if WEIGHTED:
         acc = acc * tl.load(pairs.pair_weight + pair, mask=valid, other=0.0)[:, None]
     out_row = rows.to(tl.int64) if GATED else pair.to(tl.int64)
@@ -255,10 +279,13 @@ def _launch(
     gated: bool,
     scales=None,
     a_scale=None,
+    bias: torch.Tensor | None = None,
+    activation: ExpertActivation = SILU,
 ):
     """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
     for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step).
-    a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32)."""
+    a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32).
+    bias: [E, N (x2 gated)] added before the activation (gated) or the routing weight (down)."""
     tiles_m = order.capacity // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
     block_k, scale, (scale_n, scale_k) = cfg.block_k, None, (1, 1)
@@ -282,9 +309,16 @@ def _launch(
         order.num_pairs,
         top_k,
     )
+    epi = Epilogue(
+        bias if bias is not None else a,  # never read without HAS_BIAS
+        0 if bias is None else bias.stride(0),
+        float(activation.alpha),
+        float(activation.limit),
+    )
     _expert_gemm_kernel[grid](
-        act, weights, pairs, out, out.stride(0), n, k, SCALE_N=scale_n, SCALE_K=scale_k, GATED=gated,
-        WEIGHTED=pair_weights is not None, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
+        act, weights, pairs, epi, out, out.stride(0), n, k, SCALE_N=scale_n, SCALE_K=scale_k, GATED=gated,
+        WEIGHTED=pair_weights is not None, HAS_BIAS=bias is not None, ACT=activation.code,
+        BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
         GROUP_M=cfg.group_m, FP8_W=scales is not None, FP8_A=a_scale is not None, PAIR_TILES=order.pair_tiles,
         PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
@@ -300,15 +334,19 @@ def gate_up(
     *,
     x_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
+    activation: ExpertActivation = SILU,
 ) -> torch.Tensor:
-    """x: [T, H], w13: [E, 2I, H] -> [capacity, I]: silu(gate) * up at each pair's sorted row (padding unset).
+    """x: [T, H], w13: [E, 2I, H] -> [capacity, I]: act(gate, up) (silu(gate) * up unless `activation` says
+    otherwise) at each pair's sorted row (padding unset); bias [E, 2I] added to gate and up first.
     x_scale: x is e4m3 with these per-token group scales (W8A8); out_dtype: then the output's dtype."""
     inter = w13.shape[1] // 2
     dtype = out_dtype or x.dtype
     out = torch.empty(order.capacity, inter, dtype=dtype, device=x.device)
     _launch(
-        x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales, a_scale=x_scale
-    )
+        x, w13, out, order, None, inter, x.shape[1], top_k, cfg, gated=True, scales=scales, a_scale=x_scale,
+        bias=bias, activation=activation,
+    )  # fmt: skip
     return out
 
 
@@ -322,9 +360,11 @@ def down(
     *,
     h_scale: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """h: [capacity, I] (gate_up's), w2: [E, H, I], pair_weights: [pairs] fp32 -> [pairs, H], weighted.
-    h_scale: h is e4m3 with these per-row group scales (W8A8); out_dtype: then the output's dtype."""
+    """h: [capacity, I] (gate_up's), w2: [E, H, I], pair_weights: [pairs] fp32 -> [pairs, H], weighted
+    (after bias [E, H], if given, is added). h_scale: h is e4m3 with these per-row group scales (W8A8);
+    out_dtype: then the output's dtype."""
     out = torch.empty(order.num_pairs, w2.shape[1], dtype=out_dtype or h.dtype, device=h.device)
     _launch(
         h,
@@ -339,5 +379,6 @@ def down(
         gated=False,
         scales=scales,
         a_scale=h_scale,
+        bias=bias,
     )
     return out

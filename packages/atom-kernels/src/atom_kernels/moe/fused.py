@@ -12,13 +12,16 @@ from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
 from atom_kernels.moe.align import order_by_expert, order_one_token
 from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
+from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.ref import fused_experts_ref
 from atom_kernels.moe.shared import SharedExpert
 from atom_kernels.outputs import rows_like
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
 
-def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
+def _experts_static(
+    x, w13, w2, topk_weights, topk_ids, activation: ExpertActivation = SILU, biases: ExpertBiases | None = None
+) -> torch.Tensor:
     """The experts with shapes fixed by x alone (no host sync), for CUDA-graph capture on the torch backend.
 
     Few (token, expert) pairs gather their experts' weights; otherwise every expert runs on every token,
@@ -28,15 +31,24 @@ def _experts_static(x, w13, w2, topk_weights, topk_ids) -> torch.Tensor:
     experts, inter = w13.shape[0], w2.shape[2]
     ids = topk_ids.long()
     weights = topk_weights.to(x.dtype)
+    b13 = b2 = None
+    if biases is not None:
+        b13, b2 = biases.w13.to(x.dtype), biases.w2.to(x.dtype)
     if tokens * k < experts:
         h = torch.einsum("tkoh,th->tko", w13[ids], x)
-        h = F.silu(h[..., :inter]) * h[..., inter:]
-        return torch.einsum("tkhi,tki->th", w2[ids] * weights[..., None, None], h)
+        if b13 is not None:
+            h = h + b13[ids]
+        h = activation.ref(h[..., :inter], h[..., inter:])
+        y = torch.einsum("tkhi,tki->tkh", w2[ids], h)
+        if b2 is not None:
+            y = y + b2[ids]
+        return (y * weights[..., None]).sum(1)
     dense = torch.zeros(tokens, experts, dtype=x.dtype, device=x.device).scatter_(1, ids, weights)
     out = torch.zeros_like(x)
     for e in range(experts):
-        h = F.linear(x, w13[e])
-        out += F.linear(F.silu(h[:, :inter]) * h[:, inter:], w2[e]) * dense[:, e, None]
+        h = F.linear(x, w13[e], None if b13 is None else b13[e])
+        y = F.linear(activation.ref(h[:, :inter], h[:, inter:]), w2[e], None if b2 is None else b2[e])
+        out += y * dense[:, e, None]
     return out
 
 
@@ -76,15 +88,15 @@ def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, i
     return torch.stack([dequantize_weight_ref(w[e], scale[e], block, dtype) for e in range(w.shape[0])])
 
 
-def _experts_torch(x, w13, w2, topk_weights, topk_ids, scales) -> torch.Tensor:
+def _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases) -> torch.Tensor:
     """The torch backend: the reference (only the experts hit run: a host sync), or the static form
     while a CUDA graph is being captured. e4m3 experts are dequantized first (weight-only)."""
     if scales is not None:
         w13 = dequantize_experts(w13, scales.w13, scales.block, x.dtype)
         w2 = dequantize_experts(w2, scales.w2, scales.block, x.dtype)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
-        return _experts_static(x, w13, w2, topk_weights, topk_ids)
-    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids)
+        return _experts_static(x, w13, w2, topk_weights, topk_ids, activation, biases)
+    return fused_experts_ref(x, w13, w2, topk_weights, topk_ids, activation, biases)
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,7 +128,7 @@ class ExpertScales:
                 )
 
 
-def _check(x, w13, w2, topk_weights, topk_ids, scales) -> None:
+def _check(x, w13, w2, topk_weights, topk_ids, scales, biases) -> None:
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(
             f"fused_experts expects x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {tuple(x.shape)}, "
@@ -133,6 +145,8 @@ def _check(x, w13, w2, topk_weights, topk_ids, scales) -> None:
             f"topk_weights {tuple(topk_weights.shape)} and topk_ids {tuple(topk_ids.shape)} must both be "
             f"[T={x.shape[0]}, k]"
         )
+    if biases is not None:
+        biases.check(experts, two_inter // 2, hidden)
     if scales is not None:
         scales.check(w13, w2)
     elif w13.dtype != x.dtype or w2.dtype != x.dtype:
@@ -154,10 +168,14 @@ def fused_experts(
     scales: ExpertScales | None = None,
     quantize_input: bool | None = None,
     shared: SharedExpert | None = None,
+    activation: ExpertActivation = SILU,
+    biases: ExpertBiases | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j], plus
     the block's shared expert's term (shared.SharedExpert: its output, scaled by its gate's sigmoid).
+    activation: how gate and up combine (expert_mlp.ExpertActivation; GPT-OSS's swiglu_oai);
+    biases: added after each expert matmul (expert_mlp.ExpertBiases: w13 [E, 2I], w2 [E, H]).
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
@@ -172,13 +190,13 @@ def fused_experts(
     benchmark sweeps). The Triton path has no host sync and can be
     captured in a CUDA graph. Returns out.
     """
-    _check(x, w13, w2, topk_weights, topk_ids, scales)
+    _check(x, w13, w2, topk_weights, topk_ids, scales, biases)
     tokens, hidden = x.shape
     if shared is not None:
         shared.check(tokens, hidden)
     out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        routed = _experts_torch(x, w13, w2, topk_weights, topk_ids, scales)
+        routed = _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases)
         return out.copy_(routed if shared is None else routed.float() + shared.term())
     if tokens == 0:
         return out
@@ -207,15 +225,20 @@ def fused_experts(
         quantize_input = allowed and experts_quantize_input(
             scales.block, tokens, top_k, experts, hidden, inter
         )
+    epi13 = dict(bias=None if biases is None else biases.w13, activation=activation)
+    epi2 = dict(bias=None if biases is None else biases.w2)
     if quantize_input:
         bk = scales.block[1]
         xq, xs = quantize_act(x, bk, backend=Backend.TRITON)
-        h = gate_up(xq, w13, order, top_k, cfg, (scales.w13, scales.block), x_scale=xs, out_dtype=x.dtype)
+        h = gate_up(
+            xq, w13, order, top_k, cfg, (scales.w13, scales.block), x_scale=xs, out_dtype=x.dtype, **epi13
+        )
         hq, hs = quantize_act(h, bk, backend=Backend.TRITON)  # padded rows too: the down GEMM masks them
         y = down(
-            hq, w2, order, pair_weights, down_cfg, (scales.w2, scales.block), h_scale=hs, out_dtype=x.dtype
-        )
+            hq, w2, order, pair_weights, down_cfg, (scales.w2, scales.block), h_scale=hs, out_dtype=x.dtype,
+            **epi2,
+        )  # fmt: skip
     else:
-        h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block))
-        y = down(h, w2, order, pair_weights, down_cfg, scales and (scales.w2, scales.block))
+        h = gate_up(x, w13, order, top_k, cfg, scales and (scales.w13, scales.block), **epi13)
+        y = down(h, w2, order, pair_weights, down_cfg, scales and (scales.w2, scales.block), **epi2)
     return combine_topk(y, top_k, out, shared)

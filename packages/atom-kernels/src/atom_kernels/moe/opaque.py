@@ -8,6 +8,7 @@ import torch
 from atom_kernels import moe
 from atom_kernels.custom_op import like_x, opaque, pick
 from atom_kernels.moe import ExpertScales, SharedExpert
+from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 
 Tensor = torch.Tensor
 
@@ -82,12 +83,21 @@ def _fused_experts_impl(
     scale_block: list[int] | None,
     shared_out: Tensor | None,
     shared_gate: Tensor | None,
+    activation: str = "silu",
+    alpha: float = SILU.alpha,
+    limit: float = SILU.limit,
+    w13_bias: Tensor | None = None,
+    w2_bias: Tensor | None = None,
 ) -> Tensor:
     scales = None
     if w13_scale is not None and w2_scale is not None and scale_block is not None:
         scales = ExpertScales(w13_scale, w2_scale, (scale_block[0], scale_block[1]))
     shared = None if shared_out is None else SharedExpert(shared_out, shared_gate)
-    return moe.fused_experts(x, w13, w2, topk_weights, topk_ids, scales=scales, shared=shared)
+    biases = None if w13_bias is None or w2_bias is None else ExpertBiases(w13_bias, w2_bias)
+    act = ExpertActivation(activation, alpha, limit)
+    return moe.fused_experts(
+        x, w13, w2, topk_weights, topk_ids, scales=scales, shared=shared, activation=act, biases=biases
+    )
 
 
 _fused_experts_op = opaque("fused_experts", _fused_experts_impl, like_x)
@@ -102,9 +112,15 @@ def fused_experts(
     *,
     scales: ExpertScales | None = None,
     shared: SharedExpert | None = None,
+    activation: ExpertActivation = SILU,
+    biases: ExpertBiases | None = None,
 ) -> Tensor:
     """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]
-    (plus the shared expert's term, if given)."""
+    (plus the shared expert's term, if given; activation and biases as there)."""
     flat = (None, None, None) if scales is None else (scales.w13, scales.w2, list(scales.block))
     term = (None, None) if shared is None else (shared.out, shared.gate)
-    return pick(_fused_experts_op, _fused_experts_impl)(x, w13, w2, topk_weights, topk_ids, *flat, *term)
+    act = (activation.kind, activation.alpha, activation.limit)
+    bias = (None, None) if biases is None else (biases.w13, biases.w2)
+    return pick(_fused_experts_op, _fused_experts_impl)(
+        x, w13, w2, topk_weights, topk_ids, *flat, *term, *act, *bias
+    )

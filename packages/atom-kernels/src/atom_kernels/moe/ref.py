@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.grouping import GroupedRouting
 
 
@@ -50,9 +51,16 @@ def grouped_topk_ref(
 
 
 def fused_experts_ref(
-    x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, topk_weights: torch.Tensor, topk_ids: torch.Tensor
+    x: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    activation: ExpertActivation = SILU,
+    biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
-    """out[t] = sum_j w[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j].
+    """out[t] = sum_j w[t, j] * (W2[e] @ act(W1[e] @ x[t] + b1[e], W3[e] @ x[t] + b3[e]) + b2[e]),
+    e = ids[t, j]; act: silu(gate) * up unless `activation` says otherwise; no b without `biases`.
 
     x: [T, H]; w13: [E, 2I, H] (gate rows then up rows); w2: [E, H, I]. One loop per expert hit.
     """
@@ -61,8 +69,13 @@ def fused_experts_ref(
     for expert in topk_ids.unique().tolist():
         token, slot = (topk_ids == expert).nonzero(as_tuple=True)
         h = x[token].float() @ w13[expert].float().t()
-        h = F.silu(h[:, :inter]) * h[:, inter:]
-        out.index_add_(0, token, (h @ w2[expert].float().t()) * topk_weights[token, slot, None].float())
+        if biases is not None:
+            h = h + biases.w13[expert].float()
+        h = activation.ref(h[:, :inter], h[:, inter:])
+        y = h @ w2[expert].float().t()
+        if biases is not None:
+            y = y + biases.w2[expert].float()
+        out.index_add_(0, token, y * topk_weights[token, slot, None].float())
     return out.to(x.dtype)
 
 

@@ -20,7 +20,13 @@ from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
 
 def _experts_static(
-    x, w13, w2, topk_weights, topk_ids, activation: ExpertActivation = SILU, biases: ExpertBiases | None = None
+    x,
+    w13,
+    w2,
+    topk_weights,
+    topk_ids,
+    activation: ExpertActivation = SILU,
+    biases: ExpertBiases | None = None,
 ) -> torch.Tensor:
     """The experts with shapes fixed by x alone (no host sync), for CUDA-graph capture on the torch backend.
 

@@ -46,8 +46,9 @@ for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all exper
 
 # The tiny models every surface's tests build: the dimensions they share, then each architecture's variant
 # (GQA, head_dim != hidden / heads, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE), a
-# shared expert (Qwen2-MoE), DeepSeek's MLA with grouped (V3) and greedy (V2) routing). A suite adds its
-# vocabulary and what its engine needs (adapters' support modules, atom-core's core_fixtures).
+# shared expert (Qwen2-MoE), DeepSeek's MLA with grouped (V3) and greedy (V2) routing, GPT-OSS's sinks and
+# biases). A suite adds its vocabulary and what its engine needs (adapters' support modules, atom-core's
+# core_fixtures).
 TINY_DIMS = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
 _QWEN3_HEADS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 TINY_ARCHITECTURES = {
@@ -70,6 +71,15 @@ TINY_ARCHITECTURES = {
     ),
     "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
     "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,
+    # attention sinks, q/k/v/o biases, windows of 8 on every other layer, biased router and experts
+    "GptOssForCausalLM": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=32,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
+    ),
 }
 
 

@@ -31,7 +31,13 @@ from tools.testing_seams import record_steps
 TINY = dict(TINY_DIMS, bos_token_id=0, eos_token_id=1)
 ARCHITECTURES = {
     name: TINY_ARCHITECTURES[name]
-    for name in ("LlamaForCausalLM", "Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen2MoeForCausalLM")
+    for name in (
+        "LlamaForCausalLM",
+        "Qwen3ForCausalLM",
+        "Qwen3MoeForCausalLM",
+        "Qwen2MoeForCausalLM",
+        "GptOssForCausalLM",
+    )
 }
 ARCHITECTURES["LlamaForCausalLM"] = dict(num_attention_heads=2, num_key_value_heads=1)
 

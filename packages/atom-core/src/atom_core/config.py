@@ -222,6 +222,10 @@ class ModelConfig:
         if not archs:
             raise ConfigError('config.json names no architecture ("architectures" is missing)')
         hf = text_model_config(hf)
+        from atom_core.registry import SPECS
+
+        if (spec := SPECS.get(archs[0])) is not None:
+            hf = spec.with_defaults(hf)
         missing = [
             k
             for k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads")

@@ -32,7 +32,7 @@ from atom_kernels.gdn import (
     plan_chunks,
 )
 from atom_kernels.mla import mla_attention, write_latent
-from atom_kernels.moe import ExpertScales, SharedExpert
+from atom_kernels.moe import SILU, ExpertActivation, ExpertBiases, ExpertScales, SharedExpert
 from atom_kernels.opaque import (
     apply_mrope,
     apply_rotary,
@@ -48,8 +48,11 @@ from atom_kernels.opaque import (
 
 __all__ = [
     "PEER_NORM_MAX_ROWS",
+    "SILU",
     "ChunkPlan",
     "DecodePartition",
+    "ExpertActivation",
+    "ExpertBiases",
     "ExpertScales",
     "Gating",
     "KVLayout",

@@ -25,12 +25,18 @@ class ModelSpec:
     model_class: str  # "module:Class", imported only when built
     layer_kinds: frozenset[str]  # every kind its layers can be (mha, sliding, mla, gdn), whatever the config
     draft_class: str | None = None  # "module:Class" of the draft its checkpoint's MTP layers make, if any
+    # "module:function" giving config.json with the family's transformers defaults where it is silent
+    config_defaults: str | None = None
 
     def load_class(self) -> type:
         return _import(self.model_class)
 
     def load_draft_class(self) -> type | None:
         return None if self.draft_class is None else _import(self.draft_class)
+
+    def with_defaults(self, hf: dict) -> dict:
+        """config.json as transformers reads it for this family (its defaults filled in)."""
+        return hf if self.config_defaults is None else _import(self.config_defaults)(hf)
 
     def attention_kinds(self, config: ModelConfig) -> tuple[str, ...]:
         """Each layer's kind (mha, sliding, mla, gdn) for this config, as the model class derives it: what
@@ -90,6 +96,12 @@ SPECS: dict[str, ModelSpec] = {
             "atom_core.models.qwen3_5:Qwen3_5MoeForConditionalGeneration",
             HYBRID,
             draft_class=f"{QWEN_MTP}:Qwen3_5MoeMTP",
+        ),
+        ModelSpec(
+            "GptOssForCausalLM",
+            "atom_core.models.gpt_oss:GptOssForCausalLM",
+            MHA_FAMILY,
+            config_defaults="atom_core.models.gpt_oss:hf_defaults",
         ),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(

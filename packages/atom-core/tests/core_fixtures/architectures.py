@@ -45,3 +45,31 @@ DSV2 = dict(
     max_position_embeddings=256,
     rope_parameters=dict(YARN, mscale=0.707, mscale_all_dim=0.707),
 )
+
+
+# Tiny GPT-OSS: alternating windows of 5 (shorter than the tests' prompts), YaRN without truncation, and a
+# clamp low enough to bite (core_fixtures.checkpoints.gpt_oss_extras makes sinks, biases and experts large).
+GPT_OSS_TINY = dict(
+    vocab_size=211,
+    hidden_size=64,
+    intermediate_size=32,
+    num_hidden_layers=4,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=16,
+    num_local_experts=4,
+    num_experts_per_tok=2,
+    sliding_window=5,
+    max_position_embeddings=256,
+    swiglu_limit=0.6,
+    rope_parameters=dict(
+        rope_type="yarn",
+        rope_theta=10000.0,
+        factor=4.0,
+        beta_fast=32.0,
+        beta_slow=1.0,
+        truncate=False,
+        original_max_position_embeddings=64,
+    ),
+    tie_word_embeddings=False,
+)

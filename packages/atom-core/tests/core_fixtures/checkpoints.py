@@ -81,3 +81,19 @@ def save_word_tokenizer(path, vocab_size: int) -> None:
     tok.decoder = decoders.WordPiece(prefix="##")  # joins words with spaces
     fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
     fast.save_pretrained(path)
+
+
+def gpt_oss_extras(model) -> None:
+    """Sinks, biases and experts as a trained model has them: none of them zero, the experts large enough
+    that their gate and up projections cross the clamp."""
+    gen = torch.Generator().manual_seed(5)
+    with torch.no_grad():
+        for layer in model.model.layers:
+            attn, mlp = layer.self_attn, layer.mlp
+            attn.sinks.copy_(torch.randn(attn.sinks.shape, generator=gen))
+            for proj in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj):
+                proj.bias.copy_(0.3 * torch.randn(proj.bias.shape, generator=gen))
+            mlp.router.bias.copy_(torch.randn(mlp.router.bias.shape, generator=gen))
+            for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
+                param = getattr(mlp.experts, name)
+                param.copy_(0.5 * torch.randn(param.shape, generator=gen))

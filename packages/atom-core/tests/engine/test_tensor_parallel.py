@@ -120,6 +120,24 @@ def test_tp2_equals_tp1(tmp_path, cls, overrides):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
 
 
+def test_gpt_oss_tp2_equals_tp1(tmp_path):
+    """Sinks split with their heads, q/k/v biases split and o_proj's added once; the experts' gate/up
+    biases split with their columns and the down bias added once (rank 0's partial sum holds it)."""
+    from core_fixtures.architectures import GPT_OSS_TINY
+    from core_fixtures.checkpoints import gpt_oss_extras
+    from transformers import GptOssConfig
+
+    config = GptOssConfig(**{**GPT_OSS_TINY, "num_attention_heads": 8, "num_key_value_heads": 4})
+    _, path = random_checkpoint(config, tmp_path / "ckpt", edit=gpt_oss_extras)
+    single = _logits(path, ParallelConfig())
+    out = str(tmp_path / "logits")
+    mp.start_processes(
+        _rank, args=(2, free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
+    )
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+
+
 def test_deepseek_tp2_equals_tp1(tmp_path):
     """MLA heads split over ranks (the latent replicated), routed experts split, shared experts split (their
     partial sums join the routed experts' for one reduction)."""

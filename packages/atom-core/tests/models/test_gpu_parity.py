@@ -7,7 +7,7 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 import pytest
 import torch
 from core_fixtures.runner_driver import GPU_BF16, RunnerDriver
-from transformers import LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import GptOssConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 from tools.testing_models import random_checkpoint
 
@@ -32,16 +32,27 @@ LARGE = dict(
         (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)),
         # windows far shorter than the prompts, on half the layers
         (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2)),
+        # sinks, biases, alternating windows shorter than the prompts, the clamped SwiGLU experts
+        (
+            GptOssConfig,
+            dict(
+                head_dim=64,
+                num_local_experts=8,
+                num_experts_per_tok=2,
+                intermediate_size=512,
+                sliding_window=96,
+            ),
+        ),
     ],
 )
 def test_bf16_teacher_forced_parity(tmp_path, cls, overrides):
     hf = random_checkpoint(cls(**{**LARGE, **overrides}), tmp_path / "ckpt", dtype=torch.bfloat16)[0].cuda()
-    if "num_experts" in overrides:
+    if "num_experts" in overrides or "num_local_experts" in overrides:
         # Random routers (std 0.02) tie experts within bf16 noise, and a flipped expert is not a kernel
         # error: routers with the margins trained ones have, re-saved.
         with torch.no_grad():
             for name, param in hf.named_parameters():
-                if name.endswith("mlp.gate.weight"):
+                if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                     param.mul_(25.0)
         hf.save_pretrained(tmp_path / "ckpt")
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (300, 77, 1000)]

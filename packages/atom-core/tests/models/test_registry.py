@@ -17,12 +17,21 @@ def test_every_registered_class_imports_and_declares_its_packed_modules():
         assert spec.packed_modules_mapping() == {**qkv, "gate_up_proj": ["gate_proj", "up_proj"]}
         # two layers: Qwen3-Next's default pattern (full attention every 4th) makes both linear attention
         expected = {"mla"} if mla else {"gdn"} if arch.startswith(("Qwen3Next", "Qwen3_5")) else {"mha"}
+        if arch == "GptOssForCausalLM":  # sliding first, then full (transformers' default layer_types)
+            expected = {"sliding", "mha"}
         assert set(spec.attention_kinds(_tiny_config(arch))) == expected
 
 
 def _tiny_config(arch):
     return ModelConfig.from_hf_dict(
-        dict(architectures=[arch], vocab_size=10, hidden_size=8, num_hidden_layers=2, num_attention_heads=2)
+        dict(
+            architectures=[arch],
+            vocab_size=10,
+            hidden_size=8,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+        )
     )
 
 

@@ -7,7 +7,7 @@ pass their own backend; nothing switches on a global "framework" setting.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
 import torch
@@ -32,6 +32,9 @@ class AttentionLayerSpec:
     scale: float
     prefix: str  # the module path, e.g. "model.layers.3.self_attn.attn"
     sliding_window: int | None = None
+    # learned per-head sink logits [num_heads] fp32 (GPT-OSS): each softmax row gets exp(sink) more in its
+    # denominator and no value; the frontend's parameter, read at each call (so loaded after the build)
+    sinks: torch.Tensor | None = field(default=None, compare=False)
 
     def cache_spec(self) -> PagedKVSpec:
         """What this layer keeps per token: K and V of its KV heads (the layer's kind: mha or sliding)."""

@@ -91,6 +91,7 @@ class PagedAttentionLayer:
             layout=self.layout,
             softmax_scale=self.spec.scale,
             sliding_window=self.spec.sliding_window,
+            sinks=self.spec.sinks,
             kernel_backend=self.kernel_backend,
         )
 
@@ -112,6 +113,7 @@ class PagedAttentionLayer:
             layout=self.layout,
             softmax_scale=self.spec.scale,
             sliding_window=self.spec.sliding_window,
+            sinks=self.spec.sinks,
             k_scale=cache.k_scale,
             v_scale=cache.v_scale,
             kernel_backend=self.kernel_backend,

@@ -29,9 +29,11 @@ class SelfAttention(nn.Module):
         sliding_window: int | None = None,
         output_gate: bool = False,
         norm_offset: float = 0.0,
+        sinks: bool = False,
     ):
         """output_gate: q_proj also gives each head a gate, [q_h | gate_h] per head (Qwen3-Next, Qwen3.5),
-        and the output is attention * sigmoid(gate); norm_offset: the q/k norms' (1 + weight) form."""
+        and the output is attention * sigmoid(gate); norm_offset: the q/k norms' (1 + weight) form;
+        sinks: a learned sink logit per head joins each softmax (GPT-OSS's `self_attn.sinks` [Hq])."""
         super().__init__()
         d, dtype = config.head_dim, config.dtype
         common = dict(dtype=dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
@@ -60,6 +62,10 @@ class SelfAttention(nn.Module):
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
         self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
+        self.sinks = None
+        if sinks:  # fp32, as the kernels read it; this rank's heads
+            self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
+            self.sinks.weight_loader = self._load_sinks
         spec = AttentionLayerSpec(
             layer_index=layer_index,
             num_heads=self.num_heads,
@@ -68,6 +74,7 @@ class SelfAttention(nn.Module):
             scale=d**-0.5,
             prefix=f"{prefix}.attn",
             sliding_window=sliding_window,
+            sinks=self.sinks,
         )
         # What this layer keeps cached, for the engine that allocates it (atom_core.cache).
         self.cache_index, self.cache_spec = layer_index, spec.cache_spec()
@@ -94,6 +101,15 @@ class SelfAttention(nn.Module):
         if gate is not None:  # scaled by sigmoid(gate) on its way into o_proj (one kernel at decode)
             return sigmoid_gate_linear(self.o_proj, out, gate)
         return self.o_proj(out)
+
+    def _load_sinks(self, param: nn.Parameter, loaded: torch.Tensor) -> None:
+        """The checkpoint's [Hq] sink logits: this rank's heads."""
+        heads = self.num_heads
+        if tuple(loaded.shape) != (heads * self.qkv_proj.parallel.tp_size,):
+            raise ValueError(
+                f"expected shape ({heads * self.qkv_proj.parallel.tp_size},), got {tuple(loaded.shape)}"
+            )
+        param.data.copy_(loaded.narrow(0, self.qkv_proj.parallel.tp_rank * heads, heads))
 
     def defer_output_reduce(self) -> None:
         """forward returns o_proj's partial sum for the next RMSNorm to reduce (tensor parallel)."""

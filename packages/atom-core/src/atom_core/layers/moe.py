@@ -18,7 +18,7 @@ from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
 from atom_core.layers.parallel import RankPartial, add_sums, all_reduce, may_defer_reduce
-from atom_core.ops import SharedExpert, fused_experts, topk_softmax
+from atom_core.ops import SILU, ExpertActivation, ExpertBiases, SharedExpert, fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
 
 
@@ -36,7 +36,13 @@ class SparseMoE(nn.Module):
         prefix: str,
         quant_config: QuantConfig | None = None,
         shared_intermediate: int = 0,
+        router_bias: bool = False,
+        expert_bias: bool = False,
+        activation: ExpertActivation = SILU,
     ):
+        """router_bias: the router's linear has a bias (GPT-OSS); expert_bias: each expert adds a bias after
+        its gate/up and its down matmul (GPT-OSS); activation: how an expert combines gate and up
+        (silu(gate) * up, or GPT-OSS's clamped swiglu_oai)."""
         super().__init__()
         self.prefix = prefix
         common = dict(dtype=dtype, parallel=parallel, quant_config=quant_config)
@@ -48,9 +54,10 @@ class SparseMoE(nn.Module):
         )
         self.inter = _split(intermediate, parallel, "moe_intermediate_size")
         self.defer_reduce = False  # see defer_output_reduce
+        self.activation = activation
         # routers stay in the model's dtype in every fp8 checkpoint (and DeepSeek's reads its weight)
         self.gate = ReplicatedLinear(
-            hidden, num_experts, bias=False, prefix=f"{prefix}.gate", dtype=dtype, parallel=parallel
+            hidden, num_experts, bias=router_bias, prefix=f"{prefix}.gate", dtype=dtype, parallel=parallel
         )
         self.fp8 = ExpertsFp8.for_layer(quant_config, f"{prefix}.experts", hidden, self.inter, parallel)
         weight_dtype = dtype if self.fp8 is None else E4M3
@@ -66,6 +73,13 @@ class SparseMoE(nn.Module):
         if self.fp8 is not None:
             self.w13_scale_inv, self.w2_scale_inv = self.fp8.create_scales(num_experts)
             stacked += [(self.w13_scale_inv, gate_up), (self.w2_scale_inv, down)]
+        self.w13_bias = self.w2_bias = None
+        if expert_bias:  # in the model's dtype, split as the weights are; w2's full on rank 0 only
+            self.w13_bias = nn.Parameter(
+                torch.empty(num_experts, 2 * self.inter, dtype=dtype), requires_grad=False
+            )
+            self.w2_bias = nn.Parameter(torch.empty(num_experts, hidden, dtype=dtype), requires_grad=False)
+            stacked += [(self.w13_bias, gate_up), (self.w2_bias, down)]
         for param, shards in stacked:
             param.weight_loader, param.expected_shards = self.weight_loader, shards
         # Qwen2-MoE style: every token also goes through one dense expert, scaled by sigmoid(gate(x)).
@@ -86,11 +100,21 @@ class SparseMoE(nn.Module):
     def weight_loader(self, param, loaded, shard_id):
         """shard_id: (expert, "w1" | "w3" | "w2") for the expert's gate, up and down projections, or
         ("all", "w13" | "w2") for every expert's in one tensor: gate_up [E, 2I, H] (gate rows first) or
-        down [E, H, I], as fused checkpoints (Qwen3.5-MoE) store them."""
+        down [E, H, I], as fused checkpoints (Qwen3.5-MoE) store them; ("all", "w13_interleaved_t" |
+        "w2_t"): GPT-OSS's [E, H, 2I] with gate and up columns alternating, and [E, I, H]. The biases
+        (w13_bias [E, 2I], w2_bias [E, H]) load with ("all", "w13" | "w13_interleaved" | "w2")."""
         expert, which = shard_id
         rank, inter = self.parallel.tp_rank, self.inter
         if getattr(param, "block_scale", False):
             return self.fp8.load_scale(param, loaded, expert, which)
+        if param is self.w13_bias or param is self.w2_bias:
+            return self._load_bias(param, loaded, which)
+        if which == "w13_interleaved_t":  # [E, H, 2I], gate and up alternating -> [E, 2I, H], gate rows first
+            _check(loaded, (self.num_experts, param.shape[2], 2 * inter * self.parallel.tp_size))
+            loaded, which = _deinterleave(loaded.transpose(1, 2)), "w13"
+        elif which == "w2_t":
+            _check(loaded, (self.num_experts, inter * self.parallel.tp_size, param.shape[1]))
+            loaded, which = loaded.transpose(1, 2), "w2"
         if expert == "all":
             full = inter * self.parallel.tp_size
             if which == "w2":
@@ -111,6 +135,22 @@ class SparseMoE(nn.Module):
             param.data[expert].narrow(0, 0 if which == "w1" else inter, inter).copy_(
                 loaded.narrow(0, rank * inter, inter)
             )
+
+    def _load_bias(self, param, loaded, which: str) -> None:
+        """Every expert's bias: gate/up [E, 2I] (gate half first, or alternating), down [E, H]. The down
+        bias is added once to the sum over ranks: rank 0 holds it, the others zeros."""
+        rank, inter, full = self.parallel.tp_rank, self.inter, self.inter * self.parallel.tp_size
+        if which == "w2":
+            _check(loaded, tuple(param.shape))
+            param.data.copy_(loaded if rank == 0 else torch.zeros_like(loaded))
+            return
+        _check(loaded, (self.num_experts, 2 * full))
+        if which == "w13_interleaved":
+            loaded = _deinterleave(loaded)
+        gate, up = loaded.split(full, dim=1)
+        param.data.copy_(
+            torch.cat([gate.narrow(1, rank * inter, inter), up.narrow(1, rank * inter, inter)], 1)
+        )
 
     def route(self, x: torch.Tensor, logits: torch.Tensor | None = None):
         """x: [T, H] -> (weights [T, k] fp32 rounded to x's dtype, as transformers rounds them; expert ids
@@ -137,7 +177,11 @@ class SparseMoE(nn.Module):
         (unreduced, as a RankPartial, where defer_output_reduce asked for it), plus the shared expert's
         term where given (one rank only: it is the whole output, not a rank's share)."""
         scales = None if self.fp8 is None else self.fp8.scales(self.w13_scale_inv, self.w2_scale_inv)
-        partial = fused_experts(x, self.w13, self.w2, weights, ids, scales=scales, shared=shared)
+        biases = None if self.w13_bias is None else ExpertBiases(self.w13_bias, self.w2_bias)
+        partial = fused_experts(
+            x, self.w13, self.w2, weights, ids, scales=scales, shared=shared, activation=self.activation,
+            biases=biases,
+        )  # fmt: skip
         if self.defer_reduce and may_defer_reduce(self.parallel):
             return RankPartial(partial, self.parallel)
         return all_reduce(partial, self.parallel)
@@ -157,3 +201,8 @@ class SparseMoE(nn.Module):
         if isinstance(shared, RankPartial):
             return add_sums(out, RankPartial(gate * shared.partial, shared.parallel))
         return add_sums(out, gate * shared)
+
+
+def _deinterleave(t: torch.Tensor) -> torch.Tensor:
+    """[E, 2I, ...] with gate and up rows alternating (gate first) -> gate rows, then up rows."""
+    return torch.cat([t[:, 0::2], t[:, 1::2]], dim=1)

@@ -23,10 +23,16 @@ class SglangAttentionLayer(RadixAttention):
     The ForwardBatch comes from the ForwardContext the wrapper binds around its forward.
     """
 
+    # the layer's spec: its sinks ([Hq] learned sink logits, GPT-OSS) go to the backend at each call (a
+    # plain attribute, so the frontend's parameter is not registered twice)
+    spec: AttentionLayerSpec | None = None
+
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
         forward_batch = current_forward_context().metadata_for(FORWARD_BATCH)
         t = q.shape[0]
-        out = super().forward(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1), forward_batch)
+        sinks = None if self.spec is None else self.spec.sinks
+        extra = {} if sinks is None else {"sinks": sinks}  # as SGLang's own GPT-OSS passes them
+        out = super().forward(q.reshape(t, -1), k.reshape(t, -1), v.reshape(t, -1), forward_batch, **extra)
         return out.view(t, self.tp_q_head_num, self.v_head_dim)
 
 
@@ -79,7 +85,7 @@ class CoreAttentionBackend:
     def make_layer(self, spec: AttentionLayerSpec) -> SglangAttentionLayer:
         # atom-core's window W sees keys with q - k < W; SGLang's sliding_window_size s sees q - k <= s.
         window = spec.sliding_window - 1 if spec.sliding_window else -1
-        return SglangAttentionLayer(
+        layer = SglangAttentionLayer(
             spec.num_heads,
             spec.head_dim,
             spec.scale,
@@ -88,6 +94,8 @@ class CoreAttentionBackend:
             sliding_window_size=window,
             prefix=spec.prefix,
         )
+        layer.spec = spec
+        return layer
 
     def make_mla_layer(self, spec: MLALayerSpec) -> SglangMLALayer:
         return SglangMLALayer(spec, self.layer_ids(spec.layer_index))

@@ -44,6 +44,10 @@ class AtomAttentionBackend(AttentionBackend):
         return True
 
     @classmethod
+    def supports_sink(cls) -> bool:
+        return True
+
+    @classmethod
     def supports_attn_type(cls, attn_type: str) -> bool:
         return attn_type == AttentionType.DECODER
 

@@ -22,8 +22,10 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         logits_soft_cap: float | None = None,
         attn_type: str = AttentionType.DECODER,
         kv_sharing_target_layer_name: str | None = None,
+        sinks: torch.Tensor | None = None,
         **unsupported,
     ) -> None:
+        """sinks: [num_heads] learned sink logits (GPT-OSS), read at each forward."""
         options = dict(
             unsupported,
             alibi_slopes=alibi_slopes,
@@ -41,6 +43,9 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
         self.num_kv_heads = num_kv_heads or num_heads
         self.sliding_window = sliding_window
         self.kv_cache_dtype = kv_cache_dtype
+        if sinks is not None and tuple(sinks.shape) != (num_heads,):
+            raise ValueError(f"attention sinks must be [num_heads={num_heads}], got {tuple(sinks.shape)}")
+        self.sinks = sinks
 
     def forward(
         self,
@@ -72,6 +77,7 @@ class AtomAttentionImpl(AttentionImpl[AtomAttentionMetadata]):
             attn_metadata.paged,
             softmax_scale=self.scale,
             sliding_window=self.sliding_window,
+            sinks=None if self.sinks is None else self.sinks.float(),
             out=output[:n],
         )
         return output

@@ -38,6 +38,8 @@ class CoreAttentionBackend:
         # Attention declares its KV spec (full or sliding window) from the heads, dims and window given here:
         # the layer's own cache spec.
         cache = spec.cache_spec()
+        # sinks (GPT-OSS) go to the backend's impl as vLLM's own models pass them
+        extra = {} if spec.sinks is None else {"sinks": spec.sinks}
         return VllmAttentionLayer(
             spec.num_heads,
             cache.head_dim,
@@ -47,6 +49,7 @@ class CoreAttentionBackend:
             per_layer_sliding_window=cache.sliding_window,
             prefix=spec.prefix,
             attn_backend=self.backend_cls,
+            **extra,
         )
 
     def make_mla_layer(self, spec: MLALayerSpec) -> VllmMLALayer:

@@ -133,6 +133,24 @@ OPCHECK_CASES = {
             torch.randn(4, 32),  # w2 bias [E, H]
         ),
     ),
+    "fused_experts with MXFP4 weights": (
+        moe_ops._fused_experts_op,
+        (
+            torch.randn(5, 64),
+            torch.randint(0, 256, (4, 64, 32), dtype=torch.uint8),  # w13 bytes [E, 2I, H / 2]
+            torch.randint(0, 256, (4, 64, 16), dtype=torch.uint8),  # w2 bytes [E, H, I / 2]
+            torch.rand(5, 2),
+            torch.randint(0, 4, (5, 2), dtype=torch.int32),
+            *[None] * 5,
+            "silu",
+            1.702,
+            7.0,
+            None,
+            None,
+            torch.randint(120, 130, (4, 64, 2), dtype=torch.uint8),  # e8m0 scales [E, 2I, H / 32]
+            torch.randint(120, 130, (4, 64, 1), dtype=torch.uint8),  # [E, H, I / 32]
+        ),
+    ),
 }
 
 

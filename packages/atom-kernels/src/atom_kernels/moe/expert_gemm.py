@@ -24,8 +24,20 @@ import triton.language as tl
 
 from atom_kernels.moe.align import ExpertOrder
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation
+from atom_kernels.moe.mxfp4 import GROUP as MXFP4_GROUP
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.tile_order import grouped_tile
+
+MXFP4 = "mxfp4"  # scales=(scale, MXFP4): the weights are MXFP4 bytes
+
+
+def mxfp4_block_k(block_k: int, k: int) -> int:
+    """The largest k-step up to block_k (and at least one 32-value group) whose tiles divide K: MXFP4
+    tiles are unpacked whole, never masked."""
+    step = max(block_k, MXFP4_GROUP)
+    while k % step:
+        step //= 2
+    return step
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,13 +93,42 @@ def down_tile_config(gate_up_config: TileConfig) -> TileConfig:
 
 
 @triton.jit
-def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr):
+def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr, MXFP4_W: tl.constexpr):
     """A [BLOCK_K, BLOCK_N] weight tile in the activations' dtype; e4m3 tiles are multiplied by their
-    columns' block scales first (one scale per column within a k-step: BLOCK_K divides the scale block)."""
+    columns' block scales first (one scale per column within a k-step: BLOCK_K divides the scale block);
+    MXFP4 tiles are [BLOCK_K / 2, BLOCK_N] bytes, unpacked and scaled per 32 rows (_load_mxfp4)."""
+    if MXFP4_W:
+        return _load_mxfp4(w_ptrs, ws_ptrs, mask, col_ok).to(dtype)
     w = tl.load(w_ptrs, mask=mask, other=0.0)
     if FP8_W:
         w = (w.to(tl.float32) * tl.load(ws_ptrs, mask=col_ok[None, :], other=0.0)).to(dtype)
     return w
+
+
+@triton.jit
+def _e2m1(code):
+    """4-bit e2m1 codes (int32) -> fp32: sign bit, two exponent bits, one mantissa bit."""
+    exponent = (code >> 1) & 3
+    half_steps = (code & 1).to(tl.float32) * 0.5
+    power = ((1 << exponent) >> 1).to(tl.float32)  # 2**(exponent - 1) for exponent >= 1
+    magnitude = tl.where(exponent == 0, half_steps, (1.0 + half_steps) * power)
+    return tl.where((code & 8) != 0, -magnitude, magnitude)
+
+
+@triton.jit
+def _load_mxfp4(w_ptrs, ws_ptrs, mask, col_ok):
+    """bytes [BK / 2, BN] (low nibble the even k) and e8m0 scales from ws_ptrs [1, BN] (the k-step's first
+    group; the next groups follow) -> fp32 [BK, BN], each 32 rows times 2**(scale - 127)."""
+    packed = tl.load(w_ptrs, mask=mask, other=0).to(tl.int32)
+    half_k: tl.constexpr = packed.shape[0]
+    block_n: tl.constexpr = packed.shape[1]
+    pairs = tl.join(_e2m1(packed & 15), _e2m1(packed >> 4))  # [BK / 2, BN, 2]
+    w = tl.reshape(tl.permute(pairs, (0, 2, 1)), (2 * half_k, block_n))  # k = 2 * byte + nibble
+    groups: tl.constexpr = 2 * half_k // 32
+    exponent = tl.load(ws_ptrs + tl.arange(0, groups)[:, None], mask=col_ok[None, :], other=127)
+    scale = (exponent.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # the e8m0 byte as fp32's exponent
+    w = tl.reshape(w, (groups, 32, block_n)) * scale[:, None, :]
+    return tl.reshape(w, (2 * half_k, block_n))
 
 
 @triton.jit
@@ -144,6 +185,7 @@ class PairRows(NamedTuple):
 _DERIVED = {
     "A_BY_TOKEN": lambda args: args["GATED"],
     "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
+    "W_K": lambda args: args["BLOCK_K"] // 2 if args["MXFP4_W"] else args["BLOCK_K"],
     "PRECISION": lambda args: "ieee" if args["act"].a.dtype == torch.float32 else "tf32",
 }
 
@@ -171,14 +213,16 @@ def _expert_gemm_kernel(
     GROUP_M: tl.constexpr,
     FP8_W: tl.constexpr,
     FP8_A: tl.constexpr,  # a is e4m3 with scales [rows, K / SCALE_K] (W8A8; needs FP8_W)
+    MXFP4_W: tl.constexpr,  # w is MXFP4: bytes [E, N, K / 2], e8m0 scales [E, N, K / 32] (weight-only)
     PAIR_TILES: tl.constexpr,
     PDL: tl.constexpr,
     A_BY_TOKEN: tl.constexpr,
     EVEN_K: tl.constexpr,
+    W_K: tl.constexpr,  # weight elements of storage a k-step reads along K (BLOCK_K / 2 for MXFP4 bytes)
     PRECISION: tl.constexpr,
 ):
     """act: Activations; wts: ExpertWeights; pairs: PairRows; epi: Epilogue; out [rows or pairs, N]. The
-    last three constexprs follow from the rest (_DERIVED)."""
+    last four constexprs follow from the rest (_DERIVED)."""
     # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
     # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
     # loop instead of here measured no better at B=64, and slower at B=1.)
@@ -201,10 +245,11 @@ def _expert_gemm_kernel(
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     col_ok = cols < N
     ks = tl.arange(0, BLOCK_K)
+    kw = tl.arange(0, W_K)
     a_ptrs = act.a + a_row[:, None] * act.stride_am + ks[None, :]
     w_ptrs = (
-        wts.w + expert * wts.stride_we + cols[None, :].to(tl.int64) * wts.stride_wn + ks[:, None]
-    )  # [BK, BN]
+        wts.w + expert * wts.stride_we + cols[None, :].to(tl.int64) * wts.stride_wn + kw[:, None]
+    )  # [W_K, BN]
     acc = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_M, BLOCK_N], dtype=tl.float32)
     ws_ptrs = (
@@ -216,7 +261,7 @@ def _expert_gemm_kernel(
             a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
             w_mask = col_ok[None, :]
         else:
-            k_ok = ks < K - k0
+            k_ok = ks < K - k0  # (MXFP4 tiles always divide K: the host picks such a BLOCK_K)
             a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
             w_mask = k_ok[:, None] & col_ok[None, :]
         if FP8_A:
@@ -232,7 +277,7 @@ def _expert_gemm_kernel(
                     col_ok,
                 )
         else:
-            w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W)
+            w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W, MXFP4_W)
             acc = tl.dot(a, w, acc, input_precision=PRECISION)
             if GATED:  # the up half of w13 sits N rows below the gate half
                 w_up = _load_weight(
@@ -242,10 +287,11 @@ def _expert_gemm_kernel(
                     col_ok,
                     a.dtype,
                     FP8_W,
+                    MXFP4_W,
                 )
                 acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
-        w_ptrs += BLOCK_K
+        w_ptrs += W_K
     if HAS_BIAS:  # the up half's biases sit N columns after the gate half's
         b_ptrs = epi.bias + expert * epi.stride_be + cols
         acc += tl.load(b_ptrs, mask=col_ok, other=0.0).to(tl.float32)[None, :]
@@ -283,13 +329,19 @@ def _launch(
     activation: ExpertActivation = SILU,
 ):
     """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
-    for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step).
+    for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step); or
+    (scale uint8 [E, N, K / 32], MXFP4) for MXFP4 bytes w [E, N, K / 2]; then BLOCK_K is a multiple of 32
+    dividing K.
     a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32).
     bias: [E, N (x2 gated)] added before the activation (gated) or the routing weight (down)."""
     tiles_m = order.capacity // cfg.block_m
     grid = (tiles_m * triton.cdiv(n, cfg.block_n),)
     block_k, scale, (scale_n, scale_k) = cfg.block_k, None, (1, 1)
-    if scales is not None:
+    mxfp4 = scales is not None and scales[1] is MXFP4
+    if mxfp4:
+        scale, (scale_n, scale_k) = scales[0], (1, MXFP4_GROUP)
+        block_k = mxfp4_block_k(block_k, k)
+    elif scales is not None:
         scale, (scale_n, scale_k) = scales
         block_k = min(block_k, scale_k)
     # Not for one token's tiles (order_one_token): launched early they made Qwen3-30B-A3B's B=1 decode
@@ -319,7 +371,8 @@ def _launch(
         act, weights, pairs, epi, out, out.stride(0), n, k, SCALE_N=scale_n, SCALE_K=scale_k, GATED=gated,
         WEIGHTED=pair_weights is not None, HAS_BIAS=bias is not None, ACT=activation.code,
         BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=block_k,
-        GROUP_M=cfg.group_m, FP8_W=scales is not None, FP8_A=a_scale is not None, PAIR_TILES=order.pair_tiles,
+        GROUP_M=cfg.group_m, FP8_W=scales is not None and not mxfp4, FP8_A=a_scale is not None, MXFP4_W=mxfp4,
+        PAIR_TILES=order.pair_tiles,
         PDL=pdl, num_warps=cfg.num_warps, num_stages=cfg.num_stages, launch_pdl=pdl,
     )  # fmt: skip
 
@@ -373,7 +426,7 @@ def down(
         order,
         pair_weights,
         w2.shape[1],
-        w2.shape[2],
+        h.shape[1],  # I (w2 holds I / 2 bytes a row when MXFP4)
         1,
         cfg,
         gated=False,

@@ -11,8 +11,9 @@ from atom_kernels.fp8.act_quant import quantize_act
 from atom_kernels.fp8.ref import E4M3, dequantize_weight_ref, scale_grid
 from atom_kernels.moe.align import order_by_expert, order_one_token
 from atom_kernels.moe.combine import combine_topk
-from atom_kernels.moe.expert_gemm import TileConfig, down, down_tile_config, gate_up, tile_config
+from atom_kernels.moe.expert_gemm import MXFP4, TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
+from atom_kernels.moe.mxfp4 import ExpertMxfp4
 from atom_kernels.moe.ref import fused_experts_ref
 from atom_kernels.moe.shared import SharedExpert
 from atom_kernels.outputs import rows_like
@@ -94,12 +95,14 @@ def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, i
     return torch.stack([dequantize_weight_ref(w[e], scale[e], block, dtype) for e in range(w.shape[0])])
 
 
-def _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases) -> torch.Tensor:
+def _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases, mxfp4) -> torch.Tensor:
     """The torch backend: the reference (only the experts hit run: a host sync), or the static form
     while a CUDA graph is being captured. e4m3 experts are dequantized first (weight-only)."""
     if scales is not None:
         w13 = dequantize_experts(w13, scales.w13, scales.block, x.dtype)
         w2 = dequantize_experts(w2, scales.w2, scales.block, x.dtype)
+    if mxfp4 is not None:
+        w13, w2 = mxfp4.dequantize(w13, w2, x.dtype)
     if x.is_cuda and torch.cuda.is_current_stream_capturing():
         return _experts_static(x, w13, w2, topk_weights, topk_ids, activation, biases)
     return fused_experts_ref(x, w13, w2, topk_weights, topk_ids, activation, biases)
@@ -134,17 +137,21 @@ class ExpertScales:
                 )
 
 
-def _check(x, w13, w2, topk_weights, topk_ids, scales, biases) -> None:
+def _check(x, w13, w2, topk_weights, topk_ids, scales, biases, mxfp4) -> None:
     if x.dim() != 2 or w13.dim() != 3 or w2.dim() != 3:
         raise ValueError(
             f"fused_experts expects x [T, H], w13 [E, 2I, H], w2 [E, H, I]; got {tuple(x.shape)}, "
             f"{tuple(w13.shape)}, {tuple(w2.shape)}"
         )
-    experts, two_inter, hidden = w13.shape
-    if two_inter % 2 or hidden != x.shape[1] or w2.shape != (experts, hidden, two_inter // 2):
+    if scales is not None and mxfp4 is not None:
+        raise ValueError("expert weights are e4m3 (scales) or MXFP4 (mxfp4), not both")
+    packing = 2 if mxfp4 is not None else 1  # MXFP4 rows hold two values a byte
+    experts, two_inter, hidden = w13.shape[0], w13.shape[1], w13.shape[2] * packing
+    if two_inter % 2 or hidden != x.shape[1] or w2.shape != (experts, hidden, two_inter // 2 // packing):
         raise ValueError(
             f"expert weights do not fit x [T, {x.shape[1]}]: w13 {tuple(w13.shape)} must be [E, 2I, H] "
             f"and w2 {tuple(w2.shape)} must be [E, H, I]"
+            + (" (H and I halved: MXFP4 bytes)" if packing > 1 else "")
         )
     if topk_ids.dim() != 2 or topk_ids.shape[0] != x.shape[0] or topk_weights.shape != topk_ids.shape:
         raise ValueError(
@@ -155,6 +162,8 @@ def _check(x, w13, w2, topk_weights, topk_ids, scales, biases) -> None:
         biases.check(experts, two_inter // 2, hidden)
     if scales is not None:
         scales.check(w13, w2)
+    elif mxfp4 is not None:
+        mxfp4.check(w13, w2)
     elif w13.dtype != x.dtype or w2.dtype != x.dtype:
         raise ValueError(f"expert weights must be {x.dtype} like x, got {w13.dtype} and {w2.dtype}")
     if x.stride(-1) != 1 or w13.stride(-1) != 1 or w2.stride(-1) != 1:
@@ -176,12 +185,15 @@ def fused_experts(
     shared: SharedExpert | None = None,
     activation: ExpertActivation = SILU,
     biases: ExpertBiases | None = None,
+    mxfp4: ExpertMxfp4 | None = None,
     backend: Backend | str | None = None,
 ) -> torch.Tensor:
     """out[t] = sum_j weights[t, j] * W2[e] @ (silu(W1[e] @ x[t]) * (W3[e] @ x[t])), e = ids[t, j], plus
     the block's shared expert's term (shared.SharedExpert: its output, scaled by its gate's sigmoid).
     activation: how gate and up combine (expert_mlp.ExpertActivation; GPT-OSS's swiglu_oai);
     biases: added after each expert matmul (expert_mlp.ExpertBiases: w13 [E, 2I], w2 [E, H]).
+    mxfp4: w13 [E, 2I, H / 2] and w2 [E, H, I / 2] are MXFP4 bytes with these e8m0 scales (mxfp4.py); the
+    kernels dequantize each tile as they load it (weight-only), the torch backend dequantizes first.
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.
@@ -196,13 +208,13 @@ def fused_experts(
     benchmark sweeps). The Triton path has no host sync and can be
     captured in a CUDA graph. Returns out.
     """
-    _check(x, w13, w2, topk_weights, topk_ids, scales, biases)
+    _check(x, w13, w2, topk_weights, topk_ids, scales, biases, mxfp4)
     tokens, hidden = x.shape
     if shared is not None:
         shared.check(tokens, hidden)
     out = rows_like(x, out)
     if resolve_backend(backend, x.device) is Backend.TORCH:
-        routed = _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases)
+        routed = _experts_torch(x, w13, w2, topk_weights, topk_ids, scales, activation, biases, mxfp4)
         return out.copy_(routed if shared is None else routed.float() + shared.term())
     if tokens == 0:
         return out
@@ -220,8 +232,23 @@ def fused_experts(
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
     pair_weights = topk_weights.reshape(-1).float()
-    inter = w2.shape[2]
+    inter = w13.shape[1] // 2
     allowed = scales is not None and _w8a8_block_k(scales.block[1])
+    if mxfp4 is not None:
+        if quantize_input:
+            raise ValueError("MXFP4 experts run weight-only (quantize_input must not be True)")
+        epi13 = dict(bias=None if biases is None else biases.w13, activation=activation)
+        h = gate_up(x, w13, order, top_k, cfg, (mxfp4.w13, MXFP4), **epi13)
+        y = down(
+            h,
+            w2,
+            order,
+            pair_weights,
+            down_cfg,
+            (mxfp4.w2, MXFP4),
+            bias=None if biases is None else biases.w2,
+        )
+        return combine_topk(y, top_k, out, shared)
     if quantize_input and not allowed:
         raise ValueError(
             f"fused_experts runs W8A8 with e4m3 experts whose block_k is a power of two >= 32; got "

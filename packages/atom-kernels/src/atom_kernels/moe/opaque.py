@@ -9,6 +9,7 @@ from atom_kernels import moe
 from atom_kernels.custom_op import like_x, opaque, pick
 from atom_kernels.moe import ExpertScales, SharedExpert
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
+from atom_kernels.moe.mxfp4 import ExpertMxfp4
 
 Tensor = torch.Tensor
 
@@ -88,6 +89,8 @@ def _fused_experts_impl(
     limit: float = SILU.limit,
     w13_bias: Tensor | None = None,
     w2_bias: Tensor | None = None,
+    w13_mxfp4_scale: Tensor | None = None,
+    w2_mxfp4_scale: Tensor | None = None,
 ) -> Tensor:
     scales = None
     if w13_scale is not None and w2_scale is not None and scale_block is not None:
@@ -95,9 +98,13 @@ def _fused_experts_impl(
     shared = None if shared_out is None else SharedExpert(shared_out, shared_gate)
     biases = None if w13_bias is None or w2_bias is None else ExpertBiases(w13_bias, w2_bias)
     act = ExpertActivation(activation, alpha, limit)
+    mxfp4 = None
+    if w13_mxfp4_scale is not None and w2_mxfp4_scale is not None:
+        mxfp4 = ExpertMxfp4(w13_mxfp4_scale, w2_mxfp4_scale)
     return moe.fused_experts(
-        x, w13, w2, topk_weights, topk_ids, scales=scales, shared=shared, activation=act, biases=biases
-    )
+        x, w13, w2, topk_weights, topk_ids, scales=scales, shared=shared, activation=act, biases=biases,
+        mxfp4=mxfp4,
+    )  # fmt: skip
 
 
 _fused_experts_op = opaque("fused_experts", _fused_experts_impl, like_x)
@@ -114,13 +121,15 @@ def fused_experts(
     shared: SharedExpert | None = None,
     activation: ExpertActivation = SILU,
     biases: ExpertBiases | None = None,
+    mxfp4: ExpertMxfp4 | None = None,
 ) -> Tensor:
     """atom_kernels.fused_experts: x [T, H], experts w13 [E, 2I, H], w2 [E, H, I], routing [T, k] -> [T, H]
-    (plus the shared expert's term, if given; activation and biases as there)."""
+    (plus the shared expert's term, if given; activation, biases and MXFP4 weights as there)."""
     flat = (None, None, None) if scales is None else (scales.w13, scales.w2, list(scales.block))
     term = (None, None) if shared is None else (shared.out, shared.gate)
     act = (activation.kind, activation.alpha, activation.limit)
     bias = (None, None) if biases is None else (biases.w13, biases.w2)
+    fp4 = (None, None) if mxfp4 is None else (mxfp4.w13, mxfp4.w2)
     return pick(_fused_experts_op, _fused_experts_impl)(
-        x, w13, w2, topk_weights, topk_ids, *flat, *term, *act, *bias
+        x, w13, w2, topk_weights, topk_ids, *flat, *term, *act, *bias, *fp4
     )

@@ -1,0 +1,99 @@
+"""MXFP4 experts: the quantizer's rounding (OCP MX), its dequantization against transformers' own, and the
+expert GEMMs unpacking MXFP4 tiles against the reference on the dequantized weights, at ragged shapes."""
+
+import pytest
+import torch
+
+from atom_kernels import fused_experts
+from atom_kernels.moe import ExpertActivation, ExpertBiases, ExpertMxfp4, dequantize_mxfp4, quantize_mxfp4
+from atom_kernels.moe.expert_gemm import mxfp4_block_k
+from atom_kernels.moe.ref import fused_experts_ref
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DTYPES = [torch.float32, torch.float16] + ([torch.bfloat16] if DEVICE == "cuda" else [])
+TOL = {torch.float32: 2e-4, torch.float16: 2e-2, torch.bfloat16: 3e-2}
+
+
+def test_representable_values_round_trip_exactly_and_ties_go_to_the_even_code():
+    grid = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0])
+    w = torch.cat([grid, -grid, grid.flip(0), -grid.flip(0)]).reshape(1, 32) * 2.0**-3  # one scale: 2**-3
+    blocks, scales = quantize_mxfp4(w)
+    assert blocks.shape == (1, 16) and scales.shape == (1, 1) and blocks.dtype == scales.dtype == torch.uint8
+    torch.testing.assert_close(dequantize_mxfp4(blocks, scales, torch.float32), w, rtol=0, atol=0)
+    # amax 6 -> scale 2**(2 - 2) = 1: midpoints between codes round to the even code, past 6 saturates
+    w = torch.tensor([6.0, 0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.75, 7.9] + [0.0] * 22).reshape(1, 32)
+    got = dequantize_mxfp4(*quantize_mxfp4(w), torch.float32)[0, :10].tolist()
+    assert got == [6.0, 0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0, -1.0, 6.0]
+    zero_blocks, zero_scales = quantize_mxfp4(torch.zeros(2, 64))
+    assert (dequantize_mxfp4(zero_blocks, zero_scales, torch.float32) == 0).all()
+
+
+def test_quantization_error_is_within_half_a_step():
+    w = torch.randn(3, 5, 128) * torch.logspace(-3, 2, 5)[None, :, None]
+    dq = dequantize_mxfp4(*quantize_mxfp4(w), torch.float32)
+    groups = w.unflatten(-1, (-1, 32))
+    step = torch.exp2(torch.floor(torch.log2(groups.abs().amax(-1))) - 2)  # the group's scale
+    # e2m1's widest gap is 2 (between 4 and 6) in units of the scale; saturation adds less than that
+    assert ((dq - w).unflatten(-1, (-1, 32)).abs() <= step[..., None] * 2 + 1e-12).all()
+    with pytest.raises(ValueError, match="groups of 32"):
+        quantize_mxfp4(torch.randn(4, 48))
+
+
+def _mxfp4_experts(experts, hidden, inter, dtype):
+    w13 = torch.randn(experts, 2 * inter, hidden, device=DEVICE) * 2 / hidden**0.5
+    w2 = torch.randn(experts, hidden, inter, device=DEVICE) / inter**0.5
+    (q13, s13), (q2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
+    mx = ExpertMxfp4(s13, s2)
+    d13, d2 = mx.dequantize(q13, q2, dtype)
+    return q13, q2, mx, d13, d2
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("oai", [False, True], ids=["silu", "swiglu_oai+biases"])
+@pytest.mark.parametrize(
+    ("tokens", "experts", "k", "hidden", "inter"),
+    [(1, 4, 2, 64, 32), (7, 8, 2, 96, 64), (40, 6, 3, 64, 96)],  # 96: k-steps of 32 dividing it
+)
+def test_triton_mxfp4_experts_match_the_reference_on_dequantized_weights(
+    tokens, experts, k, hidden, inter, oai, dtype
+):
+    q13, q2, mx, d13, d2 = _mxfp4_experts(experts, hidden, inter, dtype)
+    x = torch.randn(tokens, hidden, device=DEVICE).to(dtype)
+    ids = torch.rand(tokens, experts, device=DEVICE).topk(k, dim=-1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(tokens, k, device=DEVICE), dim=-1)
+    extra = {}
+    if oai:
+        extra = dict(
+            activation=ExpertActivation("swiglu_oai", limit=1.5),
+            biases=ExpertBiases(
+                torch.randn(experts, 2 * inter, device=DEVICE).to(dtype),
+                torch.randn(experts, hidden).to(dtype),
+            ),
+        )
+    got = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="triton", **extra)
+    want = fused_experts_ref(x, d13, d2, weights, ids, *extra.values())
+    torch.testing.assert_close(got, want, rtol=TOL[dtype], atol=TOL[dtype])
+    torch.testing.assert_close(
+        fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="torch", **extra),
+        want,
+        rtol=1e-5,
+        atol=1e-5,
+    )
+
+
+def test_the_k_step_divides_k_in_whole_groups():
+    assert mxfp4_block_k(128, 2880) == 64 and mxfp4_block_k(32, 96) == 32 and mxfp4_block_k(128, 4096) == 128
+
+
+def test_bad_mxfp4_inputs_are_named():
+    q13, q2, mx, _, _ = _mxfp4_experts(4, 64, 32, torch.float32)
+    x, ids, weights = torch.randn(3, 64), torch.zeros(3, 2, dtype=torch.int32), torch.ones(3, 2)
+    ids[:, 1] = 1
+    with pytest.raises(ValueError, match=r"w13 scales must be uint8 \(4, 64, 2\)"):
+        fused_experts(x, q13, q2, weights, ids, mxfp4=ExpertMxfp4(mx.w13[..., :1].contiguous(), mx.w2))
+    with pytest.raises(ValueError, match="w2 scales must be uint8"):
+        fused_experts(x, q13, q2, weights, ids, mxfp4=ExpertMxfp4(mx.w13, mx.w2.float()))
+    with pytest.raises(ValueError, match="MXFP4 w13 must be uint8"):
+        fused_experts(x, q13.view(torch.int8), q2, weights, ids, mxfp4=mx)
+    with pytest.raises(ValueError, match="weight-only"):
+        fused_experts(x, q13, q2, weights, ids, mxfp4=mx, quantize_input=True, backend="triton")

@@ -32,7 +32,9 @@ from atom_kernels.gdn import (
     plan_chunks,
 )
 from atom_kernels.mla import mla_attention, write_latent
-from atom_kernels.moe import SILU, ExpertActivation, ExpertBiases, ExpertScales, SharedExpert
+from atom_kernels.moe import SILU, ExpertActivation, ExpertBiases, ExpertMxfp4, ExpertScales, SharedExpert
+from atom_kernels.moe.mxfp4 import GROUP as MXFP4_GROUP
+from atom_kernels.moe.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from atom_kernels.opaque import (
     apply_mrope,
     apply_rotary,
@@ -47,12 +49,14 @@ from atom_kernels.opaque import (
 )
 
 __all__ = [
+    "MXFP4_GROUP",
     "PEER_NORM_MAX_ROWS",
     "SILU",
     "ChunkPlan",
     "DecodePartition",
     "ExpertActivation",
     "ExpertBiases",
+    "ExpertMxfp4",
     "ExpertScales",
     "Gating",
     "KVLayout",
@@ -64,6 +68,7 @@ __all__ = [
     "causal_conv1d",
     "check_gdn_head_sizes",
     "dequantize_fp8_weight",
+    "dequantize_mxfp4",
     "fp8_linear",
     "fused_buffer_bytes",
     "fused_experts",
@@ -82,6 +87,7 @@ __all__ = [
     "peer_pad_slots",
     "plan_chunks",
     "plan_decode",
+    "quantize_mxfp4",
     "rms_norm",
     "rms_norm_gated",
     "silu_and_mul",

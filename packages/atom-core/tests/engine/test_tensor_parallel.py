@@ -120,15 +120,21 @@ def test_tp2_equals_tp1(tmp_path, cls, overrides):
         torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
 
 
-def test_gpt_oss_tp2_equals_tp1(tmp_path):
+@pytest.mark.parametrize("mxfp4", [False, True], ids=["bf16-layout", "mxfp4"])
+def test_gpt_oss_tp2_equals_tp1(tmp_path, mxfp4):
     """Sinks split with their heads, q/k/v biases split and o_proj's added once; the experts' gate/up
-    biases split with their columns and the down bias added once (rank 0's partial sum holds it)."""
+    biases split with their columns and the down bias added once (rank 0's partial sum holds it); MXFP4
+    experts split on whole 32-value groups (bytes and scales)."""
     from core_fixtures.architectures import GPT_OSS_TINY
-    from core_fixtures.checkpoints import gpt_oss_extras
+    from core_fixtures.checkpoints import gpt_oss_extras, write_mxfp4
     from transformers import GptOssConfig
 
-    config = GptOssConfig(**{**GPT_OSS_TINY, "num_attention_heads": 8, "num_key_value_heads": 4})
+    config = GptOssConfig(
+        **{**GPT_OSS_TINY, "num_attention_heads": 8, "num_key_value_heads": 4, "intermediate_size": 64}
+    )
     _, path = random_checkpoint(config, tmp_path / "ckpt", edit=gpt_oss_extras)
+    if mxfp4:
+        path = write_mxfp4(path, tmp_path / "mxfp4")
     single = _logits(path, ParallelConfig())
     out = str(tmp_path / "logits")
     mp.start_processes(

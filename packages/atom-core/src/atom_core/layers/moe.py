@@ -17,6 +17,9 @@ from atom_core.layers.joint_linear import JointLinears
 from atom_core.layers.linear import ReplicatedLinear, _check, _split
 from atom_core.layers.mlp import GatedMLP
 from atom_core.layers.moe_fp8 import E4M3, ExpertsFp8
+from atom_core.layers.moe_mxfp4 import DOWN as MXFP4_DOWN
+from atom_core.layers.moe_mxfp4 import GATE_UP as MXFP4_GATE_UP
+from atom_core.layers.moe_mxfp4 import ExpertsMxfp4
 from atom_core.layers.parallel import RankPartial, add_sums, all_reduce, may_defer_reduce
 from atom_core.ops import SILU, ExpertActivation, ExpertBiases, SharedExpert, fused_experts, topk_softmax
 from atom_core.quantization import QuantConfig
@@ -60,16 +63,24 @@ class SparseMoE(nn.Module):
             hidden, num_experts, bias=router_bias, prefix=f"{prefix}.gate", dtype=dtype, parallel=parallel
         )
         self.fp8 = ExpertsFp8.for_layer(quant_config, f"{prefix}.experts", hidden, self.inter, parallel)
-        weight_dtype = dtype if self.fp8 is None else E4M3
-        self.w13 = nn.Parameter(
-            torch.empty(num_experts, 2 * self.inter, hidden, dtype=weight_dtype), requires_grad=False
-        )
-        self.w2 = nn.Parameter(
-            torch.empty(num_experts, hidden, self.inter, dtype=weight_dtype), requires_grad=False
-        )
+        self.mxfp4 = ExpertsMxfp4.for_layer(quant_config, f"{prefix}.experts", hidden, self.inter, parallel)
         gate_up = frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
         down = frozenset((e, "w2") for e in range(num_experts))
-        stacked = [(self.w13, gate_up), (self.w2, down)]
+        if self.mxfp4 is not None:  # bytes and their e8m0 scales
+            params = self.mxfp4.create(num_experts)
+            self.w13, self.w2 = params["w13"], params["w2"]
+            self.w13_mxfp4_scale, self.w2_mxfp4_scale = params["w13_mxfp4_scale"], params["w2_mxfp4_scale"]
+            stacked = [(self.w13, gate_up), (self.w2, down)]
+            stacked += [(self.w13_mxfp4_scale, gate_up), (self.w2_mxfp4_scale, down)]
+        else:
+            weight_dtype = dtype if self.fp8 is None else E4M3
+            self.w13 = nn.Parameter(
+                torch.empty(num_experts, 2 * self.inter, hidden, dtype=weight_dtype), requires_grad=False
+            )
+            self.w2 = nn.Parameter(
+                torch.empty(num_experts, hidden, self.inter, dtype=weight_dtype), requires_grad=False
+            )
+            stacked = [(self.w13, gate_up), (self.w2, down)]
         if self.fp8 is not None:
             self.w13_scale_inv, self.w2_scale_inv = self.fp8.create_scales(num_experts)
             stacked += [(self.w13_scale_inv, gate_up), (self.w2_scale_inv, down)]
@@ -102,13 +113,21 @@ class SparseMoE(nn.Module):
         ("all", "w13" | "w2") for every expert's in one tensor: gate_up [E, 2I, H] (gate rows first) or
         down [E, H, I], as fused checkpoints (Qwen3.5-MoE) store them; ("all", "w13_interleaved_t" |
         "w2_t"): GPT-OSS's [E, H, 2I] with gate and up columns alternating, and [E, I, H]. The biases
-        (w13_bias [E, 2I], w2_bias [E, H]) load with ("all", "w13" | "w13_interleaved" | "w2")."""
+        (w13_bias [E, 2I], w2_bias [E, H]) load with ("all", "w13" | "w13_interleaved" | "w2"); MXFP4
+        experts' blocks and scales with ("all", moe_mxfp4.GATE_UP | moe_mxfp4.DOWN)."""
         expert, which = shard_id
         rank, inter = self.parallel.tp_rank, self.inter
         if getattr(param, "block_scale", False):
             return self.fp8.load_scale(param, loaded, expert, which)
         if param is self.w13_bias or param is self.w2_bias:
             return self._load_bias(param, loaded, which)
+        if self.mxfp4 is not None:
+            if expert != "all" or which not in (MXFP4_GATE_UP, MXFP4_DOWN):
+                raise ValueError(
+                    "the experts are MXFP4 (config.json's quantization_config): they load from every "
+                    "expert's *_blocks and *_scales, not from a tensor in the model's dtype"
+                )
+            return self.mxfp4.load(param, loaded, which)
         if which == "w13_interleaved_t":  # [E, H, 2I], gate and up alternating -> [E, 2I, H], gate rows first
             _check(loaded, (self.num_experts, param.shape[2], 2 * inter * self.parallel.tp_size))
             loaded, which = _deinterleave(loaded.transpose(1, 2)), "w13"
@@ -178,9 +197,10 @@ class SparseMoE(nn.Module):
         term where given (one rank only: it is the whole output, not a rank's share)."""
         scales = None if self.fp8 is None else self.fp8.scales(self.w13_scale_inv, self.w2_scale_inv)
         biases = None if self.w13_bias is None else ExpertBiases(self.w13_bias, self.w2_bias)
+        mxfp4 = None if self.mxfp4 is None else self.mxfp4.scales(self.w13_mxfp4_scale, self.w2_mxfp4_scale)
         partial = fused_experts(
             x, self.w13, self.w2, weights, ids, scales=scales, shared=shared, activation=self.activation,
-            biases=biases,
+            biases=biases, mxfp4=mxfp4,
         )  # fmt: skip
         if self.defer_reduce and may_defer_reduce(self.parallel):
             return RankPartial(partial, self.parallel)

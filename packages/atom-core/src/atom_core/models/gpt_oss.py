@@ -12,6 +12,8 @@ from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
 from atom_core.layers.attention import SelfAttention
 from atom_core.layers.moe import SparseMoE
+from atom_core.layers.moe_mxfp4 import DOWN as MXFP4_DOWN
+from atom_core.layers.moe_mxfp4 import GATE_UP as MXFP4_GATE_UP
 from atom_core.models.attention_windows import FULL, SLIDING, Windows, windows_from_layer_types
 from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.weights import Covering
@@ -63,28 +65,35 @@ def gpt_oss_windows(config: ModelConfig) -> Windows:
     return windows_from_layer_types(config, config.hf["layer_types"], config.hf.get("sliding_window"))
 
 
-_EXPERTS = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(_bias)?$")
+_EXPERTS = re.compile(r"^(.*\.mlp)\.experts\.(gate_up_proj|down_proj)(_bias|_blocks|_scales)?$")
 _ROUTER = re.compile(r"^(.*\.mlp)\.router\.(weight|bias)$")
 
 
 def gpt_oss_rule(name: str, num_experts: int):
-    """mlp.router.{weight,bias} -> the MoE's gate; mlp.experts.{gate_up_proj,down_proj}[_bias] (every
-    expert in one tensor, [E, in, out], gate and up columns alternating) -> the stacked experts."""
+    """mlp.router.{weight,bias} -> the MoE's gate; mlp.experts.{gate_up_proj,down_proj} (every expert in
+    one tensor, [E, in, out], gate and up columns alternating), their _bias, or an MXFP4 checkpoint's
+    _blocks and _scales ([E, out, ...], gate and up rows alternating) -> the stacked experts."""
     if (m := _ROUTER.match(name)) is not None:
         return f"{m.group(1)}.gate.{m.group(2)}", None
     if (m := _EXPERTS.match(name)) is None:
         return None
-    down, bias = m.group(2) == "down_proj", bool(m.group(3))
-    param = ("w2" if down else "w13") + ("_bias" if bias else "")
+    down, suffix = m.group(2) == "down_proj", m.group(3) or ""
+    param = "w2" if down else "w13"
     shards = (
         frozenset((e, "w2") for e in range(num_experts))
         if down
         else frozenset((e, w) for e in range(num_experts) for w in ("w1", "w3"))
     )
-    layout = {(False, False): "w13_interleaved_t", (False, True): "w13_interleaved"}.get(
-        (down, bias), "w2" if bias else "w2_t"
-    )
-    return f"{m.group(1)}.{param}", Covering(("all", layout), shards)
+    if suffix in ("_blocks", "_scales"):
+        target = param if suffix == "_blocks" else f"{param}_mxfp4_scale"
+        return f"{m.group(1)}.{target}", Covering(("all", MXFP4_DOWN if down else MXFP4_GATE_UP), shards)
+    layout = {
+        ("w13", ""): "w13_interleaved_t",
+        ("w13", "_bias"): "w13_interleaved",
+        ("w2", ""): "w2_t",
+        ("w2", "_bias"): "w2",
+    }[param, suffix]
+    return f"{m.group(1)}.{param}{suffix}", Covering(("all", layout), shards)
 
 
 class GptOssForCausalLM(LlamaForCausalLM):

@@ -111,6 +111,11 @@ def _check_format(name: str, tensor: torch.Tensor, target: str, param: nn.Parame
     """An fp8 tensor goes only into an fp8 parameter of its own format, and back: a cast would drop its
     scale (or saturate e5m2's range into e4m3's). An integer or bool tensor never goes into a floating one:
     a cast would make weights of its codes (an integer quantization ATOM does not load, or a broken file)."""
+    if not param.is_floating_point() and tensor.dtype != param.dtype:  # codes (MXFP4 bytes, e8m0 scales)
+        raise WeightLoadError(
+            f"checkpoint tensor {name!r} is {tensor.dtype}, where {target!r} holds {param.dtype} codes (MXFP4 "
+            "blocks and scales are uint8; an unquantized checkpoint declares no mxfp4 quantization_config)"
+        )
     if param.is_floating_point() and not tensor.is_floating_point():
         into = "" if target == name else f" of {target!r}"
         raise WeightLoadError(

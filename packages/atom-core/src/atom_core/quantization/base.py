@@ -46,6 +46,10 @@ class QuantConfig(Protocol):
         """The fp8 block of the stacked experts at `prefix` (".../mlp.experts"), or None: unquantized."""
         ...
 
+    def experts_mxfp4(self, prefix: str) -> bool:
+        """Whether the stacked experts at `prefix` are MXFP4 (e2m1 bytes, e8m0 scales per 32 values)."""
+        ...
+
 
 def quant_config_for(config: ModelConfig) -> QuantConfig:
     """The weight format config.json declares; a declared format ATOM does not implement is refused."""
@@ -58,7 +62,11 @@ def quant_config_for(config: ModelConfig) -> QuantConfig:
     method = declared.get("quant_method") if isinstance(declared, dict) else declared
     if method == "fp8":
         return Fp8BlockConfig.from_hf(config.architecture, declared)
+    if method == "mxfp4":
+        from atom_core.quantization.mxfp4 import Mxfp4Config
+
+        return Mxfp4Config.from_hf(config.architecture, declared)
     raise ConfigError(
         f"{config.architecture}: quantization_config quant_method {method!r} is not supported "
-        "(ATOM loads unquantized checkpoints and block-quantized 'fp8')"
+        "(ATOM loads unquantized checkpoints, block-quantized 'fp8' and 'mxfp4' experts)"
     )

@@ -104,6 +104,9 @@ class Fp8BlockConfig:
         """The block of the stacked experts at `prefix` (".../mlp.experts"), None if unquantized."""
         return None if self.is_skipped(prefix) else self.block
 
+    def experts_mxfp4(self, prefix: str) -> bool:
+        return False
+
 
 def is_kernel_group(cols: int) -> bool:
     """Whether the fp8 kernels take scale groups of `cols` input columns (one per k-step)."""

@@ -45,5 +45,8 @@ class Unquantized:
     def experts_block(self, prefix: str) -> None:
         return None
 
+    def experts_mxfp4(self, prefix: str) -> bool:
+        return False
+
 
 UNQUANTIZED = Unquantized()

@@ -45,7 +45,7 @@ def quantize_mxfp4(w: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         amax > 0, torch.floor(torch.log2(amax)) - E2M1_MAX_EXPONENT, torch.full_like(amax, -E8M0_BIAS)
     ).clamp(-E8M0_BIAS, E8M0_BIAS)
     scaled = groups / torch.exp2(exponent)[..., None]
-    magnitude = scaled.abs().clamp(max=E2M1_MAGNITUDES[-1])
+    magnitude = scaled.abs().clamp(max=E2M1_MAGNITUDES[-1]).contiguous()
     midpoints = torch.tensor(_MIDPOINTS, device=w.device)
     index = torch.bucketize(magnitude, midpoints)  # a value on a midpoint goes to the lower neighbour...
     on_odd_midpoint = (index % 2 == 1) & (magnitude == midpoints[index.clamp(max=len(_MIDPOINTS) - 1)])

@@ -10,7 +10,7 @@ from atom_vllm.attention.impl import AtomAttentionImpl
 @pytest.mark.parametrize(
     ("kwargs", "name"),
     [
-        (dict(sinks=torch.zeros(4)), "sinks"),  # a tensor: must not be compared like a flag
+        (dict(head_scales=torch.zeros(4)), "head_scales"),  # a tensor: must not be compared like a flag
         (dict(logits_soft_cap=5.0), "logits_soft_cap"),
         (dict(alibi_slopes=[1.0] * 4), "alibi_slopes"),
         (dict(kv_sharing_target_layer_name="model.layers.0.attn"), "kv_sharing_target_layer_name"),
@@ -22,6 +22,13 @@ def test_unsupported_features_are_refused_by_name(kwargs, name):
         AtomAttentionImpl(4, 32, 0.1, 2)  # plain decoder attention is accepted
         with pytest.raises(NotImplementedError, match=name):
             AtomAttentionImpl(4, 32, 0.1, 2, **kwargs)
+
+
+def test_sinks_are_taken_one_per_head():
+    with set_current_vllm_config(VllmConfig()):
+        assert AtomAttentionImpl(4, 32, 0.1, 2, sinks=torch.zeros(4)).sinks.shape == (4,)
+        with pytest.raises(ValueError, match=r"sinks must be \[num_heads=4\], got \(2,\)"):
+            AtomAttentionImpl(4, 32, 0.1, 2, sinks=torch.zeros(2))
 
 
 def test_a_full_layer_does_not_inherit_vllms_model_wide_window():

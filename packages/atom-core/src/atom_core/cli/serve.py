@@ -37,14 +37,14 @@ def add_parser(sub) -> None:
     serve.add_argument(
         "--reasoning-parser",
         default="auto",
-        choices=("auto", "none", "qwen3", "deepseek_r1"),
+        choices=("auto", "none", "qwen3", "deepseek_r1", "harmony"),
         help="give chat answers' <think> part as reasoning_content (auto: by the model family, where the "
         "tokenizer has the tags)",
     )
     serve.add_argument(
         "--tool-call-parser",
         default="auto",
-        choices=("auto", "none", "hermes", "qwen3_coder", "deepseek_v3"),
+        choices=("auto", "none", "hermes", "qwen3_coder", "deepseek_v3", "harmony"),
         help="how tool_choice \"auto\" answers' calls are read (auto: from the chat template's own call "
         "format, where a parser knows it)",
     )

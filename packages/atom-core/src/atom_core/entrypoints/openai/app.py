@@ -21,9 +21,10 @@ from fastapi import FastAPI
 from atom_core.engine.async_engine import AsyncEngine
 from atom_core.entrypoints.openai.access import auth_and_log
 from atom_core.entrypoints.openai.errors import install_error_handlers
+from atom_core.entrypoints.openai.harmony import HarmonyVocab
 from atom_core.entrypoints.openai.limits import BodyLimit, ServerLimits
 from atom_core.entrypoints.openai.metrics import ServingMetrics
-from atom_core.entrypoints.openai.reasoning import PARSERS
+from atom_core.entrypoints.openai.reasoning import NAMES as REASONING_NAMES
 from atom_core.entrypoints.openai.routes import router
 from atom_core.entrypoints.openai.state import ServerState
 from atom_core.entrypoints.openai.tokenization import router as tokenization_router
@@ -51,16 +52,32 @@ def create_app(
         raise ValueError(
             "the API key has a non-ASCII or control character: HTTP headers carry printable ASCII"
         )
-    if reasoning_parser is not None and reasoning_parser not in PARSERS:
-        raise ValueError(f"reasoning parser {reasoning_parser!r} is not one of {', '.join(PARSERS)}")
+    if reasoning_parser is not None and reasoning_parser not in REASONING_NAMES:
+        raise ValueError(f"reasoning parser {reasoning_parser!r} is not one of {', '.join(REASONING_NAMES)}")
     if tool_parser is not None and tool_parser not in TOOL_PARSERS:
         raise ValueError(f"tool-call parser {tool_parser!r} is not one of {', '.join(TOOL_PARSERS)}")
+    harmony = None
+    if "harmony" in (reasoning_parser, tool_parser):
+        harmony = HarmonyVocab.of(engine.engine.tokenizer)
+        if harmony is None:
+            raise ValueError(
+                "the harmony parser reads the markers <|channel|>, <|message|>, ... as tokens, and this "
+                "model's tokenizer lacks them"
+            )
     app = FastAPI(title="ATOM", docs_url=None, redoc_url=None, openapi_url=None)
     # (after every check: a refused app leaves the engine without an observer)
     metrics = ServingMetrics(engine.engine, names[0])
     engine.engine.observe_requests(metrics)
     app.state.server = ServerState(
-        engine, names[0], api_key, closing or threading.Event(), metrics, names, reasoning_parser, tool_parser
+        engine,
+        names[0],
+        api_key,
+        closing or threading.Event(),
+        metrics,
+        names,
+        reasoning_parser,
+        tool_parser,
+        harmony,
     )
     install_error_handlers(app)
     app.middleware("http")(auth_and_log)

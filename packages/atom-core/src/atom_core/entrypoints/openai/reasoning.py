@@ -13,10 +13,17 @@ from __future__ import annotations
 PARSERS = {"qwen3": ("<think>", "</think>"), "deepseek_r1": ("<think>", "</think>")}
 # the architectures a parser is picked for when the tokenizer has both of its tags as tokens
 FAMILIES = {"qwen3": ("Qwen3", "Qwen3_5"), "deepseek_r1": ("DeepseekV3",)}
+# whole answer formats whose parser also reads content and tool calls (harmony.py), by the families using them
+FORMATS = {"harmony": ("GptOss",)}
+NAMES = (*PARSERS, *FORMATS)
 
 
 def default_parser(architecture: str, tokenizer) -> str | None:
     """The parser for this model family, if its tokenizer knows the tags; else None (no split)."""
+    from atom_core.entrypoints.openai.harmony import HarmonyVocab
+
+    if architecture.startswith(FORMATS["harmony"]) and HarmonyVocab.of(tokenizer) is not None:
+        return "harmony"
     vocab = tokenizer.get_vocab() if tokenizer is not None else {}
     for name, prefixes in FAMILIES.items():
         if architecture.startswith(prefixes) and all(tag in vocab for tag in PARSERS[name]):

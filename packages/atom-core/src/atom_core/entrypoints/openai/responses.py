@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from atom_core.engine.outputs import CompletionOutput, RequestOutput
+from atom_core.entrypoints.openai.harmony import HarmonyPiece, HarmonyStream, HarmonyVocab, whole_calls
 from atom_core.entrypoints.openai.reasoning import ReasoningSplitter, split_reasoning
 from atom_core.entrypoints.openai.tool_calls import ToolPlan, ToolStream, read_calls
 
@@ -45,6 +46,7 @@ class Formatter:
         echo_scores: bool = False,
         reasoning: tuple[str, bool] | None = None,
         tools: ToolPlan | None = None,
+        harmony: HarmonyVocab | None = None,
     ):
         self.tokenizer, self.model, self.id, self.created = tokenizer, model, request_id, created
         self.chat, self.echo, self.top_logprobs = chat, echo, top_logprobs
@@ -55,6 +57,9 @@ class Formatter:
         self._splitters: dict[int, ReasoningSplitter] = {}
         self.tools = tools  # chat with tools: how the answer's calls are read (tool_calls.py)
         self._tool_streams: dict[int, ToolStream] = {}
+        # chat in the harmony format: each choice's messages read from its tokens (harmony.py)
+        self.harmony = harmony
+        self._harmony_streams: dict[int, HarmonyStream] = {}
 
     def _token(self, t: int) -> str:
         return self.tokenizer.decode([t]) if self.tokenizer is not None else str(t)
@@ -107,7 +112,12 @@ class Formatter:
                 "finish_reason": c.finish_reason,
                 "logprobs": self.logprobs(c, echoed=echoed),
             }
-            if self.chat:
+            if self.chat and self.harmony is not None:
+                piece = HarmonyStream(self.harmony, self.tokenizer).feed(c.token_ids, final=True)
+                choice["message"] = self._harmony_message(piece)
+                if choice["message"].get("tool_calls"):
+                    choice["finish_reason"] = self._finish_with_calls(c.finish_reason)
+            elif self.chat:
                 choice["message"] = {"role": "assistant", "content": c.text}
                 if self.reasoning is not None:
                     thought, content = split_reasoning(c.text, *self.reasoning)
@@ -130,10 +140,29 @@ class Formatter:
             "usage": usage(out),
         }
 
+    def _harmony_fields(self, piece: HarmonyPiece) -> tuple[str, str, list[dict]]:
+        """(reasoning, content, calls) as this request takes them: without a reasoning parser the analysis
+        is left out; without tools a call's arguments are content (the model called what was not offered)."""
+        content, calls = piece.content, piece.calls
+        if self.tools is None and calls:
+            content += "".join(d["function"]["arguments"] for d in calls)
+            calls = []
+        return (piece.reasoning if self.reasoning is not None else ""), content, calls
+
+    def _harmony_message(self, piece: HarmonyPiece) -> dict:
+        reasoning, content, calls = self._harmony_fields(piece)
+        message = {"role": "assistant", "content": content or (None if calls else "")}
+        if self.reasoning is not None:
+            message["reasoning_content"] = reasoning or None
+        if calls:
+            message["tool_calls"] = whole_calls(calls)
+        return message
+
     def _finish_with_calls(self, reason: str | None) -> str | None:
         """OpenAI's finish reason for an answer that made calls: tool_calls, unless a named function was
         forced (then the answer simply stopped) or max_tokens cut it."""
-        return reason if self.tools.mode == "named" or reason == "length" else "tool_calls"
+        named = self.tools is not None and self.tools.mode == "named"
+        return reason if named or reason == "length" else "tool_calls"
 
     def chunk(self, choices: list[dict], usage_stats: dict | None = None) -> str:
         body = {
@@ -149,7 +178,19 @@ class Formatter:
 
     def delta(self, c: CompletionOutput, text: str, first: bool, logprobs: dict | None) -> dict:
         choice = {"index": c.index, "finish_reason": c.finish_reason, "logprobs": logprobs}
-        if self.chat:
+        if self.chat and self.harmony is not None:
+            delta = {"role": "assistant"} if first else {}
+            stream = self._harmony_streams.setdefault(c.index, HarmonyStream(self.harmony, self.tokenizer))
+            thought, content, calls = self._harmony_fields(
+                stream.feed(c.token_ids, c.finish_reason is not None)
+            )
+            if c.finish_reason is not None and stream.calls and self.tools is not None:
+                choice["finish_reason"] = self._finish_with_calls(c.finish_reason)
+            delta.update({"reasoning_content": thought} if thought else {})
+            delta.update({"content": content} if content or not (thought or calls) else {})
+            delta.update({"tool_calls": calls} if calls else {})
+            choice["delta"] = delta
+        elif self.chat:
             delta = {"role": "assistant"} if first else {}
             final, thought, content = c.finish_reason is not None, "", text
             if self.reasoning is not None:  # (a piece that may be the start of a tag waits for the next)

@@ -104,7 +104,9 @@ async def chat(request: Request) -> Response | StreamingResponse:
     except ValueError as err:
         raise ApiError(400, str(err), code="tool_choice_unsupported") from err
     reasoning = None
-    if state.reasoning_parser is not None:  # does the prompt leave a think block open? (its tail tells)
+    if state.harmony is not None:  # the answer's messages are read from its tokens (harmony.py)
+        reasoning = None if state.reasoning_parser is None else ("harmony", False)
+    elif state.reasoning_parser is not None:  # does the prompt leave a think block open? (its tail tells)
         tail = await state.engine.run_tokenizer(state.engine.engine.tokenizer.decode, ids[-16:])
         reasoning = (state.reasoning_parser, opened_in_prompt(tail, state.reasoning_parser))
     formatter_for = _formatter_for(state, params, chat=True, reasoning=reasoning, tools=tools)
@@ -132,6 +134,7 @@ def _formatter_for(
         echo_scores=params.prompt_logprobs is not None,
         reasoning=reasoning,
         tools=tools,
+        harmony=state.harmony if chat else None,
     )
 
 

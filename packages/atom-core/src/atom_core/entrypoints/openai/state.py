@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from starlette.requests import HTTPConnection
 
 from atom_core.engine.async_engine import AsyncEngine
+from atom_core.entrypoints.openai.harmony import HarmonyVocab
 from atom_core.entrypoints.openai.metrics import ServingMetrics
 
 
@@ -22,6 +23,7 @@ class ServerState:
     served_names: tuple[str, ...] = ()  # every name a request may ask for (model_name first)
     reasoning_parser: str | None = None  # chat answers' <think> part as reasoning_content (reasoning.py)
     tool_parser: str | None = None  # how tool_choice "auto" answers' calls are read (tool_calls.py)
+    harmony: HarmonyVocab | None = None  # chat answers in the harmony format: read from their tokens
 
     @property
     def names(self) -> tuple[str, ...]:

@@ -22,7 +22,7 @@ from atom_core.entrypoints.openai.reasoning import partial_tag
 from atom_core.entrypoints.openai.tool_formats import FORMATS
 from atom_core.entrypoints.openai.tool_protocol import NamedToolChoice, ToolDef
 
-PARSERS = tuple(FORMATS)
+PARSERS = (*FORMATS, "harmony")  # harmony: calls are messages of the answer's format (harmony.py)
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,12 @@ def tool_plan(tools, choice, parser: str | None) -> ToolPlan | None:
     if mode == "auto" and parser is None:
         raise ValueError(
             'tool_choice "auto" needs a tool-call parser for this model\'s call format, and there is none '
-            '(--tool-call-parser; supported: hermes, qwen3_coder, deepseek_v3): use tool_choice "required" or a named function'
+            '(--tool-call-parser; supported: hermes, qwen3_coder, deepseek_v3, harmony): use tool_choice "required" or a named function'
+        )
+    if mode != "auto" and parser == "harmony":
+        raise ValueError(
+            f"tool_choice {mode if mode != 'named' else 'naming a function'!r} is not supported with the harmony "
+            'format (its calls are messages the model addresses itself): use tool_choice "auto"'
         )
     if mode != "auto":
         return ToolPlan(mode, choice.function.name if mode == "named" else None)

@@ -104,6 +104,7 @@ FORMATS = {
 }
 # how a chat template shows the format it asks for, most specific first
 TEMPLATE_MARKS = (
+    ("<|channel|>", "harmony"),  # (read with the answer's other messages: harmony.py)
     ("<function=", "qwen3_coder"),
     ("<｜tool▁call▁begin｜>", "deepseek_v3"),
     ("<tool_call>", "hermes"),

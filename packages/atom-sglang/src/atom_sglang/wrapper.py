@@ -27,9 +27,8 @@ from atom_sglang.specs import SglangModelSpec, adapter_spec
 logger = logging.getLogger("atom_sglang")
 
 
-ATOM_QUANT_METHODS = (
-    "fp8",
-)  # block-quantized e4m3 (DeepSeek-V3's format), read from config.json by atom-core
+# read from config.json by atom-core: block-quantized e4m3 (DeepSeek-V3's format), MXFP4 experts (GPT-OSS's)
+ATOM_QUANT_METHODS = ("fp8", "mxfp4")
 SGLANG_ADDED_KEYS = ("packed_modules_mapping",)  # SGLang writes these into quantization_config
 
 
@@ -43,7 +42,7 @@ def checkpoint_config(hf: dict, quant_config, architecture: str) -> dict:
     declared = hf.get("quantization_config") or {}
     if name not in ATOM_QUANT_METHODS or declared.get("quant_method") != name:
         raise NotImplementedError(
-            f"ATOM's {architecture} under SGLang loads unquantized and block-quantized fp8 checkpoints; SGLang "
+            f"ATOM's {architecture} under SGLang loads unquantized, block-quantized fp8 and mxfp4 checkpoints; SGLang "
             f"chose quantization {name!r} (config.json's quant_method: {declared.get('quant_method')!r})"
         )
     own = {k: v for k, v in declared.items() if k not in SGLANG_ADDED_KEYS}

@@ -1,14 +1,11 @@
 """Checkpoints written for a test: random weights of a config (tools.testing_models.random_checkpoint), DeepSeek
-with a trained MTP layer, a word-level tokenizer, GPT-OSS with nonzero extras and in MXFP4."""
+with a trained MTP layer, a word-level tokenizer, GPT-OSS with nonzero extras."""
 
 import json
-from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
 from torch import nn
 
-from atom_core.ops import quantize_mxfp4
 from core_fixtures.architectures import DSV3
 from core_fixtures.references import HFMtp
 from tools.testing_models import decisive_routing, random_checkpoint, successor_language
@@ -100,35 +97,3 @@ def gpt_oss_extras(model) -> None:
             for name in ("gate_up_proj", "down_proj", "gate_up_proj_bias", "down_proj_bias"):
                 param = getattr(mlp.experts, name)
                 param.copy_(0.5 * torch.randn(param.shape, generator=gen))
-
-
-# GPT-OSS's published MXFP4 quantization_config
-MXFP4 = {
-    "quant_method": "mxfp4",
-    "modules_to_not_convert": [
-        "model.layers.*.self_attn",
-        "model.layers.*.mlp.router",
-        "model.embed_tokens",
-        "lm_head",
-    ],
-}
-
-
-def _published_blocks(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """transformers' expert weight [E, in, out] -> the checkpoint's (blocks [E, out, in/32, 16], scales)."""
-    blocks, scales = quantize_mxfp4(weight.transpose(1, 2))
-    return blocks.unflatten(-1, (-1, 16)), scales
-
-
-def write_mxfp4(src: Path, dst: Path, *, edit=None) -> Path:
-    """The checkpoint at src with every layer's experts in MXFP4 (the published names and layout)."""
-    dst.mkdir(parents=True, exist_ok=True)
-    tensors = load_file(src / "model.safetensors")
-    for name in [n for n in tensors if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
-        tensors[f"{name}_blocks"], tensors[f"{name}_scales"] = _published_blocks(tensors.pop(name))
-    if edit is not None:
-        edit(tensors)
-    save_file({k: v.contiguous() for k, v in tensors.items()}, dst / "model.safetensors")
-    config = json.loads((src / "config.json").read_text())
-    (dst / "config.json").write_text(json.dumps({**config, "quantization_config": MXFP4}))
-    return dst

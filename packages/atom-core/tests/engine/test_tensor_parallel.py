@@ -24,6 +24,7 @@ from atom_core.layers.moe import SparseMoE
 from atom_core.loader import build_model, load_checkpoint
 from atom_core.ops import rms_norm
 from tools.testing_models import free_port, random_checkpoint
+from tools.testing_mxfp4 import mxfp4_checkpoint
 
 PROMPTS = [[5, 9, 33, 71, 2, 64, 18], [101, 7, 7, 50]]
 
@@ -126,7 +127,7 @@ def test_gpt_oss_tp2_equals_tp1(tmp_path, mxfp4):
     biases split with their columns and the down bias added once (rank 0's partial sum holds it); MXFP4
     experts split on whole 32-value groups (bytes and scales)."""
     from core_fixtures.architectures import GPT_OSS_TINY
-    from core_fixtures.checkpoints import gpt_oss_extras, write_mxfp4
+    from core_fixtures.checkpoints import gpt_oss_extras
     from transformers import GptOssConfig
 
     config = GptOssConfig(
@@ -134,7 +135,7 @@ def test_gpt_oss_tp2_equals_tp1(tmp_path, mxfp4):
     )
     _, path = random_checkpoint(config, tmp_path / "ckpt", edit=gpt_oss_extras)
     if mxfp4:
-        path = write_mxfp4(path, tmp_path / "mxfp4")
+        path = mxfp4_checkpoint(path, tmp_path / "mxfp4")
     single = _logits(path, ParallelConfig())
     out = str(tmp_path / "logits")
     mp.start_processes(

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 from core_fixtures.architectures import GPT_OSS_TINY
-from core_fixtures.checkpoints import MXFP4, gpt_oss_extras, write_mxfp4
+from core_fixtures.checkpoints import gpt_oss_extras
 from core_fixtures.runner_driver import RunnerDriver
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GptOssConfig
@@ -20,6 +20,8 @@ from atom_core.models.weights import WeightLoadError
 from atom_core.ops import dequantize_mxfp4
 from atom_core.quantization import quant_config_for
 from tools.testing_models import random_checkpoint
+from tools.testing_mxfp4 import MXFP4
+from tools.testing_mxfp4 import mxfp4_checkpoint as write_mxfp4
 
 CONFIG = dict(GPT_OSS_TINY, intermediate_size=64)  # 32 per rank at tensor parallel 2: whole groups
 

@@ -14,6 +14,7 @@ from vllm.distributed.parallel_state import get_tp_group
 
 from atom_core.integration import atom_module_prefix, build_for_engine, load_atom_weights
 from atom_vllm.attention.layer import CoreAttentionBackend
+from atom_vllm.quantization import checkpoint_config
 
 logger = logging.getLogger("vllm.atom_vllm")
 
@@ -24,7 +25,7 @@ def build_atom(vllm_config, prefix: str, draft_of: str | None = None, state_dtyp
     recurrent state dtype of GDN layers (what vLLM allocates for them). -> (model, config)."""
     tp_size = get_tensor_model_parallel_world_size()
     return build_for_engine(
-        vllm_config.model_config.hf_config.to_dict(),
+        checkpoint_config(vllm_config.model_config.hf_config.to_dict()),
         attention_backend=CoreAttentionBackend(vllm_config.cache_config),
         dtype=vllm_config.model_config.dtype,
         device=vllm_config.device_config.device,

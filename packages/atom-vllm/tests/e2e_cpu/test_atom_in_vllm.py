@@ -105,6 +105,36 @@ def test_fp8_checkpoint_loads_into_atoms_layers(architecture, checkpoint_for, tm
     assert f"runs {architecture}" in logs.out + logs.err
 
 
+def test_mxfp4_gpt_oss_loads_into_atoms_experts(checkpoint_for, tmp_path, capfd, monkeypatch):
+    """GPT-OSS with MXFP4 experts in the published layout: vLLM parses quantization_config into its own
+    gpt_oss_mxfp4 config (bf16 only), ATOM's model reads the checkpoint's and keeps the experts as e2m1
+    bytes and e8m0 scales; its greedy tokens are transformers' (fp32, the dequantized copy,
+    teacher-forced) up to bf16's rounding of near-ties. The kernels run their torch references: the
+    Triton interpreter's bf16 math is not the GPU's (atom-kernels' MXFP4 GEMM is checked against the
+    reference in fp32 and fp16, and on the GPU in bf16)."""
+    import dataclasses
+
+    from vllm_support import assert_fp16_greedy
+
+    from atom_kernels import settings
+
+    monkeypatch.setattr(
+        settings, "SETTINGS", dataclasses.replace(settings.SETTINGS, default_backend=settings.Backend.TORCH)
+    )
+
+    from tools.testing_mxfp4 import dequantized_copy, mxfp4_checkpoint
+
+    ckpt = checkpoint_for("GptOssForCausalLM", **ARCHITECTURES["GptOssForCausalLM"])
+    mxfp4, reference = tmp_path / "mxfp4", tmp_path / "dequantized"
+    mxfp4_checkpoint(ckpt.path, mxfp4)
+    dequantized_copy(mxfp4, reference)
+    runs, what, _ = _run_vllm(mxfp4, PROMPTS, dtype="bfloat16")
+    assert what["atom_model_class"].endswith(".GptOssForCausalLM")
+    assert_fp16_greedy(reference, PROMPTS, runs[0], near_tie=4e-2)
+    logs = capfd.readouterr()
+    assert "runs GptOssForCausalLM" in logs.out + logs.err
+
+
 @pytest.mark.parametrize("architecture", ["DeepseekV3ForCausalLM", "DeepseekV2ForCausalLM"])
 def test_deepseek_runs_atoms_mla_layer_and_equals_transformers(
     architecture, checkpoint_for, greedy_reference

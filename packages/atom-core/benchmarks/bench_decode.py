@@ -29,6 +29,7 @@ from benchmarks.harness.engine_timing import dummy_llm
 from benchmarks.harness.floors import cache_bytes, weight_bytes
 from benchmarks.harness.shapes import (
     FP8_FORMAT,
+    gpt_oss,
     llama3_8b,
     make_config,
     qwen3_30b_a3b,
@@ -52,6 +53,8 @@ MODELS = {
     "qwen3.5-35b-a3b": lambda: make_config("qwen3.5-35b-a3b", None),
     "qwen3-next-80b-a3b-24l": lambda: make_config("qwen3-next-80b-a3b", 24),
     "deepseek-v3-4l": v3_slice,
+    "gpt-oss-20b": lambda: gpt_oss(24, 32),  # MXFP4 experts: the roofline counts their bytes
+    "gpt-oss-120b": lambda: gpt_oss(36, 128),
 }
 
 

@@ -53,6 +53,27 @@ BENCHES: dict[str, Bench] = {
                 issue=52,
             )
             for model, _ in _B1_GOALS
+        )
+        + tuple(  # issue 54: GPT-OSS with MXFP4 experts (the roofline counts their bytes)
+            target
+            for model in ("gpt-oss-20b", "gpt-oss-120b")
+            for target in (
+                Target(
+                    f"{model} B=1 decode, % of the active-weight roofline",
+                    f"rows[model={model},batch=1].pct_active_roofline",
+                    65,
+                    "%",
+                    issue=54,
+                ),
+                Target(
+                    f"{model} B=64 step / floor",
+                    f"rows[model={model},batch=64].step_over_floor",
+                    1.3,
+                    "x",
+                    higher_is_better=False,
+                    issue=54,
+                ),
+            )
         ),
     ),
     "engine": Bench(

@@ -104,6 +104,31 @@ BENCHES: dict[str, Bench] = {
     ),
     "moe": Bench("bench_moe", "Fused MoE experts and routing kernels against a per-expert torch loop."),
     "moe_fp8": Bench("bench_moe_fp8", "Fused MoE with e4m3 block experts against its bf16 path, same data."),
+    "moe_mxfp4": Bench(
+        "bench_moe_mxfp4",
+        "Fused MoE with MXFP4 experts (GPT-OSS's shapes, biases, clamped SwiGLU) against bf16, same data.",
+        tuple(
+            Target(
+                f"MXFP4 experts, {shape}, T={t}, % of copy",
+                f"rows[shape={shape},tokens={t}].mxfp4_pct_copy",
+                75,
+                "%",
+                issue=54,
+            )
+            for shape in ("gpt-oss-20b", "gpt-oss-120b")
+            for t in (1, 8, 64)
+        )
+        + tuple(
+            Target(
+                f"MXFP4 experts, gpt-oss-120b, T={t}, speed over bf16 experts",
+                f"rows[shape=gpt-oss-120b,tokens={t}].speedup",
+                1.0,
+                "x",
+                issue=54,
+            )
+            for t in (1, 2, 4, 8, 16, 32, 64)
+        ),
+    ),
     "moe_combine": Bench("bench_moe_combine", "The MoE combine against torch's sum over [T, k, H]."),
     "moe_order": Bench(
         "bench_moe_order", "Token-by-expert ordering: one program against the multi-launch path."

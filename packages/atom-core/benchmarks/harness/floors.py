@@ -1,7 +1,7 @@
 """The bytes a decode step must read, from the engine's own model: the floor a step is measured against.
 
 Weights: every parameter but the input embedding (a tied one is read whole as the head); a MoE block's
-stacked experts (and their fp8 scales) in the share a step touches: B sequences of k picks each reach
+stacked experts (and their fp8 scales) in the share a step touches (their fp8 or MXFP4 scales and biases too): B sequences of k picks each reach
 E(1 - (1 - 1/E)^(Bk)) of E experts on average under uniform routing, k at B=1. Caches, at a context of
 `context` tokens a sequence: K and V rows (a sliding layer's window at most), MLA's latent rows, and a
 GDN layer's states read and written once. Parameters are counted once each (a joined linear's members
@@ -18,7 +18,16 @@ from torch import nn
 from atom_core.cache.specs import LatentCacheSpec, PagedKVSpec, StateCacheSpec
 from atom_core.layers.moe import SparseMoE
 
-EXPERT_STACKS = ("w13", "w2", "w13_scale_inv", "w2_scale_inv")
+EXPERT_STACKS = (  # with fp8 or MXFP4 scales, and biases
+    "w13",
+    "w2",
+    "w13_scale_inv",
+    "w2_scale_inv",
+    "w13_mxfp4_scale",
+    "w2_mxfp4_scale",
+    "w13_bias",
+    "w2_bias",
+)
 
 
 def experts_touched(num_experts: int, top_k: int, batch: int) -> float:

@@ -21,6 +21,35 @@ def llama3_8b(layers: int) -> LlamaConfig:
     )
 
 
+def gpt_oss(layers: int, experts: int):
+    """gpt-oss-20b (24 layers, 32 experts) and gpt-oss-120b (36, 128): the published shapes, MXFP4
+    experts (the checkpoints' quantization_config), everything else bf16."""
+    return transformers.GptOssConfig(
+        vocab_size=201088,
+        hidden_size=2880,
+        intermediate_size=2880,
+        num_hidden_layers=layers,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=64,
+        num_local_experts=experts,
+        num_experts_per_tok=4,
+        sliding_window=128,
+        max_position_embeddings=131072,
+        quantization_config={
+            "quant_method": "mxfp4",
+            "modules_to_not_convert": [
+                "model.layers.*.self_attn",
+                "model.layers.*.mlp.router",
+                "model.embed_tokens",
+                "lm_head",
+            ],
+        },
+        architectures=["GptOssForCausalLM"],
+        torch_dtype="bfloat16",
+    )
+
+
 def qwen3_30b_a3b() -> Qwen3MoeConfig:
     return Qwen3MoeConfig(
         vocab_size=151936,

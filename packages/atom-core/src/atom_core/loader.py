@@ -289,11 +289,19 @@ def load_checkpoint(
     finish_loading(model)
 
 
+E8M0_DUMMY = 127 - 7  # dummy MXFP4 weights' scale byte: 2**-7
+
+
 def _fill_dummy(param: nn.Parameter, gen: torch.Generator) -> None:
     """Uniform in [-0.05, 0.05]; fp8 weights as e4m3 values over the whole range with block scales of
-    0.05 / 448, so they dequantize to the same spread."""
+    0.05 / 448, so they dequantize to the same spread; MXFP4 bytes as random codes with scales of 2**-7
+    (at most 6 * 2**-7 ~ 0.047)."""
     if getattr(param, "block_scale", False):
         param.data.fill_(0.05 / 448)
+    elif getattr(param, "e8m0_scale", False):
+        param.data.fill_(E8M0_DUMMY)
+    elif param.dtype == torch.uint8:  # MXFP4 bytes: two e2m1 codes each
+        param.data.random_(0, 256, generator=gen)
     elif param.dtype in FP8_DTYPES:
         flat = param.data.view(-1)
         for start in range(0, flat.numel(), 1 << 26):  # e4m3 has no uniform_: drawn in bf16 slices

@@ -168,3 +168,20 @@ def test_a_rank_share_of_experts_off_the_32_value_groups_is_refused():
         ConfigError, match="whole 32-value scale groups, but the intermediate size on each of 2"
     ):
         build_model(ModelConfig.from_hf_dict(hf), ctx)
+
+
+def test_dummy_weights_fill_mxfp4_experts_with_codes_and_a_small_scale():
+    """load_format="dummy" (benchmarks at published shapes): random e2m1 codes under one scale, so the
+    experts dequantize within the spread of the other dummy weights."""
+    from atom_core.attention import PagedAttentionBackend
+    from atom_core.build import BuildContext
+    from atom_core.loader import build_model, load_checkpoint
+
+    hf = {"architectures": ["GptOssForCausalLM"], **CONFIG, "quantization_config": MXFP4}
+    model = build_model(
+        ModelConfig.from_hf_dict(hf), BuildContext(PagedAttentionBackend(kernel_backend="torch"))
+    )
+    load_checkpoint(model, None, load_format="dummy")
+    moe = model.model.layers[0].mlp
+    w13 = dequantize_mxfp4(moe.w13, moe.w13_mxfp4_scale, torch.float32)
+    assert w13.abs().max() <= 6 * 2**-7 and w13.std() > 0.01 and len(moe.w13.unique()) > 200

@@ -7,7 +7,7 @@ greedy tokens, and every step's logits must agree within bf16 tolerance.
 import pytest
 import torch
 from core_fixtures.runner_driver import GPU_BF16, RunnerDriver
-from transformers import GptOssConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
 
 from tools.testing_models import random_checkpoint
 
@@ -55,8 +55,32 @@ def test_bf16_teacher_forced_parity(tmp_path, cls, overrides):
                 if name.endswith(("mlp.gate.weight", "mlp.router.weight")):
                     param.mul_(25.0)
         hf.save_pretrained(tmp_path / "ckpt")
+    _teacher_forced(hf, tmp_path / "ckpt")
+
+
+def test_mxfp4_gpt_oss_teacher_forced_parity(tmp_path):
+    """The MXFP4 expert GEMMs in bf16 on the GPU: ATOM on the MXFP4 checkpoint against transformers on its
+    dequantized copy."""
+    from tools.testing_mxfp4 import dequantized_copy, mxfp4_checkpoint
+
+    config = GptOssConfig(**LARGE, head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=96)
+    hf = random_checkpoint(config, tmp_path / "bf16", dtype=torch.bfloat16)[0]
+    with torch.no_grad():
+        for name, param in hf.named_parameters():
+            if name.endswith("mlp.router.weight"):
+                param.mul_(25.0)
+    hf.save_pretrained(tmp_path / "bf16")
+    mxfp4_checkpoint(tmp_path / "bf16", tmp_path / "mxfp4")
+    dequantized_copy(tmp_path / "mxfp4", tmp_path / "dequantized")
+    reference = AutoModelForCausalLM.from_pretrained(tmp_path / "dequantized", dtype=torch.bfloat16).cuda()
+    _teacher_forced(reference.eval(), tmp_path / "mxfp4")
+
+
+def _teacher_forced(hf, checkpoint) -> None:
+    """ATOM (bf16, the Triton kernels) on checkpoint against transformers' model hf, along hf's greedy
+    tokens: every step's logits within bf16 noise."""
     prompts = [torch.randint(1, 4096, (n,)).tolist() for n in (300, 77, 1000)]
-    runner = RunnerDriver(tmp_path / "ckpt", **GPU_BF16)
+    runner = RunnerDriver(checkpoint, **GPU_BF16)
     worst = 0.0
     atom = runner.step({i: p for i, p in enumerate(prompts)})
     steps = {i: list(p) for i, p in enumerate(prompts)}

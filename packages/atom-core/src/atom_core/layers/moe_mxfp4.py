@@ -54,10 +54,13 @@ class ExpertsMxfp4:
             "w13_mxfp4_scale": (experts, 2 * i, h // g),
             "w2_mxfp4_scale": (experts, h, i // g),
         }
-        return {
+        params = {
             name: nn.Parameter(torch.empty(shape, dtype=torch.uint8), requires_grad=False)
             for name, shape in shapes.items()
         }
+        for name in ("w13_mxfp4_scale", "w2_mxfp4_scale"):
+            params[name].e8m0_scale = True  # (dummy weights fill these with a scale, not random bytes)
+        return params
 
     def load(self, param: nn.Parameter, loaded: torch.Tensor, which: str) -> None:
         """Every expert's blocks [E, N, K / 32, 16] or scales [E, N, K / 32]: gate/up with rows alternating

@@ -129,6 +129,11 @@ BENCHES: dict[str, Bench] = {
             for t in (1, 2, 4, 8, 16, 32, 64)
         ),
     ),
+    "compile_moe_mxfp4_sm90": Bench(
+        "compile_moe_mxfp4_sm90",
+        "The MXFP4 expert GEMMs compiled for sm90 offline: registers, spills, MMA kind per tile shape.",
+        gpus=0,
+    ),
     "moe_combine": Bench("bench_moe_combine", "The MoE combine against torch's sum over [T, k, H]."),
     "moe_order": Bench(
         "bench_moe_order", "Token-by-expert ordering: one program against the multi-launch path."

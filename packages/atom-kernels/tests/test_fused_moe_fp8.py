@@ -25,6 +25,9 @@ def _quantized_experts(experts, rows, cols, block):
 
 
 def _case(tokens, experts, k, hidden, inter, block, dtype):
+    # seeded: the same data whatever ran before (another module's collection draws from the global
+    # generator), so a W8A8 rounding tie the reference resolves the other way cannot come and go
+    torch.manual_seed(tokens * 1000 + hidden)
     x = torch.randn(tokens, hidden, device=DEVICE).to(dtype)
     w13, s13 = _quantized_experts(experts, 2 * inter, hidden, block)
     w2, s2 = _quantized_experts(experts, hidden, inter, block)

@@ -93,12 +93,9 @@ def down_tile_config(gate_up_config: TileConfig) -> TileConfig:
 
 
 @triton.jit
-def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr, MXFP4_W: tl.constexpr):
+def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr):
     """A [BLOCK_K, BLOCK_N] weight tile in the activations' dtype; e4m3 tiles are multiplied by their
-    columns' block scales first (one scale per column within a k-step: BLOCK_K divides the scale block);
-    MXFP4 tiles are [BLOCK_K / 2, BLOCK_N] bytes, unpacked and scaled per 32 rows (_load_mxfp4)."""
-    if MXFP4_W:
-        return _load_mxfp4(w_ptrs, ws_ptrs, mask, col_ok).to(dtype)
+    columns' block scales first (one scale per column within a k-step: BLOCK_K divides the scale block)."""
     w = tl.load(w_ptrs, mask=mask, other=0.0)
     if FP8_W:
         w = (w.to(tl.float32) * tl.load(ws_ptrs, mask=col_ok[None, :], other=0.0)).to(dtype)
@@ -106,29 +103,52 @@ def _load_weight(w_ptrs, ws_ptrs, mask, col_ok, dtype, FP8_W: tl.constexpr, MXFP
 
 
 @triton.jit
-def _e2m1(code):
-    """4-bit e2m1 codes (int32) -> fp32: sign bit, two exponent bits, one mantissa bit."""
-    exponent = (code >> 1) & 3
-    half_steps = (code & 1).to(tl.float32) * 0.5
-    power = ((1 << exponent) >> 1).to(tl.float32)  # 2**(exponent - 1) for exponent >= 1
-    magnitude = tl.where(exponent == 0, half_steps, (1.0 + half_steps) * power)
-    return tl.where((code & 8) != 0, -magnitude, magnitude)
+def _e2m1_times_scale(code, exponent, dtype):
+    """e2m1 codes (int32: sign bit, two exponent bits, one mantissa bit) times 2**(exponent - 127) (the
+    e8m0 scale bytes, int32, broadcast against them) -> dtype, built from fp32's bits: the e2m1 exponent
+    plus the scale's lands in the exponent field and the mantissa bit in the top mantissa bit, so no float
+    arithmetic runs before the one conversion to dtype (exact: e2m1 times a power of two fits bf16). For
+    the e8m0 bytes real checkpoints hold (2**-100 .. 2**100: no fp32 underflow)."""
+    e = (code >> 1) & 3
+    base = tl.where(e == 0, 126, e + 126) + exponent - 127  # 0.5 * 2**0 for e = 0 (code 1): exponent 126
+    mantissa = tl.where(e == 0, 0, code & 1)
+    zero = (code & 7) == 0
+    bits = ((code & 8) << 28) | tl.where(zero, 0, (base << 23) | (mantissa << 22))
+    return bits.to(tl.float32, bitcast=True).to(dtype)
 
 
 @triton.jit
-def _load_mxfp4(w_ptrs, ws_ptrs, mask, col_ok):
-    """bytes [BK / 2, BN] (low nibble the even k) and e8m0 scales from ws_ptrs [1, BN] (the k-step's first
-    group; the next groups follow) -> fp32 [BK, BN], each 32 rows times 2**(scale - 127)."""
-    packed = tl.load(w_ptrs, mask=mask, other=0).to(tl.int32)
-    half_k: tl.constexpr = packed.shape[0]
-    block_n: tl.constexpr = packed.shape[1]
-    pairs = tl.join(_e2m1(packed & 15), _e2m1(packed >> 4))  # [BK / 2, BN, 2]
-    w = tl.reshape(tl.permute(pairs, (0, 2, 1)), (2 * half_k, block_n))  # k = 2 * byte + nibble
-    groups: tl.constexpr = 2 * half_k // 32
-    exponent = tl.load(ws_ptrs + tl.arange(0, groups)[:, None], mask=col_ok[None, :], other=127)
-    scale = (exponent.to(tl.int32) << 23).to(tl.float32, bitcast=True)  # the e8m0 byte as fp32's exponent
-    w = tl.reshape(w, (groups, 32, block_n)) * scale[:, None, :]
-    return tl.reshape(w, (2 * half_k, block_n))
+def _mxfp4_halves(w_ptrs, ws_ptrs, col_ok, dtype, BLOCK_K: tl.constexpr, BLOCK_N: tl.constexpr):
+    """An MXFP4 k-step: bytes [BK / 2, BN] and e8m0 scales from ws_ptrs [1, BN] (its first 32-value group;
+    the next follow) -> (the even-k values, the odd-k values), each [BK / 2, BN] in dtype: byte r holds
+    k = 2r in its low nibble and 2r + 1 in its high one, and byte rows r // 16 share a scale. Kept apart
+    (the caller multiplies them with a's even and odd columns), they need no interleaving shuffle."""
+    packed = tl.load(w_ptrs, mask=col_ok[None, :], other=0).to(tl.int32)
+    packed = tl.reshape(packed, (BLOCK_K // 32, 16, BLOCK_N))
+    exponent = tl.load(ws_ptrs + tl.arange(0, BLOCK_K // 32)[:, None], mask=col_ok[None, :], other=127)
+    exponent = exponent.to(tl.int32)[:, None, :]
+    lo = _e2m1_times_scale(packed & 15, exponent, dtype)
+    hi = _e2m1_times_scale(packed >> 4, exponent, dtype)
+    return tl.reshape(lo, (BLOCK_K // 2, BLOCK_N)), tl.reshape(hi, (BLOCK_K // 2, BLOCK_N))
+
+
+@triton.jit
+def _mxfp4_step(
+    acc,
+    a_even,
+    a_odd,
+    w_ptrs,
+    ws_ptrs,
+    col_ok,
+    PRECISION: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """acc + a @ w for one MXFP4 k-step: a's even columns times the low nibbles, its odd ones times the
+    high nibbles."""
+    lo, hi = _mxfp4_halves(w_ptrs, ws_ptrs, col_ok, a_even.dtype, BLOCK_K, BLOCK_N)
+    acc = tl.dot(a_even, lo, acc, input_precision=PRECISION)
+    return tl.dot(a_odd, hi, acc, input_precision=PRECISION)
 
 
 @triton.jit
@@ -247,6 +267,7 @@ def _expert_gemm_kernel(
     ks = tl.arange(0, BLOCK_K)
     kw = tl.arange(0, W_K)
     a_ptrs = act.a + a_row[:, None] * act.stride_am + ks[None, :]
+    a_ptrs_even = act.a + a_row[:, None] * act.stride_am + 2 * kw[None, :]  # MXFP4: a's even columns
     w_ptrs = (
         wts.w + expert * wts.stride_we + cols[None, :].to(tl.int64) * wts.stride_wn + kw[:, None]
     )  # [W_K, BN]
@@ -257,39 +278,59 @@ def _expert_gemm_kernel(
     )  # [1, BN]
     up_rows = N // SCALE_N  # the up half's scale rows start here (N is a multiple of SCALE_N)
     for k0 in range(0, K, BLOCK_K):
-        if EVEN_K:
-            a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
-            w_mask = col_ok[None, :]
-        else:
-            k_ok = ks < K - k0  # (MXFP4 tiles always divide K: the host picks such a BLOCK_K)
-            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
-            w_mask = k_ok[:, None] & col_ok[None, :]
-        if FP8_A:
-            a_s = tl.load(act.scale + a_row * act.stride_as + k0 // SCALE_K, mask=valid, other=0.0)
-            acc += _w8a8_step(a, w_ptrs, ws_ptrs + k0 // SCALE_K, a_s, w_mask, col_ok)
+        if MXFP4_W:  # (whole k-steps: the host picks a BLOCK_K dividing K)
+            a_even = tl.load(a_ptrs_even, mask=valid[:, None], other=0.0)
+            a_odd = tl.load(a_ptrs_even + 1, mask=valid[:, None], other=0.0)
+            k_group = k0 // 32
+            acc = _mxfp4_step(
+                acc, a_even, a_odd, w_ptrs, ws_ptrs + k_group, col_ok, PRECISION, BLOCK_K, BLOCK_N
+            )
             if GATED:  # the up half of w13 sits N rows below the gate half
-                acc_up += _w8a8_step(
-                    a,
+                acc_up = _mxfp4_step(
+                    acc_up,
+                    a_even,
+                    a_odd,
                     w_ptrs + N * wts.stride_wn,
-                    ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
-                    a_s,
-                    w_mask,
+                    ws_ptrs + N * wts.stride_sn + k_group,
                     col_ok,
+                    PRECISION,
+                    BLOCK_K,
+                    BLOCK_N,
                 )
+            a_ptrs_even += BLOCK_K
         else:
-            w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W, MXFP4_W)
-            acc = tl.dot(a, w, acc, input_precision=PRECISION)
-            if GATED:  # the up half of w13 sits N rows below the gate half
-                w_up = _load_weight(
-                    w_ptrs + N * wts.stride_wn,
-                    ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
-                    w_mask,
-                    col_ok,
-                    a.dtype,
-                    FP8_W,
-                    MXFP4_W,
-                )
-                acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
+            if EVEN_K:
+                a = tl.load(a_ptrs, mask=valid[:, None], other=0.0)
+                w_mask = col_ok[None, :]
+            else:
+                k_ok = ks < K - k0
+                a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+                w_mask = k_ok[:, None] & col_ok[None, :]
+            if FP8_A:
+                a_s = tl.load(act.scale + a_row * act.stride_as + k0 // SCALE_K, mask=valid, other=0.0)
+                acc += _w8a8_step(a, w_ptrs, ws_ptrs + k0 // SCALE_K, a_s, w_mask, col_ok)
+                if GATED:  # the up half of w13 sits N rows below the gate half
+                    acc_up += _w8a8_step(
+                        a,
+                        w_ptrs + N * wts.stride_wn,
+                        ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
+                        a_s,
+                        w_mask,
+                        col_ok,
+                    )
+            else:
+                w = _load_weight(w_ptrs, ws_ptrs + k0 // SCALE_K, w_mask, col_ok, a.dtype, FP8_W)
+                acc = tl.dot(a, w, acc, input_precision=PRECISION)
+                if GATED:  # the up half of w13 sits N rows below the gate half
+                    w_up = _load_weight(
+                        w_ptrs + N * wts.stride_wn,
+                        ws_ptrs + up_rows * wts.stride_sn + k0 // SCALE_K,
+                        w_mask,
+                        col_ok,
+                        a.dtype,
+                        FP8_W,
+                    )
+                    acc_up = tl.dot(a, w_up, acc_up, input_precision=PRECISION)
         a_ptrs += BLOCK_K
         w_ptrs += W_K
     if HAS_BIAS:  # the up half's biases sit N columns after the gate half's

@@ -90,6 +90,15 @@ def experts_quantize_input(
     return tokens > 1 or 3 * hidden * inter >= ONE_TOKEN_W8A8_MIN_ELEMENTS
 
 
+def mxfp4_tile_config(cfg: TileConfig) -> TileConfig:
+    """The bf16 tile for the rows an expert gets, fitted to MXFP4's unpacking: it holds both halves of a
+    weight tile in fp32 bits a moment, so past 16 rows the tile takes 8 warps and at most 64 columns
+    (benchmarks/compile_moe_mxfp4_sm90.py: the bf16 shapes spill there, these do not)."""
+    if cfg.block_m <= 16:
+        return cfg
+    return TileConfig(cfg.block_m, min(cfg.block_n, 64), cfg.block_k, cfg.group_m, 8, cfg.num_stages)
+
+
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:
     """e4m3 expert weights [E, N, K] with scales [E, N_blocks, K_blocks] -> [E, N, K] in dtype."""
     return torch.stack([dequantize_weight_ref(w[e], scale[e], block, dtype) for e in range(w.shape[0])])
@@ -228,7 +237,9 @@ def fused_experts(
         if tokens == 1
         else order_by_expert(topk_ids, experts, cfg.block_m)
     )
-    down_cfg = down_config or down_tile_config(cfg)
+    if mxfp4 is not None and config is None:
+        cfg = mxfp4_tile_config(cfg)
+    down_cfg = down_config or (cfg if mxfp4 is not None else down_tile_config(cfg))
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")
     pair_weights = topk_weights.reshape(-1).float()

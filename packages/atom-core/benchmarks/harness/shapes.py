@@ -5,6 +5,8 @@ from __future__ import annotations
 import transformers
 from transformers import DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
 
+from tools.testing_mxfp4 import MXFP4  # gpt-oss's published quantization_config
+
 
 def llama3_8b(layers: int) -> LlamaConfig:
     return LlamaConfig(
@@ -36,15 +38,7 @@ def gpt_oss(layers: int, experts: int):
         num_experts_per_tok=4,
         sliding_window=128,
         max_position_embeddings=131072,
-        quantization_config={
-            "quant_method": "mxfp4",
-            "modules_to_not_convert": [
-                "model.layers.*.self_attn",
-                "model.layers.*.mlp.router",
-                "model.embed_tokens",
-                "lm_head",
-            ],
-        },
+        quantization_config=dict(MXFP4),
         architectures=["GptOssForCausalLM"],
         torch_dtype="bfloat16",
     )

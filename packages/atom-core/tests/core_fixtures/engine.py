@@ -70,3 +70,19 @@ def install_token_counter(monkeypatch) -> list[TokenCounter]:
     monkeypatch.setattr(LlamaForCausalLM, "__init__", counted_init)
     monkeypatch.setattr(LlamaForCausalLM, "forward", counted_forward)
     return counters
+
+
+def greedy_under_pressure(path, hf, hf_greedy_tokens, prompts: list[list[int]], steps: int = 12):
+    """The engine over a tiny KV cache (4-token blocks, 14 of them, 16 tokens a step) on prompts sharing a
+    prefix: each greedy answer must be transformers', and the run must have chunked a prefill, preempted a
+    sequence and hit the prefix cache (so all three crossed whatever the model does to its cache)."""
+    from atom_core import LLM, SamplingParams
+
+    greedy = SamplingParams(temperature=0, max_tokens=steps, ignore_eos=True)
+    llm = LLM(path, kernel_backend="torch", block_size=4, num_kv_blocks=14, max_num_batched_tokens=16)
+    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
+    for prompt, out in zip(prompts, outputs, strict=True):
+        assert out.outputs[0].token_ids == hf_greedy_tokens(hf, prompt, steps)
+    assert llm.engine.scheduler.num_chunked_prefills > 0
+    assert llm.engine.scheduler.num_preemptions > 0
+    assert llm.engine.blocks.num_prefix_hits > 0

@@ -98,6 +98,16 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
         dist.destroy_process_group()
 
 
+def _assert_tp2_equals_tp1(path, out) -> None:
+    """Two gloo ranks' logits (each saved to out.<rank>) equal one process's."""
+    single = _logits(path, ParallelConfig())
+    mp.start_processes(
+        _rank, args=(2, free_port(), str(path), str(out)), nprocs=2, join=True, start_method="spawn"
+    )
+    for rank in range(2):
+        torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+
+
 @pytest.mark.parametrize(
     ("cls", "overrides"),
     [
@@ -112,13 +122,7 @@ def _rank(rank: int, world: int, port: int, path: str, out: str) -> None:
 )
 def test_tp2_equals_tp1(tmp_path, cls, overrides):
     _, path = random_checkpoint(cls(**{**TINY, "num_attention_heads": 8, **overrides}), tmp_path / "ckpt")
-    single = _logits(path, ParallelConfig())
-    out = str(tmp_path / "logits")
-    mp.start_processes(
-        _rank, args=(2, free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
-    )
-    for rank in range(2):
-        torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+    _assert_tp2_equals_tp1(path, tmp_path / "logits")
 
 
 @pytest.mark.parametrize("mxfp4", [False, True], ids=["bf16-layout", "mxfp4"])
@@ -136,13 +140,7 @@ def test_gpt_oss_tp2_equals_tp1(tmp_path, mxfp4):
     _, path = random_checkpoint(config, tmp_path / "ckpt", edit=gpt_oss_extras)
     if mxfp4:
         path = mxfp4_checkpoint(path, tmp_path / "mxfp4")
-    single = _logits(path, ParallelConfig())
-    out = str(tmp_path / "logits")
-    mp.start_processes(
-        _rank, args=(2, free_port(), str(path), out), nprocs=2, join=True, start_method="spawn"
-    )
-    for rank in range(2):
-        torch.testing.assert_close(torch.load(f"{out}.{rank}"), single, rtol=1e-5, atol=1e-5)
+    _assert_tp2_equals_tp1(path, tmp_path / "logits")
 
 
 def test_deepseek_tp2_equals_tp1(tmp_path):

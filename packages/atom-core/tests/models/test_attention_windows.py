@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 from core_fixtures.architectures import TINY
+from core_fixtures.engine import greedy_under_pressure
 from core_fixtures.runner_driver import RunnerDriver
 from transformers import LlamaConfig, Qwen2MoeConfig, Qwen3Config, Qwen3MoeConfig
 
-from atom_core import LLM, SamplingParams
 from atom_core.attention import PagedAttentionBackend
 from atom_core.build import BuildContext
 from atom_core.config import ConfigError, ModelConfig
@@ -131,14 +131,7 @@ def test_engine_chunks_prefix_hits_and_preemption_across_the_window(tmp_path, hf
     gen = torch.Generator().manual_seed(3)
     shared = torch.randint(1, 211, (13,), generator=gen).tolist()  # three 4-token blocks: a prefix hit
     prompts = [[*shared, 7, 8], [*shared, 9], torch.randint(1, 211, (29,), generator=gen).tolist(), [4, 5]]
-    greedy = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
-    llm = LLM(path, kernel_backend="torch", block_size=4, num_kv_blocks=14, max_num_batched_tokens=16)
-    outputs = llm.generate([{"prompt_token_ids": p} for p in prompts], greedy)
-    for prompt, out in zip(prompts, outputs, strict=True):
-        assert out.outputs[0].token_ids == hf_greedy_tokens(hf, prompt, 12)
-    assert llm.engine.scheduler.num_chunked_prefills > 0
-    assert llm.engine.scheduler.num_preemptions > 0
-    assert llm.engine.blocks.num_prefix_hits > 0
+    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
 
 
 def _config(architecture, **fields):

@@ -6,7 +6,8 @@ function with the body as its arguments (`tool_calls`); commentary to no one (a 
 
 Read from the token ids, not the text: the markers are special tokens, which detokenizing with
 skip_special_tokens drops. Their ids come from the checkpoint's own tokenizer (no vocabulary download);
-bodies are decoded with it, whole each time, so a character split over tokens is never cut."""
+bodies are decoded with it incrementally (a few tokens of context before the new ones, as detokenizers
+do), so a character split over tokens is never cut and a long body is not decoded again each piece."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ _RECIPIENT = re.compile(r"\bto=(\S+)")
 class HarmonyVocab:
     """The marker tokens' ids in a tokenizer that has them all."""
 
-    ids: dict[str, int]
+    names: dict[int, str]  # id -> marker
 
     @classmethod
     def of(cls, tokenizer) -> HarmonyVocab | None:
@@ -30,10 +31,10 @@ class HarmonyVocab:
         vocab = tokenizer.get_vocab() if tokenizer is not None else {}
         if not all(m in vocab for m in MARKERS):
             return None
-        return cls({m: vocab[m] for m in MARKERS})
+        return cls({vocab[m]: m for m in MARKERS})
 
     def marker(self, token: int) -> str | None:
-        return next((m for m, i in self.ids.items() if i == token), None)
+        return self.names.get(token)
 
 
 @dataclass(slots=True)
@@ -55,7 +56,7 @@ class HarmonyStream:
         self.in_body = False  # the answer starts in a header: the prompt ends with <|start|>assistant
         self.kind: str | None = None  # "reasoning", "content" or "call"
         self.body: list[int] = []
-        self.sent = 0  # characters of the body's text already given out
+        self.prefix = self.read = 0  # body tokens: decoding context starts at prefix, given out up to read
         self.calls = 0
 
     def feed(self, token_ids: list[int], final: bool = False) -> HarmonyPiece:
@@ -71,7 +72,7 @@ class HarmonyStream:
                     self.header.append(marker or token)
             elif marker in ("<|end|>", "<|call|>", "<|return|>"):
                 self._flush(piece, whole=True)
-                self.in_body, self.header, self.body, self.sent = False, [], [], 0
+                self.in_body, self.header, self.body, self.prefix, self.read = False, [], [], 0, 0
             elif marker is None:
                 self.body.append(token)
         if self.in_body:
@@ -86,7 +87,7 @@ class HarmonyStream:
         channel = text.split("<|channel|>", 1)[1] if "<|channel|>" in text else ""
         channel_name = (channel.split() or [""])[0]
         recipient = _RECIPIENT.search(text.split("<|constrain|>", 1)[0])
-        self.in_body, self.body, self.sent = True, [], 0
+        self.in_body, self.body, self.prefix, self.read = True, [], 0, 0
         if recipient is not None and recipient.group(1).startswith("functions."):
             self.kind = "call"
             name = recipient.group(1).removeprefix("functions.")
@@ -103,11 +104,17 @@ class HarmonyStream:
             self.kind = "reasoning" if channel_name == "analysis" else "content"
 
     def _flush(self, piece: HarmonyPiece, whole: bool) -> None:
-        """The body's text not given out yet (a trailing partial character waits, unless whole)."""
-        text = self.tokenizer.decode(self.body) if self.body else ""
+        """The body's text not given out yet: the tokens after `read`, decoded after the few before them
+        (their text is subtracted), so byte-level tokens join into characters; a trailing partial
+        character waits, unless whole."""
+        if self.read == len(self.body):
+            return
+        before = self.tokenizer.decode(self.body[self.prefix : self.read])
+        text = self.tokenizer.decode(self.body[self.prefix :])
         if not whole and text.endswith("\ufffd"):
-            text = text[:-1]
-        new, self.sent = text[self.sent :], max(self.sent, len(text))
+            return
+        new = text[len(before) :]
+        self.prefix, self.read = self.read, len(self.body)
         if not new:
             return
         if self.kind == "reasoning":

@@ -119,8 +119,18 @@ def test_experts_listed_as_not_converted_load_in_the_models_dtype(tmp_path, mxfp
             ),
             r"down_proj_blocks' is torch\.float32, where .* holds torch\.uint8 codes",
         ),
+        (  # scales stored like blocks: the parameter, not the tensor's rank, says what is expected
+            lambda t: t.update(
+                {
+                    "model.layers.0.mlp.experts.down_proj_scales": t[
+                        "model.layers.0.mlp.experts.down_proj_blocks"
+                    ].clone()
+                }
+            ),
+            r"down_proj_scales.*expected MXFP4 scales of shape \(4, 64, 2\)",
+        ),
     ],
-    ids=["a missing scale", "a scale of the wrong shape", "blocks of the wrong dtype"],
+    ids=["a missing scale", "a scale of the wrong shape", "blocks of the wrong dtype", "scales as blocks"],
 )
 def test_bad_mxfp4_checkpoints_are_named(tmp_path, mxfp4_checkpoint, edit, message):
     path = write_mxfp4(mxfp4_checkpoint.parent / "bf16", tmp_path / "bad", edit=edit)

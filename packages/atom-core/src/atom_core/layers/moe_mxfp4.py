@@ -66,7 +66,7 @@ class ExpertsMxfp4:
         """Every expert's blocks [E, N, K / 32, 16] or scales [E, N, K / 32]: gate/up with rows alternating
         (GATE_UP) or down (DOWN)."""
         g = MXFP4_GROUP
-        is_blocks = loaded.dim() == 4
+        is_blocks = not getattr(param, "e8m0_scale", False)  # (the parameter says which: a tensor may lie)
         per_group = g // 2 if is_blocks else 1  # bytes (or scales) a row holds per 32 values
         full_inter = self.inter * self.tp_size
         k_groups = self.hidden // g if which == GATE_UP else full_inter // g

@@ -67,7 +67,7 @@ def test_triton_mxfp4_experts_match_the_reference_on_dequantized_weights(
             activation=ExpertActivation("swiglu_oai", limit=1.5),
             biases=ExpertBiases(
                 torch.randn(experts, 2 * inter, device=DEVICE).to(dtype),
-                torch.randn(experts, hidden).to(dtype),
+                torch.randn(experts, hidden, device=DEVICE).to(dtype),
             ),
         )
     got = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="triton", **extra)

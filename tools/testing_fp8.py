@@ -26,6 +26,7 @@ KEEP = (
     "lm_head",
     "norm",
     "mlp.gate.",
+    "block_sparse_moe.gate.",
     "shared_expert_gate",
     "in_proj_a",
     "in_proj_b",

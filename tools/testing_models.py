@@ -46,7 +46,7 @@ for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all exper
 
 # The tiny models every surface's tests build: the dimensions they share, then each architecture's variant
 # (GQA, head_dim != hidden / heads, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE), a
-# shared expert (Qwen2-MoE), DeepSeek's MLA with grouped (V3) and greedy (V2) routing, GPT-OSS's sinks and
+# shared expert (Qwen2-MoE), Mixtral's top-2 experts and window, DeepSeek's MLA with grouped (V3) and greedy (V2) routing, GPT-OSS's sinks and
 # biases). A suite adds its vocabulary and what its engine needs (adapters' support modules, atom-core's
 # core_fixtures).
 TINY_DIMS = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
@@ -68,6 +68,14 @@ TINY_ARCHITECTURES = {
         num_experts_per_tok=2,
         moe_intermediate_size=32,
         shared_expert_intermediate_size=48,
+    ),
+    # top-2 of 4 experts over every layer, a window of 8 on every layer
+    "MixtralForCausalLM": dict(
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        num_local_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=8,
     ),
     "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
     "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,

@@ -36,6 +36,7 @@ ARCHITECTURES = {
         "Qwen3ForCausalLM",
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
+        "MixtralForCausalLM",
         "GptOssForCausalLM",
     )
 }

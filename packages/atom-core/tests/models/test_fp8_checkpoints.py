@@ -1,5 +1,5 @@
 """Block-quantized fp8 checkpoints (DeepSeek-V3's format) on the CPU: ATOM equals transformers run on the
-dequantized checkpoint, for Llama, Qwen3-MoE, DeepSeek-V3 and Qwen3.5-MoE, with blocks small enough that
+dequantized checkpoint, for Llama, Qwen3-MoE, Mixtral, DeepSeek-V3 and Qwen3.5-MoE, with blocks small enough that
 tiny tensors have several and ragged edge blocks (DeepSeek's kv_a_proj_with_mqa is 48 rows in 32-row
 blocks here, as the real one is 576 in 128). Under tensor parallel the shards cut scale blocks. Bad
 checkpoints are refused naming the tensor or the config field."""
@@ -14,7 +14,7 @@ import torch.multiprocessing as mp
 from core_fixtures.architectures import DSV3, TINY
 from core_fixtures.checkpoints import deepseek_checkpoint
 from core_fixtures.references import hf_greedy, ragged_prefill_logits
-from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, Qwen3MoeConfig
+from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, SamplingParams
@@ -51,6 +51,19 @@ def _qwen3_moe(path):
     random_checkpoint(config, path)
 
 
+def _mixtral(path):
+    config = MixtralConfig(
+        **{
+            **TINY,
+            "intermediate_size": 40,
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "sliding_window": 9,
+        }
+    )
+    random_checkpoint(config, path)
+
+
 def _deepseek(path):
     deepseek_checkpoint(path, DeepseekV3Config, DSV3, {})  # kv_a_proj_with_mqa: 32 + 16 = 48 rows
 
@@ -62,6 +75,7 @@ def _qwen3_5_moe(path):
 CASES = {  # name: (make the random checkpoint, block, scale dtype)
     "llama": (_llama, (32, 32), torch.float32),
     "qwen3-moe": (_qwen3_moe, (16, 16), torch.float32),
+    "mixtral": (_mixtral, (16, 16), torch.float32),  # block_sparse_moe.experts.E.w1/w2/w3
     "deepseek-v3": (_deepseek, (32, 32), torch.float32),
     "qwen3.5-moe": (_qwen3_5_moe, (32, 32), torch.bfloat16),  # as the Qwen3.5 fp8 releases store them
 }

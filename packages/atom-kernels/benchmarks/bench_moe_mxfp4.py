@@ -28,6 +28,13 @@ TOKENS = [1, 2, 4, 8, 16, 32, 64, 512]
 SWIGLU = ExpertActivation("swiglu_oai", alpha=1.702, limit=7.0)
 
 
+def _quantized(w: torch.Tensor, chunk: int = 8) -> tuple[torch.Tensor, torch.Tensor]:
+    """quantize_mxfp4 a few experts at a time: its fp32 temporaries for all 128 of gpt-oss-120b's experts
+    at once would not fit beside the weights."""
+    parts = [quantize_mxfp4(w[e : e + chunk]) for e in range(0, w.shape[0], chunk)]
+    return torch.cat([b for b, _ in parts]), torch.cat([s for _, s in parts])
+
+
 def main() -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, nargs="+", default=TOKENS)
@@ -42,7 +49,7 @@ def main() -> dict:
             torch.randn(experts, 2 * inter, device=DEV, dtype=torch.bfloat16) * 0.1,
             torch.randn(experts, hidden, device=DEV, dtype=torch.bfloat16) * 0.1,
         )
-        (q13, s13), (q2, s2) = quantize_mxfp4(w13), quantize_mxfp4(w2)
+        (q13, s13), (q2, s2) = _quantized(w13), _quantized(w2)
         mxfp4 = ExpertMxfp4(s13, s2)
         d13, d2 = mxfp4.dequantize(q13, q2, torch.bfloat16)
         del w13, w2  # the bf16 baseline runs the dequantized weights: the same experts
@@ -87,6 +94,8 @@ def main() -> dict:
             )
             rows.append(row)
             print(row, flush=True)
+        del q13, q2, d13, d2, mxfp4, biases  # before the next shape's experts are made
+        torch.cuda.empty_cache()
     print(f"\ncopy bandwidth {copy_bw / 1e12:.2f} TB/s")
     print(
         "| shape | T | experts hit | bf16 ms | MXFP4 ms | MXFP4 / bf16 speed | MXFP4 GB/s (% of copy) | TFLOP/s |"

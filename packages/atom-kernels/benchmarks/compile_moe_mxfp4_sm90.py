@@ -15,6 +15,7 @@ from atom_kernels.moe.expert_gemm import Activations, Epilogue, ExpertWeights, P
 from benchmarks.harness.offline_compile import build as offline_build
 from benchmarks.harness.offline_compile import cuobjdump
 
+DOT = True  # the scaled-dot path bf16 activations take
 TILES = [  # block_m, block_n, block_k, num_warps, num_stages: fused_experts' bf16 tiles, then MXFP4's
     (32, 64, 64, 4, 4),
     (64, 64, 64, 4, 4),
@@ -31,7 +32,7 @@ def build(tile, gated: bool):
     const = dict(SCALE_N=1, SCALE_K=32, GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
     const |= dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, FP8_W=False, FP8_A=False)
     const |= dict(MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=True, W_K=block_k // 2)
-    const |= dict(PRECISION="tf32")
+    const |= dict(PRECISION="tf32", MXFP4_DOT=DOT, A_FORMAT="bf16")
     types = dict(
         act=Activations("*bf16", "*bf16", "i32", "i32"),
         wts=ExpertWeights("*u8", "*u8", "i64", "i32", "i64", "i32"),

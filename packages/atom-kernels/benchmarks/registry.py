@@ -171,6 +171,9 @@ BENCHES: dict[str, Bench] = {
     "sweep_gdn_decode": Bench("sweep_gdn_decode", "Tiles of the recurrent GDN decode kernel."),
     "sweep_kv_write": Bench("sweep_kv_write", "Tiles of the KV writes."),
     "sweep_moe_decode": Bench("sweep_moe_decode", "Expert-GEMM tiles for decode's few tokens (tile_config)."),
+    "sweep_moe_mxfp4": Bench(
+        "sweep_moe_mxfp4", "MXFP4 expert-GEMM tiles at gpt-oss-120b's shape (mxfp4_tile_config)."
+    ),
     "sweep_persistent": Bench("sweep_persistent", "Programs per SM of the persistent decode partition."),
     "sweep_rotary": Bench("sweep_rotary", "Tokens and warps per program of the rotary kernels."),
     "sweep_small_kernels": Bench("sweep_small_kernels", "Warps and tiles of a decode step's small kernels."),

@@ -81,13 +81,31 @@ def test_triton_mxfp4_experts_match_the_reference_on_dequantized_weights(
     )
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, *([torch.bfloat16] if DEVICE == "cuda" else [])])
+def test_the_scaled_dot_masks_a_last_partial_k_step(dtype):
+    """bf16/fp16 activations take Triton's scaled dot, whose k-step need not divide K: 96 = 64 + 32 here,
+    the last step masked by whole groups (bytes, scales and a's columns)."""
+    from atom_kernels.moe.expert_gemm import TileConfig
+
+    q13, q2, mx, d13, d2 = _mxfp4_experts(5, 96, 96, dtype)
+    x = torch.randn(9, 96, device=DEVICE).to(dtype)
+    ids = torch.rand(9, 5, device=DEVICE).topk(2, dim=-1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(9, 2, device=DEVICE), dim=-1)
+    tile = TileConfig(16, 32, 64, group_m=2, num_warps=4 if DEVICE == "cuda" else 1, num_stages=2)
+    got = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="triton", config=tile, down_config=tile)
+    torch.testing.assert_close(
+        got, fused_experts_ref(x, d13, d2, weights, ids), rtol=TOL[dtype], atol=TOL[dtype]
+    )
+
+
 def test_the_k_step_divides_k_in_whole_groups():
     assert mxfp4_block_k(128, 2880) == 64 and mxfp4_block_k(32, 96) == 32 and mxfp4_block_k(128, 4096) == 128
 
 
 def test_bad_mxfp4_inputs_are_named():
     q13, q2, mx, _, _ = _mxfp4_experts(4, 64, 32, torch.float32)
-    x, ids, weights = torch.randn(3, 64), torch.zeros(3, 2, dtype=torch.int32), torch.ones(3, 2)
+    x, weights = torch.randn(3, 64, device=DEVICE), torch.ones(3, 2, device=DEVICE)
+    ids = torch.zeros(3, 2, dtype=torch.int32, device=DEVICE)
     ids[:, 1] = 1
     with pytest.raises(ValueError, match=r"w13 scales must be uint8 \(4, 64, 2\)"):
         fused_experts(x, q13, q2, weights, ids, mxfp4=ExpertMxfp4(mx.w13[..., :1].contiguous(), mx.w2))

@@ -152,6 +152,17 @@ def _mxfp4_step(
 
 
 @triton.jit
+def _mxfp4_dot(acc, a, w_ptrs, mx_ptrs, bytes_ok, groups_ok, A_FORMAT: tl.constexpr):
+    """acc + a @ w for one MXFP4 k-step through tl.dot_scaled: a [BM, BK] (bf16 or fp16), the bytes
+    [BK / 2, BN] (two k a byte, low nibble first, as the scaled dot packs e2m1 along K) and their e8m0
+    scales [BN, BK / 32], each under its mask (masked bytes are zeros). fast_math: real checkpoints hold
+    no NaN scale (0xFF), so its checks are skipped."""
+    packed = tl.load(w_ptrs, mask=bytes_ok, other=0)
+    scale = tl.load(mx_ptrs, mask=groups_ok, other=127)
+    return tl.dot_scaled(a, None, A_FORMAT, packed, scale, "e2m1", acc, fast_math=True)
+
+
+@triton.jit
 def _w8a8_step(a, w_ptrs, ws_ptrs, a_s, mask, col_ok):
     """One k-step of the W8A8 product: e4m3 a [BM, BK] @ e4m3 w [BK, BN], scaled in fp32 by the rows'
     activation scales a_s [BM] and the columns' weight scales."""
@@ -207,7 +218,12 @@ _DERIVED = {
     "EVEN_K": lambda args: args["K"] % args["BLOCK_K"] == 0,
     "W_K": lambda args: args["BLOCK_K"] // 2 if args["MXFP4_W"] else args["BLOCK_K"],
     "PRECISION": lambda args: "ieee" if args["act"].a.dtype == torch.float32 else "tf32",
+    # MXFP4 tiles of bf16/fp16 activations go through Triton's scaled dot (the e2m1 upcast fused into the
+    # MMA's operand path); fp32 ones (exact tests) through the unpacking below
+    "MXFP4_DOT": lambda args: args["MXFP4_W"] and args["act"].a.dtype in _DOT_SCALED_FORMAT,
+    "A_FORMAT": lambda args: _DOT_SCALED_FORMAT.get(args["act"].a.dtype, "bf16"),
 }
+_DOT_SCALED_FORMAT = {torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 @triton.heuristics(_DERIVED)
@@ -240,6 +256,8 @@ def _expert_gemm_kernel(
     EVEN_K: tl.constexpr,
     W_K: tl.constexpr,  # weight elements of storage a k-step reads along K (BLOCK_K / 2 for MXFP4 bytes)
     PRECISION: tl.constexpr,
+    MXFP4_DOT: tl.constexpr,
+    A_FORMAT: tl.constexpr,
 ):
     """act: Activations; wts: ExpertWeights; pairs: PairRows; epi: Epilogue; out [rows or pairs, N]. The
     last four constexprs follow from the rest (_DERIVED)."""
@@ -277,8 +295,31 @@ def _expert_gemm_kernel(
         wts.scale + expert * wts.stride_se + (cols // SCALE_N)[None, :].to(tl.int64) * wts.stride_sn
     )  # [1, BN]
     up_rows = N // SCALE_N  # the up half's scale rows start here (N is a multiple of SCALE_N)
+    # MXFP4 scales as the scaled dot takes them: [BN, BK / 32], a k-step's groups along the row
+    mx_ptrs = (
+        wts.scale
+        + expert * wts.stride_se
+        + cols[:, None].to(tl.int64) * wts.stride_sn
+        + tl.arange(0, BLOCK_K // 32)[None, :]
+    )
     for k0 in range(0, K, BLOCK_K):
-        if MXFP4_W:  # (whole k-steps: the host picks a BLOCK_K dividing K)
+        if MXFP4_DOT:  # K is whole 32-value groups; a last partial k-step is masked by group
+            k_ok = ks < K - k0
+            a = tl.load(a_ptrs, mask=valid[:, None] & k_ok[None, :], other=0.0)
+            bytes_ok = (kw < (K - k0) // 2)[:, None] & col_ok[None, :]
+            groups_ok = col_ok[:, None] & (tl.arange(0, BLOCK_K // 32) < (K - k0) // 32)[None, :]
+            acc = _mxfp4_dot(acc, a, w_ptrs, mx_ptrs + k0 // 32, bytes_ok, groups_ok, A_FORMAT)
+            if GATED:  # the up half of w13 sits N rows below the gate half
+                acc_up = _mxfp4_dot(
+                    acc_up,
+                    a,
+                    w_ptrs + N * wts.stride_wn,
+                    mx_ptrs + N * wts.stride_sn + k0 // 32,
+                    bytes_ok,
+                    groups_ok,
+                    A_FORMAT,
+                )
+        elif MXFP4_W:
             a_even = tl.load(a_ptrs_even, mask=valid[:, None], other=0.0)
             a_odd = tl.load(a_ptrs_even + 1, mask=valid[:, None], other=0.0)
             k_group = k0 // 32
@@ -371,8 +412,8 @@ def _launch(
 ):
     """scales: None for weights in a's dtype, or (scale [E, N_blocks, K_blocks] fp32, (block_n, block_k))
     for e4m3 weights; then BLOCK_K is cut to divide block_k (one scale per column and k-step); or
-    (scale uint8 [E, N, K / 32], MXFP4) for MXFP4 bytes w [E, N, K / 2]; then BLOCK_K is a multiple of 32
-    dividing K.
+    (scale uint8 [E, N, K / 32], MXFP4) for MXFP4 bytes w [E, N, K / 2]; then BLOCK_K is whole groups of
+    32 (dividing K where fp32 activations unpack the tiles; bf16/fp16 ones mask a last partial k-step).
     a_scale: [rows of a, K_blocks] fp32 when a is e4m3 (W8A8; block_k a power of two >= 32).
     bias: [E, N (x2 gated)] added before the activation (gated) or the routing weight (down)."""
     tiles_m = order.capacity // cfg.block_m
@@ -381,7 +422,8 @@ def _launch(
     mxfp4 = scales is not None and scales[1] is MXFP4
     if mxfp4:
         scale, (scale_n, scale_k) = scales[0], (1, MXFP4_GROUP)
-        block_k = mxfp4_block_k(block_k, k)
+        # the scaled dot masks a last partial k-step by group; the unpacking path needs whole k-steps
+        block_k = max(block_k, MXFP4_GROUP) if a.dtype in _DOT_SCALED_FORMAT else mxfp4_block_k(block_k, k)
     elif scales is not None:
         scale, (scale_n, scale_k) = scales
         block_k = min(block_k, scale_k)

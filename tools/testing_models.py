@@ -34,6 +34,7 @@ DEEPSEEK_V3_TINY = dict(
     v_head_dim=24,
     tie_word_embeddings=False,
 )
+_MLA_FIELDS = ("kv_lora_rank", "q_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 DEEPSEEK_V2_TINY = dict(
     DEEPSEEK_V3_TINY,
     n_shared_experts=2,
@@ -46,9 +47,10 @@ for _key in ("n_group", "topk_group"):  # V2-Lite routes greedily over all exper
 
 # The tiny models every surface's tests build: the dimensions they share, then each architecture's variant
 # (GQA, head_dim != hidden / heads, tied embeddings, q/k norms (Qwen3), routed experts (Qwen3-MoE), a
-# shared expert (Qwen2-MoE), Mixtral's top-2 experts and window, DeepSeek's MLA with grouped (V3) and greedy (V2) routing, GPT-OSS's sinks and
-# biases). A suite adds its vocabulary and what its engine needs (adapters' support modules, atom-core's
-# core_fixtures).
+# shared expert (Qwen2-MoE), Mixtral's top-2 experts and window, DeepSeek's MLA with grouped (V3) and
+# greedy (V2) routing, GLM's partial rotary beside DeepSeek's MoE, Gemma 3's sandwich norms and two
+# rotary bases, GPT-OSS's sinks and biases). A suite adds its vocabulary and what its engine needs
+# (adapters' support modules, atom-core's core_fixtures).
 TINY_DIMS = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, max_position_embeddings=256)
 _QWEN3_HEADS = dict(num_attention_heads=4, num_key_value_heads=2, head_dim=32)
 TINY_ARCHITECTURES = {
@@ -79,6 +81,27 @@ TINY_ARCHITECTURES = {
     ),
     "DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY,
     "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY,
+    # Llama's attention with q/k/v biases, q/k norms and rotary on half of each head, DeepSeek-V3's MoE
+    "Glm4MoeForCausalLM": dict(
+        {k: v for k, v in DEEPSEEK_V3_TINY.items() if k not in _MLA_FIELDS},
+        num_key_value_heads=2,
+        head_dim=32,
+        attention_bias=True,
+        use_qk_norm=True,
+        partial_rotary_factor=0.5,
+    ),
+    # sandwich norms, q/k norms, a softmax scale of 24 ** -0.5, local and global layers (windows of 8) with
+    # their own rotary bases (the global ones linearly scaled)
+    "Gemma3ForCausalLM": dict(
+        _QWEN3_HEADS,
+        sliding_window=8,
+        sliding_window_pattern=2,
+        query_pre_attn_scalar=24,
+        rope_parameters={
+            "sliding_attention": {"rope_type": "default", "rope_theta": 100.0},
+            "full_attention": {"rope_type": "linear", "factor": 4.0, "rope_theta": 10000.0},
+        },
+    ),
     # attention sinks, q/k/v/o biases, windows of 8 on every other layer, biased router and experts
     "GptOssForCausalLM": dict(
         num_attention_heads=4,
@@ -89,6 +112,13 @@ TINY_ARCHITECTURES = {
         sliding_window=8,
     ),
 }
+
+
+def config_class_name(architecture: str) -> str:
+    """transformers' config class of an architecture's tiny model: the family's (LlamaForCausalLM ->
+    LlamaConfig), or the text model's where the family's name is the multimodal one (Gemma 3)."""
+    family = architecture.removesuffix("ForCausalLM")
+    return {"Gemma3": "Gemma3TextConfig"}.get(family, f"{family}Config")
 
 
 def decisive_routing(model) -> None:
@@ -145,11 +175,11 @@ def successor_language(vocab: int, seed: int = 0):
     return succ, sample
 
 
-def random_deepseek_mtp_checkpoint(fields: dict, path: Path, *, seed: int = 0) -> Path:
+def random_deepseek_mtp_checkpoint(fields: dict, path: Path, *, seed: int = 0, config_class=None) -> Path:
     """A random tiny DeepSeek-V3 (transformers config `fields`, decisive routing) with one random MTP layer,
     saved as the published checkpoints are: model.layers.{L}.* (L = num_hidden_layers) holds a decoder layer
     plus enorm, hnorm, eh_proj, shared_head.norm and the copies of the embedding and head;
-    num_nextn_predict_layers 1."""
+    num_nextn_predict_layers 1. config_class: another family with DeepSeek's MTP layout (GLM-4.5's)."""
     import json
 
     from safetensors.torch import load_file, save_file
@@ -157,7 +187,7 @@ def random_deepseek_mtp_checkpoint(fields: dict, path: Path, *, seed: int = 0) -
 
     layers = fields["num_hidden_layers"]
     random_checkpoint(
-        DeepseekV3Config(**{**fields, "num_hidden_layers": layers + 1}),
+        (config_class or DeepseekV3Config)(**{**fields, "num_hidden_layers": layers + 1}),
         path,
         seed=seed,
         edit=decisive_routing,

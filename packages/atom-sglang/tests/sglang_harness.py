@@ -61,6 +61,7 @@ class Request:
 # SGLang's ModelConfig renames a target's architecture for its draft runner.
 DRAFT_NAMES = {
     "DeepseekV3ForCausalLM": "DeepseekV3ForCausalLMNextN",
+    "Glm4MoeForCausalLM": "Glm4MoeForCausalLMNextN",
     "Qwen3NextForCausalLM": "Qwen3NextForCausalLMMTP",
     **dict.fromkeys(
         [

@@ -160,7 +160,12 @@ def plugin_off(checkpoint_for):
 def test_sglangs_registry_resolves_every_atom_architecture_to_atoms_wrapper(external_models):
     archs = served_architectures()
     # every architecture atom-core builds (MHA, MLA and the GDN hybrids), and SGLang's names of their drafts
-    drafts = {"DeepseekV3ForCausalLMNextN", "Qwen3NextForCausalLMMTP", "Qwen3_5ForCausalLMMTP"}
+    drafts = {
+        "DeepseekV3ForCausalLMNextN",
+        "Glm4MoeForCausalLMNextN",
+        "Qwen3NextForCausalLMMTP",
+        "Qwen3_5ForCausalLMMTP",
+    }
     assert set(archs) == {*supported_architectures(), *drafts}
     proc = external_models["resolve"]
     assert proc.returncode == 0, proc.stderr

@@ -69,7 +69,7 @@ from vllm import ModelRegistry
 from vllm.v1.attention.backends.registry import AttentionBackendEnum, MambaAttentionBackendEnum
 from atom_core.integration import supported_architectures
 out = {{}}
-drafts = ["DeepSeekMTPModel", "Qwen3NextMTP", "Qwen3_5MTP", "Qwen3_5MoeMTP"]
+drafts = ["DeepSeekMTPModel", "Glm4MoeMTPModel", "Qwen3NextMTP", "Qwen3_5MTP", "Qwen3_5MoeMTP"]
 for arch in [*supported_architectures(), *drafts]:  # the ones ATOM does not serve stay vLLM's
     cls = ModelRegistry._try_load_model_cls(arch)
     info = ModelRegistry._try_inspect_model_cls(arch)

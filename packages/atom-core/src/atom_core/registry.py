@@ -104,6 +104,13 @@ SPECS: dict[str, ModelSpec] = {
             MHA_FAMILY,
             config_defaults="atom_core.models.gpt_oss:hf_defaults",
         ),
+        ModelSpec(
+            "Glm4MoeForCausalLM",
+            "atom_core.models.glm4_moe:Glm4MoeForCausalLM",
+            MHA_FAMILY,
+            draft_class="atom_core.models.glm4_moe:Glm4MoeMTP",
+            config_defaults="atom_core.models.glm4_moe:hf_defaults",
+        ),
         ModelSpec("DeepseekV2ForCausalLM", "atom_core.models.deepseek_v2:DeepseekV2ForCausalLM", MLA),
         ModelSpec(
             "DeepseekV3ForCausalLM",

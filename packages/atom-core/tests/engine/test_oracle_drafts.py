@@ -8,9 +8,9 @@ drafts of each step. What the engine must then do is exact, whatever the numeric
   drafts, which the test records as the scheduler hands them to a step (it may verify fewer than were
   proposed: short of KV blocks or of the step's token budget).
 
-On a random tiny DeepSeek-V3 with an MTP layer (MLA KV; one process, and tensor-parallel over gloo) and a
-random tiny Qwen3-Next (Gated DeltaNet state layers: the state after the last accepted draft is committed,
-after partially accepted drafts too), roomy and with a KV cache so small that drafts are dropped and
+On a random tiny DeepSeek-V3 with an MTP layer (MLA KV; one process, and tensor-parallel over gloo), a
+random tiny GLM-4.5 with one (paged MHA KV) and a random tiny Qwen3-Next (Gated DeltaNet state layers:
+the state after the last accepted draft is committed, after partially accepted drafts too), roomy and with a KV cache so small that drafts are dropped and
 sequences preempted, prefills chunked and prefixes hit. fp32 on the CPU, torch reference ops.
 """
 
@@ -366,6 +366,42 @@ def test_forced_drafts_launched_ahead_are_accepted_as_the_synchronous_ones(reque
     assert stats.num_async_steps > 0 and forcing.ahead_calls > 0
     slots = llm.engine.scheduler.state_slots
     assert slots is None or slots.num_free == slots.num_slots
+
+
+# GLM-4.5 (its MTP layer: DeepSeek's structure around a GLM decoder layer, paged MHA KV) ---------------
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    from transformers import Glm4MoeConfig
+
+    from tools.testing_models import TINY_ARCHITECTURES, TINY_DIMS, random_deepseek_mtp_checkpoint
+
+    fields = dict(TINY_DIMS, **TINY_ARCHITECTURES["Glm4MoeForCausalLM"], vocab_size=VOCAB)
+    return random_deepseek_mtp_checkpoint(
+        fields, tmp_path_factory.mktemp("oracle-glm"), config_class=Glm4MoeConfig
+    )
+
+
+@pytest.fixture(scope="module")
+def glm_plain(glm):
+    return generate(glm, DS_PROMPTS, DS_PARAMS, **ROOMY)[1]
+
+
+@pytest.mark.parametrize(
+    "k, right_for, cache",
+    [(4, ALWAYS, "roomy"), (3, 2, "roomy"), (3, 1, "tight")],
+    ids=["k4-always-right", "k3-right-for-2", "k3-right-for-1-tight"],
+)
+def test_glm_forced_drafts_are_accepted_exactly_as_far_as_they_are_right(glm, glm_plain, k, right_for, cache):
+    engine, oracle = speculate(
+        glm, DS_PROMPTS, DS_PARAMS, glm_plain, k, right_for, **(ROOMY if cache == "roomy" else DS_TIGHT)
+    )
+    check_forced(oracle, engine.stats, k)
+    if cache == "tight":
+        assert (
+            engine.scheduler.num_preemptions > 0 and engine.blocks.num_prefix_hits > 0 and oracle.dropped > 0
+        )
 
 
 # Qwen3-Next (Gated DeltaNet state layers) --------------------------------------------------------------

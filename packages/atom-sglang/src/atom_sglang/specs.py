@@ -65,6 +65,7 @@ OVERRIDES: Mapping[str, Mapping[str, object]] = {
 # targets whose MTP layer atom-core builds as the draft.
 DRAFTS: Mapping[str, tuple[str, ...]] = {
     "DeepseekV3ForCausalLMNextN": ("DeepseekV3ForCausalLM",),
+    "Glm4MoeForCausalLMNextN": ("Glm4MoeForCausalLM",),
     "Qwen3NextForCausalLMMTP": ("Qwen3NextForCausalLM",),
     "Qwen3_5ForCausalLMMTP": (
         "Qwen3_5ForCausalLM",

@@ -13,6 +13,7 @@ DRAFT_CLASS = "atom_vllm.draft:AtomMTPDraft"
 # whose MTP layers it is built from (Qwen3.5's ConditionalGeneration checkpoints draft as the text model)
 DRAFTS = {
     "DeepSeekMTPModel": "DeepseekV3ForCausalLM",
+    "Glm4MoeMTPModel": "Glm4MoeForCausalLM",
     "Qwen3NextMTP": "Qwen3NextForCausalLM",
     "Qwen3_5MTP": "Qwen3_5ForCausalLM",
     "Qwen3_5MoeMTP": "Qwen3_5MoeForCausalLM",

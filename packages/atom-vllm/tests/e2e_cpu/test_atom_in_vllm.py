@@ -152,13 +152,17 @@ def test_deepseek_runs_atoms_mla_layer_and_equals_transformers(
     assert runs == [expected, expected]
 
 
-def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
-    """--speculative-config {"method": "mtp"} on ATOM's DeepSeek-V3: vLLM resolves the draft architecture it
-    writes ("DeepSeekMTPModel") to ATOM's MTP draft, shares the target's embedding and head with it, and
-    verifies k = 2 drafts a step through ATOM's MLA layers; the tokens equal transformers' greedy ones. The
-    echoing MTP layer (vllm_support.save_mtp_checkpoint) gets drafts accepted where the output repeats a
-    token and rejected elsewhere, so both paths (and the rejected rows' KV rollback) run. The seam: every
-    MLA step reached atom-core's mla_step."""
+@pytest.mark.parametrize(
+    ("architecture", "draft", "seam"),
+    [("DeepseekV3ForCausalLM", "DeepseekMTP", "mla_step"), ("Glm4MoeForCausalLM", "Glm4MoeMTP", None)],
+)
+def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd, architecture, draft, seam):
+    """--speculative-config {"method": "mtp"} on ATOM's DeepSeek-V3 and GLM-4.5: vLLM resolves the draft
+    architecture it writes ("DeepSeekMTPModel", "Glm4MoeMTPModel") to ATOM's MTP draft, shares the target's
+    embedding and head with it, and verifies k = 2 drafts a step through ATOM's layers (MLA, paged MHA);
+    the tokens equal transformers' greedy ones. The echoing MTP layer (vllm_support.save_mtp_checkpoint)
+    gets drafts accepted where the output repeats a token and rejected elsewhere, so both paths (and the
+    rejected rows' KV rollback) run. The seam: every MLA step reached atom-core's mla_step."""
     from vllm_support import (
         core_steps,
         record_core_steps,
@@ -167,7 +171,7 @@ def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
         transformers_greedy,
     )
 
-    ckpt = save_mtp_checkpoint(tmp_path / "ckpt")
+    ckpt = save_mtp_checkpoint(tmp_path / "ckpt", architecture=architecture)
     prompts, steps = [*PROMPTS, [100] * 5], 16  # the last one's greedy output ends in a run of one token
     expected = [transformers_greedy(ckpt.path, p, steps) for p in prompts]
     tokens, drafted, accepted, llm = speculate(
@@ -175,12 +179,13 @@ def test_mtp_speculation_with_atoms_draft_equals_plain_greedy(tmp_path, capfd):
     )
     assert tokens == expected
     assert 0 < accepted < drafted
-    (seen,) = llm.apply_model(core_steps)
-    assert seen.get("mla_step", 0) > 0, seen
+    if seam is not None:  # paged MHA has no core step to count
+        (seen,) = llm.apply_model(core_steps)
+        assert seen.get(seam, 0) > 0, seen
     (what,) = llm.apply_model(describe)
-    assert what["atom_model_class"].endswith(".DeepseekV3ForCausalLM")
+    assert what["atom_model_class"].endswith("." + architecture)
     logs = capfd.readouterr()
-    assert "ATOM MTP draft DeepseekMTP drafts for DeepseekV3ForCausalLM" in logs.out + logs.err
+    assert f"ATOM MTP draft {draft} drafts for {architecture}" in logs.out + logs.err
 
 
 @pytest.mark.engine_processes  # a process where ATOM never registered

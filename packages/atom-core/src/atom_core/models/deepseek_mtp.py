@@ -62,7 +62,7 @@ class DeepseekMTP(TargetBinding, nn.Module):
         p = f"{prefix}model.layers.{self.index}"
         block = MTPBlock(
             config,
-            self.target_class.make_mla(config, ctx, 0, f"{p}.self_attn"),  # cache 0 of the draft's own caches
+            self.target_class.make_mtp_attention(config, ctx, 0, f"{p}.self_attn"),  # the draft's cache 0
             self.target_class.make_deepseek_mlp(config, ctx, self.index, f"{p}.mlp"),
             ctx,
             p,
@@ -73,7 +73,7 @@ class DeepseekMTP(TargetBinding, nn.Module):
 
     @classmethod
     def layer_kinds(cls, config: ModelConfig) -> tuple[str, ...]:
-        return ("mla",)
+        return cls.target_class.layer_kinds(config)[:1]  # the target's attention kind
 
     @staticmethod
     def check_config(config: ModelConfig) -> None:

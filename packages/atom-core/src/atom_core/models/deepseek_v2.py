@@ -144,6 +144,13 @@ class DeepseekV2ForCausalLM(LlamaForCausalLM):
             config, ctx, layer_index=cache_index, prefix=prefix, interleaved=cls.rope_interleaved(config)
         )
 
+    @classmethod
+    def make_mtp_attention(
+        cls, config: ModelConfig, ctx: BuildContext, cache_index: int, prefix: str
+    ) -> nn.Module:
+        """The attention of the draft's MTP layer (the target's kind, in the draft's own cache)."""
+        return cls.make_mla(config, ctx, cache_index, prefix)
+
     def make_mlp(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
         return self.make_deepseek_mlp(config, ctx, layer_index, prefix)
 

@@ -1,0 +1,117 @@
+"""GLM-4.5 / 4.6 against transformers: q/k/v biases, q/k norms and rotary on half of each head, DeepSeek-V3's
+MoE (sigmoid grouped routing with a correction bias, shared experts, a dense first layer), randomized norms
+and biases. Then the engine (chunked prefill, prefix hits, preemption), transformers' config default, and
+the MTP draft against transformers' own MTP module (forced-draft speculation: test_oracle_drafts.py)."""
+
+import json
+
+import pytest
+import torch
+from core_fixtures.drafts import draft_logits_in_two_forwards, mtp
+from core_fixtures.engine import greedy_under_pressure
+from core_fixtures.references import hf_main_hidden, torch_reference_ops
+from core_fixtures.runner_driver import RunnerDriver
+from transformers import AutoModelForCausalLM, Glm4MoeConfig
+
+from atom_core.config import ModelConfig, ParallelConfig
+from atom_core.engine import EngineConfig
+from atom_core.engine.execution.model_runner import ModelRunner
+from tools.testing_models import (
+    TINY_ARCHITECTURES,
+    TINY_DIMS,
+    random_checkpoint,
+    random_deepseek_mtp_checkpoint,
+    transformers_mtp_logits,
+)
+
+GLM_TINY = dict(TINY_DIMS, **TINY_ARCHITECTURES["Glm4MoeForCausalLM"], vocab_size=211, num_hidden_layers=3)
+
+
+def glm_extras(model) -> None:
+    """Norms and biases as a trained model has them (not ones and zeros), routers with decisive scores and
+    a non-zero correction bias."""
+    gen = torch.Generator().manual_seed(3)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith("bias") or "norm" in name:
+                base = 1.0 if "norm" in name else 0.0
+                param.copy_(base + 0.3 * torch.randn(param.shape, generator=gen))
+        for layer in model.model.layers:
+            if hasattr(layer.mlp, "gate"):
+                layer.mlp.gate.weight.normal_(0, 0.5, generator=gen)
+                layer.mlp.gate.e_score_correction_bias.uniform_(-0.3, 0.3, generator=gen)
+
+
+@pytest.fixture(scope="module")
+def glm(tmp_path_factory):
+    path = tmp_path_factory.mktemp("glm") / "ckpt"
+    return random_checkpoint(Glm4MoeConfig(**GLM_TINY), path, edit=glm_extras)
+
+
+def _prompts(seed: int, lengths) -> list[list[int]]:
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randint(1, 211, (n,), generator=gen).tolist() for n in lengths]
+
+
+def test_logits_and_greedy_tokens_match_transformers(glm, hf_greedy_tokens):
+    hf, path = glm
+    assert hf.model.rotary_emb.inv_freq.numel() * 2 == GLM_TINY["head_dim"] // 2  # rotary on half a head
+    prompts = _prompts(1, (13, 3, 21))
+    prefill, generated = RunnerDriver(path).greedy(prompts, steps=32)
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(prefill[i], ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0))
+        assert generated[i] == hf_greedy_tokens(hf, prompt, 32), f"prompt {i} diverged from transformers"
+
+
+def test_triton_kernels_through_the_native_backend(glm, hf_greedy_tokens):
+    """The same parity on atom-kernels' Triton path (the interpreter on the CPU): partial rotary after the
+    q/k norms, the grouped routing and the expert GEMMs."""
+    hf, path = glm
+    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
+    prompts = _prompts(6, (11, 4))
+    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
+    for i, prompt in enumerate(prompts):
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[0]
+        torch.testing.assert_close(
+            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
+        )
+        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)
+
+
+def test_engine_chunks_prefix_hits_and_preemption(glm, hf_greedy_tokens):
+    hf, path = glm
+    shared = _prompts(3, (13,))[0]  # three 4-token blocks: a prefix hit
+    prompts = [[*shared, 7, 8], [*shared, 9], *_prompts(4, (29, 2))]
+    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
+
+
+def test_a_config_without_partial_rotary_gets_transformers_half(tmp_path):
+    config = {"architectures": ["Glm4MoeForCausalLM"], **GLM_TINY}
+    config.pop("partial_rotary_factor")
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    hf = Glm4MoeConfig(**{k: v for k, v in config.items() if k != "architectures"})
+    assert ModelConfig.from_pretrained(tmp_path).rope.partial_rotary_factor == 0.5
+    assert hf.rope_parameters["partial_rotary_factor"] == 0.5
+
+
+def test_the_mtp_draft_equals_transformers_mtp_module(tmp_path):
+    """The draft (DeepSeek's MTP structure around a GLM decoder layer) against transformers' MtpModel built
+    from the same checkpoint, its rows in two forwards so that its KV cache carries over."""
+    fields = dict(GLM_TINY, num_hidden_layers=2)
+    random_deepseek_mtp_checkpoint(fields, tmp_path, config_class=Glm4MoeConfig)
+    main = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32).eval()
+    engine = EngineConfig(
+        model=tmp_path, num_kv_blocks=32, speculative_config=mtp(1), kernel_backend="torch", block_size=4
+    )
+    with torch_reference_ops():
+        config = ModelConfig.from_pretrained(tmp_path)
+        runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
+        tokens = _prompts(7, (19,))[0]
+        got = draft_logits_in_two_forwards(runner, tokens, state_slot=-1)
+    with torch.no_grad():
+        ids = torch.tensor([tokens])
+        published = transformers_mtp_logits(tmp_path, ids, hf_main_hidden(main, ids))
+    torch.testing.assert_close(got, published, rtol=0, atol=1e-4 * published.abs().max().item())

@@ -14,6 +14,7 @@ from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V3_TINY,
     TINY_ARCHITECTURES,
     TINY_DIMS,
+    config_class_name,
     decisive_routing,
     random_checkpoint,
 )
@@ -27,8 +28,9 @@ def tiny_config(architecture: str, **overrides):
     """The transformers config of `architecture`'s tiny model (overrides change it, e.g. to add windows)."""
     import transformers
 
-    family = architecture.removesuffix("ForCausalLM")
-    return getattr(transformers, f"{family}Config")(**{**TINY, **ARCHITECTURES[architecture], **overrides})
+    return getattr(transformers, config_class_name(architecture))(
+        **{**TINY, **ARCHITECTURES[architecture], **overrides}
+    )
 
 
 def transformers_logits(checkpoint: Path, tokens: list[int]) -> torch.Tensor:

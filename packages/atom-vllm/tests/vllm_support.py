@@ -20,6 +20,7 @@ from tools.testing_models import (  # noqa: F401 (re-exported)
     DEEPSEEK_V3_TINY,
     TINY_ARCHITECTURES,
     TINY_DIMS,
+    config_class_name,
     free_port,
     random_checkpoint,
 )
@@ -37,6 +38,8 @@ ARCHITECTURES = {
         "Qwen3MoeForCausalLM",
         "Qwen2MoeForCausalLM",
         "MixtralForCausalLM",
+        "Glm4MoeForCausalLM",
+        "Gemma3ForCausalLM",
         "GptOssForCausalLM",
     )
 }
@@ -193,8 +196,7 @@ def save_checkpoint(architecture: str, path: Path, config_kwargs: dict) -> Check
     import transformers
 
     tokenizer = train_tokenizer()
-    family = architecture.removesuffix("ForCausalLM")
-    config = getattr(transformers, f"{family}Config")(
+    config = getattr(transformers, config_class_name(architecture))(
         **{"vocab_size": len(tokenizer), **TINY, **config_kwargs}
     )
     random_checkpoint(config, path)
@@ -231,10 +233,19 @@ def transformers_greedy(path: Path, prompt: list[int], steps: int) -> list[int]:
 MLA_ARCHITECTURES = {"DeepseekV3ForCausalLM": DEEPSEEK_V3_TINY, "DeepseekV2ForCausalLM": DEEPSEEK_V2_TINY}
 
 
-def save_mtp_checkpoint(path: Path, *, layers: int = 2) -> Checkpoint:
-    """A random tiny DeepSeek-V3 with one MTP layer saved as the published checkpoints are: transformers'
-    model with layers + 1 decoder layers, the last one becoming the MTP layer (model.layers.{layers}.*,
-    num_nextn_predict_layers 1) with its enorm, hnorm, eh_proj and shared_head. The MTP layer "echoes":
+MTP_TARGETS = {  # the targets whose checkpoints carry an MTP layer: their configs' tiny fields
+    "DeepseekV3ForCausalLM": ("DeepseekV3Config", DEEPSEEK_V3_TINY),
+    "Glm4MoeForCausalLM": ("Glm4MoeConfig", TINY_ARCHITECTURES["Glm4MoeForCausalLM"]),
+}
+
+
+def save_mtp_checkpoint(
+    path: Path, *, layers: int = 2, architecture: str = "DeepseekV3ForCausalLM"
+) -> Checkpoint:
+    """A random tiny DeepSeek-V3 (or another of MTP_TARGETS) with one MTP layer saved as the published
+    checkpoints are: transformers' model with layers + 1 decoder layers, the last one becoming the MTP layer
+    (model.layers.{layers}.*, num_nextn_predict_layers 1) with its enorm, hnorm, eh_proj and shared_head.
+    The MTP layer "echoes":
     eh_proj passes hnorm(h) through, its attention and MLP outputs are zero and shared_head.norm is the
     target's final norm, so it proposes the token the target just predicted again, which the target
     accepts wherever its greedy output repeats a token (random tiny models do, often)."""
@@ -244,8 +255,9 @@ def save_mtp_checkpoint(path: Path, *, layers: int = 2) -> Checkpoint:
     from safetensors.torch import load_file, save_file
 
     tokenizer = train_tokenizer()
-    fields = {"vocab_size": len(tokenizer), **TINY, **DEEPSEEK_V3_TINY, "num_hidden_layers": layers + 1}
-    random_checkpoint(transformers.DeepseekV3Config(**fields), path)
+    config_class, tiny = MTP_TARGETS[architecture]
+    fields = {"vocab_size": len(tokenizer), **TINY, **tiny, "num_hidden_layers": layers + 1}
+    random_checkpoint(getattr(transformers, config_class)(**fields), path)
     tensors = load_file(path / "model.safetensors")
     hidden, mtp = fields["hidden_size"], f"model.layers.{layers}"
     tensors[f"{mtp}.enorm.weight"] = torch.ones(hidden)
@@ -260,7 +272,7 @@ def save_mtp_checkpoint(path: Path, *, layers: int = 2) -> Checkpoint:
     config.update(num_hidden_layers=layers, num_nextn_predict_layers=1)
     (path / "config.json").write_text(json.dumps(config, indent=1))
     tokenizer.save_pretrained(path)
-    return Checkpoint("DeepseekV3ForCausalLM", path)
+    return Checkpoint(architecture, path)
 
 
 # Qwen3-Next and Qwen3.5 (Gated DeltaNet beside gated full attention) run under vLLM with ATOM's own GDN

@@ -105,6 +105,18 @@ SPECS: dict[str, ModelSpec] = {
             config_defaults="atom_core.models.gpt_oss:hf_defaults",
         ),
         ModelSpec(
+            "Gemma3ForCausalLM",
+            "atom_core.models.gemma3:Gemma3ForCausalLM",
+            MHA_FAMILY,
+            config_defaults="atom_core.models.gemma3:hf_defaults",
+        ),
+        ModelSpec(
+            "Gemma3ForConditionalGeneration",
+            "atom_core.models.gemma3:Gemma3ForConditionalGeneration",
+            MHA_FAMILY,
+            config_defaults="atom_core.models.gemma3:hf_defaults",
+        ),
+        ModelSpec(
             "Glm4MoeForCausalLM",
             "atom_core.models.glm4_moe:Glm4MoeForCausalLM",
             MHA_FAMILY,

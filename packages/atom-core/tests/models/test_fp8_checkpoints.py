@@ -1,5 +1,5 @@
 """Block-quantized fp8 checkpoints (DeepSeek-V3's format) on the CPU: ATOM equals transformers run on the
-dequantized checkpoint, for Llama, Qwen3-MoE, Mixtral, DeepSeek-V3 and Qwen3.5-MoE, with blocks small enough that
+dequantized checkpoint, for Llama, Qwen3-MoE, Mixtral, GLM-4.5, Gemma 3, DeepSeek-V3 and Qwen3.5-MoE, with blocks small enough that
 tiny tensors have several and ragged edge blocks (DeepSeek's kv_a_proj_with_mqa is 48 rows in 32-row
 blocks here, as the real one is 576 in 128). Under tensor parallel the shards cut scale blocks. Bad
 checkpoints are refused naming the tensor or the config field."""
@@ -14,7 +14,15 @@ import torch.multiprocessing as mp
 from core_fixtures.architectures import DSV3, TINY
 from core_fixtures.checkpoints import deepseek_checkpoint
 from core_fixtures.references import hf_greedy, ragged_prefill_logits
-from transformers import AutoModelForCausalLM, DeepseekV3Config, LlamaConfig, MixtralConfig, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    DeepseekV3Config,
+    Gemma3TextConfig,
+    Glm4MoeConfig,
+    LlamaConfig,
+    MixtralConfig,
+    Qwen3MoeConfig,
+)
 
 from atom_core.config import ConfigError, ModelConfig, ParallelConfig
 from atom_core.engine import LLM, SamplingParams
@@ -22,7 +30,7 @@ from atom_core.loader import CheckpointError, build_model, load_checkpoint
 from atom_core.models.weights import WeightLoadError
 from atom_core.quantization import Fp8BlockLinearMethod
 from tools.testing_fp8 import dequantized_copy, edit_checkpoint, quantize_checkpoint
-from tools.testing_models import free_port, random_checkpoint
+from tools.testing_models import TINY_ARCHITECTURES, free_port, random_checkpoint
 from tools.testing_qwen import qwen3_next_checkpoint
 
 
@@ -64,6 +72,19 @@ def _mixtral(path):
     random_checkpoint(config, path)
 
 
+def _glm4_moe(path):
+    fields = {
+        k: v for k, v in TINY_ARCHITECTURES["Glm4MoeForCausalLM"].items() if k != "moe_intermediate_size"
+    }
+    random_checkpoint(Glm4MoeConfig(**{**TINY, **fields, "moe_intermediate_size": 40}), path)
+
+
+def _gemma3(path):
+    random_checkpoint(
+        Gemma3TextConfig(**{**TINY, **TINY_ARCHITECTURES["Gemma3ForCausalLM"], "intermediate_size": 88}), path
+    )
+
+
 def _deepseek(path):
     deepseek_checkpoint(path, DeepseekV3Config, DSV3, {})  # kv_a_proj_with_mqa: 32 + 16 = 48 rows
 
@@ -76,6 +97,8 @@ CASES = {  # name: (make the random checkpoint, block, scale dtype)
     "llama": (_llama, (32, 32), torch.float32),
     "qwen3-moe": (_qwen3_moe, (16, 16), torch.float32),
     "mixtral": (_mixtral, (16, 16), torch.float32),  # block_sparse_moe.experts.E.w1/w2/w3
+    "glm4-moe": (_glm4_moe, (16, 16), torch.float32),  # 40-wide experts: 2.5 blocks, ragged
+    "gemma3": (_gemma3, (32, 32), torch.float32),
     "deepseek-v3": (_deepseek, (32, 32), torch.float32),
     "qwen3.5-moe": (_qwen3_5_moe, (32, 32), torch.bfloat16),  # as the Qwen3.5 fp8 releases store them
 }

@@ -7,7 +7,7 @@ from torch import nn
 
 from atom_core.attention.backend import AttentionLayerSpec, QKPrologue
 from atom_core.build import BuildContext
-from atom_core.config import ModelConfig
+from atom_core.config import ModelConfig, RopeConfig
 from atom_core.layers.fused import sigmoid_gate_linear
 from atom_core.layers.linear import QKVParallelLinear, RowParallelLinear
 from atom_core.layers.norm import RMSNorm
@@ -30,10 +30,14 @@ class SelfAttention(nn.Module):
         output_gate: bool = False,
         norm_offset: float = 0.0,
         sinks: bool = False,
+        rope: RopeConfig | None = None,
+        softmax_scale: float | None = None,
     ):
         """output_gate: q_proj also gives each head a gate, [q_h | gate_h] per head (Qwen3-Next, Qwen3.5),
         and the output is attention * sigmoid(gate); norm_offset: the q/k norms' (1 + weight) form;
-        sinks: a learned sink logit per head joins each softmax (GPT-OSS's `self_attn.sinks` [Hq])."""
+        sinks: a learned sink logit per head joins each softmax (GPT-OSS's `self_attn.sinks` [Hq]);
+        rope: this layer's rotary where it is not config.rope (Gemma 3's local and global bases);
+        softmax_scale: where it is not head_dim ** -0.5 (Gemma 3's query_pre_attn_scalar ** -0.5)."""
         super().__init__()
         d, dtype = config.head_dim, config.dtype
         common = dict(dtype=dtype, parallel=ctx.parallel, quant_config=ctx.quant_config)
@@ -61,7 +65,7 @@ class SelfAttention(nn.Module):
         )
         self.q_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
         self.k_norm = RMSNorm(d, config.rms_norm_eps, dtype=dtype, offset=norm_offset) if qk_norm else None
-        self.rotary_emb = RotaryEmbedding(d, config.rope, config.max_position_embeddings)
+        self.rotary_emb = RotaryEmbedding(d, rope or config.rope, config.max_position_embeddings)
         self.sinks = None
         if sinks:  # fp32, as the kernels read it; this rank's heads
             self.sinks = nn.Parameter(torch.empty(self.num_heads, dtype=torch.float32), requires_grad=False)
@@ -71,7 +75,7 @@ class SelfAttention(nn.Module):
             num_heads=self.num_heads,
             num_kv_heads=self.num_kv_heads,
             head_dim=d,
-            scale=d**-0.5,
+            scale=d**-0.5 if softmax_scale is None else softmax_scale,
             prefix=f"{prefix}.attn",
             sliding_window=sliding_window,
             sinks=self.sinks,

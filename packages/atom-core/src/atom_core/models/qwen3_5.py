@@ -54,12 +54,14 @@ class Qwen3_5MoeForCausalLM(Qwen3_5ForCausalLM):
 class TextOnly:
     """Mixin for a multimodal checkpoint served by its language model alone."""
 
+    vision_prefixes: tuple[str, ...] = ("model.visual.",)  # the tensors of the vision tower (not loaded)
+
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         skipped = []
 
         def language_model(pairs):
             for name, tensor in pairs:
-                if name.startswith("model.visual."):
+                if name.startswith(self.vision_prefixes):
                     skipped.append(name)
                     continue
                 yield name.replace("model.language_model.", "model.", 1), tensor
@@ -67,7 +69,9 @@ class TextOnly:
         filled = super().load_weights(language_model(weights))
         if skipped:
             logger.info(
-                "served text-only: skipped the vision tower's %d tensors (model.visual.*)", len(skipped)
+                "served text-only: skipped the vision tower's %d tensors (%s)",
+                len(skipped),
+                ", ".join(f"{p}*" for p in self.vision_prefixes),
             )
         return filled
 

@@ -9,7 +9,16 @@ import shutil
 import pytest
 import torch
 from core_fixtures.runner_driver import GPU_BF16, RunnerDriver
-from transformers import AutoModelForCausalLM, GptOssConfig, LlamaConfig, Qwen3Config, Qwen3MoeConfig
+from transformers import (
+    AutoModelForCausalLM,
+    Gemma3TextConfig,
+    Glm4MoeConfig,
+    GptOssConfig,
+    LlamaConfig,
+    MixtralConfig,
+    Qwen3Config,
+    Qwen3MoeConfig,
+)
 
 from tools.testing_models import random_checkpoint
 
@@ -34,11 +43,33 @@ LARGE = dict(
         (Qwen3MoeConfig, dict(head_dim=128, num_experts=8, num_experts_per_tok=2, moe_intermediate_size=512)),
         # windows far shorter than the prompts, on half the layers
         (Qwen3Config, dict(head_dim=128, use_sliding_window=True, sliding_window=96, max_window_layers=2)),
+        # top-2 of 8 experts on every layer, a window far shorter than the prompts
+        (MixtralConfig, dict(head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=96)),
+        # q/k/v biases, q/k norms, rotary on half of each head, DeepSeek's MoE after a dense layer
+        (
+            Glm4MoeConfig,
+            dict(
+                head_dim=128,
+                attention_bias=True,
+                use_qk_norm=True,
+                n_routed_experts=8,
+                num_experts_per_tok=2,
+                n_group=2,
+                topk_group=1,
+                moe_intermediate_size=512,
+                routed_scaling_factor=2.5,
+            ),
+        ),
+        # sandwich norms, local layers (windows of 96) and global ones with their own rotary bases
+        (
+            Gemma3TextConfig,
+            dict(head_dim=128, sliding_window=96, sliding_window_pattern=2, query_pre_attn_scalar=96),
+        ),
     ],
 )
 def test_bf16_teacher_forced_parity(tmp_path, cls, overrides):
     hf = random_checkpoint(cls(**{**LARGE, **overrides}), tmp_path / "ckpt", dtype=torch.bfloat16)[0].cuda()
-    if "num_experts" in overrides:
+    if {"num_experts", "num_local_experts", "n_routed_experts"} & set(overrides):
         # Random routers (std 0.02) tie experts within bf16 noise, and a flipped expert is not a kernel
         # error: routers with the margins trained ones have, re-saved.
         with torch.no_grad():

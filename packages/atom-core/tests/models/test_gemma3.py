@@ -8,8 +8,12 @@ import json
 
 import pytest
 import torch
-from core_fixtures.engine import greedy_under_pressure
-from core_fixtures.runner_driver import RunnerDriver
+from core_fixtures.family import (
+    assert_engine_under_pressure,
+    assert_matches_transformers,
+    assert_triton_matches_transformers,
+    prompts,
+)
 from safetensors.torch import load_file, save_file
 from transformers import Gemma3TextConfig
 
@@ -45,34 +49,17 @@ def gemma(tmp_path_factory):
     return random_checkpoint(Gemma3TextConfig(**GEMMA3_TINY), path, edit=gemma_extras)
 
 
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 211, (n,), generator=gen).tolist() for n in lengths]
-
-
-def _assert_parity(hf, path, hf_greedy_tokens, steps=32, **driver):
-    prompts = _prompts(1, (13, 3, 21))  # a ragged batch, two prompts past the window
-    prefill, generated = RunnerDriver(path, **driver).greedy(prompts, steps=steps)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, steps), f"prompt {i} diverged from transformers"
-
-
-def test_logits_and_greedy_tokens_match_transformers(gemma, hf_greedy_tokens):
+def test_logits_and_greedy_tokens_match_transformers(gemma):
     hf, path = gemma
     assert hf.config.layer_types == ["sliding_attention", "full_attention"] * 2
-    _assert_parity(hf, path, hf_greedy_tokens)
+    assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))  # two prompts past the window
 
 
 def test_the_options_change_the_answer(gemma):
     """Guards the parity above: transformers' own model without the soft-cap, with one rotary base for
     every layer, or with the default softmax scale gives other logits."""
     hf, _ = gemma
-    prompt = torch.tensor([_prompts(2, (15,))[0]])
+    prompt = torch.tensor([prompts(2, (15,))[0]])
     with torch.no_grad():
         base = hf(prompt).logits
         hf.config.final_logit_softcapping = None
@@ -92,30 +79,17 @@ def test_the_options_change_the_answer(gemma):
         assert (base - other).abs().max() > 1e-3
 
 
-def test_triton_kernels_through_the_native_backend(gemma, hf_greedy_tokens):
-    """The same parity on atom-kernels' Triton path (the interpreter on the CPU): zero-centred q/k norms,
-    each layer's rotary base and the softmax scale through the attention kernels."""
-    hf, path = gemma
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
-    prompts = _prompts(6, (11, 4))
-    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)
+def test_triton_kernels_through_the_native_backend(gemma):
+    """The same parity on atom-kernels' Triton path: zero-centred q/k norms, each layer's rotary base and
+    the softmax scale through the attention kernels."""
+    assert_triton_matches_transformers(*gemma, prompts(6, (11, 4)))
 
 
-def test_engine_chunks_prefix_hits_and_preemption_across_the_window(gemma, hf_greedy_tokens):
-    hf, path = gemma
-    shared = _prompts(3, (13,))[0]  # three 4-token blocks: a prefix hit
-    prompts = [[*shared, 7, 8], [*shared, 9], *_prompts(4, (29, 2))]
-    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
+def test_engine_chunks_prefix_hits_and_preemption_across_the_window(gemma):
+    assert_engine_under_pressure(*gemma)
 
 
-def test_the_multimodal_checkpoint_serves_its_language_model(gemma, hf_greedy_tokens, tmp_path):
+def test_the_multimodal_checkpoint_serves_its_language_model(gemma, tmp_path):
     """Gemma3ForConditionalGeneration's layout: text_config, the language model under model.language_model.*
     and a vision tower (skipped)."""
     hf, path = gemma
@@ -134,7 +108,7 @@ def test_the_multimodal_checkpoint_serves_its_language_model(gemma, hf_greedy_to
     tensors["model.vision_tower.vision_model.post_layernorm.weight"] = torch.ones(8)
     tensors["model.multi_modal_projector.mm_input_projection_weight"] = torch.ones(8, 64)
     save_file(tensors, tmp_path / "model.safetensors")
-    _assert_parity(hf, tmp_path, hf_greedy_tokens, steps=8)
+    assert_matches_transformers(hf, tmp_path, prompts(1, (13, 3, 21)), steps=8)
 
 
 def test_the_older_config_form_reads_as_transformers_reads_it(tmp_path):

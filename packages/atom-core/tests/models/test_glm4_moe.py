@@ -8,9 +8,13 @@ import json
 import pytest
 import torch
 from core_fixtures.drafts import draft_logits_in_two_forwards, mtp
-from core_fixtures.engine import greedy_under_pressure
+from core_fixtures.family import (
+    assert_engine_under_pressure,
+    assert_matches_transformers,
+    assert_triton_matches_transformers,
+    prompts,
+)
 from core_fixtures.references import hf_main_hidden, torch_reference_ops
-from core_fixtures.runner_driver import RunnerDriver
 from transformers import AutoModelForCausalLM, Glm4MoeConfig
 
 from atom_core.config import ModelConfig, ParallelConfig
@@ -48,44 +52,20 @@ def glm(tmp_path_factory):
     return random_checkpoint(Glm4MoeConfig(**GLM_TINY), path, edit=glm_extras)
 
 
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 211, (n,), generator=gen).tolist() for n in lengths]
-
-
-def test_logits_and_greedy_tokens_match_transformers(glm, hf_greedy_tokens):
+def test_logits_and_greedy_tokens_match_transformers(glm):
     hf, path = glm
     assert hf.model.rotary_emb.inv_freq.numel() * 2 == GLM_TINY["head_dim"] // 2  # rotary on half a head
-    prompts = _prompts(1, (13, 3, 21))
-    prefill, generated = RunnerDriver(path).greedy(prompts, steps=32)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(prefill[i], ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0))
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 32), f"prompt {i} diverged from transformers"
+    assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))
 
 
-def test_triton_kernels_through_the_native_backend(glm, hf_greedy_tokens):
-    """The same parity on atom-kernels' Triton path (the interpreter on the CPU): partial rotary after the
-    q/k norms, the grouped routing and the expert GEMMs."""
-    hf, path = glm
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
-    prompts = _prompts(6, (11, 4))
-    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)
+def test_triton_kernels_through_the_native_backend(glm):
+    """The same parity on atom-kernels' Triton path: partial rotary after the q/k norms, the grouped
+    routing and the expert GEMMs."""
+    assert_triton_matches_transformers(*glm, prompts(6, (11, 4)))
 
 
-def test_engine_chunks_prefix_hits_and_preemption(glm, hf_greedy_tokens):
-    hf, path = glm
-    shared = _prompts(3, (13,))[0]  # three 4-token blocks: a prefix hit
-    prompts = [[*shared, 7, 8], [*shared, 9], *_prompts(4, (29, 2))]
-    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
+def test_engine_chunks_prefix_hits_and_preemption(glm):
+    assert_engine_under_pressure(*glm)
 
 
 def test_a_config_without_partial_rotary_gets_transformers_half(tmp_path):
@@ -109,7 +89,7 @@ def test_the_mtp_draft_equals_transformers_mtp_module(tmp_path):
     with torch_reference_ops():
         config = ModelConfig.from_pretrained(tmp_path)
         runner = ModelRunner(config, engine, parallel=ParallelConfig(), device=torch.device("cpu"))
-        tokens = _prompts(7, (19,))[0]
+        tokens = prompts(7, (19,))[0]
         got = draft_logits_in_two_forwards(runner, tokens, state_slot=-1)
     with torch.no_grad():
         ids = torch.tensor([tokens])

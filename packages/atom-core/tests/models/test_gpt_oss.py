@@ -9,8 +9,12 @@ import pytest
 import torch
 from core_fixtures.architectures import GPT_OSS_TINY
 from core_fixtures.checkpoints import gpt_oss_extras
-from core_fixtures.engine import greedy_under_pressure
-from core_fixtures.runner_driver import RunnerDriver
+from core_fixtures.family import (
+    assert_engine_under_pressure,
+    assert_matches_transformers,
+    assert_triton_matches_transformers,
+    prompts,
+)
 from transformers import GptOssConfig
 
 from atom_core import LLM
@@ -27,45 +31,24 @@ def gpt_oss(tmp_path_factory):
     return random_checkpoint(GptOssConfig(**GPT_OSS_TINY), path, edit=gpt_oss_extras)
 
 
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 211, (n,), generator=gen).tolist() for n in lengths]
-
-
-def test_logits_and_greedy_tokens_match_transformers(gpt_oss, hf_greedy_tokens):
+def test_logits_and_greedy_tokens_match_transformers(gpt_oss):
     hf, path = gpt_oss
     windows = [layer.self_attn.sliding_window for layer in hf.model.layers]
     assert windows == [5, None, 5, None]
-    prompts = _prompts(1, (13, 3, 21))  # a ragged batch, two prompts past the window
-    prefill, generated = RunnerDriver(path).greedy(prompts, steps=32)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(prefill[i], ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0))
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 32), f"prompt {i} diverged from transformers"
+    assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))  # two prompts past the window
 
 
-def test_triton_kernels_through_the_native_backend(gpt_oss, hf_greedy_tokens):
-    """The same parity with atom-kernels' Triton path (the interpreter on the CPU): sinks in the attention
-    kernels, biases and the clamped SwiGLU in the expert GEMMs."""
-    hf, path = gpt_oss
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
-    prompts = _prompts(6, (11, 4))
-    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)
+def test_triton_kernels_through_the_native_backend(gpt_oss):
+    """The same parity with atom-kernels' Triton path: sinks in the attention kernels, biases and the
+    clamped SwiGLU in the expert GEMMs."""
+    assert_triton_matches_transformers(*gpt_oss, prompts(6, (11, 4)))
 
 
 def test_sinks_and_the_clamp_change_the_answer(gpt_oss):
     """Guards the parity above: without its sinks, or with a clamp that never bites, the same model gives
     other logits (so a model that ignored either could not pass)."""
     hf, _ = gpt_oss
-    prompt = torch.tensor([_prompts(2, (9,))[0]])
+    prompt = torch.tensor([prompts(2, (9,))[0]])
     with torch.no_grad():
         base = hf(prompt).logits
         layers = hf.model.layers
@@ -83,11 +66,8 @@ def test_sinks_and_the_clamp_change_the_answer(gpt_oss):
     assert (base - no_clamp).abs().max() > 1e-2
 
 
-def test_engine_chunks_prefix_hits_and_preemption_across_the_window(gpt_oss, hf_greedy_tokens):
-    hf, path = gpt_oss
-    shared = _prompts(3, (13,))[0]  # three 4-token blocks: a prefix hit
-    prompts = [[*shared, 7, 8], [*shared, 9], *_prompts(4, (29, 2))]
-    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
+def test_engine_chunks_prefix_hits_and_preemption_across_the_window(gpt_oss):
+    assert_engine_under_pressure(*gpt_oss)
 
 
 def _atom_model(config: ModelConfig):

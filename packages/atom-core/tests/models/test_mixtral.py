@@ -5,8 +5,12 @@ refusals by name."""
 
 import pytest
 import torch
-from core_fixtures.engine import greedy_under_pressure
-from core_fixtures.runner_driver import RunnerDriver
+from core_fixtures.family import (
+    assert_engine_under_pressure,
+    assert_matches_transformers,
+    assert_triton_matches_transformers,
+    prompts,
+)
 from safetensors.torch import load_file, save_file
 from transformers import MixtralConfig
 
@@ -35,31 +39,14 @@ def mixtral(tmp_path_factory):
     return random_checkpoint(MixtralConfig(**MIXTRAL_TINY), path, edit=_decisive_routers)
 
 
-def _prompts(seed: int, lengths) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    return [torch.randint(1, 211, (n,), generator=gen).tolist() for n in lengths]
-
-
-def _assert_parity(hf, path, hf_greedy_tokens, steps=32, **driver):
-    prompts = _prompts(1, (13, 3, 21))  # a ragged batch, two prompts past the window
-    prefill, generated = RunnerDriver(path, **driver).greedy(prompts, steps=steps)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, steps), f"prompt {i} diverged from transformers"
-
-
-def test_logits_and_greedy_tokens_match_transformers(mixtral, hf_greedy_tokens):
+def test_logits_and_greedy_tokens_match_transformers(mixtral):
     hf, path = mixtral
     assert hf.config.sliding_window == MIXTRAL_TINY["sliding_window"] < 13
     assert "model.layers.0.block_sparse_moe.experts.3.w3.weight" in load_file(path / "model.safetensors")
-    _assert_parity(hf, path, hf_greedy_tokens)
+    assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))  # two prompts past the window
 
 
-def test_the_fused_expert_layout_loads_too(mixtral, hf_greedy_tokens, tmp_path):
+def test_the_fused_expert_layout_loads_too(mixtral, tmp_path):
     """transformers 5's in-memory names: mlp.gate and mlp.experts.{gate_up_proj [E, 2I, H], down_proj}."""
     hf, path = mixtral
     tensors = load_file(path / "model.safetensors")
@@ -77,14 +64,14 @@ def test_the_fused_expert_layout_loads_too(mixtral, hf_greedy_tokens, tmp_path):
         fused[f"model.layers.{i}.mlp.experts.down_proj"] = torch.stack(each[2])
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
     save_file(fused, tmp_path / "model.safetensors")
-    _assert_parity(hf, tmp_path, hf_greedy_tokens, steps=8)
+    assert_matches_transformers(hf, tmp_path, prompts(1, (13, 3, 21)), steps=8)
 
 
 def test_the_window_and_the_renormalised_router_change_the_answer(mixtral):
     """Guards the parity above: without the window, or without renormalising the top 2, the same model gives
     other logits (so a model that ignored either could not pass)."""
     hf, _ = mixtral
-    prompt = torch.tensor([_prompts(2, (15,))[0]])
+    prompt = torch.tensor([prompts(2, (15,))[0]])
     with torch.no_grad():
         base = hf(prompt).logits
         hf.config.sliding_window = None
@@ -107,27 +94,13 @@ def test_the_window_and_the_renormalised_router_change_the_answer(mixtral):
     assert (base - raw).abs().max() > 1e-3  # ten times the parity tests' tolerance
 
 
-def test_triton_kernels_through_the_native_backend(mixtral, hf_greedy_tokens):
-    """The same parity on atom-kernels' Triton path (the interpreter on the CPU): windowed paged attention
-    and the grouped expert GEMMs."""
-    hf, path = mixtral
-    device = "cuda" if torch.cuda.is_available() else "cpu"  # the interpreter is on only where no GPU is
-    prompts = _prompts(6, (11, 4))
-    prefill, generated = RunnerDriver(path, kernel_backend="triton", device=device).greedy(prompts, steps=6)
-    for i, prompt in enumerate(prompts):
-        with torch.no_grad():
-            ref = hf(torch.tensor([prompt])).logits[0]
-        torch.testing.assert_close(
-            prefill[i].cpu(), ref, rtol=0, atol=1e-4 * max(ref.abs().max().item(), 1.0)
-        )
-        assert generated[i] == hf_greedy_tokens(hf, prompt, 6)
+def test_triton_kernels_through_the_native_backend(mixtral):
+    """The same parity on atom-kernels' Triton path: windowed paged attention and the expert GEMMs."""
+    assert_triton_matches_transformers(*mixtral, prompts(6, (11, 4)))
 
 
-def test_engine_chunks_prefix_hits_and_preemption_across_the_window(mixtral, hf_greedy_tokens):
-    hf, path = mixtral
-    shared = _prompts(3, (13,))[0]  # three 4-token blocks: a prefix hit
-    prompts = [[*shared, 7, 8], [*shared, 9], *_prompts(4, (29, 2))]
-    greedy_under_pressure(path, hf, hf_greedy_tokens, prompts)
+def test_engine_chunks_prefix_hits_and_preemption_across_the_window(mixtral):
+    assert_engine_under_pressure(*mixtral)
 
 
 def _atom_model(config: ModelConfig):

@@ -87,6 +87,7 @@ class GemmaDecoderLayer(nn.Module):
 class Gemma3ForCausalLM(LlamaForCausalLM):
     attention_windows = staticmethod(gemma3_windows)
     norm_offset = 1.0
+    decoder_layer = GemmaDecoderLayer
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         hf = config.hf
@@ -108,13 +109,6 @@ class Gemma3ForCausalLM(LlamaForCausalLM):
         # sqrt(hidden) in the model's dtype, as transformers multiplies by it
         self.embed_scale = float(torch.tensor(math.sqrt(config.hidden_size), dtype=config.dtype))
         self.final_softcap = hf.get("final_logit_softcapping")
-
-    def make_layer(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
-        return GemmaDecoderLayer(
-            config,
-            self.make_attention(config, ctx, layer_index, f"{prefix}.self_attn"),
-            self.make_mlp(config, ctx, layer_index, f"{prefix}.mlp"),
-        )
 
     def make_attention(
         self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str

@@ -50,6 +50,7 @@ class LlamaForCausalLM(nn.Module):
     packed_rules = LLAMA_PACKED
     name_rules = ()
     norm_offset = 0.0  # 1.0: the model's final norm scales by (1 + weight)
+    decoder_layer = DecoderLayer  # (config, self_attn, mlp) -> the layer around them (Gemma: sandwich norms)
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         super().__init__()
@@ -76,7 +77,7 @@ class LlamaForCausalLM(nn.Module):
         return tuple("mha" if w is None else "sliding" for w in cls.attention_windows(config))
 
     def make_layer(self, config: ModelConfig, ctx: BuildContext, layer_index: int, prefix: str) -> nn.Module:
-        return DecoderLayer(
+        return self.decoder_layer(
             config,
             self.make_attention(config, ctx, layer_index, f"{prefix}.self_attn"),
             self.make_mlp(config, ctx, layer_index, f"{prefix}.mlp"),

@@ -1,12 +1,13 @@
-"""DeepSeek-V3's MTP layer as SGLang's NextN draft (DeepseekV3ForCausalLMNextN): built in one process from
-the target's checkpoint as SGLang's EAGLE worker builds it, sharing the target's embedding and head, fed the
-target's captured hidden states through spec_info, against transformers' own MTP model."""
+"""DeepSeek-V3's and GLM-4.5's MTP layers as SGLang's NextN drafts (DeepseekV3ForCausalLMNextN,
+Glm4MoeForCausalLMNextN): built in one process from the target's checkpoint as SGLang's EAGLE worker builds
+it, sharing the target's embedding and head, fed the target's captured hidden states through spec_info,
+against transformers' own MTP model."""
 
 import pytest
 import torch
 from sglang.srt.model_executor.forward_batch_info import ForwardMode
 from sglang_harness import SglangHarness
-from sglang_support import DEEPSEEK_V3_TINY, TINY
+from sglang_support import DEEPSEEK_V3_TINY, TINY, TINY_ARCHITECTURES
 from transformers import AutoModelForCausalLM
 
 from atom_core.integration import current_forward_context
@@ -16,9 +17,27 @@ PROMPTS = ([7, 19, 33, 2, 250, 41, 90, 12, 5], [3, *range(100, 118), 4])
 WINDOW = 3  # tokens each request's draft re-reads after a verify (SGLang's num_draft_tokens)
 
 
-@pytest.fixture(scope="module")
-def checkpoint(tmp_path_factory):
-    return random_deepseek_mtp_checkpoint({**TINY, **DEEPSEEK_V3_TINY}, tmp_path_factory.mktemp("dsv3-mtp"))
+# the targets whose checkpoints carry DeepSeek's MTP layout: (tiny fields, transformers config class, the
+# draft architecture SGLang names)
+NEXTN = {
+    "deepseek-v3": ({**TINY, **DEEPSEEK_V3_TINY}, "DeepseekV3Config", "DeepseekV3ForCausalLMNextN"),
+    "glm-4.5": (
+        {**TINY, **TINY_ARCHITECTURES["Glm4MoeForCausalLM"]},
+        "Glm4MoeConfig",
+        "Glm4MoeForCausalLMNextN",
+    ),
+}
+
+
+@pytest.fixture(scope="module", params=list(NEXTN))
+def checkpoint(request, tmp_path_factory):
+    import transformers
+
+    fields, config_class, draft_name = NEXTN[request.param]
+    path = random_deepseek_mtp_checkpoint(
+        fields, tmp_path_factory.mktemp(request.param), config_class=getattr(transformers, config_class)
+    )
+    return path, draft_name
 
 
 def _sequences():
@@ -105,9 +124,10 @@ def _share_vocab(target, draft):
 
 @pytest.mark.parametrize("draft_backend", ["atom", "torch_native"])
 def test_the_draft_shares_the_targets_vocab_and_equals_transformers_mtp(checkpoint, draft_backend):
+    checkpoint, draft_name = checkpoint
     target = SglangHarness(checkpoint, page_size=16, seed=1)
     draft = SglangHarness(checkpoint, page_size=16, seed=2, draft=True, backend=draft_backend)
-    assert type(draft.model).__name__ == "DeepseekV3ForCausalLMNextN"
+    assert type(draft.model).__name__ == draft_name
     assert draft.runner.token_to_kv_pool.layer_num == 1  # the draft runner's own pool: its MTP layer, id 0
     # load_weights names what it filled: the MTP layer's tensors, nothing of the target's
     assert draft.loaded and all(".layers.2." in name for name in draft.loaded)

@@ -37,6 +37,18 @@ DSV3 = dict(
 )
 
 
+# Tiny GLM-4.5 (tools/testing_models.py's: partial rotary, q/k norms and biases beside DeepSeek's MoE) at
+# DSV3's vocabulary and depth, for the MTP tests
+GLM = dict(
+    TINY_DIMS,
+    **TINY_ARCHITECTURES["Glm4MoeForCausalLM"],
+    vocab_size=211,
+    num_hidden_layers=3,
+    bos_token_id=0,
+    eos_token_id=1,
+)
+
+
 DSV2 = dict(
     DEEPSEEK_V2_TINY,
     vocab_size=211,

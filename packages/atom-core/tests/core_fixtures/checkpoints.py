@@ -6,7 +6,7 @@ import json
 import torch
 from torch import nn
 
-from core_fixtures.architectures import DSV3
+from core_fixtures.architectures import DSV3, GLM
 from core_fixtures.references import HFMtp
 from tools.testing_models import decisive_routing, random_checkpoint, successor_language
 
@@ -18,15 +18,19 @@ def deepseek_checkpoint(path, config_cls, base: dict, overrides: dict):
     return model
 
 
-def deepseek_mtp_checkpoint(path, overrides: dict | None = None, *, train_steps: int = 0, seed: int = 0):
-    """A tiny DeepSeek-V3 with its MTP layer (model.layers.{L}.*, num_nextn_predict_layers 1), saved as the
-    published checkpoints are. train_steps > 0 trains target and MTP layer together on successor_language
-    first, so the draft predicts well. Returns (transformers' target model, the HFMtp reference)."""
+def deepseek_mtp_checkpoint(
+    path, overrides: dict | None = None, *, train_steps: int = 0, seed: int = 0, family: str = "deepseek-v3"
+):
+    """A tiny DeepSeek-V3 (family "glm-4.5": GLM-4.5, the same MTP layout) with its MTP layer
+    (model.layers.{L}.*, num_nextn_predict_layers 1), saved as the published checkpoints are. train_steps > 0
+    trains target and MTP layer together on successor_language first, so the draft predicts well. Returns
+    (transformers' target model, the HFMtp reference)."""
     from safetensors.torch import load_file, save_file
-    from transformers import AutoModelForCausalLM, DeepseekV3Config
+    from transformers import AutoModelForCausalLM, DeepseekV3Config, Glm4MoeConfig
 
     torch.manual_seed(seed)
-    cfg = DeepseekV3Config(**{**DSV3, **(overrides or {})})
+    config_cls, base = {"deepseek-v3": (DeepseekV3Config, DSV3), "glm-4.5": (Glm4MoeConfig, GLM)}[family]
+    cfg = config_cls(**{**base, **(overrides or {})})
     layers = cfg.num_hidden_layers
     main = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager")
     mtp = HFMtp(main, layers)

@@ -38,11 +38,10 @@ class HFMtp(nn.Module):
 
     def __init__(self, main, layer_index: int):
         super().__init__()
-        from transformers.models.deepseek_v3.modeling_deepseek_v3 import DeepseekV3DecoderLayer
-
         cfg, h = main.config, main.config.hidden_size
         self.main_ref = [main]  # not a submodule: its parameters are the target's
-        self.block = DeepseekV3DecoderLayer(cfg, layer_index)
+        # the target's own decoder layer class (DeepSeek-V3's, or GLM-4.5's: the same MTP structure)
+        self.block = type(main.model.layers[-1])(cfg, layer_index)
         for module in self.block.modules():  # built outside a PreTrainedModel: initialized as its layers are
             main._init_weights(module)
         self.enorm, self.hnorm, self.head_norm = (nn.Parameter(torch.ones(h)) for _ in range(3))

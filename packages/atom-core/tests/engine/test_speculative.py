@@ -1,4 +1,5 @@
-"""MTP speculative decoding in the native engine (DeepSeek-V3's MTP layer as the draft), fp32 on the CPU.
+"""MTP speculative decoding in the native engine (DeepSeek-V3's MTP layer as the draft; GLM-4.5's in the
+trained smoke test), fp32 on the CPU.
 
 The draft's logits equal an independent reference written from the published MTP description. Speculative
 output equals plain output token for token (greedy) on a checkpoint whose MTP layer was trained in the
@@ -50,6 +51,16 @@ def trained(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def trained_glm(tmp_path_factory):
+    """A tiny GLM-4.5 whose target and MTP layer were trained together (its draft: DeepSeek's MTP structure
+    around a GLM decoder layer, over paged MHA)."""
+    path = tmp_path_factory.mktemp("glm-mtp-trained")
+    deepseek_mtp_checkpoint(path, train_steps=400, family="glm-4.5")
+    save_word_tokenizer(path, VOCAB)
+    return path
+
+
+@pytest.fixture(scope="module")
 def untrained(tmp_path_factory):
     path = tmp_path_factory.mktemp("mtp-random")
     main, reference = deepseek_mtp_checkpoint(path)
@@ -88,11 +99,13 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=
 TIGHT = dict(num_kv_blocks=17, max_num_batched_tokens=16, max_num_seqs=6)
 
 
-def test_a_trained_draft_speculates_as_plain_with_chunks_prefix_hits_and_preemption(trained):
+@pytest.mark.parametrize("model", ["trained", "trained_glm"])
+def test_a_trained_draft_speculates_as_plain_with_chunks_prefix_hits_and_preemption(request, model):
     """The smoke test of a draft that proposes its own argmax (a trained one: drafts accepted and
     rejected): output equals plain output, tokens and logprobs, through chunked prefill, prefix hits and
     preemption. How many drafts it gets right is the training's, so no rate is asserted; exact acceptance
     is test_oracle_drafts.py's."""
+    trained = request.getfixturevalue(model)
     k = 3
     _, plain = run(trained, PROMPTS, GREEDY, **TIGHT)
     engine, spec = run(trained, PROMPTS, GREEDY, speculative_config=mtp(k), **TIGHT)

@@ -16,14 +16,16 @@ from benchmarks.harness.offline_compile import build as offline_build
 from benchmarks.harness.offline_compile import cuobjdump
 
 DOT = True  # the scaled-dot path bf16 activations take
-TILES = [  # block_m, block_n, block_k, num_warps, num_stages: fused_experts' bf16 tiles, then MXFP4's
-    (32, 64, 64, 4, 4),
-    (64, 64, 64, 4, 4),
-    (128, 128, 64, 8, 3),
-    (16, 64, 64, 4, 4),
-    (32, 64, 64, 8, 4),
+K = 2880  # GPT-OSS's hidden and intermediate sizes: k-steps of 128 end in a masked partial step
+TILES = [  # block_m, block_n, block_k, num_warps, num_stages: what fused_experts picks for MXFP4 experts
+    (16, 32, 128, 8, 4),  # decode, few pairs
+    (16, 64, 128, 8, 4),  # decode, one token or 64+ pairs
+    (32, 64, 128, 8, 4),
     (64, 64, 64, 8, 4),
     (128, 64, 64, 8, 3),
+    (16, 64, 128, 4, 4),  # the bf16 tiles before mxfp4_tile_config, for comparison
+    (64, 64, 64, 4, 4),
+    (128, 128, 64, 8, 3),
 ]
 
 
@@ -31,7 +33,7 @@ def build(tile, gated: bool):
     block_m, block_n, block_k, warps, stages = tile
     const = dict(SCALE_N=1, SCALE_K=32, GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
     const |= dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, FP8_W=False, FP8_A=False)
-    const |= dict(MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=True, W_K=block_k // 2)
+    const |= dict(MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=K % block_k == 0, W_K=block_k // 2)
     const |= dict(PRECISION="tf32", MXFP4_DOT=DOT, A_FORMAT="bf16")
     types = dict(
         act=Activations("*bf16", "*bf16", "i32", "i32"),

@@ -91,11 +91,10 @@ def experts_quantize_input(
 
 
 def mxfp4_tile_config(cfg: TileConfig) -> TileConfig:
-    """The bf16 tile for the rows an expert gets, fitted to MXFP4's unpacking: it holds both halves of a
-    weight tile in fp32 bits a moment, so past 16 rows the tile takes 8 warps and at most 64 columns
-    (benchmarks/compile_moe_mxfp4_sm90.py: the bf16 shapes spill there, these do not)."""
-    if cfg.block_m <= 16:
-        return cfg
+    """The bf16 tile for the rows an expert gets, fitted to MXFP4's upcast: the gate/up GEMM holds two
+    upcast weight tiles beside its two accumulators, so every tile takes 8 warps and at most 64 columns
+    (benchmarks/compile_moe_mxfp4_sm90.py: at 4 warps the 16 x 64 x 128 decode tile and the taller bf16
+    shapes spill, these do not)."""
     return TileConfig(cfg.block_m, min(cfg.block_n, 64), cfg.block_k, cfg.group_m, 8, cfg.num_stages)
 
 

@@ -22,8 +22,9 @@ TILES = [  # block_m, block_n, block_k, num_warps, num_stages: what fused_expert
     (16, 64, 128, 8, 4),  # decode, one token or 64+ pairs
     (32, 64, 128, 8, 4),
     (64, 64, 64, 8, 4),
+    (128, 64, 32, 8, 3),
+    (16, 64, 128, 4, 4),  # the bf16 tiles before mxfp4_tile_config, and 128 x 64 x 64, for comparison
     (128, 64, 64, 8, 3),
-    (16, 64, 128, 4, 4),  # the bf16 tiles before mxfp4_tile_config, for comparison
     (64, 64, 64, 4, 4),
     (128, 128, 64, 8, 3),
 ]

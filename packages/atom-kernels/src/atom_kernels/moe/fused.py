@@ -92,10 +92,11 @@ def experts_quantize_input(
 
 def mxfp4_tile_config(cfg: TileConfig) -> TileConfig:
     """The bf16 tile for the rows an expert gets, fitted to MXFP4's upcast: the gate/up GEMM holds two
-    upcast weight tiles beside its two accumulators, so every tile takes 8 warps and at most 64 columns
-    (benchmarks/compile_moe_mxfp4_sm90.py: at 4 warps the 16 x 64 x 128 decode tile and the taller bf16
-    shapes spill, these do not)."""
-    return TileConfig(cfg.block_m, min(cfg.block_n, 64), cfg.block_k, cfg.group_m, 8, cfg.num_stages)
+    upcast weight tiles beside its two accumulators, so every tile takes 8 warps and at most 64 columns,
+    and 128-row tiles k-steps of 32 (benchmarks/compile_moe_mxfp4_sm90.py: at 4 warps the 16 x 64 x 128
+    decode tile and the taller bf16 shapes spill, 128 x 64 x 64 at 8 warps too; these do not)."""
+    block_k = min(cfg.block_k, 32) if cfg.block_m >= 128 else cfg.block_k
+    return TileConfig(cfg.block_m, min(cfg.block_n, 64), block_k, cfg.group_m, 8, cfg.num_stages)
 
 
 def dequantize_experts(w: torch.Tensor, scale: torch.Tensor, block: tuple[int, int], dtype) -> torch.Tensor:

@@ -34,7 +34,9 @@ def build(tile, gated: bool):
     block_m, block_n, block_k, warps, stages = tile
     const = dict(SCALE_N=1, SCALE_K=32, GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
     const |= dict(BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k, GROUP_M=8, FP8_W=False, FP8_A=False)
-    const |= dict(MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=K % block_k == 0, W_K=block_k // 2)
+    const |= dict(
+        MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=K % block_k == 0, W_K=block_k // 2
+    )
     const |= dict(PRECISION="tf32", MXFP4_DOT=DOT, A_FORMAT="bf16")
     types = dict(
         act=Activations("*bf16", "*bf16", "i32", "i32"),

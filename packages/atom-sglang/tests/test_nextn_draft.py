@@ -171,7 +171,7 @@ def test_qwen_mtp_drafts_beside_their_hybrid_target_equal_the_mtp_reference(case
 
 
 def test_a_draft_without_the_targets_vocab_says_so(checkpoint):
-    draft = SglangHarness(checkpoint, page_size=16, draft=True)
+    draft = SglangHarness(checkpoint[0], page_size=16, draft=True)
     req = draft.add([5, 6, 7])
     with pytest.raises(RuntimeError, match="set_embed_and_head before the first forward"):
         draft.draft_extend([(req, [5, 6, 7])], torch.zeros(3, TINY["hidden_size"]))
@@ -183,10 +183,10 @@ def test_a_draft_without_the_targets_vocab_says_so(checkpoint):
 def test_sglangs_draft_backend_factory_builds_the_documented_draft_backends(checkpoint):
     # The supported launch: target on `--attention-backend atom`, draft on a built-in backend through
     # `--speculative-draft-attention-backend` (SGLang builds draft backends from a fixed table: `atom` is
-    # not in it). SGLang's own factory, unpatched, builds them for an MLA draft runner.
+    # not in it). SGLang's own factory, unpatched, builds them for an MLA or MHA draft runner.
     from sglang.srt.speculative.draft_utils import DraftBackendFactory
 
-    draft = SglangHarness(checkpoint, page_size=16, draft=True)
+    draft = SglangHarness(checkpoint[0], page_size=16, draft=True)
     draft.runner.draft_attention_backend = "triton"
     factory = DraftBackendFactory(draft.runner, topk=1, speculative_num_steps=3)
     assert type(factory.create_decode_backend()).__name__ == "TritonMultiStepDraftBackend"

@@ -295,13 +295,13 @@ def _expert_gemm_kernel(
         wts.scale + expert * wts.stride_se + (cols // SCALE_N)[None, :].to(tl.int64) * wts.stride_sn
     )  # [1, BN]
     up_rows = N // SCALE_N  # the up half's scale rows start here (N is a multiple of SCALE_N)
-    # MXFP4 scales as the scaled dot takes them: [BN, BK / 32], a k-step's groups along the row
-    mx_ptrs = (
-        wts.scale
-        + expert * wts.stride_se
-        + cols[:, None].to(tl.int64) * wts.stride_sn
-        + tl.arange(0, BLOCK_K // 32)[None, :]
-    )
+    if MXFP4_DOT:  # the scales as the scaled dot takes them: [BN, BK / 32], a k-step's groups along the row
+        mx_ptrs = (
+            wts.scale
+            + expert * wts.stride_se
+            + cols[:, None].to(tl.int64) * wts.stride_sn
+            + tl.arange(0, BLOCK_K // 32)[None, :]
+        )
     for k0 in range(0, K, BLOCK_K):
         if MXFP4_DOT:  # K is whole 32-value groups; a last partial k-step is masked by group
             k_ok = ks < K - k0

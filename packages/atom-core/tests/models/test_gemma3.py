@@ -113,13 +113,14 @@ def test_the_multimodal_checkpoint_serves_its_language_model(gemma, tmp_path):
 
 def test_the_older_config_form_reads_as_transformers_reads_it(tmp_path):
     """rope_theta, rope_local_base_freq, rope_scaling (the global layers') and sliding_window_pattern, as the
-    published Gemma 3 configs write them."""
-    fields = {k: v for k, v in GEMMA3_TINY.items() if k != "rope_parameters"}
+    published Gemma 3 configs write them; head_dim left out."""
+    fields = {k: v for k, v in GEMMA3_TINY.items() if k not in ("rope_parameters", "head_dim")}
     old = dict(fields, rope_theta=20000.0, rope_local_base_freq=50.0, sliding_window_pattern=3)
     old["rope_scaling"] = {"rope_type": "linear", "factor": 8.0}
     hf = Gemma3TextConfig(**old)
     (tmp_path / "config.json").write_text(json.dumps({"architectures": ["Gemma3ForCausalLM"], **old}))
     atom = ModelConfig.from_pretrained(tmp_path)
+    assert atom.head_dim == hf.head_dim == 256  # transformers' default, not hidden / heads
     assert (
         atom.hf["layer_types"]
         == hf.layer_types

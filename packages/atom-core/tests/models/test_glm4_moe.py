@@ -68,13 +68,28 @@ def test_engine_chunks_prefix_hits_and_preemption(glm):
     assert_engine_under_pressure(*glm)
 
 
-def test_a_config_without_partial_rotary_gets_transformers_half(tmp_path):
+MOE_FIELDS = (
+    "n_routed_experts",
+    "num_experts_per_tok",
+    "moe_intermediate_size",
+    "n_shared_experts",
+    "first_k_dense_replace",
+    "n_group",
+    "topk_group",
+    "norm_topk_prob",
+    "routed_scaling_factor",
+)
+
+
+def test_a_config_silent_on_rotary_and_moe_fields_gets_transformers_defaults(tmp_path):
     config = {"architectures": ["Glm4MoeForCausalLM"], **GLM_TINY}
-    config.pop("partial_rotary_factor")
+    for key in ("partial_rotary_factor", *MOE_FIELDS):
+        config.pop(key, None)
     (tmp_path / "config.json").write_text(json.dumps(config))
     hf = Glm4MoeConfig(**{k: v for k, v in config.items() if k != "architectures"})
-    assert ModelConfig.from_pretrained(tmp_path).rope.partial_rotary_factor == 0.5
-    assert hf.rope_parameters["partial_rotary_factor"] == 0.5
+    atom = ModelConfig.from_pretrained(tmp_path)
+    assert atom.rope.partial_rotary_factor == hf.rope_parameters["partial_rotary_factor"] == 0.5
+    assert {k: atom.hf[k] for k in MOE_FIELDS} == {k: getattr(hf, k) for k in MOE_FIELDS}
 
 
 def test_the_mtp_draft_equals_transformers_mtp_module(tmp_path):

@@ -30,10 +30,11 @@ _ACTIVATIONS = ("gelu_pytorch_tanh", "gelu_tanh")
 
 
 def hf_defaults(hf: dict[str, Any]) -> dict[str, Any]:
-    """config.json as transformers' Gemma3TextConfig reads it: layer_types from sliding_window_pattern
-    (every 6th layer full) where absent, and rope_parameters per layer type from the older rope_theta,
-    rope_local_base_freq and rope_scaling (the global layers' scaling) where given so."""
+    """config.json as transformers' Gemma3TextConfig reads it: its defaults where silent, layer_types from
+    sliding_window_pattern (every 6th layer full) where absent, and rope_parameters per layer type from the
+    older rope_theta, rope_local_base_freq and rope_scaling (the global layers' scaling) where given so."""
     out = {
+        "head_dim": 256,  # (not hidden / heads, as ModelConfig would take it)
         "query_pre_attn_scalar": 256,
         "sliding_window": 4096,
         "hidden_activation": "gelu_pytorch_tanh",

@@ -18,13 +18,29 @@ from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule, fused_expert_rule
 from atom_core.models.weights import LLAMA_PACKED
 
+# transformers' Glm4MoeConfig defaults for the MoE fields a config.json may leave out (DeepSeek's readers
+# would otherwise take "no experts" or "no dense layer" from their absence)
+_DEFAULTS = {
+    "n_routed_experts": 128,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 1408,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 1,
+    "n_group": 1,
+    "topk_group": 1,
+    "norm_topk_prob": True,
+    "routed_scaling_factor": 1.0,
+}
+
 
 def hf_defaults(hf: dict[str, Any]) -> dict[str, Any]:
-    """config.json with transformers' Glm4MoeConfig default where it is silent: rotary on half of each head."""
-    rope = hf.get("rope_parameters") or {}
-    if "partial_rotary_factor" in hf or "partial_rotary_factor" in rope:
-        return hf
-    return {**hf, "partial_rotary_factor": 0.5}
+    """config.json with transformers' Glm4MoeConfig defaults where it is silent: the MoE fields above and
+    rotary on half of each head."""
+    out = {**_DEFAULTS, **hf}
+    rope = out.get("rope_parameters") or {}
+    if "partial_rotary_factor" not in out and "partial_rotary_factor" not in rope:
+        out["partial_rotary_factor"] = 0.5
+    return out
 
 
 class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
@@ -33,7 +49,7 @@ class Glm4MoeForCausalLM(DeepseekV3ForCausalLM):
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         self.qk_norm = bool(config.hf.get("use_qk_norm", False))
         super().__init__(config, ctx, prefix)
-        experts = int(config.hf.get("n_routed_experts") or 0)
+        experts = int(config.hf["n_routed_experts"])
         self.name_rules = (expert_rule, partial(fused_expert_rule, num_experts=experts))
 
     @classmethod

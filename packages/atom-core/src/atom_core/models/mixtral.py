@@ -29,6 +29,11 @@ def mixtral_windows(config: ModelConfig) -> Windows:
     return windows_from_layer_types(config, [kind] * config.num_hidden_layers, window)
 
 
+def expert_count(config: ModelConfig) -> int:
+    """num_local_experts (transformers' MixtralConfig default: 8)."""
+    return int(config.hf.get("num_local_experts", 8))
+
+
 def mixtral_rule(name: str, num_experts: int):
     """block_sparse_moe.experts.E.w{1,3,2}.weight (and an fp8 checkpoint's weight_scale_inv) -> the stacked
     experts' (E, w1|w3|w2) shard; block_sparse_moe.gate -> the router; transformers 5's fused
@@ -46,7 +51,7 @@ class MixtralForCausalLM(LlamaForCausalLM):
 
     def __init__(self, config: ModelConfig, ctx: BuildContext, prefix: str = ""):
         super().__init__(config, ctx, prefix)
-        self.name_rules = (partial(mixtral_rule, num_experts=int(config.hf["num_local_experts"])),)
+        self.name_rules = (partial(mixtral_rule, num_experts=expert_count(config)),)
 
     def mlp_bias(self, config: ModelConfig) -> bool:
         return False
@@ -56,8 +61,8 @@ class MixtralForCausalLM(LlamaForCausalLM):
         return SparseMoE(
             config.hidden_size,
             config.intermediate_size,  # each expert's width: Mixtral has no moe_intermediate_size
-            int(hf["num_local_experts"]),
-            int(hf["num_experts_per_tok"]),
+            expert_count(config),
+            int(hf.get("num_experts_per_tok", 2)),  # transformers' MixtralConfig default
             norm_topk_prob=True,  # softmax over all experts, the k kept renormalised
             dtype=config.dtype,
             parallel=ctx.parallel,

@@ -260,7 +260,7 @@ def _expert_gemm_kernel(
     A_FORMAT: tl.constexpr,
 ):
     """act: Activations; wts: ExpertWeights; pairs: PairRows; epi: Epilogue; out [rows or pairs, N]. The
-    last four constexprs follow from the rest (_DERIVED)."""
+    last six constexprs follow from the rest (_DERIVED)."""
     # Every input but the weights comes from the kernels just before (routing, the ordering, gate/up), and
     # which weights is known only from them: nothing to read ahead of the wait. (A trigger after the K
     # loop instead of here measured no better at B=64, and slower at B=1.)

@@ -2,8 +2,9 @@
 
   python -m benchmarks run gdn
 
-Decode: HV=32, D=128, fp32 state, B=64: bytes = state read + written (+ q/k/v/o), TB/s and % of the copy
-bandwidth measured in this run. Prefill: one sequence of 8k and 32k tokens, H=32, D=128, bf16, against
+Decode: HV=32, D=128, fp32 state, B=1, 8 and 64: bytes = state read + written (+ q/k/v/o), TB/s and %
+of the copy bandwidth measured in this run, and the speed over flash-linear-attention's fused_recurrent
+(CUDA-graph replays both; eager calls beside them, where the host's cost shows at small batch). Prefill: one sequence of 8k and 32k tokens, H=32, D=128, bf16, against
 flash-linear-attention's chunk_gated_delta_rule on the same inputs in the same run when the package is
 importable (install its wheels with --no-deps; the table says when it was not). Times are medians of
 CUDA-graph replays for decode and of do_bench for prefill (which plans chunks on the host); prefill also
@@ -21,34 +22,52 @@ import triton
 
 from atom_kernels.gdn import gated_delta_rule_chunked, gated_delta_rule_recurrent
 from benchmarks.harness.ceilings import measure_ceilings
-from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, inputs, kernel_ms
+from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, fla_recurrent, inputs, kernel_ms
+
+
+def _decode_row(batch: int, copy_bw: float, fla) -> dict:
+    """One decode step of `batch` sequences from state slots (randomly placed), timed as CUDA-graph
+    replays; beside it flash-linear-attention's fused_recurrent on the same inputs and states, checked
+    against ours first. Eager wall times too (the host's share at small batch)."""
+    q, k, v, g, beta = inputs(batch)
+    state = torch.randn(batch + 8, H, D, D, device=DEV) * 0.01
+    idx = torch.randperm(batch + 8, device=DEV)[:batch].to(torch.int32)
+    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
+    out = torch.empty_like(v)
+    h0 = state[idx.long()].transpose(-1, -2).contiguous()  # FLA's [N, H, K, V], before ours writes
+    ours = partial(gated_delta_rule_recurrent, q, k, v, g, beta, cu, state, idx, out=out)
+    ms = triton.testing.do_bench_cudagraph(ours, rep=100, return_mode="median")
+    nbytes = 2 * batch * H * D * D * 4 + 4 * batch * H * D * 2
+    row = dict(
+        case=f"decode B={batch} HV={H} D={D} fp32 state",
+        ms=ms,
+        tb_s=nbytes / ms / 1e9,
+        pct_copy=100 * nbytes / ms / 1e-3 / copy_bw,
+        eager_ms=triton.testing.do_bench(ours, return_mode="median"),
+    )
+    if fla is not None:
+        run = partial(
+            fla, q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+            initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
+        )  # fmt: skip
+        state[idx.long()] = h0.transpose(-1, -2)  # back to the states FLA starts from
+        ours()
+        want, _ = run()
+        row["max_rel_err"] = (
+            (out.float() - want[:, 0].float()).abs().max() / want.float().abs().max()
+        ).item()
+        row["fla_ms"] = triton.testing.do_bench_cudagraph(run, rep=100, return_mode="median")
+        row["fla_eager_ms"] = triton.testing.do_bench(run, return_mode="median")
+        row["x_fla"] = row["fla_ms"] / ms
+        row["eager_x_fla"] = row["fla_eager_ms"] / row["eager_ms"]
+    return row
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.parse_args()
     copy_bw, _ = measure_ceilings(DEV)
-    rows = []
-    batch = 64
-    q, k, v, g, beta = inputs(batch)
-    state = torch.randn(batch + 8, H, D, D, device=DEV) * 0.01
-    idx = torch.randperm(batch + 8, device=DEV)[:batch].to(torch.int32)
-    cu = torch.arange(batch + 1, device=DEV, dtype=torch.int32)
-    out = torch.empty_like(v)
-    ms = triton.testing.do_bench_cudagraph(
-        partial(gated_delta_rule_recurrent, q, k, v, g, beta, cu, state, idx, out=out),
-        rep=100,
-        return_mode="median",
-    )
-    nbytes = 2 * batch * H * D * D * 4 + 4 * batch * H * D * 2
-    rows.append(
-        dict(
-            case=f"decode B={batch} HV={H} D={D} fp32 state",
-            ms=ms,
-            tb_s=nbytes / ms / 1e9,
-            pct_copy=100 * nbytes / ms / 1e-3 / copy_bw,
-        )
-    )
+    rows = [_decode_row(batch, copy_bw, fla_recurrent()) for batch in (1, 8, 64)]
     chunk_fla = fla_chunk()
     for tokens in (8192, 32768):
         q, k, v, g, beta = inputs(tokens)

@@ -36,3 +36,12 @@ def fla_chunk():
         print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
         return None
     return chunk_gated_delta_rule
+
+
+def fla_recurrent():
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+    except Exception as exc:  # not installed on this machine: the table says so
+        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
+        return None
+    return fused_recurrent_gated_delta_rule

@@ -13,9 +13,11 @@ import atom_kernels.pdl as pdl
 from atom_kernels.activation import silu_and_mul
 from atom_kernels.attention import paged_decode
 from atom_kernels.cache import KVLayout, kv_cache_shapes
+from atom_kernels.fp8 import fp8_linear, quantize_weight_ref
+from atom_kernels.gdn import Gating, causal_conv1d, gated_delta_rule_recurrent, gdn_gating
 from atom_kernels.linear import linear
 from atom_kernels.moe import fused_experts, grouped_topk, topk_softmax
-from atom_kernels.norm import rms_norm
+from atom_kernels.norm import rms_norm, rms_norm_gated
 from atom_kernels.rotary.fused_qk import qk_norm_rope_write
 from atom_kernels.settings import Settings
 
@@ -154,6 +156,8 @@ def _late_input_cases():
                 vc,
             ),
         ),
+        *_fp8_cases(g, rand),
+        *_gdn_cases(g, rand),
         (
             "paged_decode (four splits and their combine)",
             (rand(*k_shape), rand(1, HQ, D), rand(*v_shape)),
@@ -162,6 +166,63 @@ def _late_input_cases():
             ),
         ),
     ]
+
+
+def _fp8_cases(g, rand):
+    """fp8_linear down each path: the weight-only GEMV (one row, a small weight), x quantized then the W8A8
+    skinny kernel (one row of a large weight; eight rows, split-K with tickets on a long K), and the
+    weight-only MMA kernel (eight rows, a block_k with no power-of-two factor of 16)."""
+
+    def fp8(n, k, block):
+        return (*quantize_weight_ref(rand(n, k).float() * k**-0.5, block), block)
+
+    small, large = fp8(2 * INTER, HIDDEN, (128, 128)), fp8(8192, 4096, (128, 128))
+    long_k, odd = fp8(1024, 8192, (128, 128)), fp8(1024, HIDDEN, (128, 96))
+    return [
+        ("fp8_linear, one row (weight-only GEMV)", (rand(1, HIDDEN),), lambda x: fp8_linear(x, *small)),
+        ("fp8_linear, one row of a large weight (W8A8)", (rand(1, 4096),), lambda x: fp8_linear(x, *large)),
+        ("fp8_linear, eight rows, split K (W8A8)", (rand(8, 8192),), lambda x: fp8_linear(x, *long_k)),
+        (
+            "fp8_linear, eight rows, block_k 96 (weight-only)",
+            (rand(8, HIDDEN),),
+            lambda x: fp8_linear(x, *odd),
+        ),
+    ]
+
+
+def _gdn_cases(g, rand):
+    """A GDN decode layer's kernels: the conv over its windows, the delta rule with its gating (and alone,
+    after gdn_gating), the gated norm; states are inputs too (written in place, returned)."""
+    seqs, heads, dk, dim, width = 4, 4, 64, 512, 4
+    cu = torch.arange(seqs + 1, device="cuda", dtype=torch.int32)
+    slots = torch.tensor([5, 0, 3, -1], device="cuda", dtype=torch.int32)  # a padding row
+    a_log, dt_bias = (
+        torch.rand(heads, device="cuda", generator=g),
+        torch.rand(heads, device="cuda", generator=g),
+    )
+    a, b = rand(seqs, heads), rand(seqs, heads)
+    k, v = rand(seqs, heads, dk), rand(seqs, heads, dk)
+    conv_w, norm_w = rand(dim, width), rand(dk)
+
+    def delta_rule(q, state):
+        out = gated_delta_rule_recurrent(
+            q, k, v, None, None, cu, state, slots, gating=Gating(a_log, a, dt_bias, b)
+        )
+        return out, state
+
+    def gated_delta_rule(a_late, state):
+        gates = gdn_gating(a_log, a_late, dt_bias, b)
+        return gated_delta_rule_recurrent(rand_q, k, v, *gates, cu, state, slots), state
+
+    rand_q = rand(seqs, heads, dk)
+    return [
+        ("causal_conv1d, decode", (rand(seqs, dim), rand(8, dim, width - 1)),
+         lambda x, window: (causal_conv1d(x, conv_w, None, cu, window, slots, max_seqlen=1), window)),
+        ("gated_delta_rule_recurrent, gating fused", (rand(seqs, heads, dk), rand(8, heads, dk, dk).float()), delta_rule),
+        ("gdn_gating, then the delta rule", (a.clone(), rand(8, heads, dk, dk).float()), gated_delta_rule),
+        ("rms_norm_gated", (rand(seqs * heads, dk), rand(seqs * heads, dk)),
+         lambda x, gate: rms_norm_gated(x, gate, norm_w, 1e-6)),
+    ]  # fmt: skip
 
 
 @needs_pdl_gpu

@@ -22,9 +22,12 @@ Launched with it: linear's GEMV and skinny kernels, rms_norm, silu_and_mul, qk_n
 generic paged-attention kernel with its split combine, and MoE's routing, expert ordering, expert GEMMs
 (not one token's: slower there, expert_gemm.py) and top-k combine (Qwen3-30B-A3B faster at B=1 and
 B=64), and the tensor-parallel all-reduce fused with its norm (all_reduce_rms_norm; Llama-3-8B TP=2
-faster at B=1). The other kernels (fp8, MLA,
-GDN, the e4m3 decode kernel, the one-shot all-reduce) launch plainly, and a plain launch waits for
-everything before it.
+faster at B=1); fp8_linear's kernels (the activation quantization, the W8A8 skinny kernel, the
+weight-only GEMV, which prefetches its first weight step as linear's does, and the weight-only MMA
+kernel); a GDN decode layer's kernels (causal_conv1d's, gdn_gating, the recurrent delta rule, which wait
+first: their states and slots are written inside a step) and rms_norm_gated. The other kernels (MLA, the
+chunked GDN prefill, the e4m3 decode kernel, the one-shot all-reduce) launch plainly, and a plain launch
+waits for everything before it.
 """
 
 from __future__ import annotations

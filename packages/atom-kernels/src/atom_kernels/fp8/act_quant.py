@@ -18,6 +18,7 @@ import triton.language as tl
 
 from atom_kernels.activation.ref import silu_and_mul_ref
 from atom_kernels.fp8.ref import ACT_EPS, E4M3, E4M3_MAX, quantize_act_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 _DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -57,13 +58,16 @@ def _quantize_act_kernel(
     BLOCK_G: tl.constexpr,
     POW2: tl.constexpr,
     GATED: tl.constexpr,  # x is [M, 2K], gate then up: quantize silu(gate) * up
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     g = tl.program_id(1)
     c = tl.arange(0, BLOCK_G)
     cols = g * group + c
     mask = (rm[:, None] < M) & (c[None, :] < group) & (cols[None, :] < K)  # the last group may be ragged
     rows = rm[:, None].to(tl.int64)
+    wait_for_inputs(PDL)  # x is the previous kernel's output
     x = tl.load(x_ptr + rows * stride_x + cols[None, :], mask=mask, other=0.0).to(tl.float32)
     if GATED:
         up = tl.load(x_ptr + rows * stride_x + K + cols[None, :], mask=mask, other=0.0).to(tl.float32)
@@ -133,8 +137,10 @@ def quantize_act(
     block_g = triton.next_power_of_2(group)
     block_m = max(1, min(triton.next_power_of_2(m), _TILE_ELEMENTS // block_g))
     grid = (triton.cdiv(m, block_m), groups)
+    pdl = pdl_launch(x.device)
     _quantize_act_kernel[grid](
         x, xq, xs, m, k, x.stride(0), xq.stride(0), xs.stride(0), xs.stride(1), group, BLOCK_M=block_m,
-        BLOCK_G=block_g, POW2=pow2_scales, GATED=gated_input, num_warps=4 if block_m * block_g >= 1024 else 1,
+        BLOCK_G=block_g, POW2=pow2_scales, GATED=gated_input, PDL=pdl,
+        num_warps=4 if block_m * block_g >= 1024 else 1, launch_pdl=pdl,
     )  # fmt: skip
     return xq, xs

@@ -22,6 +22,7 @@ import triton.language as tl
 from atom_kernels.fp8.gemm import MIN_FP8_DOT_K
 from atom_kernels.fp8.packs import scaled_rows
 from atom_kernels.linear.split_k import finish_swapped_tile
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.tile_tickets import tile_counters
 
 MAX_ROWS = 64  # x rows on the MMA's N side, padded to 16, 32 or 64
@@ -76,7 +77,9 @@ def _w8a8_skinny_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     SPLIT: tl.constexpr,  # splits > 1: the partials meet in split_total
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     pid_n, split = tl.program_id(0), tl.program_id(1)
     rn = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     cols = tl.minimum(rn, N - 1).to(tl.int64)  # edge tiles re-read the last row: full vector loads
@@ -89,6 +92,7 @@ def _w8a8_skinny_kernel(
     a_ptrs = act.q + rm[None, :].to(tl.int64) * act.stride + (first * BLOCK_K + ks)[:, None]  # xq^T
     ws_ptrs = wt.scale + (cols // wt.block_rows) * wt.stride_scale
     as_ptrs = act.scale + rm * act.stride_scale
+    wait_for_inputs(PDL)  # no weight prefetch ahead of the pipelined loop (shared memory, as in stream.py)
     acc = tl.zeros([BLOCK_N, BLOCK_M], dtype=tl.float32)
     for step in range(first, last):
         if EVEN_K and BLOCK_K == DOT_K:
@@ -144,10 +148,11 @@ def w8a8_skinny(
     else:
         partial = counters = out  # never read with one split
     b = bias if bias is not None else scale  # never read without HAS_BIAS
+    pdl = pdl_launch(xq.device)
     _w8a8_skinny_kernel[grid](
         scaled_rows(xq, xs), scaled_rows(weight, scale, bn), b, out, partial, counters, m, n, k, per_split,
         split, out.stride(0), BLOCK_N=t.block_n, BLOCK_K=bk,
         DOT_K=max(bk, MIN_FP8_DOT_K), BLOCK_M=block_m, EVEN_K=k % bk == 0, HAS_BIAS=bias is not None,
-        SPLIT=split > 1, num_warps=t.num_warps, num_stages=t.num_stages,
+        SPLIT=split > 1, PDL=pdl, num_warps=t.num_warps, num_stages=t.num_stages, launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -22,6 +22,7 @@ import triton.language as tl
 
 from atom_kernels.fp8.packs import scaled_rows
 from atom_kernels.linear.split_k import store_gemv_rows
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 
 MAX_SKINNY_ROWS = 16
 
@@ -62,6 +63,22 @@ def stream_tiles(rows: int, n: int, k: int, block_k: int) -> StreamTiles:
 
 
 @triton.jit
+def _weight_step(w_ptrs, s_rows, k, koff, seg, K, bk, UNIFORM: tl.constexpr, EVEN_K: tl.constexpr):
+    """One step's weight tile [BLOCK_N, SUBS, SUB_K] and its scales (broadcastable to it), both constants."""
+    kk = k + koff
+    w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :, :] < K, other=0.0)
+    if UNIFORM:  # one scale per (row, segment): [BLOCK_N, SUBS, 1]
+        s = tl.load(s_rows[:, None] + ((k + seg) // bk)[None, :], mask=(k + seg < K)[None, :], other=0.0)
+        return w, s[:, :, None]
+    return w, tl.load(s_rows[:, None, None] + (kk // bk)[None, :, :], mask=(kk < K)[None, :, :], other=0.0)
+
+
+@triton.jit
+def _x_step(x_ptr, kk, K, EVEN_K: tl.constexpr):
+    return tl.load(x_ptr + kk) if EVEN_K else tl.load(x_ptr + kk, mask=kk < K, other=0.0)
+
+
+@triton.jit
 def _gemv_kernel(
     x_ptr,
     wt,
@@ -76,7 +93,9 @@ def _gemv_kernel(
     UNIFORM: tl.constexpr,
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     # The last block re-reads row N-1 instead of masking, so every weight load stays a full 16-byte vector.
     rows = tl.minimum(rn, N - 1)
@@ -86,21 +105,15 @@ def _gemv_kernel(
     s_rows = (
         wt.scale + (rows // wt.block_rows).to(tl.int64) * wt.stride_scale
     )  # [BLOCK_N]: each weight row's scale row
-    acc = tl.zeros([BLOCK_N, SUBS, SUB_K], tl.float32)
-    for k in range(0, K, SUBS * SUB_K):
-        kk = k + koff
-        if EVEN_K:
-            w = tl.load(w_ptrs)
-            x = tl.load(x_ptr + kk)
-        else:
-            w = tl.load(w_ptrs, mask=kk[None, :, :] < K, other=0.0)
-            x = tl.load(x_ptr + kk, mask=kk < K, other=0.0)
-        if UNIFORM:  # one scale per (row, segment): [BLOCK_N, SUBS, 1]
-            s = tl.load(s_rows[:, None] + ((k + seg) // bk)[None, :], mask=(k + seg < K)[None, :], other=0.0)
-            s = s[:, :, None]
-        else:
-            s = tl.load(s_rows[:, None, None] + (kk // bk)[None, :, :], mask=(kk < K)[None, :, :], other=0.0)
-        acc += w.to(tl.float32) * s * x.to(tl.float32)[None, :, :]
+    # The first step's weight and scales are constants: loaded before PDL's wait, while the previous
+    # kernel finishes (as linear's GEMV does); x only after it.
+    w, s = _weight_step(w_ptrs, s_rows, 0, koff, seg, K, bk, UNIFORM, EVEN_K)
+    wait_for_inputs(PDL)
+    acc = w.to(tl.float32) * s * _x_step(x_ptr, koff, K, EVEN_K).to(tl.float32)[None, :, :]
+    w_ptrs += SUBS * SUB_K
+    for k in range(SUBS * SUB_K, K, SUBS * SUB_K):
+        w, s = _weight_step(w_ptrs, s_rows, k, koff, seg, K, bk, UNIFORM, EVEN_K)
+        acc += w.to(tl.float32) * s * _x_step(x_ptr, k + koff, K, EVEN_K).to(tl.float32)[None, :, :]
         w_ptrs += SUBS * SUB_K
     y = tl.sum(tl.sum(acc, 2), 1)
     store_gemv_rows(y, y_ptr, b_ptr, rows, rn, N, HAS_BIAS)
@@ -126,7 +139,9 @@ def _skinny_kernel(
     EVEN_K: tl.constexpr,
     HAS_BIAS: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     rn = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     rows = tl.minimum(rn, N - 1)
     rm = tl.arange(0, BLOCK_M)
@@ -134,6 +149,9 @@ def _skinny_kernel(
     w_ptrs = wt.q + rows[:, None].to(tl.int64) * wt.stride + rk[None, :]
     x_ptrs = x_ptr + rm[None, :].to(tl.int64) * stride_x + rk[:, None]  # x^T: [BLOCK_K, BLOCK_M]
     s_rows = wt.scale + (rows // wt.block_rows).to(tl.int64) * wt.stride_scale
+    # No weight prefetch before the wait: as in linear's skinny kernel, a tile loaded ahead of the loop
+    # would cost the software pipeline a stage of shared memory.
+    wait_for_inputs(PDL)
     acc = tl.zeros([BLOCK_N, BLOCK_M], tl.float32)  # y^T: the weight's rows fill the MMA's long side
     for k0 in range(0, K, SUBS * BLOCK_K):
         for j in tl.static_range(SUBS):
@@ -176,17 +194,18 @@ def run_stream(
     b = bias if bias is not None else scale  # never read without HAS_BIAS
     grid = (triton.cdiv(n, t.block_n),)
     step = t.subs * t.sub_k
+    pdl = pdl_launch(x.device)
     if rows == 1:
         _gemv_kernel[grid](
             x, scaled_rows(weight, scale, bn), b, y, n, k, bk, BLOCK_N=t.block_n, SUBS=t.subs, SUB_K=t.sub_k,
-            UNIFORM=t.uniform, EVEN_K=k % step == 0, HAS_BIAS=bias is not None, num_warps=t.warps,
-            num_stages=t.stages,
+            UNIFORM=t.uniform, EVEN_K=k % step == 0, HAS_BIAS=bias is not None, PDL=pdl, num_warps=t.warps,
+            num_stages=t.stages, launch_pdl=pdl,
         )  # fmt: skip
     else:
         precision = "ieee" if x.dtype == torch.float32 else "tf32"  # fp32 x: fp32 products, not TF32
         _skinny_kernel[grid](
             x, scaled_rows(weight, scale, bn), b, y, rows, n, k, bk, x.stride(0), y.stride(0),
             BLOCK_N=t.block_n, BLOCK_K=t.sub_k, SUBS=t.subs, BLOCK_M=16, UNIFORM=t.uniform,
-            EVEN_K=k % step == 0, HAS_BIAS=bias is not None, PRECISION=precision, num_warps=t.warps,
-            num_stages=t.stages,
+            EVEN_K=k % step == 0, HAS_BIAS=bias is not None, PRECISION=precision, PDL=pdl,
+            num_warps=t.warps, num_stages=t.stages, launch_pdl=pdl,
         )  # fmt: skip

@@ -17,13 +17,18 @@ from atom_kernels.gdn.call import ConvCall, SequenceSlots, Snapshots
 from atom_kernels.gdn.inputs import unit_stride
 from atom_kernels.gdn.packs import state_slots
 from atom_kernels.gdn.ref import causal_conv1d_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
 @triton.jit
-def _sequence(cu_ptr, slots, seq, HAS_INIT: tl.constexpr):
+def _sequence(cu_ptr, slots, seq, HAS_INIT: tl.constexpr, PDL: tl.constexpr):
     """Sequence seq's state slot (-1: padding), first token, length, and whether its old window counts
-    (False for a new request, whatever its slot held)."""
+    (False for a new request, whatever its slot held). Every kernel here starts with it: with PDL the
+    kernel is placed while the previous one finishes and waits here, before its first read (slots, bounds
+    and windows are all written inside a step)."""
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     slot = tl.load(slots.indices + seq).to(tl.int64)
     start = tl.load(cu_ptr + seq)
     length = tl.load(cu_ptr + seq + 1) - start
@@ -59,8 +64,9 @@ def _conv_kernel(
     BLOCK_D: tl.constexpr,
     SHIFT_STATE: tl.constexpr,  # one program holds the whole sequence: it also writes the new window
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
-    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT, PDL)
     if slot < 0:  # a padding sequence: nothing to compute
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -148,12 +154,13 @@ def _state_kernel(
     HAS_SNAPSHOTS: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """The window after the sequence's last token to its slot, and with HAS_SNAPSHOTS the window after
     its first snapshot_lens[seq] tokens to slot snapshot_slots[seq] (-1: none); both are read before
     either is written."""
     seq = tl.program_id(0)
-    slot, start, length, use_state = _sequence(cu_ptr, slots, seq, HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, seq, HAS_INIT, PDL)
     if slot < 0:
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -186,10 +193,11 @@ def _step_state_kernel(
     HAS_INIT: tl.constexpr,
     BLOCK_D: tl.constexpr,
     BLOCK_W: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """Speculative verify: the window after each token t goes to slot step[t]. The old state is read
     once, before any write, since a step slot may be the sequence's own."""
-    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT)
+    slot, start, length, use_state = _sequence(cu_ptr, slots, tl.program_id(0), HAS_INIT, PDL)
     if slot < 0:
         return
     d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
@@ -289,16 +297,24 @@ def causal_conv1d(
     block_w = triton.next_power_of_2(max(1, width - 1))
     # one program a sequence (decode, short chunks) and only the final window kept: one launch
     shift = grid[2] == 1 and step_state_indices is None and snapshots is None
+    pdl = pdl_launch(x.device)
     _conv_kernel[grid](
         x, weight, bias if bias is not None else weight, out, slots, cu_seqlens, dim, x.stride(0),
         out.stride(0), WIDTH=width,
         HAS_BIAS=bias is not None, HAS_INIT=has_initial_state is not None, SILU=activation, BLOCK_T=block_t,
-        BLOCK_D=block_d, SHIFT_STATE=shift, BLOCK_W=block_w,
+        BLOCK_D=block_d, SHIFT_STATE=shift, BLOCK_W=block_w, PDL=pdl, launch_pdl=pdl,
     )  # fmt: skip
     if shift:
         return out
     state_grid = (seqs, triton.cdiv(dim, block_d))
-    flags = dict(WIDTH=width, HAS_INIT=has_initial_state is not None, BLOCK_D=block_d, BLOCK_W=block_w)
+    flags = dict(
+        WIDTH=width,
+        HAS_INIT=has_initial_state is not None,
+        BLOCK_D=block_d,
+        BLOCK_W=block_w,
+        PDL=pdl,
+        launch_pdl=pdl,
+    )
     if step_state_indices is not None:
         _step_state_kernel[state_grid](x, slots, cu_seqlens, step_state_indices, dim, x.stride(0), **flags)
         return out

@@ -7,6 +7,7 @@ import triton
 import triton.language as tl
 
 from atom_kernels.gdn.ref import gdn_gating_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -25,8 +26,20 @@ def gate_values(a_log_ptr, a_ptr, dt_bias_ptr, b_ptr, t, h, ok, stride_a, stride
 
 @triton.jit
 def _gating_kernel(
-    a_log_ptr, a_ptr, dt_bias_ptr, b_ptr, g_ptr, beta_ptr, heads, stride_a, stride_b, BLOCK_H: tl.constexpr
+    a_log_ptr,
+    a_ptr,
+    dt_bias_ptr,
+    b_ptr,
+    g_ptr,
+    beta_ptr,
+    heads,
+    stride_a,
+    stride_b,
+    BLOCK_H: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)  # a and b are the step's projections
     t = tl.program_id(0).to(tl.int64)
     h = tl.arange(0, BLOCK_H)
     ok = h < heads
@@ -62,8 +75,9 @@ def gdn_gating(
     g = torch.empty(a.shape, dtype=torch.float32, device=a.device)
     beta = torch.empty(b.shape, dtype=b.dtype, device=b.device)
     if a.shape[0]:
+        pdl = pdl_launch(a.device)
         _gating_kernel[(a.shape[0],)](
             A_log, a, dt_bias, b, g, beta, a.shape[1], a.stride(0), b.stride(0),
-            BLOCK_H=triton.next_power_of_2(a.shape[1]),
+            BLOCK_H=triton.next_power_of_2(a.shape[1]), PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return g, beta

@@ -13,6 +13,7 @@ from atom_kernels.gdn.gating import check_gating, gate_values
 from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.gdn.packs import gating_ptrs, state_slots, token_heads
 from atom_kernels.gdn.ref import gdn_gating_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -46,9 +47,14 @@ def _recurrent_kernel(
     HAS_INIT: tl.constexpr,
     STEP_STATES: tl.constexpr,
     FUSED_GATING: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """q, k, v, out: packs.TokenHeads; slots: packs.StateSlots; g, beta [T, HV] (or, FUSED_GATING, the
     gating's inputs); cu [S+1]; step [T]."""
+    let_next_launch(PDL)
+    # Nothing before the wait: the states, the slots and the sequences' bounds are all written inside a
+    # step (a verify's rollback, the inputs' copies), so the kernel only gets placed early.
+    wait_for_inputs(PDL)
     seq = tl.program_id(0)
     hv = tl.program_id(1)
     hk = hv // group
@@ -162,6 +168,7 @@ def gated_delta_rule_recurrent(
     seqs, (_, num_v_heads, dv), dk = state_indices.numel(), v.shape, q.shape[2]
     if seqs == 0:
         return out
+    pdl = pdl_launch(q.device)
     bk, bv = padded_head_size(dk), triton.next_power_of_2(dv)
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
         block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
@@ -172,6 +179,6 @@ def gated_delta_rule_recurrent(
         step_state_indices if step_state_indices is not None else state_indices, num_v_heads,
         num_v_heads // q.shape[1], dk**-0.5, DK=dk, DV=dv, BK=bk, BLOCK_V=block_v, L2NORM=use_qk_l2norm,
         HAS_INIT=has_initial_state is not None, STEP_STATES=step_state_indices is not None,
-        FUSED_GATING=gating is not None, num_warps=num_warps,
+        FUSED_GATING=gating is not None, PDL=pdl, num_warps=num_warps, launch_pdl=pdl,
     )  # fmt: skip
     return out

@@ -16,6 +16,7 @@ from atom_kernels.cache import KVLayout, kv_cache_shapes
 from atom_kernels.fp8 import fp8_linear, quantize_weight_ref
 from atom_kernels.gdn import Gating, causal_conv1d, gated_delta_rule_recurrent, gdn_gating
 from atom_kernels.linear import linear
+from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.moe import fused_experts, grouped_topk, topk_softmax
 from atom_kernels.norm import rms_norm, rms_norm_gated
 from atom_kernels.rotary.fused_qk import qk_norm_rope_write
@@ -158,6 +159,7 @@ def _late_input_cases():
         ),
         *_fp8_cases(g, rand),
         *_gdn_cases(g, rand),
+        *_mla_cases(rand),
         (
             "paged_decode (four splits and their combine)",
             (rand(*k_shape), rand(1, HQ, D), rand(*v_shape)),
@@ -223,6 +225,33 @@ def _gdn_cases(g, rand):
         ("rms_norm_gated", (rand(seqs * heads, dk), rand(seqs * heads, dk)),
          lambda x, gate: rms_norm_gated(x, gate, norm_w, 1e-6)),
     ]  # fmt: skip
+
+
+def _mla_cases(rand):
+    """The latent cache write, and MLA decode unsplit and in four slices with their combine."""
+    rank, rope, pages = 512, 64, 8
+    cache = rand(pages, PAGE, rank + rope)
+    tables = torch.arange(pages, device="cuda", dtype=torch.int32).view(1, pages)
+    lens, cu = (
+        torch.tensor([100], device="cuda", dtype=torch.int32),
+        torch.tensor([0, 1], device="cuda").int(),
+    )
+    kv_c, k_pe, slots = rand(2, rank), rand(2, rope), torch.tensor([99, -1], device="cuda")
+
+    def decode(splits):
+        return lambda q: mla_attention(
+            q, cache, cu, lens, tables, softmax_scale=0.1, max_query_len=1, num_splits=splits
+        )
+
+    def write(c, kv_cache):
+        write_latent(c, k_pe, kv_cache, slots)
+        return kv_cache
+
+    return [
+        ("write_latent", (kv_c, cache.clone()), write),
+        ("mla_attention, decode", (rand(1, 16, rank + rope),), decode(1)),
+        ("mla_attention, decode in four slices", (rand(1, 16, rank + rope),), decode(4)),
+    ]
 
 
 @needs_pdl_gpu

@@ -24,6 +24,7 @@ from atom_kernels.attention.packs import Partials, query_rows
 from atom_kernels.mla.cache import check_latent_dtype
 from atom_kernels.mla.call import MlaCall
 from atom_kernels.mla.ref import mla_attention_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
 LOG2E = 1.4426950408889634
@@ -144,6 +145,7 @@ def _mla_kernel(
     HEADS_AS_N: tl.constexpr,
     COMPUTE_F16: tl.constexpr,
     PRECISION: tl.constexpr,
+    PDL: tl.constexpr,
 ):
     """rows: attention.packs.QueryRows (q [T, H, R + P], out [T, H, R]); latent: LatentCache; parts:
     attention.packs.Partials ([T, H, splits, R] and [T, H, splits]; unused with one split).
@@ -151,6 +153,8 @@ def _mla_kernel(
     Heads are the MMAs' rows (S = Q K^T, O = P V), or with HEADS_AS_N their last dimension: the row
     tile is the first operand (K as [rows, R + P], V^T as [R, rows]), so q^T and P^T are read from
     shared memory. Every tile below is [BLOCK_H, *] or, transposed, [*, BLOCK_H]."""
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)  # q, the cache rows just written, the bounds: all written inside the step
     seq, qi, q_len, q_start = _token_of(cu_q_ptr, max_q)
     if qi >= q_len:
         return
@@ -216,7 +220,10 @@ def _mla_combine_kernel(
     num_splits,
     BLOCK_S: tl.constexpr,
     RANK: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)
     t = tl.program_id(0).to(tl.int64)
     h = tl.program_id(1)
     s = tl.arange(0, BLOCK_S)
@@ -319,15 +326,16 @@ def mla_attention(
     grid = (seq_lens.numel() * max_query_len, head_blocks, splits)
     compute_f16 = tiles.heads_as_n and fp8 and q.dtype != torch.float32
     latent = LatentCache(cache, scale if fp8 else q, block_tables, block_tables.stride(0), cache.shape[1])
+    pdl = pdl_launch(q.device)
     _mla_kernel[grid](
         query_rows(q, out), latent, parts, seq_lens, cu_seqlens_q, softmax_scale * LOG2E, num_heads,
         max_query_len, splits, RANK=kv_lora_rank, ROPE=rope, HAS_SCALE=fp8, BLOCK_H=tiles.block_h,
-        BLOCK_N=tiles.block_n, HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=compute_f16,
-        num_warps=tiles.num_warps, num_stages=tiles.num_stages,
+        BLOCK_N=tiles.block_n, HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=compute_f16, PDL=pdl,
+        num_warps=tiles.num_warps, num_stages=tiles.num_stages, launch_pdl=pdl,
     )  # fmt: skip
     if splits > 1:
         _mla_combine_kernel[(tokens, num_heads)](
             parts.o, parts.lse, out, num_heads, out.stride(0), out.stride(1), splits, BLOCK_S=pow2(splits),
-            RANK=kv_lora_rank,
+            RANK=kv_lora_rank, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip
     return out

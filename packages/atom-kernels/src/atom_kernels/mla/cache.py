@@ -8,6 +8,7 @@ import triton.language as tl
 
 from atom_kernels.cache.fp8 import fp8_max, is_fp8
 from atom_kernels.mla.ref import write_latent_ref
+from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
 
@@ -36,7 +37,10 @@ def _write_latent_kernel(
     RANK: tl.constexpr,
     ROPE: tl.constexpr,
     FP8: tl.constexpr,
+    PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
+    wait_for_inputs(PDL)  # the slots and the new rows are the step's
     t = tl.program_id(0).to(tl.int64)
     slot = tl.load(slot_ptr + t).to(tl.int64)
     if slot < 0:  # padding token: nothing to write
@@ -88,7 +92,8 @@ def write_latent(
     if pow2(rank) != rank or pow2(rope) != rope:
         raise ValueError(f"the Triton latent write needs power-of-two widths, got {rank} and {rope}")
     if kv_c.shape[0]:
+        pdl = pdl_launch(kv_c.device)
         _write_latent_kernel[(kv_c.shape[0],)](
             kv_c, k_pe, cache, slot_mapping, scale if fp8 else cache, kv_c.stride(0), k_pe.stride(0),
-            fp8_max(cache.dtype) if fp8 else 0.0, RANK=rank, ROPE=rope, FP8=fp8,
+            fp8_max(cache.dtype) if fp8 else 0.0, RANK=rank, ROPE=rope, FP8=fp8, PDL=pdl, launch_pdl=pdl,
         )  # fmt: skip

@@ -69,8 +69,10 @@ def _weight_step(w_ptrs, s_rows, k, koff, seg, K, bk, UNIFORM: tl.constexpr, EVE
     w = tl.load(w_ptrs) if EVEN_K else tl.load(w_ptrs, mask=kk[None, :, :] < K, other=0.0)
     if UNIFORM:  # one scale per (row, segment): [BLOCK_N, SUBS, 1]
         s = tl.load(s_rows[:, None] + ((k + seg) // bk)[None, :], mask=(k + seg < K)[None, :], other=0.0)
-        return w, s[:, :, None]
-    return w, tl.load(s_rows[:, None, None] + (kk // bk)[None, :, :], mask=(kk < K)[None, :, :], other=0.0)
+        s = s[:, :, None]
+    else:  # (one return: Triton's compiler refuses returns of two shapes, even under a constexpr branch)
+        s = tl.load(s_rows[:, None, None] + (kk // bk)[None, :, :], mask=(kk < K)[None, :, :], other=0.0)
+    return w, s
 
 
 @triton.jit

@@ -32,7 +32,9 @@ VARIANTS = [  # tiles, cache dtype
 def build(tiles: MlaTiles, cache: str):
     fp8 = cache.startswith("fp8")
     const = dict(RANK=512, ROPE=64, HAS_SCALE=fp8, BLOCK_H=tiles.block_h, BLOCK_N=tiles.block_n)
-    const |= dict(HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=tiles.heads_as_n and fp8, PRECISION="tf32", PDL=True)
+    const |= dict(
+        HEADS_AS_N=tiles.heads_as_n, COMPUTE_F16=tiles.heads_as_n and fp8, PRECISION="tf32", PDL=True
+    )
     types = dict(
         rows=QueryRows("*bf16", "*bf16", "i32", "i32", "i32", "i32"),
         latent=LatentCache(f"*{cache}", "*fp32", "*i32", "i32", "i32"),

@@ -89,7 +89,11 @@ def save_word_tokenizer(path, vocab_size: int) -> None:
 
 def gpt_oss_extras(model) -> None:
     """Sinks, biases and experts as a trained model has them: none of them zero, the experts large enough
-    that their gate and up projections cross the clamp."""
+    that their gate and up projections cross the clamp (the clamp the config asks for, on any transformers:
+    references.swiglu_as_configured)."""
+    from core_fixtures.references import swiglu_as_configured
+
+    swiglu_as_configured(model)
     gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for layer in model.model.layers:

@@ -22,6 +22,18 @@ def hf_greedy(model, prompt, steps):
     return tokens[len(prompt) :]
 
 
+def swiglu_as_configured(model):
+    """transformers' GPT-OSS model, its experts' SwiGLU alpha and limit set from its config. transformers
+    before 5.19 fixes them at 1.702 and 7.0 whatever the config says (5.19 reads swiglu_alpha and
+    swiglu_limit, as ATOM does): the tests' low limits would otherwise meet a reference that never clamps
+    there. A no-op on transformers 5.19 and later. Returns the model."""
+    for module in model.modules():
+        if type(module).__name__ == "GptOssExperts":
+            module.alpha = getattr(model.config, "swiglu_alpha", 1.702)
+            module.limit = getattr(model.config, "swiglu_limit", 7.0)
+    return model
+
+
 def causal_mask(n: int) -> torch.Tensor:
     return torch.full((n, n), torch.finfo(torch.float32).min).triu(1)[None, None]
 

@@ -9,6 +9,7 @@ import pytest
 import torch
 from core_fixtures.architectures import GPT_OSS_TINY
 from core_fixtures.checkpoints import gpt_oss_extras
+from core_fixtures.references import swiglu_as_configured
 from core_fixtures.runner_driver import RunnerDriver
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM, GptOssConfig
@@ -52,7 +53,7 @@ def _hf_from_mxfp4(path):
 
     config = Mxfp4Config(dequantize=True, modules_to_not_convert=MXFP4["modules_to_not_convert"])
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, quantization_config=config)
-    return model.float().eval()
+    return swiglu_as_configured(model.float().eval())
 
 
 def test_engine_equals_transformers_on_the_mxfp4_checkpoint(mxfp4_checkpoint, hf_greedy_tokens):

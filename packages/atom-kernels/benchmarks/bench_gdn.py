@@ -22,7 +22,7 @@ import triton
 
 from atom_kernels.gdn import gated_delta_rule_chunked, gated_delta_rule_recurrent
 from benchmarks.harness.ceilings import measure_ceilings
-from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, fla_recurrent, inputs, kernel_ms
+from benchmarks.harness.gdn_cases import DEV, D, H, fla_chunk, fla_op, inputs, kernel_ms
 
 
 def _decode_row(batch: int, copy_bw: float, fla) -> dict:
@@ -67,7 +67,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.parse_args()
     copy_bw, _ = measure_ceilings(DEV)
-    rows = [_decode_row(batch, copy_bw, fla_recurrent()) for batch in (1, 8, 64)]
+    rows = [_decode_row(batch, copy_bw, fla_op("fused_recurrent_gated_delta_rule")) for batch in (1, 8, 64)]
     chunk_fla = fla_chunk()
     for tokens in (8192, 32768):
         q, k, v, g, beta = inputs(tokens)

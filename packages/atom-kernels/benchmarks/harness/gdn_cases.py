@@ -29,19 +29,16 @@ def kernel_ms(fn, calls: int = 5) -> float:
     return sum(e.device_time_total for e in prof.key_averages()) / calls / 1e3
 
 
+def fla_op(name: str):
+    """flash-linear-attention's gated delta rule op `name` (chunk_gated_delta_rule,
+    fused_recurrent_gated_delta_rule), or None where the package is not importable (the table says so)."""
+    try:
+        from fla.ops import gated_delta_rule
+    except Exception as exc:  # not installed on this machine
+        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
+        return None
+    return getattr(gated_delta_rule, name)
+
+
 def fla_chunk():
-    try:
-        from fla.ops.gated_delta_rule import chunk_gated_delta_rule
-    except Exception as exc:  # not installed on this machine: the table says so
-        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
-        return None
-    return chunk_gated_delta_rule
-
-
-def fla_recurrent():
-    try:
-        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
-    except Exception as exc:  # not installed on this machine: the table says so
-        print(f"flash-linear-attention not importable ({type(exc).__name__}: {exc}); no baseline")
-        return None
-    return fused_recurrent_gated_delta_rule
+    return fla_op("chunk_gated_delta_rule")

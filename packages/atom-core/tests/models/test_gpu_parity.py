@@ -4,6 +4,7 @@ bf16 noise can flip a near-tied greedy choice, so both models are teacher-forced
 greedy tokens, and every step's logits must agree within bf16 tolerance.
 """
 
+import json
 import shutil
 
 import pytest
@@ -83,7 +84,8 @@ def test_mixtral_within_transformers_own_bf16_noise(tmp_path):
     """Top-2 of 8 experts, 2816 wide, on every layer; windows far shorter than the prompts. Wide experts
     make a near-tied expert that bf16 flips a large change in the logits, in transformers' bf16 as in ATOM
     (ATOM's torch reference ops on the GPU missed the per-token bound above as the Triton kernels did, by
-    0.08), so this takes the distribution check GPT-OSS does."""
+    0.08), so this takes the distribution check GPT-OSS does; the same model without its window must fail
+    it."""
     config = MixtralConfig(
         **LARGE, head_dim=64, num_local_experts=8, num_experts_per_tok=2, sliding_window=96
     )
@@ -97,6 +99,13 @@ def test_mixtral_within_transformers_own_bf16_noise(tmp_path):
     random_checkpoint(config, tmp_path / "ckpt", dtype=torch.bfloat16, edit=decisive_routers)
     ref32, ref16 = (_reference(tmp_path / "ckpt", d) for d in (torch.float32, torch.bfloat16))
     _assert_within_bf16_noise(tmp_path / "ckpt", ref32, ref16)
+    # Guard: ATOM run without the window (a kernel that ignored it) falls outside the same noise.
+    no_window = tmp_path / "no-window"
+    shutil.copytree(tmp_path / "ckpt", no_window)
+    config_file = no_window / "config.json"
+    config_file.write_text(json.dumps({**json.loads(config_file.read_text()), "sliding_window": None}))
+    with pytest.raises(AssertionError, match="outside transformers' own bf16 noise"):
+        _assert_within_bf16_noise(no_window, ref32, ref16)
 
 
 # GPT-OSS at the larger config: sinks and biases as a trained model has them (transformers draws biases of

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import gc
 import statistics
 import time
 
@@ -126,7 +127,15 @@ def main(models: tuple[str, ...] | None = None) -> dict:
         rows=[],
     )
     for name in args.models:
-        record["rows"] += measure(name, args.repeats, bandwidth)
+        try:
+            record["rows"] += measure(name, args.repeats, bandwidth)
+        except (RuntimeError, torch.OutOfMemoryError) as exc:  # too big for this GPU: the others still run
+            if "does not fit" not in str(exc) and not isinstance(exc, torch.OutOfMemoryError):
+                raise
+            record.setdefault("not_measured", []).append(dict(model=name, why=str(exc).splitlines()[0]))
+            print(f"{name}: not measured here: {str(exc).splitlines()[0]}", flush=True)
+            gc.collect()
+            torch.cuda.empty_cache()
     print(f"\n{record['device']}, copy {bandwidth / 1e12:.2f} TB/s")
     print(
         f"{'model':<24} {'B':>3} {'tok/s':>9} {'step ms':>8} {'floor ms':>9} {'step/floor':>10} {'% roofline':>10}"

@@ -46,8 +46,9 @@ def _decode_row(batch: int, copy_bw: float, fla) -> dict:
         eager_ms=triton.testing.do_bench(ours, return_mode="median"),
     )
     if fla is not None:
+        # g and beta by name: FLA's op takes per-key and per-value gates (gk, gv) between them
         run = partial(
-            fla, q[:, None], k[:, None], v[:, None], g[:, None], beta[:, None],
+            fla, q[:, None], k[:, None], v[:, None], g=g[:, None], beta=beta[:, None],
             initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
         )  # fmt: skip
         state[idx.long()] = h0.transpose(-1, -2)  # back to the states FLA starts from

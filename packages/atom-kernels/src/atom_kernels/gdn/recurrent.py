@@ -14,7 +14,7 @@ from atom_kernels.gdn.inputs import gdn_entry, padded_head_size, unit_stride
 from atom_kernels.gdn.packs import gating_ptrs, state_slots, token_heads
 from atom_kernels.gdn.ref import gdn_gating_ref
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
-from atom_kernels.settings import Backend, resolve_backend
+from atom_kernels.settings import SETTINGS, Backend, resolve_backend
 
 
 @triton.jit
@@ -146,8 +146,9 @@ def gated_delta_rule_recurrent(
     update it in place). Returns o [T, HV, Dv] in v's dtype. No host sync: decode steps capture in
     CUDA graphs. block_v / num_warps: the tile (value rows of the state per program), for sweeps; by
     default one warp a program and about 32k programs (sweep_gdn_decode.py: nearer copy bandwidth at
-    B=64 and B=256 than 32 rows and 4 warps). gating: pass g = beta = None and gdn_gating's inputs
-    instead; the kernel computes g and beta per token as gdn_gating does (one launch fewer).
+    B=64 and B=256 than 32 rows and 4 warps), and at least about 2k at small batch (B=1: 2 rows).
+    gating: pass g = beta = None and gdn_gating's inputs instead; the kernel computes g and beta per
+    token as gdn_gating does (one launch fewer).
     """
     if (gating is None) == (g is None) or (g is None) != (beta is None):
         raise ValueError("gated_delta_rule_recurrent takes g and beta, or gating (with g = beta = None)")
@@ -171,7 +172,12 @@ def gated_delta_rule_recurrent(
     pdl = pdl_launch(q.device)
     bk, bv = padded_head_size(dk), triton.next_power_of_2(dv)
     if block_v is None:  # [block_v, Dk] fp32 of state per program: 32 registers a thread at 8 x 128
-        block_v = min(bv, 32, max(8, triton.next_power_of_2(seqs * num_v_heads * dv // 32768)))
+        rows = seqs * num_v_heads * dv  # value rows of state the call updates
+        # A few sequences take value blocks down to 2 rows, so their states spread over about 2k programs
+        # (sweep_gdn_decode.py: one row a program loses to the q/k norms each program repeats).
+        # (The CPU interpreter keeps 8: it pays per program.)
+        few = 8 if SETTINGS.triton_interpret else min(8, max(2, triton.next_power_of_2(rows // 2048)))
+        block_v = min(bv, 32, max(few, triton.next_power_of_2(rows // 32768)))
     _recurrent_kernel[(seqs, num_v_heads, triton.cdiv(dv, block_v))](
         *(token_heads(x) for x in (q, k, v, out)),
         *((g, beta, gating_ptrs(q)) if gating is None else (q, q, gating_ptrs(q, gating))),

@@ -90,11 +90,15 @@ def experts_quantize_input(
     return tokens > 1 or 3 * hidden * inter >= ONE_TOKEN_W8A8_MIN_ELEMENTS
 
 
-def mxfp4_tile_config(cfg: TileConfig) -> TileConfig:
-    """The bf16 tile for the rows an expert gets, fitted to MXFP4's upcast: the gate/up GEMM holds two
-    upcast weight tiles beside its two accumulators, so every tile takes 8 warps and at most 64 columns,
-    and 128-row tiles k-steps of 32 (benchmarks/compile_moe_mxfp4_sm90.py: at 4 warps the 16 x 64 x 128
-    decode tile and the taller bf16 shapes spill, 128 x 64 x 64 at 8 warps too; these do not)."""
+def mxfp4_tile_config(cfg: TileConfig, *, one_token: bool = False, interpret: bool = False) -> TileConfig:
+    """The bf16 tile for the rows an expert gets, fitted to MXFP4's upcast. Decode's 16-row tiles keep 4
+    warps and 3 stages, 32 x 256 for one token and 64 x 128 past it (benchmarks/sweep_moe_mxfp4.py chose
+    them over 8-warp tiles at gpt-oss-120b's experts, though the compiler reports a spill at 64 x 128).
+    Taller tiles hold two upcast weight tiles beside the gate/up GEMM's two accumulators: 8 warps, at
+    most 64 columns, and 128-row tiles k-steps of 32 (compile_moe_mxfp4_sm90.py: these do not spill)."""
+    if cfg.block_m <= 16 and not interpret:
+        wide = not one_token
+        return TileConfig(16, 64 if wide else 32, 128 if wide else 256, cfg.group_m, 4, 3)
     block_k = min(cfg.block_k, 32) if cfg.block_m >= 128 else cfg.block_k
     return TileConfig(cfg.block_m, min(cfg.block_n, 64), block_k, cfg.group_m, 8, cfg.num_stages)
 
@@ -238,7 +242,7 @@ def fused_experts(
         else order_by_expert(topk_ids, experts, cfg.block_m)
     )
     if mxfp4 is not None and config is None:
-        cfg = mxfp4_tile_config(cfg)
+        cfg = mxfp4_tile_config(cfg, one_token=tokens == 1, interpret=SETTINGS.triton_interpret)
     down_cfg = down_config or (cfg if mxfp4 is not None else down_tile_config(cfg))
     if down_cfg.block_m != cfg.block_m:
         raise ValueError(f"down_config.block_m={down_cfg.block_m} must equal the ordering's {cfg.block_m}")

@@ -50,3 +50,18 @@ def pick(result: object, path: str) -> object:
                 raise MissingMetric(f"{path}: {key!r} is not a list")
             value = _match(value, selector)
     return value
+
+
+def declared_not_measured(result: object, path: str) -> str | None:
+    """Why the run left path's figure out, where its result says so: a `not_measured` list of items
+    like {"model": ..., "why": ...} (a model too big for the device), matched against the path's first
+    selector's fields. None where the result declares nothing for it."""
+    selector = re.search(r"\[([^\]]*=[^\]]*)\]", path)
+    if not isinstance(result, dict) or selector is None:
+        return None
+    wanted = dict(part.split("=", 1) for part in selector.group(1).split(","))
+    for item in result.get("not_measured", []):
+        fields = {k: v for k, v in item.items() if k != "why"}
+        if fields and all(wanted.get(k) == str(v) for k, v in fields.items()):
+            return str(item.get("why", "not measured"))
+    return None

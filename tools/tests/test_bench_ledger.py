@@ -50,7 +50,10 @@ def test_a_path_to_nothing_is_missing(path):
 
 
 def test_a_figure_a_run_left_out_is_declared_with_its_reason():
-    result = {"rows": [{"model": "a", "batch": 1, "x": 2}], "not_measured": [{"model": "b", "why": "too big"}]}
+    result = {
+        "rows": [{"model": "a", "batch": 1, "x": 2}],
+        "not_measured": [{"model": "b", "why": "too big"}],
+    }
     assert declared_not_measured(result, "rows[model=b,batch=1].x") == "too big"
     assert declared_not_measured(result, "rows[model=a,batch=1].x") is None
     assert declared_not_measured(result, "rows[model=c,batch=64].x") is None

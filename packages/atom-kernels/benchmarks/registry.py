@@ -82,16 +82,16 @@ BENCHES: dict[str, Bench] = {
                 "%",
                 issue=53,
             ),
-        )
-        + tuple(
-            Target(
-                f"GDN decode B={batch}, speed over FLA's fused_recurrent (graph replays)",
-                f"rows[case=decode B={batch} HV=32 D=128 fp32 state].x_fla",
-                2.0,
-                "x",
-                issue=53,
-            )
-            for batch in (1, 8)
+            *(
+                Target(
+                    f"GDN decode B={batch}, speed over FLA's fused_recurrent (graph replays)",
+                    f"rows[case=decode B={batch} HV=32 D=128 fp32 state].x_fla",
+                    2.0,
+                    "x",
+                    issue=53,
+                )
+                for batch in (1, 8)
+            ),
         ),
     ),
     "fp8_linear": Bench(

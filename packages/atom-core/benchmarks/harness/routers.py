@@ -10,10 +10,11 @@ from atom_core.engine import LLM
 
 def redraw_routers(named_parameters, hidden: int) -> None:
     """Router rows ~ N(0, 1/hidden) on normed inputs (per-token logits of unit spread), no correction
-    bias, for the modules named_parameters yields (an engine's model or a transformers model)."""
+    bias and no router bias (GPT-OSS's: dummy values outweigh the logits and pin every token to the same
+    experts), for the modules named_parameters yields (an engine's model or a transformers model)."""
     gen = torch.Generator(device="cuda").manual_seed(0)
     for name, param in named_parameters:
-        if name.endswith("gate.e_score_correction_bias"):
+        if name.endswith(("gate.e_score_correction_bias", "mlp.gate.bias")):
             param.data.zero_()
         elif name.endswith("mlp.gate.weight"):
             param.data.normal_(0.0, hidden**-0.5, generator=gen)

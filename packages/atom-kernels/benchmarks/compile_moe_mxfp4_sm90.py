@@ -18,14 +18,13 @@ from benchmarks.harness.offline_compile import cuobjdump
 DOT = True  # the scaled-dot path bf16 activations take
 K = 2880  # GPT-OSS's hidden and intermediate sizes: k-steps of 128 end in a masked partial step
 TILES = [  # block_m, block_n, block_k, num_warps, num_stages: what fused_experts picks for MXFP4 experts
-    (16, 32, 128, 8, 4),  # decode, few pairs
-    (16, 64, 128, 8, 4),  # decode, one token or 64+ pairs
+    (16, 32, 256, 4, 3),  # decode, one token (mxfp4_tile_config)
+    (16, 64, 128, 4, 3),  # decode, more tokens
     (32, 64, 128, 8, 4),
     (64, 64, 64, 8, 4),
     (128, 64, 32, 8, 3),
-    (16, 64, 128, 4, 4),  # the bf16 tiles before mxfp4_tile_config, and 128 x 64 x 64, for comparison
+    (16, 64, 128, 8, 4),  # the 8-warp decode tile before them, and the bf16 tiles' shapes, for comparison
     (128, 64, 64, 8, 3),
-    (64, 64, 64, 4, 4),
     (128, 128, 64, 8, 3),
 ]
 

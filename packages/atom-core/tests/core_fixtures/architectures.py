@@ -60,7 +60,8 @@ DSV2 = dict(
 
 
 # Tiny GPT-OSS: alternating windows of 5 (shorter than the tests' prompts), YaRN without truncation, and a
-# clamp low enough to bite (core_fixtures.checkpoints.gpt_oss_extras makes sinks, biases and experts large).
+# clamp low enough to bite, a SwiGLU alpha other than the published 1.702 (core_fixtures.checkpoints.
+# gpt_oss_extras makes sinks, biases and experts large).
 GPT_OSS_TINY = dict(
     vocab_size=211,
     hidden_size=64,
@@ -74,6 +75,7 @@ GPT_OSS_TINY = dict(
     sliding_window=5,
     max_position_embeddings=256,
     swiglu_limit=0.6,
+    swiglu_alpha=1.2,
     rope_parameters=dict(
         rope_type="yarn",
         rope_theta=10000.0,

@@ -44,9 +44,10 @@ def test_triton_kernels_through_the_native_backend(gpt_oss):
     assert_triton_matches_transformers(*gpt_oss, prompts(6, (11, 4)))
 
 
-def test_sinks_and_the_clamp_change_the_answer(gpt_oss):
-    """Guards the parity above: without its sinks, or with a clamp that never bites, the same model gives
-    other logits (so a model that ignored either could not pass)."""
+def test_sinks_the_clamp_and_alpha_change_the_answer(gpt_oss):
+    """Guards the parity above: without its sinks, with a clamp that never bites, or with the published
+    SwiGLU alpha instead of the config's, the same model gives other logits (so a model that ignored any
+    of them could not pass)."""
     hf, _ = gpt_oss
     prompt = torch.tensor([prompts(2, (9,))[0]])
     with torch.no_grad():
@@ -62,8 +63,13 @@ def test_sinks_and_the_clamp_change_the_answer(gpt_oss):
         no_clamp = hf(prompt).logits
         for layer in layers:
             layer.mlp.experts.limit = GPT_OSS_TINY["swiglu_limit"]
+            layer.mlp.experts.alpha = 1.702
+        published_alpha = hf(prompt).logits
+        for layer in layers:
+            layer.mlp.experts.alpha = GPT_OSS_TINY["swiglu_alpha"]
     assert (base - no_sinks).abs().max() > 1e-2
     assert (base - no_clamp).abs().max() > 1e-2
+    assert (base - published_alpha).abs().max() > 1e-2
 
 
 def test_engine_chunks_prefix_hits_and_preemption_across_the_window(gpt_oss):

@@ -67,7 +67,12 @@ SPECS: dict[str, ModelSpec] = {
         ModelSpec("Qwen3ForCausalLM", "atom_core.models.qwen3:Qwen3ForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen3MoeForCausalLM", "atom_core.models.qwen3_moe:Qwen3MoeForCausalLM", MHA_FAMILY),
         ModelSpec("Qwen2MoeForCausalLM", "atom_core.models.qwen2_moe:Qwen2MoeForCausalLM", MHA_FAMILY),
-        ModelSpec("MixtralForCausalLM", "atom_core.models.mixtral:MixtralForCausalLM", MHA_FAMILY),
+        ModelSpec(
+            "MixtralForCausalLM",
+            "atom_core.models.mixtral:MixtralForCausalLM",
+            MHA_FAMILY,
+            config_defaults="atom_core.models.mixtral:hf_defaults",
+        ),
         ModelSpec(
             "Qwen3NextForCausalLM",
             "atom_core.models.qwen3_next:Qwen3NextForCausalLM",

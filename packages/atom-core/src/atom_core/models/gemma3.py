@@ -34,6 +34,15 @@ def hf_defaults(hf: dict[str, Any]) -> dict[str, Any]:
     sliding_window_pattern (every 6th layer full) where absent, and rope_parameters per layer type from the
     older rope_theta, rope_local_base_freq and rope_scaling (the global layers' scaling) where given so."""
     out = {
+        # the sizes: the published multimodal configs leave some to these (gemma-3-4b's text_config names
+        # no vocab_size, num_attention_heads or num_key_value_heads)
+        "vocab_size": 262208,
+        "hidden_size": 2304,
+        "intermediate_size": 9216,
+        "num_hidden_layers": 26,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 4,
+        "max_position_embeddings": 131072,
         "head_dim": 256,  # (not hidden / heads, as ModelConfig would take it)
         "query_pre_attn_scalar": 256,
         "sliding_window": 4096,

@@ -18,9 +18,21 @@ from atom_core.models.llama import LlamaForCausalLM
 from atom_core.models.qwen3_moe import expert_rule, fused_expert_rule
 from atom_core.models.weights import LLAMA_PACKED
 
-# transformers' Glm4MoeConfig defaults for the MoE fields a config.json may leave out (DeepSeek's readers
+# transformers' Glm4MoeConfig defaults for the fields a config.json may leave out: the model's sizes (where
+# ModelConfig's generic defaults differ: kv heads, norm eps, context) and the MoE fields (DeepSeek's readers
 # would otherwise take "no experts" or "no dense layer" from their absence)
 _DEFAULTS = {
+    "vocab_size": 151552,
+    "hidden_size": 4096,
+    "intermediate_size": 10944,
+    "num_hidden_layers": 46,
+    "num_attention_heads": 96,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "attention_bias": False,
+    "use_qk_norm": False,
+    "tie_word_embeddings": False,
     "n_routed_experts": 128,
     "num_experts_per_tok": 8,
     "moe_intermediate_size": 1408,
@@ -34,7 +46,7 @@ _DEFAULTS = {
 
 
 def hf_defaults(hf: dict[str, Any]) -> dict[str, Any]:
-    """config.json with transformers' Glm4MoeConfig defaults where it is silent: the MoE fields above and
+    """config.json with transformers' Glm4MoeConfig defaults where it is silent: the fields above and
     rotary on half of each head."""
     out = {**_DEFAULTS, **hf}
     rope = out.get("rope_parameters") or {}

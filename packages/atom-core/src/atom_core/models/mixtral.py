@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from functools import partial
+from typing import Any
 
 from torch import nn
 
@@ -19,6 +20,33 @@ from atom_core.models.qwen3_moe import fused_expert_rule
 _EXPERT = re.compile(r"^(.*)\.block_sparse_moe\.experts\.(\d+)\.(w1|w2|w3)\.weight(_scale_inv)?$")
 _PARAM = {"w1": "w13", "w3": "w13", "w2": "w2"}
 _GATE = re.compile(r"^(.*)\.block_sparse_moe\.gate\.weight$")
+
+
+# transformers' MixtralConfig defaults for the fields a config.json may leave out (ModelConfig's generic
+# ones differ: kv heads, norm eps, rotary base, context)
+_DEFAULTS = {
+    "vocab_size": 32000,
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_hidden_layers": 32,
+    "num_attention_heads": 32,
+    "num_key_value_heads": 8,
+    "max_position_embeddings": 131072,
+    "rms_norm_eps": 1e-5,
+    "num_local_experts": 8,
+    "num_experts_per_tok": 2,
+    "tie_word_embeddings": False,
+}
+_ROPE_THETA = 1_000_000.0
+
+
+def hf_defaults(hf: dict[str, Any]) -> dict[str, Any]:
+    """config.json with transformers' MixtralConfig defaults where it is silent (the rotary base too)."""
+    out = {**_DEFAULTS, **hf}
+    rope = out.get("rope_parameters") or out.get("rope_scaling")
+    if "rope_theta" not in out and not (isinstance(rope, dict) and "rope_theta" in rope):
+        out["rope_theta"] = _ROPE_THETA
+    return out
 
 
 def mixtral_windows(config: ModelConfig) -> Windows:

@@ -58,6 +58,14 @@ def test_logits_and_greedy_tokens_match_transformers(glm):
     assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))
 
 
+def test_without_q_k_norms_and_biases(tmp_path):
+    """GLM-4.5-Air's form: no q/k norms and no attention biases (use_qk_norm and attention_bias False)."""
+    fields = dict(GLM_TINY, use_qk_norm=False, attention_bias=False, num_hidden_layers=2)
+    hf, path = random_checkpoint(Glm4MoeConfig(**fields), tmp_path / "ckpt", edit=glm_extras)
+    assert not any("q_norm" in name or "q_proj.bias" in name for name, _ in hf.named_parameters())
+    assert_matches_transformers(hf, path, prompts(2, (9, 14)))
+
+
 def test_triton_kernels_through_the_native_backend(glm):
     """The same parity on atom-kernels' Triton path: partial rotary after the q/k norms, the grouped
     routing and the expert GEMMs."""

@@ -115,3 +115,36 @@ def test_bad_mxfp4_inputs_are_named():
         fused_experts(x, q13.view(torch.int8), q2, weights, ids, mxfp4=mx)
     with pytest.raises(ValueError, match="weight-only"):
         fused_experts(x, q13, q2, weights, ids, mxfp4=mx, quantize_input=True, backend="triton")
+
+
+@pytest.mark.gpu(reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("backend", ["triton", "torch"])
+@pytest.mark.parametrize("tokens", [1, 16])  # one token: pair tiles; 16: the ordering kernel
+def test_mxfp4_experts_captured_in_a_cuda_graph_with_new_routing_each_replay(tokens, backend):
+    """GPT-OSS's decode graphs: MXFP4 experts with biases and the clamped SwiGLU captured once, then
+    replayed over new inputs and routing (the torch backend dequantizes inside the capture)."""
+    experts, k, hidden, inter = 16, 4, 256, 128
+    q13, q2, mx, d13, d2 = _mxfp4_experts(experts, hidden, inter, torch.bfloat16)
+    common = dict(
+        activation=ExpertActivation("swiglu_oai", alpha=1.702, limit=7.0),
+        biases=ExpertBiases(
+            0.1 * torch.randn(experts, 2 * inter, device=DEVICE).bfloat16(),
+            0.1 * torch.randn(experts, hidden, device=DEVICE).bfloat16(),
+        ),
+    )
+    x = torch.randn(tokens, hidden, device=DEVICE, dtype=torch.bfloat16)
+    ids = torch.rand(tokens, experts, device=DEVICE).topk(k, dim=-1).indices.to(torch.int32)
+    weights = torch.softmax(torch.randn(tokens, k, device=DEVICE), dim=-1)
+    out = torch.empty_like(x)
+    run = lambda: fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend=backend, out=out, **common)  # noqa: E731
+    run()  # compiles outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        run()
+    for _ in range(2):
+        ids.copy_(torch.rand(tokens, experts, device=DEVICE).topk(k, dim=-1).indices.to(torch.int32))
+        weights.copy_(torch.softmax(torch.randn(tokens, k, device=DEVICE), dim=-1))
+        x.copy_(torch.randn_like(x))
+        graph.replay()
+        want = fused_experts_ref(x, d13, d2, weights, ids, *common.values())
+        torch.testing.assert_close(out, want, rtol=3e-2, atol=3e-2)

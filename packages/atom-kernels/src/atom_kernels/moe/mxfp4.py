@@ -24,10 +24,12 @@ E8M0_BIAS = 127
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """blocks uint8 [..., K / 2], scales uint8 [..., K / 32] -> [..., K] in dtype (exact: power-of-two
     scales of e2m1 values)."""
-    lut = torch.tensor(E2M1_MAGNITUDES, dtype=torch.float32, device=blocks.device)
-    lut = torch.cat([lut, -lut])  # codes 8..15 are the negatives
-    codes = torch.stack([blocks & 0xF, blocks >> 4], dim=-1).flatten(-2).long()  # [..., K], low nibble first
-    values = lut[codes]
+    codes = torch.stack([blocks & 0xF, blocks >> 4], dim=-1).flatten(-2).int()  # [..., K], low nibble first
+    # The magnitudes from the code's bits (no table copied from the host: this runs inside CUDA-graph
+    # capture on the torch backend): exponent e = bits 1-2, mantissa m = bit 0; e = 0 is subnormal (m / 2).
+    e, m = ((codes >> 1) & 3).float(), (codes & 1).float()
+    magnitude = torch.where(e == 0, 0.5 * m, torch.exp2(e - 1) * (1 + 0.5 * m))
+    values = torch.where(codes >= 8, -magnitude, magnitude)  # codes 8..15 are the negatives
     exponent = scales.to(torch.int32) - E8M0_BIAS
     grouped = values.unflatten(-1, (-1, GROUP)) * torch.exp2(exponent.float())[..., None]
     return grouped.flatten(-2).to(dtype)

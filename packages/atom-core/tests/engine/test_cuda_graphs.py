@@ -1,10 +1,11 @@
 """Decode steps replayed from CUDA graphs give the tokens eager steps give (GPU only: graphs need CUDA)."""
 
 import pytest
-from transformers import LlamaConfig, Qwen3MoeConfig
+from transformers import GptOssConfig, LlamaConfig, Qwen3MoeConfig
 
 from atom_core.engine import LLM, SamplingParams
 from tools.testing_models import random_checkpoint
+from tools.testing_mxfp4 import mxfp4_checkpoint
 
 pytestmark = pytest.mark.gpu(reason="CUDA graphs need a GPU")
 
@@ -26,15 +27,23 @@ def _checkpoint(tmp_path, cls, **kw):
     return random_checkpoint(config, tmp_path / "ckpt")[1]
 
 
+GPT_OSS = dict(num_local_experts=4, num_experts_per_tok=2, sliding_window=16)  # windows shorter than prompts
+
+
 @pytest.mark.parametrize(
-    ("cls", "kw"),
+    ("cls", "kw", "mxfp4"),
     [
-        (LlamaConfig, {}),
-        (Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128)),
+        (LlamaConfig, {}, False),
+        (Qwen3MoeConfig, dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=128), False),
+        (GptOssConfig, GPT_OSS, False),  # sinks, alternating windows, biased experts
+        (GptOssConfig, GPT_OSS, True),  # the same with MXFP4 experts
     ],
+    ids=["llama", "qwen3-moe", "gpt-oss", "gpt-oss-mxfp4"],
 )
-def test_graph_replays_equal_eager_steps(tmp_path, cls, kw):
+def test_graph_replays_equal_eager_steps(tmp_path, cls, kw, mxfp4):
     path = _checkpoint(tmp_path, cls, **kw)
+    if mxfp4:
+        path = mxfp4_checkpoint(path, tmp_path / "mxfp4")
     params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in MAX_TOKENS]
     prompts = [{"prompt_token_ids": p} for p in PROMPTS]
     outputs = {}

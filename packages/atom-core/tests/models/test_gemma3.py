@@ -55,6 +55,17 @@ def test_logits_and_greedy_tokens_match_transformers(gemma):
     assert_matches_transformers(hf, path, prompts(1, (13, 3, 21)))  # two prompts past the window
 
 
+def test_the_default_five_local_layers_to_one_global(tmp_path):
+    """transformers' own layer pattern (no sliding_window_pattern, no layer_types): five windowed layers,
+    then a global one, the prompts longer than the window."""
+    fields = {k: v for k, v in GEMMA3_TINY.items() if k not in ("sliding_window_pattern", "layer_types")}
+    hf, path = random_checkpoint(
+        Gemma3TextConfig(**dict(fields, num_hidden_layers=6)), tmp_path / "ckpt", edit=gemma_extras
+    )
+    assert hf.config.layer_types == ["sliding_attention"] * 5 + ["full_attention"]
+    assert_matches_transformers(hf, path, prompts(3, (12, 17)))
+
+
 def test_the_options_change_the_answer(gemma):
     """Guards the parity above: transformers' own model without the soft-cap, with one rotary base for
     every layer, or with the default softmax scale gives other logits."""

@@ -2,23 +2,20 @@
 epsilon, rotary base and context transformers' config classes fill in, where ModelConfig's generic defaults
 (kv heads = heads, eps 1e-6, base 1e4, context 2048) would differ."""
 
+import dataclasses
+
 import pytest
 from transformers import Gemma3Config, Gemma3TextConfig, Glm4MoeConfig, MixtralConfig
 
 from atom_core.config import ModelConfig
 
-FIELDS = (
-    "vocab_size",
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "max_position_embeddings",
-    "rms_norm_eps",
-    "tie_word_embeddings",
-)
+# ModelConfig's numbers and flags, as transformers' config classes name them (Mixtral's holds no
+# attention_bias: its attention has none)
+FIELDS = [
+    f.name
+    for f in dataclasses.fields(ModelConfig)
+    if f.type in ("int", "float", "bool") and f.name != "attention_bias"
+]
 
 
 def _assert_reads_as(atom: ModelConfig, hf) -> None:

@@ -1,7 +1,7 @@
 """Mixtral against transformers: the published per-expert layout (block_sparse_moe.experts.E.w1/w2/w3) and the
-fused one transformers 5 keeps in memory, a softmax router renormalised over its top 2, and a sliding window
-shorter than the prompts on every layer. Then the engine (chunked prefill, prefix hits, preemption) and
-refusals by name."""
+fused one transformers 5 keeps in memory, a softmax router renormalised over its top 2, a sliding window
+shorter than the prompts on every layer, and randomized norms. Then the engine (chunked prefill, prefix
+hits, preemption) and refusals by name."""
 
 import pytest
 import torch
@@ -26,17 +26,23 @@ MIXTRAL_TINY = dict(
 )
 
 
-def _decisive_routers(model) -> None:
-    """Routers with a trained model's margins: random ones (std 0.02) tie experts within float noise."""
+def _trained_like(model) -> None:
+    """Routers with a trained model's margins (random ones, std 0.02, tie experts within float noise) and
+    norm weights as a trained model has them (transformers draws ones, which would hide a norm that
+    dropped its weight)."""
+    gen = torch.Generator().manual_seed(5)
     with torch.no_grad():
         for layer in model.model.layers:
             layer.mlp.gate.weight.mul_(25.0)
+        for name, param in model.named_parameters():
+            if "norm" in name:
+                param.copy_(1.0 + 0.3 * torch.randn(param.shape, generator=gen))
 
 
 @pytest.fixture(scope="module")
 def mixtral(tmp_path_factory):
     path = tmp_path_factory.mktemp("mixtral") / "ckpt"
-    return random_checkpoint(MixtralConfig(**MIXTRAL_TINY), path, edit=_decisive_routers)
+    return random_checkpoint(MixtralConfig(**MIXTRAL_TINY), path, edit=_trained_like)
 
 
 def test_logits_and_greedy_tokens_match_transformers(mixtral):

@@ -170,6 +170,22 @@ def test_chunked_tiles_are_checked(change, message):
         )
 
 
+@pytest.mark.parametrize("block_v", [1, 2, 4])
+def test_small_value_blocks_match_reference(block_v):
+    """The value blocks small batches take on the GPU (down to 2 rows a program; the interpreter's default
+    keeps 8): a verify's ragged tokens over slots, padding included, state and outputs as the reference's."""
+    hk, hv, lengths = 2, 4, [1, 3, 2]
+    state = torch.randn(6, hv, DV, DK, device=DEVICE) * 0.1
+    indices = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEVICE)
+    ref_state = state.clone()
+    q, k, v, g, beta = _gdn_inputs(lengths, hk, hv, torch.float32)
+    cu = _cu(lengths)
+    want = gated_delta_rule_recurrent(q, k, v, g, beta, cu, ref_state, indices, backend="torch")
+    got = gated_delta_rule_recurrent(q, k, v, g, beta, cu, state, indices, backend="triton", block_v=block_v)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(state, ref_state, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("state_dtype", [torch.float32] + ([torch.bfloat16] if GPU else []))
 def test_decode_steps_over_slots_with_padding(state_dtype):
     """Decode: one token per sequence, state slots in any order, -1 = a padding row (zeros out, no state)."""

@@ -54,9 +54,7 @@ def test_a_silent_config_reads_as_transformers_reads_it(architecture, config_cla
     _assert_reads_as(atom, hf)
     got, want = _thetas(atom, hf)
     assert got == want
-    if (
-        hasattr(hf, "layer_types") and hf.layer_types is not None
-    ):  # Gemma 3's: five local layers to one global
+    if getattr(hf, "layer_types", None) is not None:  # Gemma 3's: five local layers to one global
         assert atom.hf["layer_types"] == hf.layer_types
 
 

@@ -5,7 +5,14 @@ import pytest
 import torch
 
 from atom_kernels import fused_experts
-from atom_kernels.moe import ExpertActivation, ExpertBiases, ExpertMxfp4, dequantize_mxfp4, quantize_mxfp4
+from atom_kernels.moe import (
+    SILU,
+    ExpertActivation,
+    ExpertBiases,
+    ExpertMxfp4,
+    dequantize_mxfp4,
+    quantize_mxfp4,
+)
 from atom_kernels.moe.expert_gemm import mxfp4_block_k
 from atom_kernels.moe.ref import fused_experts_ref
 
@@ -96,6 +103,31 @@ def test_the_scaled_dot_masks_a_last_partial_k_step(dtype):
     torch.testing.assert_close(
         got, fused_experts_ref(x, d13, d2, weights, ids), rtol=TOL[dtype], atol=TOL[dtype]
     )
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_token_gemv_decodes_every_byte_exactly(dtype):
+    """The one-token GEMV (mxfp4_gemv.py; inline PTX on the GPU, Triton's integer ops under the
+    interpreter): row r's bytes all hold r, so a one-hot x picks out the low (even k) or the high (odd k)
+    nibble of every byte value under scales from 2**-20 to 2**13; the sums are exact in every dtype."""
+    from atom_kernels.moe.expert_gemm import PairRows
+    from atom_kernels.moe.mxfp4_gemv import _launch, gemv_config
+
+    rows, k = 256, 96  # 96: a masked last k-step at the interpreter's 64 and the GPU's 256
+    w = torch.arange(rows, device=DEVICE).to(torch.uint8)[None, :, None].expand(1, rows, k // 2).contiguous()
+    scale = (107 + (torch.arange(rows * 3, device=DEVICE) % 34)).to(torch.uint8).reshape(1, rows, 3)
+    want = dequantize_mxfp4(w[0], scale[0], torch.float32)  # [rows, k]
+    ids = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    pairs = PairRows(ids, ids, ids, ids, 1, 1)
+    cfg = gemv_config(interpret=DEVICE == "cpu")
+    for col in (0, 1, 64, 95):  # low and high nibbles, in the first and in the masked last k-step
+        x = torch.zeros(1, k, device=DEVICE, dtype=dtype)
+        x[0, col] = 1
+        out = torch.empty(1, rows, device=DEVICE, dtype=torch.float32)
+        _launch(
+            x, w, scale, out, pairs, rows, k, cfg, gated=False, weighted=False, bias=None, activation=SILU
+        )
+        torch.testing.assert_close(out[0], want[:, col], rtol=0, atol=0)
 
 
 def test_the_k_step_divides_k_in_whole_groups():

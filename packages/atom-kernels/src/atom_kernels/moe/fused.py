@@ -14,6 +14,7 @@ from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import MXFP4, TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.mxfp4 import ExpertMxfp4
+from atom_kernels.moe.mxfp4_gemv import gemv_config, one_token_mxfp4_experts
 from atom_kernels.moe.ref import fused_experts_ref
 from atom_kernels.moe.shared import SharedExpert
 from atom_kernels.outputs import rows_like
@@ -232,6 +233,14 @@ def fused_experts(
     if tokens == 0:
         return out
     top_k, experts = topk_ids.shape[1], w13.shape[0]
+    if mxfp4 is not None and quantize_input:
+        raise ValueError("MXFP4 experts run weight-only (quantize_input must not be True)")
+    if mxfp4 is not None and tokens == 1 and config is None:  # one token: GEMVs (mxfp4_gemv.py)
+        y = one_token_mxfp4_experts(
+            x, w13, w2, topk_ids, topk_weights.reshape(-1).float(), mxfp4,
+            gemv_config(interpret=SETTINGS.triton_interpret), biases=biases, activation=activation,
+        )  # fmt: skip
+        return combine_topk(y, top_k, out, shared)
     cfg = config or tile_config(
         tokens * top_k, experts, x.element_size(), interpret=SETTINGS.triton_interpret, one_token=tokens == 1
     )
@@ -250,8 +259,6 @@ def fused_experts(
     inter = w13.shape[1] // 2
     allowed = scales is not None and _w8a8_block_k(scales.block[1])
     if mxfp4 is not None:
-        if quantize_input:
-            raise ValueError("MXFP4 experts run weight-only (quantize_input must not be True)")
         epi13 = dict(bias=None if biases is None else biases.w13, activation=activation)
         h = gate_up(x, w13, order, top_k, cfg, (mxfp4.w13, MXFP4), **epi13)
         y = down(

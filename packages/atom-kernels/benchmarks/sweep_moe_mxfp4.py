@@ -1,5 +1,5 @@
-"""Tiles of the MXFP4 expert GEMMs (Triton's scaled dot on bf16 activations), timed as a step runs them
-(picks fused.mxfp4_tile_config's rows).
+"""Tiles of the MXFP4 expert GEMMs (Triton's scaled dot on bf16 activations) and one token's GEMVs
+(mxfp4_gemv.py), timed as a step runs them (picks fused.mxfp4_tile_config's rows and gemv_config).
 
   python -m benchmarks run sweep_moe_mxfp4 [-- --tokens 1 8 64 512]
 
@@ -20,6 +20,8 @@ import torch
 
 from atom_kernels import fused_experts
 from atom_kernels.moe import ExpertActivation, ExpertBiases, ExpertMxfp4, TileConfig, quantize_mxfp4
+from atom_kernels.moe.combine import combine_topk
+from atom_kernels.moe.mxfp4_gemv import GemvConfig, one_token_mxfp4_experts
 from benchmarks.harness.ceilings import measure_ceilings
 from benchmarks.harness.graph_timing import graph_ms
 
@@ -36,6 +38,12 @@ def _tiles(tokens: int) -> list[TileConfig]:
     else:
         grid = itertools.product((32, 64), (64, 128), (64, 128), (8,), (3, 4))
     return [TileConfig(bm, bn, bk, num_warps=w, num_stages=s) for bm, bn, bk, w, s in grid]
+
+
+def _gemv_configs() -> list[GemvConfig]:
+    """One token's GEMV over output columns a program, k-step and warps."""
+    grid = itertools.product((16, 32, 64), (128, 256, 512), (2, 4, 8))
+    return [GemvConfig(bn, bk, w) for bn, bk, w in grid if bn * bk // 2 >= 32 * 16 * w]
 
 
 def _timed(calls, first_out, want) -> float:
@@ -83,6 +91,30 @@ def main() -> dict:
 
         results = {"bf16 default": _timed(calls(d13, d2), out, want)}
         results["mxfp4 default"] = _timed(calls(q13, q2, mxfp4=mx), out, want)
+        if tokens == 1:  # one token's GEMVs (mxfp4_gemv.py), called as fused_experts calls them
+            for gemv in _gemv_configs():
+
+                def gemv_calls(gemv=gemv, x=x, out=out, routings=routings):
+                    def run(w, topk_ids):
+                        y = one_token_mxfp4_experts(
+                            x,
+                            q13,
+                            q2,
+                            topk_ids,
+                            w.reshape(-1).float(),
+                            mx,
+                            gemv,
+                            biases=biases,
+                            activation=SWIGLU,
+                        )
+                        return combine_topk(y, TOP_K, out)
+
+                    return [lambda r=r: run(*r) for r in routings]
+
+                try:
+                    results[f"gemv {gemv}"] = _timed(gemv_calls(), out, want)
+                except Exception as exc:  # registers or shared memory this GPU lacks: named, skipped
+                    print(f"  {gemv}: {type(exc).__name__}: {str(exc)[:120]}")
         for cfg in _tiles(tokens):
             try:
                 results[str(cfg)] = _timed(calls(q13, q2, mxfp4=mx, config=cfg, down_config=cfg), out, want)

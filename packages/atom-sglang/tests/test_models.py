@@ -168,6 +168,30 @@ def test_fp8_checkpoints_match_transformers_on_the_dequantized_weights(
     assert_generation_matches(partial(transformers_logits, reference), prompts, tokens, logits)
 
 
+def test_mxfp4_gpt_oss_matches_transformers_on_the_dequantized_experts(checkpoint_for, tmp_path, monkeypatch):
+    """GPT-OSS with its experts in the published MXFP4 layout (`*_blocks`, `*_scales`, quantization_config
+    "mxfp4"): SGLang parses the config into its own quantization and hands it to the wrapper, which maps
+    it to ATOM's method; ATOM's experts keep the e2m1 bytes (the interpreter runs the MXFP4 kernels in
+    fp32) and equal transformers run on the same experts multiplied out."""
+    from sglang.srt.layers import quantization
+    from sglang.srt.layers.quantization.mxfp4 import Mxfp4Config
+
+    from tools.testing_mxfp4 import dequantized_copy, mxfp4_checkpoint
+
+    # SGLang registers "mxfp4" where it imports on CUDA (and its CPU engine); a CPU-only import leaves it
+    # out, so this test registers it as the CUDA import does
+    monkeypatch.setitem(quantization.QUANTIZATION_METHODS, "mxfp4", Mxfp4Config)
+    mxfp4, reference = tmp_path / "mxfp4", tmp_path / "dequantized"
+    mxfp4_checkpoint(checkpoint_for("GptOssForCausalLM"), mxfp4)
+    dequantized_copy(mxfp4, reference)
+    h = SglangHarness(mxfp4, page_size=16)
+    moe = h.model.atom.model.layers[0].mlp
+    assert moe.mxfp4 is not None and moe.w13.dtype == torch.uint8  # e2m1 bytes, not a dequantized copy
+    prompts = _prompts(seed=11)
+    tokens, logits = generate(h, prompts)
+    assert_generation_matches(partial(transformers_logits, reference), prompts, tokens, logits)
+
+
 def test_another_quantization_is_refused_by_name(checkpoint_for):
     from atom_sglang.models.atom import EntryClass
 

@@ -1,13 +1,14 @@
 """One token's MXFP4 expert GEMMs as GEMVs: each program streams a slab of one expert's bytes once.
 
-A single token gives each of its k experts one row, so the product is a matrix-vector one and the cost is
-the conversion of every e2m1 value on its way from the bytes to the multiply. Triton's scaled dot spends
-a dozen instructions a value there (upcast, scale, a layout change for the MMA). Here a value costs about
-four: a few bit operations per pair of values, which place the nibble's magnitude bits on fp16's
-mantissa top bit and two low exponent bits (so the fp16 holds e2m1 * 2**-14 exactly, code 1 as fp16's
-subnormal 2**-15) and its sign on the sign bit; one conversion to fp32, exact; one FMA. The e8m0 scale
+A single token gives each of its k experts one row, so the product is a matrix-vector one and its cost is
+the conversion of every e2m1 value on the way from the bytes to the multiply. At one token's tile the
+scaled-dot kernel (expert_gemm.py) issues about 17 instructions a value in its k loop (upcast, scale,
+layout changes for an MMA whose rows are mostly padding); this loop about 5 (sm90 SASS, compiled offline):
+per pair of values two shifts, a mask and a merge place the nibbles' magnitude bits on fp16's mantissa top
+bit and two low exponent bits and their signs on the sign bits (so each fp16 holds e2m1 * 2**-14 exactly,
+code 1 as fp16's subnormal 2**-15), then per value one exact conversion to fp32 and one FMA. The e8m0 scale
 multiplies each 32-value group's partial sum once, together with the 2**14. On the GPU the bit operations
-are inline PTX, four bytes (eight values) at a time; Triton's CPU interpreter runs an equivalent built
+are inline PTX, one int32 word (eight values) at a time; Triton's CPU interpreter runs an equivalent built
 from Triton's own integer ops.
 
 Layout as the scaled-dot kernel's (expert_gemm.py): bytes [E, N, K / 2] (low nibble first along K) and
@@ -28,54 +29,69 @@ from atom_kernels.moe.mxfp4 import ExpertMxfp4
 from atom_kernels.settings import SETTINGS
 
 # Two to the power the fp16 values carry (e2m1 * 2**-FP16_SHIFT), undone in the group scale's exponent
-FP16_SHIFT = 14
+FP16_SHIFT = tl.constexpr(14)
 
 
 @triton.jit
-def _e2m1_fp16_ptx(packed):
-    """packed uint8 -> (low-nibble values, high-nibble values), fp16 e2m1 * 2**-14. Four bytes an
-    instance: prmt puts bytes 0 and 1 (2 and 3) in the two halves' nibble positions, then per pair of
-    values a shift for the magnitude bits, one for the sign, and their masked merge."""
+def _e2m1_ptx(word):
+    """int32 words (eight e2m1 codes, code j in bits 4j..4j+3: K's order) -> eight fp32 tensors, code j's
+    value times 2**-14. Nibbles 16 bits apart (j and j + 4) are placed as one fp16 pair: a shift for the
+    magnitude bits, one for the sign, their masked merge, then each half converted to fp32 (exact)."""
     return tl.inline_asm_elementwise(
         asm="""{
-        .reg .b32 s, a, b;
-        prmt.b32 s, $4, 0, 0x3120;
-        shl.b32 a, s, 9;  shl.b32 b, s, 12; and.b32 a, a, 0x0E000E00; lop3.b32 $0, a, b, 0x80008000, 0xF8;
-        shl.b32 a, s, 1;  shl.b32 b, s, 4;  and.b32 a, a, 0x0E000E00; lop3.b32 $1, a, b, 0x80008000, 0xF8;
-        shl.b32 a, s, 5;  shl.b32 b, s, 8;  and.b32 a, a, 0x0E000E00; lop3.b32 $2, a, b, 0x80008000, 0xF8;
-        shr.b32 a, s, 3;  and.b32 a, a, 0x0E000E00; lop3.b32 $3, a, s, 0x80008000, 0xF8;
+        .reg .b32 a, b, p;
+        .reg .b16 l, h;
+        shl.b32 a, $8, 9; shl.b32 b, $8, 12; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+        mov.b32 {l, h}, p; cvt.f32.f16 $0, l; cvt.f32.f16 $4, h;
+        shl.b32 a, $8, 5; shl.b32 b, $8, 8; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+        mov.b32 {l, h}, p; cvt.f32.f16 $1, l; cvt.f32.f16 $5, h;
+        shl.b32 a, $8, 1; shl.b32 b, $8, 4; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, b, 0x80008000, 0xF8;
+        mov.b32 {l, h}, p; cvt.f32.f16 $2, l; cvt.f32.f16 $6, h;
+        shr.b32 a, $8, 3; and.b32 a, a, 0x0E000E00; lop3.b32 p, a, $8, 0x80008000, 0xF8;
+        mov.b32 {l, h}, p; cvt.f32.f16 $3, l; cvt.f32.f16 $7, h;
         }""",
-        constraints="=r,=r,=r,=r,r",
-        args=[packed],
-        dtype=(tl.float16, tl.float16),
+        constraints="=r,=r,=r,=r,=r,=r,=r,=r,r",
+        args=[word],
+        dtype=(tl.float32,) * 8,
         is_pure=True,
-        pack=4,
+        pack=1,
     )
 
 
 @triton.jit
-def _e2m1_halves(packed, PTX: tl.constexpr):
-    """packed uint8 [...] -> (low-nibble values, high-nibble values) in fp32, each e2m1 * 2**-14."""
+def _e2m1(word, j: tl.constexpr):
+    """Code j of int32 words as fp32 times 2**-14, from Triton's integer ops (the interpreter's path)."""
+    return _e2m1_times_scale((word >> (4 * j)) & 15, 127 - FP16_SHIFT, tl.float32)
+
+
+@triton.jit
+def _load_step(w_ptrs, s_ptrs, ok):
+    """A k-step's words [BN, G, 4] (int32: a 32-value group is four) and e8m0 exponents [BN, G] (int32) at
+    w_ptrs / s_ptrs; groups past K (ok [G] false) read as zeros."""
+    words = tl.load(w_ptrs, mask=ok[None, :, None], other=0)
+    return words, tl.load(s_ptrs, mask=ok[None, :], other=0).to(tl.int32)
+
+
+@triton.jit
+def _step_products(x_ptrs, x_ok, words, exponent, PTX: tl.constexpr):
+    """A k-step's partial products [BN, G], one a 32-value group: x (x_ptrs [G, 4] at each word's first k;
+    code j of a word multiplies x at k + j) times the words' values, each group's sum times its scale."""
     if PTX:
-        lo, hi = _e2m1_fp16_ptx(packed)
-        return lo.to(tl.float32), hi.to(tl.float32)
-    code = packed.to(tl.int32)
-    return (
-        _e2m1_times_scale(code & 15, 127 - 14, tl.float32),
-        _e2m1_times_scale(code >> 4, 127 - 14, tl.float32),
-    )
-
-
-@triton.jit
-def _gemv_step(x_even, x_odd, w_ptrs, s_ptrs, ok, PTX: tl.constexpr):
-    """One k-step's partial products [BN] of x (even and odd columns [G, 16], fp32) with an expert's bytes
-    [BN, G, 16] and group scales [BN, G] at w_ptrs / s_ptrs (groups past K masked by ok [G])."""
-    packed = tl.load(w_ptrs, mask=ok[None, :, None], other=0)
-    exponent = tl.load(s_ptrs, mask=ok[None, :], other=0).to(tl.int32)
-    lo, hi = _e2m1_halves(packed, PTX)
-    groups = tl.sum(lo * x_even[None, :, :] + hi * x_odd[None, :, :], axis=2)  # [BN, G]
-    scale = ((exponent + 14) << 23).to(tl.float32, bitcast=True)  # 2**(e8m0 - 127 + 14), exact in fp32
-    return tl.sum(groups * scale, axis=1)
+        v0, v1, v2, v3, v4, v5, v6, v7 = _e2m1_ptx(words)
+    else:
+        v0, v1, v2, v3 = _e2m1(words, 0), _e2m1(words, 1), _e2m1(words, 2), _e2m1(words, 3)
+        v4, v5, v6, v7 = _e2m1(words, 4), _e2m1(words, 5), _e2m1(words, 6), _e2m1(words, 7)
+    # one chain of FMAs over the word's eight values, then the group's four words summed
+    t = v0 * tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v1 * tl.load(x_ptrs + 1, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v2 * tl.load(x_ptrs + 2, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v3 * tl.load(x_ptrs + 3, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v4 * tl.load(x_ptrs + 4, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v5 * tl.load(x_ptrs + 5, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v6 * tl.load(x_ptrs + 6, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    t += v7 * tl.load(x_ptrs + 7, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    scale = ((exponent + FP16_SHIFT) << 23).to(tl.float32, bitcast=True)  # 2**(e8m0 - 127 + 14), exact
+    return tl.sum(t, axis=2) * scale
 
 
 @triton.jit
@@ -110,32 +126,44 @@ def _mxfp4_gemv_kernel(
     col_ok = cols < N
     rows = tl.where(col_ok, cols, 0).to(tl.int64)  # masked columns read row 0: no load is masked by column
     g = tl.arange(0, G)
-    b = tl.arange(0, 16)
-    w_ptrs = wts.w + expert * wts.stride_we + rows[:, None, None] * wts.stride_wn + (g * 16)[None, :, None]
-    w_ptrs += b[None, None, :]
+    q = tl.arange(0, 4)  # a group's four words
+    # wts.w is the bytes viewed as int32 words [E, N, K / 8] (strides in words)
+    w_ptrs = wts.w + expert * wts.stride_we + rows[:, None, None] * wts.stride_wn + (g * 4)[None, :, None]
+    w_ptrs += q[None, None, :]
     s_ptrs = wts.scale + expert * wts.stride_se + rows[:, None] * wts.stride_sn + g[None, :]
-    x_ptrs = act.a + a_row.to(tl.int64) * act.stride_am + (g * 32)[:, None] + 2 * b[None, :]
-    acc = tl.zeros([BLOCK_N], dtype=tl.float32)
-    acc_up = tl.zeros([BLOCK_N], dtype=tl.float32)
+    x_ptrs = act.a + a_row.to(tl.int64) * act.stride_am + (g * 32)[:, None] + 8 * q[None, :]  # [G, 4]
+    # per group until the loop ends: a sum over the groups each k-step would cross threads every step
+    acc = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+    acc_up = tl.zeros([BLOCK_N, G], dtype=tl.float32)
+    up_w_ptrs, up_s_ptrs = w_ptrs + N * wts.stride_wn, s_ptrs + N * wts.stride_sn  # w13's up half
+    words, exponent = _load_step(w_ptrs, s_ptrs, g * 32 < K)
+    words_up, exponent_up = words, exponent  # unread without GATED
+    if GATED:
+        words_up, exponent_up = _load_step(up_w_ptrs, up_s_ptrs, g * 32 < K)
     for k0 in range(0, K, BLOCK_K):
-        ok = g * 32 < K - k0  # K is whole groups of 32: a last partial k-step is masked by group
-        x_even = tl.load(x_ptrs + k0, mask=ok[:, None], other=0.0).to(tl.float32)
-        x_odd = tl.load(x_ptrs + k0 + 1, mask=ok[:, None], other=0.0).to(tl.float32)
-        acc += _gemv_step(x_even, x_odd, w_ptrs + k0 // 2, s_ptrs + k0 // 32, ok, PTX)
-        if GATED:  # the up half of w13 sits N rows below the gate half
-            acc_up += _gemv_step(
-                x_even,
-                x_odd,
-                w_ptrs + N * wts.stride_wn + k0 // 2,
-                s_ptrs + N * wts.stride_sn + k0 // 32,
-                ok,
-                PTX,
+        # The next k-step's words are loaded before this one's are converted, so a program keeps two
+        # steps in flight (Triton pipelines only loads that feed a dot). K is whole groups of 32: a last
+        # partial k-step is masked by group, and the load past the last step by all of them.
+        k1 = k0 + BLOCK_K
+        next_words, next_exponent = _load_step(w_ptrs + k1 // 8, s_ptrs + k1 // 32, g * 32 < K - k1)
+        next_words_up, next_exponent_up = next_words, next_exponent
+        if GATED:
+            next_words_up, next_exponent_up = _load_step(
+                up_w_ptrs + k1 // 8, up_s_ptrs + k1 // 32, g * 32 < K - k1
             )
+        x_ok = (g * 32 < K - k0)[:, None]
+        acc += _step_products(x_ptrs + k0, x_ok, words, exponent, PTX)
+        if GATED:
+            acc_up += _step_products(x_ptrs + k0, x_ok, words_up, exponent_up, PTX)
+        words, exponent, words_up, exponent_up = next_words, next_exponent, next_words_up, next_exponent_up
+    acc = tl.sum(acc, axis=1)
     if HAS_BIAS:  # the up half's biases sit N columns after the gate half's
         b_ptrs = epi.bias + expert * epi.stride_be + cols
         acc += tl.load(b_ptrs, mask=col_ok, other=0.0).to(tl.float32)
         if GATED:
-            acc_up += tl.load(b_ptrs + N, mask=col_ok, other=0.0).to(tl.float32)
+            acc_up = tl.sum(acc_up, axis=1) + tl.load(b_ptrs + N, mask=col_ok, other=0.0).to(tl.float32)
+    elif GATED:
+        acc_up = tl.sum(acc_up, axis=1)
     if GATED:
         if ACT == 1:  # swiglu_oai: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)
             gate = tl.minimum(acc, epi.limit)
@@ -166,7 +194,9 @@ def gemv_config(*, interpret: bool = False) -> GemvConfig:
 
 
 def _launch(a, w, scale, out, pairs: PairRows, n, k, cfg: GemvConfig, *, gated, weighted, bias, activation):
-    weights = ExpertWeights(w, scale, w.stride(0), w.stride(1), scale.stride(0), scale.stride(1))
+    """w: MXFP4 bytes [E, N, K / 2] (rows contiguous), read as int32 words."""
+    words = w.view(torch.int32)  # K is whole groups of 32: a row is whole words
+    weights = ExpertWeights(words, scale, words.stride(0), words.stride(1), scale.stride(0), scale.stride(1))
     epi = Epilogue(
         bias if bias is not None else a,  # never read without HAS_BIAS
         0 if bias is None else bias.stride(0),

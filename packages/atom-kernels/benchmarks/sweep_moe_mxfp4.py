@@ -21,7 +21,7 @@ import torch
 from atom_kernels import fused_experts
 from atom_kernels.moe import ExpertActivation, ExpertBiases, ExpertMxfp4, TileConfig, quantize_mxfp4
 from atom_kernels.moe.combine import combine_topk
-from atom_kernels.moe.mxfp4_gemv import GemvConfig, one_token_mxfp4_experts
+from atom_kernels.moe.mxfp4_gemv import GemvConfig, gemv_takes, mxfp4_gemv_experts
 from benchmarks.harness.ceilings import measure_ceilings
 from benchmarks.harness.graph_timing import graph_ms
 
@@ -91,12 +91,12 @@ def main() -> dict:
 
         results = {"bf16 default": _timed(calls(d13, d2), out, want)}
         results["mxfp4 default"] = _timed(calls(q13, q2, mxfp4=mx), out, want)
-        if tokens == 1:  # one token's GEMVs (mxfp4_gemv.py), called as fused_experts calls them
+        if gemv_takes(tokens, TOP_K, EXPERTS):  # the GEMVs (mxfp4_gemv.py), as fused_experts calls them
             for gemv in _gemv_configs():
 
                 def gemv_calls(gemv=gemv, x=x, out=out, routings=routings):
                     def run(w, topk_ids):
-                        y = one_token_mxfp4_experts(
+                        y = mxfp4_gemv_experts(
                             x,
                             q13,
                             q2,

@@ -59,7 +59,8 @@ def _mxfp4_experts(experts, hidden, inter, dtype):
 @pytest.mark.parametrize("oai", [False, True], ids=["silu", "swiglu_oai+biases"])
 @pytest.mark.parametrize(
     ("tokens", "experts", "k", "hidden", "inter"),
-    [(1, 4, 2, 64, 32), (7, 8, 2, 96, 64), (40, 6, 3, 64, 96)],  # 96: k-steps of 32 dividing it
+    # 96: k-steps of 32 dividing it; 1 token, and 3 tokens on 32 experts: the GEMVs (mxfp4_gemv.py)
+    [(1, 4, 2, 64, 32), (3, 32, 2, 96, 64), (7, 8, 2, 96, 64), (40, 6, 3, 64, 96)],
 )
 def test_triton_mxfp4_experts_match_the_reference_on_dequantized_weights(
     tokens, experts, k, hidden, inter, oai, dtype

@@ -14,7 +14,7 @@ from atom_kernels.moe.combine import combine_topk
 from atom_kernels.moe.expert_gemm import MXFP4, TileConfig, down, down_tile_config, gate_up, tile_config
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.mxfp4 import ExpertMxfp4
-from atom_kernels.moe.mxfp4_gemv import gemv_config, one_token_mxfp4_experts
+from atom_kernels.moe.mxfp4_gemv import gemv_config, gemv_takes, mxfp4_gemv_experts
 from atom_kernels.moe.ref import fused_experts_ref
 from atom_kernels.moe.shared import SharedExpert
 from atom_kernels.outputs import rows_like
@@ -235,8 +235,8 @@ def fused_experts(
     top_k, experts = topk_ids.shape[1], w13.shape[0]
     if mxfp4 is not None and quantize_input:
         raise ValueError("MXFP4 experts run weight-only (quantize_input must not be True)")
-    if mxfp4 is not None and tokens == 1 and config is None:  # one token: GEMVs (mxfp4_gemv.py)
-        y = one_token_mxfp4_experts(
+    if mxfp4 is not None and config is None and gemv_takes(tokens, top_k, experts):  # mxfp4_gemv.py
+        y = mxfp4_gemv_experts(
             x, w13, w2, topk_ids, topk_weights.reshape(-1).float(), mxfp4,
             gemv_config(interpret=SETTINGS.triton_interpret), biases=biases, activation=activation,
         )  # fmt: skip

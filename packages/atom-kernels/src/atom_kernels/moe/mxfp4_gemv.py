@@ -1,6 +1,7 @@
-"""One token's MXFP4 expert GEMMs as GEMVs: each program streams a slab of one expert's bytes once.
+"""Few tokens' MXFP4 expert GEMMs as GEMVs: each program streams a slab of one expert's bytes once.
 
-A single token gives each of its k experts one row, so the product is a matrix-vector one and its cost is
+A single token gives each of its k experts one row (and a few tokens mostly one each), so the product is
+a matrix-vector one and its cost is
 the conversion of every e2m1 value on the way from the bytes to the multiply. At one token's tile the
 scaled-dot kernel (expert_gemm.py) issues about 17 instructions a value in its k loop (upcast, scale,
 layout changes for an MMA whose rows are mostly padding); this loop about 5 (sm90 SASS, compiled offline):
@@ -12,7 +13,7 @@ are inline PTX, one int32 word (eight values) at a time; Triton's CPU interprete
 from Triton's own integer ops.
 
 Layout as the scaled-dot kernel's (expert_gemm.py): bytes [E, N, K / 2] (low nibble first along K) and
-scales [E, N, K / 32]; rows are pairs in order_one_token's layout with one row a tile (block_m 1).
+scales [E, N, K / 32]; rows are (token, expert) pairs in topk_ids' order, one a program row: no ordering.
 """
 
 from __future__ import annotations
@@ -113,8 +114,8 @@ def _mxfp4_gemv_kernel(
     PTX: tl.constexpr,
 ):
     """act: expert_gemm.Activations (x [T, K] for gate/up, the intermediate [pairs, K] for down);
-    wts: expert_gemm.ExpertWeights (bytes, scales); pairs: expert_gemm.PairRows in order_one_token's
-    layout (tile_expert = each pair's expert); epi: expert_gemm.Epilogue. Program: one pair, BLOCK_N
+    wts: expert_gemm.ExpertWeights (bytes as int32 words, scales); pairs: expert_gemm.PairRows with
+    tile_expert = each pair's expert (topk_ids flattened); epi: expert_gemm.Epilogue. Program: one pair, BLOCK_N
     output columns (gate/up: those of the gate half and the same of the up half). out [pairs, N]."""
     tiles_n = tl.cdiv(N, BLOCK_N)
     pair = tl.program_id(0) // tiles_n
@@ -211,7 +212,18 @@ def _launch(a, w, scale, out, pairs: PairRows, n, k, cfg: GemvConfig, *, gated, 
     )  # fmt: skip
 
 
-def one_token_mxfp4_experts(
+# Pairs per expert below which the GEMVs run (besides one token, always): each pair reads its expert's
+# bytes itself, so two pairs on one expert read it twice, and with a quarter as many pairs as experts about
+# one read in ten is such a repeat.
+GEMV_MAX_PAIRS_PER_EXPERT = 0.25
+
+
+def gemv_takes(tokens: int, top_k: int, experts: int) -> bool:
+    """Whether fused_experts runs MXFP4 experts as GEMVs (one token, or few pairs for the experts)."""
+    return tokens == 1 or tokens * top_k <= GEMV_MAX_PAIRS_PER_EXPERT * experts
+
+
+def mxfp4_gemv_experts(
     x: torch.Tensor,
     w13: torch.Tensor,
     w2: torch.Tensor,
@@ -223,20 +235,20 @@ def one_token_mxfp4_experts(
     biases: ExpertBiases | None = None,
     activation: ExpertActivation = SILU,
 ) -> torch.Tensor:
-    """x [1, H]; w13 [E, 2I, H / 2] and w2 [E, H, I / 2] MXFP4 bytes with mxfp4's scales; topk_ids [1, k]
-    (distinct experts); pair_weights [k] fp32 -> [k, H]: each pair's expert output times its weight, for
-    combine_topk to sum. Two launches, no ordering: pair j's row is j."""
+    """x [T, H]; w13 [E, 2I, H / 2] and w2 [E, H, I / 2] MXFP4 bytes with mxfp4's scales; topk_ids [T, k];
+    pair_weights [T * k] fp32 -> [T * k, H]: pair p = t * k + j's expert output times its weight, for
+    combine_topk to sum. Two launches and no ordering: pair p's rows are p."""
     ids = topk_ids.reshape(-1)
     ids = ids if ids.is_contiguous() else ids.contiguous()
-    top_k = ids.numel()
+    num_pairs, top_k = ids.numel(), topk_ids.shape[1]
     inter, hidden = w13.shape[1] // 2, x.shape[1]
-    pairs = PairRows(ids, ids, ids, pair_weights, top_k, top_k)  # sorted_pairs, num_padded: unread
-    h = torch.empty(top_k, inter, dtype=x.dtype, device=x.device)
+    pairs = PairRows(ids, ids, ids, pair_weights, num_pairs, top_k)  # sorted_pairs, num_padded: unread
+    h = torch.empty(num_pairs, inter, dtype=x.dtype, device=x.device)
     _launch(
         x, w13, mxfp4.w13, h, pairs, inter, hidden, cfg, gated=True, weighted=False,
         bias=None if biases is None else biases.w13, activation=activation,
     )  # fmt: skip
-    y = torch.empty(top_k, w2.shape[1], dtype=x.dtype, device=x.device)
+    y = torch.empty(num_pairs, w2.shape[1], dtype=x.dtype, device=x.device)
     _launch(
         h, w2, mxfp4.w2, y, pairs._replace(top_k=1), w2.shape[1], inter, cfg, gated=False, weighted=True,
         bias=None if biases is None else biases.w2, activation=SILU,

@@ -1,4 +1,5 @@
-"""Compile the MXFP4 expert GEMM for sm90 without a GPU and print registers, spills and shared memory.
+"""Compile the MXFP4 expert GEMM for sm90 without a GPU and print registers, spills and shared memory, and
+the instructions its k loop issues per weight value at one token's tile beside the GEMV's (mxfp4_gemv.py).
 
   python -m benchmarks run compile_moe_mxfp4_sm90
 
@@ -12,8 +13,9 @@ from __future__ import annotations
 import re
 
 from atom_kernels.moe.expert_gemm import Activations, Epilogue, ExpertWeights, PairRows, _expert_gemm_kernel
+from atom_kernels.moe.mxfp4_gemv import _mxfp4_gemv_kernel, gemv_config
 from benchmarks.harness.offline_compile import build as offline_build
-from benchmarks.harness.offline_compile import cuobjdump
+from benchmarks.harness.offline_compile import cuobjdump, sass_lines
 
 DOT = True  # the scaled-dot path bf16 activations take
 K = 2880  # GPT-OSS's hidden and intermediate sizes: k-steps of 128 end in a masked partial step
@@ -50,8 +52,49 @@ def build(tile, gated: bool):
     return offline_build(_expert_gemm_kernel, types, const, num_warps=warps, num_stages=stages)
 
 
+def build_gemv(gated: bool):
+    """The GEMV at gemv_config's shape, strides as gpt-oss's experts give them (in int32 words, 360 a row:
+    not a multiple of 16, so Triton does not specialize them)."""
+    cfg = gemv_config()
+    const = dict(GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
+    const |= dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PTX=True)
+    types = dict(
+        act=Activations("*bf16", "*bf16", "i32", "i32"),
+        wts=ExpertWeights("*i32", "*u8", "i64", "i32", "i64", "i32"),
+        pairs=PairRows("*i32", "*i32", "*i32", "*fp32", "i32", "i32"),
+        epi=Epilogue("*bf16", "i32", "fp32", "fp32"),
+        out_ptr="*bf16",
+        stride_om="i32",
+        N="i32",
+        K="i32",
+    )
+    divisible = ("act.stride_am", "wts.stride_se", "wts.stride_sn", "stride_om", "N", "K")
+    return offline_build(_mxfp4_gemv_kernel, types, const, divisible=divisible, num_warps=cfg.num_warps)
+
+
+def loop_instructions_per_value(kernel, values_per_step: int, threads: int) -> float:
+    """SASS instructions between the k loop's head and its backward branch, per weight value a thread
+    converts in one k-step."""
+    lines = sass_lines(kernel)
+    for line in lines:
+        branch = re.search(r"BRA (0x[0-9a-f]+)", line)
+        here = int(re.search(r"/\*([0-9a-f]+)\*/", line).group(1), 16)
+        if branch and int(branch.group(1), 16) < here:  # the backward branch closes the k loop
+            head = int(branch.group(1), 16)
+            return sum(
+                head <= int(re.search(r"/\*([0-9a-f]+)\*/", x).group(1), 16) <= here for x in lines
+            ) / (values_per_step / threads)
+    raise ValueError("no backward branch in the SASS")
+
+
 def main() -> dict:
     rows = []
+    cfg, (_, bn, bk, warps, _) = gemv_config(), TILES[0]
+    per_value = dict(
+        scaled_dot=loop_instructions_per_value(build(TILES[0], True), 2 * bn * bk, 32 * warps),
+        gemv=loop_instructions_per_value(build_gemv(True), 2 * cfg.block_n * cfg.block_k, 32 * cfg.num_warps),
+    )
+    print(f"gate/up k loop, SASS instructions a weight value: {per_value}")
     print(f"{'variant':<40}{'regs':>5}{'stack':>6}{'smem KB':>8}{'wgmma':>6}{'mma':>5}{'LDL':>5}")
     for tile in TILES:
         for gated in (True, False):
@@ -65,7 +108,7 @@ def main() -> dict:
                 f"{label:<40}{regs:>5}{stack:>6}{kernel.metadata.shared / 1024:8.0f}{wgmma:>6}{mma:>5}{ldl:>5}"
             )
             rows.append(dict(variant=label, regs=int(regs), stack=int(stack), wgmma=wgmma, mma=mma, ldl=ldl))
-    return {"arch": "sm_90", "rows": rows}
+    return {"arch": "sm_90", "rows": rows, "gate_up_loop_instructions_per_value": per_value}
 
 
 if __name__ == "__main__":

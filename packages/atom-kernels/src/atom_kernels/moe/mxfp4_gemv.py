@@ -128,9 +128,11 @@ def _mxfp4_gemv_kernel(
     rows = tl.where(col_ok, cols, 0).to(tl.int64)  # masked columns read row 0: no load is masked by column
     g = tl.arange(0, G)
     q = tl.arange(0, 4)  # a group's four words
-    # wts.w is the bytes viewed as int32 words [E, N, K / 8] (strides in words)
-    w_ptrs = wts.w + expert * wts.stride_we + rows[:, None, None] * wts.stride_wn + (g * 4)[None, :, None]
-    w_ptrs += q[None, None, :]
+    # wts.w is the bytes viewed as int32 words [E, N, K / 8] (strides in words). K is whole groups of 32,
+    # so every row starts on a 16-byte boundary: said here, as Triton learns it only of strides that are
+    # multiples of 16 elements (gpt-oss's 360 words is not), for the 16-byte loads
+    row_start = tl.multiple_of(expert * wts.stride_we + rows * wts.stride_wn, 4)
+    w_ptrs = wts.w + row_start[:, None, None] + (g * 4)[None, :, None] + q[None, None, :]
     s_ptrs = wts.scale + expert * wts.stride_se + rows[:, None] * wts.stride_sn + g[None, :]
     x_ptrs = act.a + a_row.to(tl.int64) * act.stride_am + (g * 32)[:, None] + 8 * q[None, :]  # [G, 4]
     # per group until the loop ends: a sum over the groups each k-step would cross threads every step

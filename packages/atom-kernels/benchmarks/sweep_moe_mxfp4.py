@@ -1,7 +1,7 @@
 """Tiles of the MXFP4 expert GEMMs (Triton's scaled dot on bf16 activations) and one token's GEMVs
 (mxfp4_gemv.py), timed as a step runs them (picks fused.mxfp4_tile_config's rows and gemv_config).
 
-  python -m benchmarks run sweep_moe_mxfp4 [-- --tokens 1 8 64 512]
+  python -m benchmarks run sweep_moe_mxfp4 [-- --tokens 1 8 64 512] [--gemv-only]
 
 gpt-oss-120b's experts (128, top-4, hidden = intermediate = 2880) with its biases and clamped SwiGLU:
 fused_experts over MXFP4 bytes for T tokens, captured for a CUDA graph over 16 routings drawn anew per
@@ -56,6 +56,7 @@ def _timed(calls, first_out, want) -> float:
 def main() -> dict:
     parser = argparse.ArgumentParser()
     parser.add_argument("--tokens", type=int, nargs="+", default=[1, 8, 64, 512])
+    parser.add_argument("--gemv-only", action="store_true", help="the GEMVs' configs, not the tiles'")
     args = parser.parse_args()
     copy_bw, _ = measure_ceilings()
     torch.manual_seed(0)
@@ -115,7 +116,7 @@ def main() -> dict:
                     results[f"gemv {gemv}"] = _timed(gemv_calls(), out, want)
                 except Exception as exc:  # registers or shared memory this GPU lacks: named, skipped
                     print(f"  {gemv}: {type(exc).__name__}: {str(exc)[:120]}")
-        for cfg in _tiles(tokens):
+        for cfg in [] if args.gemv_only else _tiles(tokens):
             try:
                 results[str(cfg)] = _timed(calls(q13, q2, mxfp4=mx, config=cfg, down_config=cfg), out, want)
             except Exception as exc:  # a shape this GPU cannot run (shared memory, registers): named, skipped

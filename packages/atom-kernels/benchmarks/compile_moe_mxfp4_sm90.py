@@ -31,6 +31,21 @@ TILES = [  # block_m, block_n, block_k, num_warps, num_stages: what fused_expert
 ]
 
 
+def _types(weights: str) -> dict:
+    """Both kernels' runtime arguments: bf16 activations, MXFP4 weights as `weights` ("*u8" bytes, or the
+    GEMV's "*i32" words), uint8 scales."""
+    return dict(
+        act=Activations("*bf16", "*bf16", "i32", "i32"),
+        wts=ExpertWeights(weights, "*u8", "i64", "i32", "i64", "i32"),
+        pairs=PairRows("*i32", "*i32", "*i32", "*fp32", "i32", "i32"),
+        epi=Epilogue("*bf16", "i32", "fp32", "fp32"),
+        out_ptr="*bf16",
+        stride_om="i32",
+        N="i32",
+        K="i32",
+    )
+
+
 def build(tile, gated: bool):
     block_m, block_n, block_k, warps, stages = tile
     const = dict(SCALE_N=1, SCALE_K=32, GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
@@ -39,17 +54,7 @@ def build(tile, gated: bool):
         MXFP4_W=True, PAIR_TILES=False, PDL=False, A_BY_TOKEN=gated, EVEN_K=K % block_k == 0, W_K=block_k // 2
     )
     const |= dict(PRECISION="tf32", MXFP4_DOT=DOT, A_FORMAT="bf16")
-    types = dict(
-        act=Activations("*bf16", "*bf16", "i32", "i32"),
-        wts=ExpertWeights("*u8", "*u8", "i64", "i32", "i64", "i32"),
-        pairs=PairRows("*i32", "*i32", "*i32", "*fp32", "i32", "i32"),
-        epi=Epilogue("*bf16", "i32", "fp32", "fp32"),
-        out_ptr="*bf16",
-        stride_om="i32",
-        N="i32",
-        K="i32",
-    )
-    return offline_build(_expert_gemm_kernel, types, const, num_warps=warps, num_stages=stages)
+    return offline_build(_expert_gemm_kernel, _types("*u8"), const, num_warps=warps, num_stages=stages)
 
 
 def build_gemv(gated: bool):
@@ -58,18 +63,10 @@ def build_gemv(gated: bool):
     cfg = gemv_config()
     const = dict(GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
     const |= dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PTX=True)
-    types = dict(
-        act=Activations("*bf16", "*bf16", "i32", "i32"),
-        wts=ExpertWeights("*i32", "*u8", "i64", "i32", "i64", "i32"),
-        pairs=PairRows("*i32", "*i32", "*i32", "*fp32", "i32", "i32"),
-        epi=Epilogue("*bf16", "i32", "fp32", "fp32"),
-        out_ptr="*bf16",
-        stride_om="i32",
-        N="i32",
-        K="i32",
-    )
     divisible = ("act.stride_am", "wts.stride_se", "wts.stride_sn", "stride_om", "N", "K")
-    return offline_build(_mxfp4_gemv_kernel, types, const, divisible=divisible, num_warps=cfg.num_warps)
+    return offline_build(
+        _mxfp4_gemv_kernel, _types("*i32"), const, divisible=divisible, num_warps=cfg.num_warps
+    )
 
 
 def loop_instructions_per_value(kernel, values_per_step: int, threads: int) -> float:

@@ -163,6 +163,16 @@ def _mxfp4_dot(acc, a, w_ptrs, mx_ptrs, bytes_ok, groups_ok, A_FORMAT: tl.conste
 
 
 @triton.jit
+def gated_activation(gate, up, epi, ACT: tl.constexpr):
+    """The gate/up GEMM's epilogue on its fp32 sums: ACT 0 silu(gate) * up; ACT 1 swiglu_oai,
+    (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g) with g = min(gate, l) (epi: Epilogue's alpha, limit)."""
+    if ACT == 1:
+        g = tl.minimum(gate, epi.limit)
+        return g / (1.0 + tl.exp(-epi.alpha * g)) * (tl.minimum(tl.maximum(up, -epi.limit), epi.limit) + 1.0)
+    return gate / (1.0 + tl.exp(-gate)) * up
+
+
+@triton.jit
 def _w8a8_step(a, w_ptrs, ws_ptrs, a_s, mask, col_ok):
     """One k-step of the W8A8 product: e4m3 a [BM, BK] @ e4m3 w [BK, BN], scaled in fp32 by the rows'
     activation scales a_s [BM] and the columns' weight scales."""
@@ -380,12 +390,7 @@ def _expert_gemm_kernel(
         if GATED:
             acc_up += tl.load(b_ptrs + N, mask=col_ok, other=0.0).to(tl.float32)[None, :]
     if GATED:
-        if ACT == 1:  # swiglu_oai: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)
-            gate = tl.minimum(acc, epi.limit)
-            up = tl.minimum(tl.maximum(acc_up, -epi.limit), epi.limit)
-            acc = gate / (1.0 + tl.exp(-epi.alpha * gate)) * (up + 1.0)
-        else:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        acc = gated_activation(acc, acc_up, epi, ACT)
     if WEIGHTED:
         acc = acc * tl.load(pairs.pair_weight + pair, mask=valid, other=0.0)[:, None]
     out_row = rows.to(tl.int64) if GATED else pair.to(tl.int64)

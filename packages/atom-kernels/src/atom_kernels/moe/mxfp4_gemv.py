@@ -24,7 +24,14 @@ import torch
 import triton
 import triton.language as tl
 
-from atom_kernels.moe.expert_gemm import Activations, Epilogue, ExpertWeights, PairRows, _e2m1_times_scale
+from atom_kernels.moe.expert_gemm import (
+    Activations,
+    Epilogue,
+    ExpertWeights,
+    PairRows,
+    _e2m1_times_scale,
+    gated_activation,
+)
 from atom_kernels.moe.expert_mlp import SILU, ExpertActivation, ExpertBiases
 from atom_kernels.moe.mxfp4 import ExpertMxfp4
 from atom_kernels.settings import SETTINGS
@@ -168,12 +175,7 @@ def _mxfp4_gemv_kernel(
     elif GATED:
         acc_up = tl.sum(acc_up, axis=1)
     if GATED:
-        if ACT == 1:  # swiglu_oai: (clamp(up, -l, l) + 1) * g * sigmoid(alpha * g), g = min(gate, l)
-            gate = tl.minimum(acc, epi.limit)
-            up = tl.minimum(tl.maximum(acc_up, -epi.limit), epi.limit)
-            acc = gate / (1.0 + tl.exp(-epi.alpha * gate)) * (up + 1.0)
-        else:
-            acc = acc / (1.0 + tl.exp(-acc)) * acc_up
+        acc = gated_activation(acc, acc_up, epi, ACT)
     if WEIGHTED:
         acc = acc * tl.load(pairs.pair_weight + pair)
     out_ptrs = out_ptr + pair.to(tl.int64) * stride_om + cols

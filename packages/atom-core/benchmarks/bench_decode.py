@@ -150,6 +150,9 @@ def main(models: tuple[str, ...] | None = None) -> dict:
         f"{'model':<24} {'B':>3} {'tok/s':>9} {'step ms':>8} {'floor ms':>9} {'step/floor':>10} {'% roofline':>10}"
     )
     for r in record["rows"]:
+        if "not_measured" in r:  # voided or not fitting: the reason instead of figures
+            print(f"{r['model']:<24} {r['batch']:>3} not measured: {r['not_measured']}")
+            continue
         pct = f"{r['pct_active_roofline']:.0f}%" if r["batch"] == 1 else ""
         print(
             f"{r['model']:<24} {r['batch']:>3} {r['tok_s']:>9.1f} {r['step_ms']:>8.3f} {r['floor_ms']:>9.3f} "

@@ -195,7 +195,7 @@ def gemv_config(*, interpret: bool = False) -> GemvConfig:
     """benchmarks/sweep_moe_mxfp4.py's choice at gpt-oss's experts; small steps under the interpreter."""
     if interpret:
         return GemvConfig(16, 64, 1)
-    return GemvConfig(32, 256, 4)
+    return GemvConfig(16, 256, 4)
 
 
 def _launch(a, w, scale, out, pairs: PairRows, n, k, cfg: GemvConfig, *, gated, weighted, bias, activation):

@@ -207,7 +207,8 @@ def fused_experts(
     activation: how gate and up combine (expert_mlp.ExpertActivation; GPT-OSS's swiglu_oai);
     biases: added after each expert matmul (expert_mlp.ExpertBiases: w13 [E, 2I], w2 [E, H]).
     mxfp4: w13 [E, 2I, H / 2] and w2 [E, H, I / 2] are MXFP4 bytes with these e8m0 scales (mxfp4.py); the
-    kernels dequantize each tile as they load it (weight-only), the torch backend dequantizes first.
+    kernels dequantize each tile as they load it (weight-only; one token, or few pairs for the experts,
+    as GEMVs: mxfp4_gemv.py), the torch backend dequantizes first.
 
     x: [T, H] bf16/fp16/fp32; w13: [E, 2I, H] (gate rows, then up rows); w2: [E, H, I];
     topk_weights: [T, k] (any float dtype); topk_ids: [T, k] int in [0, E). out: [T, H] like x.

@@ -167,6 +167,11 @@ BENCHES: dict[str, Bench] = {
     "grammar_backends": Bench(
         "bench_grammar_backends", "xgrammar against llguidance: schema compile and mask fill (CPU).", gpus=0
     ),
+    "routing_spread": Bench(
+        "routing_spread",
+        "Distinct tokens and experts a decode step of a dummy-weight GPT-OSS, biases kept or zeroed (CPU).",
+        gpus=0,
+    ),
     "count_launches": Bench(
         "count_launches",
         "What a hybrid prefill and decode step launch on a GPU (torch ops + Triton kernels), counted on the CPU.",

@@ -109,19 +109,23 @@ def test_the_scaled_dot_masks_a_last_partial_k_step(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_one_token_gemv_decodes_every_byte_exactly(dtype):
     """The one-token GEMV (mxfp4_gemv.py; inline PTX on the GPU, Triton's integer ops under the
-    interpreter): row r's bytes all hold r, so a one-hot x picks out the low (even k) or the high (odd k)
-    nibble of every byte value under scales from 2**-20 to 2**13; the sums are exact in every dtype."""
+    interpreter): byte b of row r holds (r + 17 b) % 256, so a one-hot x picks out the low (even k) or the
+    high (odd k) nibble of every byte value over the rows, a different one at each position of a word,
+    under scales from 2**-20 to 2**13; the sums are exact in every dtype."""
     from atom_kernels.moe.expert_gemm import PairRows
     from atom_kernels.moe.mxfp4_gemv import _launch, gemv_config
 
     rows, k = 256, 96  # 96: a masked last k-step at the interpreter's 64 and the GPU's 256
-    w = torch.arange(rows, device=DEVICE).to(torch.uint8)[None, :, None].expand(1, rows, k // 2).contiguous()
+    byte = torch.arange(rows, device=DEVICE)[:, None] + 17 * torch.arange(k // 2, device=DEVICE)[None, :]
+    w = (byte % 256).to(torch.uint8)[None]
     scale = (107 + (torch.arange(rows * 3, device=DEVICE) % 34)).to(torch.uint8).reshape(1, rows, 3)
     want = dequantize_mxfp4(w[0], scale[0], torch.float32)  # [rows, k]
     ids = torch.zeros(1, dtype=torch.int32, device=DEVICE)
     pairs = PairRows(ids, ids, ids, ids, 1, 1)
     cfg = gemv_config(interpret=DEVICE == "cpu")
-    for col in (0, 1, 64, 95):  # low and high nibbles, in the first and in the masked last k-step
+    # every code position of a word (the PTX pairs codes j and j + 4 with shifts of their own), in the
+    # first k-step and in the masked last one
+    for col in (*range(8), 64, 95):
         x = torch.zeros(1, k, device=DEVICE, dtype=dtype)
         x[0, col] = 1
         out = torch.empty(1, rows, device=DEVICE, dtype=torch.float32)
@@ -129,6 +133,15 @@ def test_one_token_gemv_decodes_every_byte_exactly(dtype):
             x, w, scale, out, pairs, rows, k, cfg, gated=False, weighted=False, bias=None, activation=SILU
         )
         torch.testing.assert_close(out[0], want[:, col], rtol=0, atol=0)
+
+
+def test_the_shapes_above_reach_both_mxfp4_paths():
+    """The reference test's shapes cover the GEMVs (one token; 3 tokens on 32 experts) and the tile GEMMs
+    (7 tokens on 8 experts, 40 on 6): a change of gemv_takes must not leave either path untested."""
+    from atom_kernels.moe.mxfp4_gemv import gemv_takes
+
+    assert gemv_takes(1, 2, 4) and gemv_takes(3, 2, 32)
+    assert not gemv_takes(7, 2, 8) and not gemv_takes(40, 3, 6)
 
 
 def test_the_k_step_divides_k_in_whole_groups():

@@ -4,7 +4,8 @@ step's speed would follow whichever tokens it produced.
 Dummy biases do the same from elsewhere: every token gets the same bias vectors (attention projections',
 experts', routers'), and over the layers their sum outweighs what tells tokens apart, so greedy decoding
 falls onto a few tokens and every row routes alike (routing_spread.py counts it on the CPU for a tiny
-GPT-OSS). Zeroed biases are still read and added: the step's work is unchanged."""
+GPT-OSS). Zeroed biases are still read and added: the step's work is unchanged. Every parameter named
+*bias goes, a GDN layer's dt_bias too (its gating's kernels run the same on any value)."""
 
 from __future__ import annotations
 

@@ -1,16 +1,17 @@
 """Few tokens' MXFP4 expert GEMMs as GEMVs: each program streams a slab of one expert's bytes once.
 
-A single token gives each of its k experts one row (and a few tokens mostly one each), so the product is
-a matrix-vector one and its cost is
-the conversion of every e2m1 value on the way from the bytes to the multiply. At one token's tile the
-scaled-dot kernel (expert_gemm.py) issues about 17 instructions a value in its k loop (upcast, scale,
-layout changes for an MMA whose rows are mostly padding); this loop about 5 (sm90 SASS, compiled offline):
-per pair of values two shifts, a mask and a merge place the nibbles' magnitude bits on fp16's mantissa top
-bit and two low exponent bits and their signs on the sign bits (so each fp16 holds e2m1 * 2**-14 exactly,
-code 1 as fp16's subnormal 2**-15), then per value one exact conversion to fp32 and one FMA. The e8m0 scale
-multiplies each 32-value group's partial sum once, together with the 2**14. On the GPU the bit operations
-are inline PTX, one int32 word (eight values) at a time; Triton's CPU interpreter runs an equivalent built
-from Triton's own integer ops.
+A single token gives each of its k experts one row (and a few tokens mostly one each), so the product is a
+matrix-vector one, and its cost is the conversion of every e2m1 value on the way from the bytes to the
+multiply. At one token's tile the scaled-dot kernel (expert_gemm.py) issues about 17 instructions a value
+in its k loop (upcast, scale, layout changes for an MMA whose rows are mostly padding); this loop about 6
+(sm90 SASS, compiled offline: benchmarks/compile_moe_mxfp4_sm90.py). Per pair of values two shifts, a
+mask and a merge place the nibbles' magnitude bits on fp16's mantissa top bit and two low exponent bits
+and their signs on the sign bits (so each fp16 holds e2m1 * 2**-14 exactly, code 1 as fp16's subnormal
+2**-15), then per value one exact conversion to fp32 and one FMA. The e8m0 scale multiplies each 32-value
+group's partial sum once, together with the 2**14 (built from fp32's exponent bits: exact for scale bytes
+up to 240, i.e. scales up to 2**113; real checkpoints hold about 2**-20 .. 2**0). On the GPU the bit
+operations are inline PTX, one int32 word (eight values) at a time; Triton's CPU interpreter runs an
+equivalent built from Triton's own integer ops.
 
 Layout as the scaled-dot kernel's (expert_gemm.py): bytes [E, N, K / 2] (low nibble first along K) and
 scales [E, N, K / 32]; rows are (token, expert) pairs in topk_ids' order, one a program row: no ordering.
@@ -201,6 +202,12 @@ def gemv_config(*, interpret: bool = False) -> GemvConfig:
 def _launch(a, w, scale, out, pairs: PairRows, n, k, cfg: GemvConfig, *, gated, weighted, bias, activation):
     """w: MXFP4 bytes [E, N, K / 2] (rows contiguous), read as int32 words."""
     words = w.view(torch.int32)  # K is whole groups of 32: a row is whole words
+    # the kernel tells Triton every row starts on 16 bytes (tl.multiple_of): hold it to that
+    if words.data_ptr() % 16 or words.stride(0) % 4 or words.stride(1) % 4:
+        raise ValueError(
+            f"MXFP4 GEMV weights must start on 16 bytes with rows of whole 16-byte groups; got address "
+            f"{words.data_ptr()} % 16 = {words.data_ptr() % 16}, strides {tuple(w.stride())} bytes"
+        )
     weights = ExpertWeights(words, scale, words.stride(0), words.stride(1), scale.stride(0), scale.stride(1))
     epi = Epilogue(
         bias if bias is not None else a,  # never read without HAS_BIAS

@@ -12,6 +12,7 @@ import contextlib
 import gc
 import json
 import socket
+import statistics
 import subprocess
 import sys
 import time
@@ -58,9 +59,21 @@ def server(start_server):
     return server
 
 
-def _complete(server, timeout: float = 30) -> httpx.Response:
+def _complete(server, timeout: float = 30, phases: list | None = None) -> httpx.Response:
+    """One short completion on a new connection; `phases` gets httpx's trace events (connect, send,
+    response headers...) as (event, seconds since the start), to say where a slow one spent its time."""
     body = {"model": "atom-demo", "prompt": "a good request", "max_tokens": 2, "temperature": 0}
-    return httpx.post(f"{server.base}/v1/completions", json=body, timeout=timeout)
+    start = time.monotonic()
+
+    def trace(event: str, info: dict) -> None:
+        if phases is not None and event.endswith((".complete", ".failed")):
+            phases.append((event.removeprefix("http11."), round(time.monotonic() - start, 3)))
+
+    with httpx.Client(timeout=timeout) as client:
+        request = client.build_request(
+            "POST", f"{server.base}/v1/completions", json=body, extensions={"trace": trace}
+        )
+        return client.send(request)
 
 
 def _assert_413(status: int, payload: bytes) -> None:
@@ -108,22 +121,25 @@ def _no_full_gc():
         gc.unfreeze()
 
 
-def _good_requests(server, seconds: float) -> tuple[list[float], list[str]]:
-    """Completions one after another for `seconds`: each one's latency, and the failures."""
-    latencies, failures = [], []
+def _good_requests(server, seconds: float) -> tuple[list[float], list[str], list]:
+    """Completions one after another for `seconds`: each one's latency, the failures, and the slowest
+    one's phases."""
+    latencies, failures, slowest = [], [], []
     deadline = time.monotonic() + seconds
     for _ in range(500):
         if time.monotonic() > deadline:
             break
-        start = time.monotonic()
+        start, phases = time.monotonic(), []
         try:
-            r = _complete(server, timeout=10)
+            r = _complete(server, timeout=10, phases=phases)
             if r.status_code != 200:
                 failures.append(f"{r.status_code}: {r.text[:200]}")
         except httpx.HTTPError as err:
             failures.append(repr(err))
         latencies.append(time.monotonic() - start)
-    return latencies, failures
+        if latencies[-1] == max(latencies):
+            slowest = phases
+    return latencies, failures, slowest
 
 
 def test_silent_sockets_at_the_cap_do_not_lock_out_good_requests(server):
@@ -142,17 +158,23 @@ def test_silent_sockets_at_the_cap_do_not_lock_out_good_requests(server):
         assert busy.status_code == 200
         with SilentFlood(server.port, 2 * CAP, seconds=5, per_second=FLOOD_RATE) as flood, _no_full_gc():
             time.sleep(0.5)  # the flood fills the cap
-            latencies, failures = _good_requests(server, seconds=3.5)
+            latencies, failures, slowest = _good_requests(server, seconds=3.5)
             streamed = "".join(busy.iter_text())
         reopened = flood.reopened
     figures = (
-        f"{len(latencies) - len(failures)}/{len(latencies)} served, slowest {max(latencies):.2f} s, "
-        f"{reopened} silent sockets reopened"
+        f"{len(latencies) - len(failures)}/{len(latencies)} served, median {statistics.median(latencies):.2f} s, "
+        f"slowest {max(latencies):.2f} s (its phases: {slowest}), {reopened} silent sockets reopened"
     )
     print(figures)  # shown with -s: the attack's figures
     assert reopened >= CAP, f"the flood did not hold the cap: {figures}"
     assert not failures, f"{figures}; first failures: {failures[:3]}"
-    assert len(latencies) >= 5 and max(latencies) < 3, figures
+    # Locked out, a good request is refused (a failure above) or waits on the silent sockets' timers:
+    # most would wait for a keep-alive timeout, or one for a request timeout. A single request's latency
+    # is not bounded tighter: beside CI's background suites, one once took 4 s while 69 took 40 ms
+    # (the figures now say in which phase a slow one spent its time).
+    assert len(latencies) >= 5, figures
+    assert statistics.median(latencies) < KEEP_ALIVE / 2, figures
+    assert max(latencies) < REQUEST_TIMEOUT, figures
     assert streamed.rstrip().endswith("data: [DONE]"), streamed[-300:]
 
 

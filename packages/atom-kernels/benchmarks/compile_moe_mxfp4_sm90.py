@@ -58,12 +58,12 @@ def build(tile, gated: bool):
 
 
 def build_gemv(gated: bool):
-    """The GEMV at gemv_config's shape, strides as gpt-oss's experts give them (in int32 words, 360 a row:
-    not a multiple of 16, so Triton does not specialize them)."""
+    """The GEMV at gemv_config's shape, specialized as Triton specializes it for gpt-oss's experts (K = N =
+    2880): what is a multiple of 16 is marked so; a row's 360 int32 words and its 90 scales are not."""
     cfg = gemv_config()
     const = dict(GATED=gated, WEIGHTED=not gated, HAS_BIAS=True, ACT=1 if gated else 0)
     const |= dict(BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k, PTX=True)
-    divisible = ("act.stride_am", "wts.stride_se", "wts.stride_sn", "stride_om", "N", "K")
+    divisible = ("act.stride_am", "wts.stride_we", "wts.stride_se", "stride_om", "N", "K")
     return offline_build(
         _mxfp4_gemv_kernel, _types("*i32"), const, divisible=divisible, num_warps=cfg.num_warps
     )

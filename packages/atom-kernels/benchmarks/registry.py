@@ -182,7 +182,8 @@ BENCHES: dict[str, Bench] = {
     "sweep_kv_write": Bench("sweep_kv_write", "Tiles of the KV writes."),
     "sweep_moe_decode": Bench("sweep_moe_decode", "Expert-GEMM tiles for decode's few tokens (tile_config)."),
     "sweep_moe_mxfp4": Bench(
-        "sweep_moe_mxfp4", "MXFP4 expert-GEMM tiles at gpt-oss-120b's shape (mxfp4_tile_config)."
+        "sweep_moe_mxfp4",
+        "MXFP4 expert GEMVs (gemv_config) and tiles (mxfp4_tile_config) at gpt-oss-120b's shape.",
     ),
     "sweep_persistent": Bench("sweep_persistent", "Programs per SM of the persistent decode partition."),
     "sweep_rotary": Bench("sweep_rotary", "Tokens and warps per program of the rotary kernels."),

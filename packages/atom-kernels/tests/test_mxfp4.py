@@ -55,13 +55,21 @@ def _mxfp4_experts(experts, hidden, inter, dtype):
     return q13, q2, mx, d13, d2
 
 
+# (tokens, experts, k, hidden, inter). 96: k-steps of 32 dividing it. The GEMVs (mxfp4_gemv.py): one
+# token, 3 tokens on 32 experts (several k-steps and a partial last one at the interpreter's 64), and on
+# the GPU 2 tokens on 16 at K = 544 and 288 (the same at the GPU's 256; minutes under the interpreter).
+# The tile GEMMs: 7 tokens on 8 experts, 40 on 6.
+GEMV_SHAPES = [
+    (1, 4, 2, 64, 32),
+    (3, 32, 2, 96, 64),
+    pytest.param(2, 16, 2, 544, 288, marks=pytest.mark.gpu(reason="the GPU's 256-value k-steps")),
+]
+TILE_SHAPES = [(7, 8, 2, 96, 64), (40, 6, 3, 64, 96)]
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("oai", [False, True], ids=["silu", "swiglu_oai+biases"])
-@pytest.mark.parametrize(
-    ("tokens", "experts", "k", "hidden", "inter"),
-    # 96: k-steps of 32 dividing it; 1 token, and 3 tokens on 32 experts: the GEMVs (mxfp4_gemv.py)
-    [(1, 4, 2, 64, 32), (3, 32, 2, 96, 64), (7, 8, 2, 96, 64), (40, 6, 3, 64, 96)],
-)
+@pytest.mark.parametrize(("tokens", "experts", "k", "hidden", "inter"), GEMV_SHAPES + TILE_SHAPES)
 def test_triton_mxfp4_experts_match_the_reference_on_dequantized_weights(
     tokens, experts, k, hidden, inter, oai, dtype
 ):
@@ -136,12 +144,50 @@ def test_one_token_gemv_decodes_every_byte_exactly(dtype):
 
 
 def test_the_shapes_above_reach_both_mxfp4_paths():
-    """The reference test's shapes cover the GEMVs (one token; 3 tokens on 32 experts) and the tile GEMMs
-    (7 tokens on 8 experts, 40 on 6): a change of gemv_takes must not leave either path untested."""
+    """The reference test's shapes cover the GEMVs and the tile GEMMs as their lists say: a change of
+    gemv_takes must not leave either path untested."""
     from atom_kernels.moe.mxfp4_gemv import gemv_takes
 
-    assert gemv_takes(1, 2, 4) and gemv_takes(3, 2, 32)
-    assert not gemv_takes(7, 2, 8) and not gemv_takes(40, 3, 6)
+    def shape(case):
+        return case.values if hasattr(case, "values") else case
+
+    assert all(gemv_takes(*(shape(c)[i] for i in (0, 2, 1))) for c in GEMV_SHAPES)
+    assert not any(gemv_takes(*(shape(c)[i] for i in (0, 2, 1))) for c in TILE_SHAPES)
+
+
+def test_a_tile_asked_for_one_token_runs_the_pair_tiles():
+    """A config (benchmark sweeps) sends one token to the tile kernels, one tile a pair, not the GEMVs."""
+    from atom_kernels.moe.expert_gemm import TileConfig
+
+    q13, q2, mx, d13, d2 = _mxfp4_experts(4, 64, 32, torch.float32)
+    x = torch.randn(1, 64, device=DEVICE)
+    ids = torch.tensor([[3, 1]], dtype=torch.int32, device=DEVICE)
+    weights = torch.softmax(torch.randn(1, 2, device=DEVICE), dim=-1)
+    tile = TileConfig(16, 32, 32, group_m=1, num_warps=4 if DEVICE == "cuda" else 1, num_stages=2)
+    for given in (dict(config=tile), dict(down_config=tile)):
+        got = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="triton", **given)
+        torch.testing.assert_close(
+            got, fused_experts_ref(x, d13, d2, weights, ids), rtol=TOL[torch.float32], atol=TOL[torch.float32]
+        )
+
+
+def test_the_gemv_refuses_weights_off_its_alignment():
+    """The kernel promises Triton 16-byte rows (tl.multiple_of): a view that breaks it is named."""
+    from atom_kernels.moe.expert_gemm import PairRows
+    from atom_kernels.moe.mxfp4_gemv import GemvConfig, _launch
+
+    rows, k = 16, 64
+    shifted = torch.zeros(rows * k // 2 + 4, dtype=torch.uint8, device=DEVICE)[4:].view(1, rows, k // 2)
+    scale = torch.full((1, rows, k // 32), 127, dtype=torch.uint8, device=DEVICE)
+    ids = torch.zeros(1, dtype=torch.int32, device=DEVICE)
+    out = torch.empty(1, rows, device=DEVICE)
+    with pytest.raises(ValueError, match="must start on 16 bytes"):
+        _launch(
+            torch.ones(1, k, device=DEVICE), shifted, scale, out, PairRows(ids, ids, ids, ids, 1, 1), rows, k,
+            GemvConfig(16, 64, 1), gated=False, weighted=False, bias=None, activation=SILU,
+        )  # fmt: skip
+    with pytest.raises(ValueError, match="power of two >= 32"):
+        GemvConfig(16, 48, 4)
 
 
 def test_the_k_step_divides_k_in_whole_groups():
@@ -165,7 +211,7 @@ def test_bad_mxfp4_inputs_are_named():
 
 @pytest.mark.gpu(reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("backend", ["triton", "torch"])
-@pytest.mark.parametrize("tokens", [1, 16])  # one token: pair tiles; 16: the ordering kernel
+@pytest.mark.parametrize("tokens", [1, 16])  # one token: the GEMVs; 16: the ordering kernel and tiles
 def test_mxfp4_experts_captured_in_a_cuda_graph_with_new_routing_each_replay(tokens, backend):
     """GPT-OSS's decode graphs: MXFP4 experts with biases and the clamped SwiGLU captured once, then
     replayed over new inputs and routing (the torch backend dequantizes inside the capture)."""

@@ -71,7 +71,7 @@ def dummy_llm(config: PretrainedConfig, **engine) -> Iterator[LLM]:
     with tempfile.TemporaryDirectory() as path:
         config.save_pretrained(path)
         llm = LLM(path, load_format="dummy", dtype="bfloat16", **engine)
-        redraw_llm_routers(llm, config.hidden_size)  # no-op for dense models
+        redraw_llm_routers(llm, config.hidden_size)  # dense models: only their biases zeroed
         try:
             yield llm
         finally:

@@ -30,7 +30,8 @@ def redraw_routers(named_parameters, hidden: int, *, zero_biases: bool = True) -
 
 
 def redraw_llm_routers(llm: LLM, hidden: int, *, zero_biases: bool = True) -> None:
-    """redraw_routers for an LLM's model and its draft, if it has one (a no-op for dense models)."""
+    """redraw_routers for an LLM's model and its draft, if it has one (for a dense model: its biases
+    zeroed, the work unchanged)."""
     runner = llm.engine.runner
     for model in (runner.model, runner.draft):
         if model is not None:

@@ -33,6 +33,7 @@ from atom_kernels.gdn import (
 )
 from atom_kernels.mla import mla_attention, write_latent
 from atom_kernels.moe import SILU, ExpertActivation, ExpertBiases, ExpertMxfp4, ExpertScales, SharedExpert
+from atom_kernels.moe.mxfp4 import E8M0_MAX_BYTE as MXFP4_MAX_SCALE_BYTE
 from atom_kernels.moe.mxfp4 import GROUP as MXFP4_GROUP
 from atom_kernels.moe.mxfp4 import dequantize_mxfp4, quantize_mxfp4
 from atom_kernels.opaque import (
@@ -50,6 +51,7 @@ from atom_kernels.opaque import (
 
 __all__ = [
     "MXFP4_GROUP",
+    "MXFP4_MAX_SCALE_BYTE",
     "PEER_NORM_MAX_ROWS",
     "SILU",
     "ChunkPlan",

@@ -130,8 +130,18 @@ def test_experts_listed_as_not_converted_load_in_the_models_dtype(tmp_path, mxfp
             ),
             r"down_proj_scales.*expected MXFP4 scales of shape \(4, 64, 2\)",
         ),
+        (  # e8m0's NaN: past the scales the kernels take
+            lambda t: t["model.layers.1.mlp.experts.gate_up_proj_scales"].view(-1)[5:6].fill_(255),
+            r"gate_up_proj_scales.*hold the byte 255 \(2\*\*128\); the kernels take scales up to byte 240",
+        ),
     ],
-    ids=["a missing scale", "a scale of the wrong shape", "blocks of the wrong dtype", "scales as blocks"],
+    ids=[
+        "a missing scale",
+        "a scale of the wrong shape",
+        "blocks of the wrong dtype",
+        "scales as blocks",
+        "a scale out of range",
+    ],
 )
 def test_bad_mxfp4_checkpoints_are_named(tmp_path, mxfp4_checkpoint, edit, message):
     path = write_mxfp4(mxfp4_checkpoint.parent / "bf16", tmp_path / "bad", edit=edit)

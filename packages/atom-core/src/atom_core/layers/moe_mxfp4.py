@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from atom_core.config import ConfigError, ParallelConfig
-from atom_core.ops import MXFP4_GROUP, ExpertMxfp4
+from atom_core.ops import MXFP4_GROUP, MXFP4_MAX_SCALE_BYTE, ExpertMxfp4
 from atom_core.quantization import QuantConfig
 
 # shard ids of the checkpoint's tensors: gate/up with alternating rows, down as stored
@@ -75,6 +75,11 @@ class ExpertsMxfp4:
         if tuple(loaded.shape) != want:
             kind = "blocks" if is_blocks else "scales"
             raise ValueError(f"expected MXFP4 {kind} of shape {want}, got {tuple(loaded.shape)}")
+        if not is_blocks and loaded.numel() and (top := int(loaded.max())) > MXFP4_MAX_SCALE_BYTE:
+            raise ValueError(
+                f"MXFP4 scales hold the byte {top} (2**{top - 127}); the kernels take scales up to byte "
+                f"{MXFP4_MAX_SCALE_BYTE} (2**{MXFP4_MAX_SCALE_BYTE - 127})"
+            )
         loaded = loaded.flatten(2)  # blocks -> [E, N, K / 2]; scales unchanged
         if which == GATE_UP:
             start = self.rank * self.inter

@@ -93,8 +93,9 @@ def experts_quantize_input(
 
 def mxfp4_tile_config(cfg: TileConfig, *, one_token: bool = False, interpret: bool = False) -> TileConfig:
     """The bf16 tile for the rows an expert gets, fitted to MXFP4's upcast. Decode's 16-row tiles keep 4
-    warps and 3 stages, 32 x 256 for one token and 64 x 128 past it (benchmarks/sweep_moe_mxfp4.py chose
-    them over 8-warp tiles at gpt-oss-120b's experts, though the compiler reports a spill at 64 x 128).
+    warps and 3 stages, 32 x 256 for one token (where a down_config asks for the tile kernels instead of
+    the GEMVs) and 64 x 128 past it (benchmarks/sweep_moe_mxfp4.py chose them over 8-warp tiles at
+    gpt-oss-120b's experts, though the compiler reports a spill at 64 x 128).
     Taller tiles hold two upcast weight tiles beside the gate/up GEMM's two accumulators: 8 warps, at
     most 64 columns, and 128-row tiles k-steps of 32 (compile_moe_mxfp4_sm90.py: these do not spill)."""
     if cfg.block_m <= 16 and not interpret:
@@ -236,7 +237,8 @@ def fused_experts(
     top_k, experts = topk_ids.shape[1], w13.shape[0]
     if mxfp4 is not None and quantize_input:
         raise ValueError("MXFP4 experts run weight-only (quantize_input must not be True)")
-    if mxfp4 is not None and config is None and gemv_takes(tokens, top_k, experts):  # mxfp4_gemv.py
+    # (a tile given for either GEMM asks for the tile kernels: benchmark sweeps, tests)
+    if mxfp4 is not None and config is None and down_config is None and gemv_takes(tokens, top_k, experts):
         y = mxfp4_gemv_experts(
             x, w13, w2, topk_ids, topk_weights.reshape(-1).float(), mxfp4,
             gemv_config(interpret=SETTINGS.triton_interpret), biases=biases, activation=activation,

@@ -19,6 +19,9 @@ E2M1_MAGNITUDES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 _MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
 E2M1_MAX_EXPONENT = 2  # 6 = 1.5 * 2**2: OCP MX's emax for e2m1
 E8M0_BIAS = 127
+# The largest scale byte the kernels take: 2**113 (mxfp4_gemv.py builds 2**(byte - 113) from fp32's
+# exponent bits). Real checkpoints hold about 2**-20 .. 2**0; 255 is e8m0's NaN.
+E8M0_MAX_BYTE = 240
 
 
 def dequantize_mxfp4(blocks: torch.Tensor, scales: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

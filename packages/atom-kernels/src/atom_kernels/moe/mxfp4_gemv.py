@@ -191,6 +191,12 @@ class GemvConfig:
     block_k: int
     num_warps: int
 
+    def __post_init__(self):
+        if self.block_k < 32 or self.block_k & (self.block_k - 1):
+            raise ValueError(
+                f"GemvConfig.block_k must be a power of two >= 32 (whole groups), got {self.block_k}"
+            )
+
 
 def gemv_config(*, interpret: bool = False) -> GemvConfig:
     """benchmarks/sweep_moe_mxfp4.py's choice at gpt-oss's experts; small steps under the interpreter."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from tools.bench_ledger.ledger import load
@@ -54,12 +55,15 @@ def render(title: str, benches: dict[str, Bench], results: Path) -> str:
             if not found:
                 lines.append(f"| {target.what} | | not measured | {goal} | | | | `{name}` |")
             for slug, (value, record) in found:
-                met = "yes" if target.met(value) else "no"
+                # NaN: the run voided the figure (e.g. timed below its floor) and said why in the record
+                voided = math.isnan(value)
+                figure = "voided, see the record" if voided else f"{_figure(value)} {target.unit}"
+                met = "" if voided else "yes" if target.met(value) else "no"
                 date = record.get("date", "")[:10]
                 commit = record.get("commit", "")[:8]
                 label = f" ({record['label']})" if record.get("label") else ""
                 lines.append(
-                    f"| {target.what} | {slug} | {_figure(value)} {target.unit} | {goal} | {met} | {date} | "
+                    f"| {target.what} | {slug} | {figure} | {goal} | {met} | {date} | "
                     f"`{commit}` | `{name}`{label} |"
                 )
     lines.append("")

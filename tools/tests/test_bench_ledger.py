@@ -117,6 +117,11 @@ def test_runs_append_records_and_the_report_shows_the_latest(package, capsys):
     assert main(benches, root, "Fake", argv=["run", "fake", "--baseline", "--", "--scale", "9"]) == 0
     assert load(root / "benchmarks" / "results")[slug]["fake"][-1]["baseline"] is True
     assert "| 4 ms | <= 3 ms (#1) | no |" in render("Fake", benches, root / "benchmarks" / "results")
+    # a figure the run voided (NaN, its reason in the record) is shown as such, neither met nor missed
+    assert main(benches, root, "Fake", argv=["run", "fake", "--", "--scale", "nan"]) == 0
+    assert "| voided, see the record | <= 3 ms (#1) |  |" in render(
+        "Fake", benches, root / "benchmarks" / "results"
+    )
 
 
 def test_under_torchrun_only_rank_0_records(package, monkeypatch):

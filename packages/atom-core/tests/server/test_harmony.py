@@ -128,12 +128,13 @@ def test_without_tools_a_call_is_content_and_without_a_reasoning_parser_analysis
     assert choice["finish_reason"] == "stop"
 
 
-def test_the_format_is_picked_for_gpt_oss_and_tool_choices_it_cannot_honour_are_refused():
+def test_the_format_is_picked_for_gpt_oss_and_read_for_every_tool_choice():
     assert default_parser("GptOssForCausalLM", TOK) == "harmony"
     assert default_parser("LlamaForCausalLM", TOK) is None
     assert template_parser("{{- '<|start|>assistant<|channel|>final<|message|>' }}") == "harmony"
-    with pytest.raises(ValueError, match='use tool_choice "auto"'):
-        tool_plan([object()], "required", "harmony")
+    # a forced call is a message too (its grammar: test_harmony_constraints.py), read as "auto"'s are
+    assert tool_plan([object()], "required", "harmony") == ToolPlan("required", None, "harmony")
+    assert tool_plan([object()], "none", "harmony") is None
 
 
 def test_a_server_asked_for_harmony_without_its_markers_is_refused(tmp_path):

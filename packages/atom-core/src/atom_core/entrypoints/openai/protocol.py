@@ -15,8 +15,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from atom_core.engine.sampling_params import SamplingParams
 from atom_core.engine.structured.params import StructuredOutputsParams
 from atom_core.entrypoints.openai.chat_messages import ChatMessage
+from atom_core.entrypoints.openai.harmony_grammar import final_answer_grammar
 from atom_core.entrypoints.openai.text_field import Text
-from atom_core.entrypoints.openai.tool_calls import tool_constraint
+from atom_core.entrypoints.openai.tool_calls import tool_constraint, tool_mode
 from atom_core.entrypoints.openai.tool_protocol import ToolChoice, ToolDef, tools_field
 
 MAX_N = 16
@@ -84,8 +85,13 @@ class _Request(BaseModel):
     response_format: ResponseFormat | None = None  # OpenAI's
     structured_outputs: StructuredOutputs | None = None  # vLLM's
 
-    def structured(self) -> StructuredOutputsParams | None:
-        """What the output must match, from response_format or structured_outputs (not both)."""
+    def structured(self, harmony: bool = False) -> StructuredOutputsParams | None:
+        """What the output must match, from response_format or structured_outputs (not both); harmony:
+        held to the answer's final message (harmony_grammar.py)."""
+        asked = self._asked()
+        return final_answer_grammar(asked) if harmony and asked is not None else asked
+
+    def _asked(self) -> StructuredOutputsParams | None:
         fmt, so = self.response_format, self.structured_outputs
         if fmt is not None and so is not None:
             raise ValueError("give response_format or structured_outputs, not both")
@@ -106,10 +112,10 @@ class _Request(BaseModel):
         return StructuredOutputsParams(json=fmt.json_schema.schema_)
 
     def sampling_params(
-        self, max_tokens: int, logprobs: int | None, defaults: dict | None = None
+        self, max_tokens: int, logprobs: int | None, defaults: dict | None = None, harmony: bool = False
     ) -> SamplingParams:
         """defaults: the checkpoint's sampling defaults (engine/generation_defaults.py), for the fields
-        this request leaves unset."""
+        this request leaves unset; harmony: a chat answered in the harmony format."""
         if self.n > MAX_N:
             raise ValueError(f"n must be at most {MAX_N}")
         if self.logit_bias:
@@ -137,7 +143,7 @@ class _Request(BaseModel):
             min_tokens=self.min_tokens,
             skip_special_tokens=self.skip_special_tokens,
             include_stop_str_in_output=self.include_stop_str_in_output,
-            structured_outputs=self.structured(),
+            structured_outputs=self.structured(harmony),
         )
 
     @property
@@ -195,22 +201,29 @@ class ChatCompletionRequest(_Request):
     tool_choice: ToolChoice | None = None  # default: "auto" with tools, "none" without
     parallel_tool_calls: bool = True
 
-    def structured(self) -> StructuredOutputsParams | None:
-        """A named or required tool_choice's grammar, or what response_format / structured_outputs ask."""
-        forced = tool_constraint(self.tools, self.tool_choice, self.parallel_tool_calls)
-        asked = super().structured()
+    def structured(self, harmony: bool = False) -> StructuredOutputsParams | None:
+        """A named or required tool_choice's grammar, or what response_format / structured_outputs ask
+        (harmony: on the answer's messages, where "auto" keeps the tools callable)."""
+        forced = tool_constraint(self.tools, self.tool_choice, self.parallel_tool_calls, harmony=harmony)
+        asked = self._asked()
         if forced is not None and asked is not None:
             raise ValueError(
                 "tool_choice and response_format (or structured_outputs) both shape the answer: give one"
             )
-        return forced or asked
+        if forced is not None or asked is None or not harmony:
+            return forced or asked
+        callable_tools = self.tools if tool_mode(self.tools, self.tool_choice) == "auto" else None
+        return final_answer_grammar(asked, callable_tools)
 
     def template_tools(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
-    def checked_params(self, room: int, defaults: dict | None = None) -> SamplingParams:
+    def checked_params(
+        self, room: int, defaults: dict | None = None, harmony: bool = False
+    ) -> SamplingParams:
         """room: tokens left in max_model_len after the prompt (the default budget, as vLLM's, capped by
-        the checkpoint's max_new_tokens); defaults: the checkpoint's sampling defaults, for unset fields."""
+        the checkpoint's max_new_tokens); defaults: the checkpoint's sampling defaults, for unset fields;
+        harmony: the answer is read in the harmony format (constraints are held to its messages)."""
         if (
             None not in (self.max_tokens, self.max_completion_tokens)
             and self.max_tokens != self.max_completion_tokens
@@ -221,4 +234,5 @@ class ChatCompletionRequest(_Request):
         budget = self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
         if budget is None:
             budget = min(max(room, 1), (defaults or {}).get("max_tokens", max(room, 1)))
-        return self.sampling_params(budget, (self.top_logprobs or 0) if self.logprobs else None, defaults)
+        logprobs = (self.top_logprobs or 0) if self.logprobs else None
+        return self.sampling_params(budget, logprobs, defaults, harmony)

@@ -98,7 +98,7 @@ async def chat(request: Request) -> Response | StreamingResponse:
     body = await parse_body(request, ChatCompletionRequest)
     state = server_state(request)
     check_model(body.model, state.names)
-    ids, params = await chat_prompt(state.engine, body)
+    ids, params = await chat_prompt(state.engine, body, harmony=state.harmony is not None)
     try:
         tools = tool_plan(body.tools, body.tool_choice, state.tool_parser)
     except ValueError as err:

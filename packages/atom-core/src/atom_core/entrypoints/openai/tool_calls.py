@@ -9,6 +9,8 @@ How the request's tool_choice shapes the answer:
   (tool_formats.py); a template whose format has no parser here is refused by name rather than answered
   with unparsed calls;
 - "none": the tools reach the template; nothing is parsed.
+In the harmony format (GPT-OSS) calls are messages of the answer: a named or required choice's grammar
+holds those messages (harmony_grammar.py), and harmony.py reads them in every mode.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 
 from atom_core.engine.structured.params import StructuredOutputsParams
+from atom_core.entrypoints.openai.harmony_grammar import tool_call_grammar
 from atom_core.entrypoints.openai.reasoning import partial_tag
 from atom_core.entrypoints.openai.tool_formats import FORMATS
 from atom_core.entrypoints.openai.tool_protocol import NamedToolChoice, ToolDef
@@ -39,9 +42,11 @@ def tool_mode(tools: list[ToolDef] | None, choice) -> str:
     return "named" if isinstance(choice, NamedToolChoice) else choice
 
 
-def tool_constraint(tools: list[ToolDef] | None, choice, parallel: bool) -> StructuredOutputsParams | None:
-    """The grammar a named or required tool_choice puts on the answer; ValueError for a choice that
-    names what is not there."""
+def tool_constraint(
+    tools: list[ToolDef] | None, choice, parallel: bool, *, harmony: bool = False
+) -> StructuredOutputsParams | None:
+    """The grammar a named or required tool_choice puts on the answer (harmony: on the answer's messages,
+    harmony_grammar.py); ValueError for a choice that names what is not there."""
     mode = tool_mode(tools, choice)
     if mode != "none" and not tools:
         raise ValueError(f"tool_choice {mode!r} needs tools")
@@ -52,7 +57,11 @@ def tool_constraint(tools: list[ToolDef] | None, choice, parallel: bool) -> Stru
             raise ValueError(
                 f"tool_choice names {choice.function.name!r}, which is not among the tools ({offered})"
             )
+        if harmony:
+            return tool_call_grammar(tools, choice.function.name)
         return StructuredOutputsParams(json=_parameters(found[0]))
+    if mode == "required" and harmony:
+        return tool_call_grammar(tools, None)
     if mode == "required":
         items = [
             {
@@ -82,11 +91,8 @@ def tool_plan(tools, choice, parser: str | None) -> ToolPlan | None:
             'tool_choice "auto" needs a tool-call parser for this model\'s call format, and there is none '
             '(--tool-call-parser; supported: hermes, qwen3_coder, deepseek_v3, harmony): use tool_choice "required" or a named function'
         )
-    if mode != "auto" and parser == "harmony":
-        raise ValueError(
-            f"tool_choice {mode if mode != 'named' else 'naming a function'!r} is not supported with the harmony "
-            'format (its calls are messages the model addresses itself): use tool_choice "auto"'
-        )
+    if parser == "harmony":  # calls are messages of the answer, read as such (harmony.py) in every mode
+        return ToolPlan(mode, choice.function.name if mode == "named" else None, parser)
     if mode != "auto":
         return ToolPlan(mode, choice.function.name if mode == "named" else None)
     return ToolPlan(

@@ -30,8 +30,11 @@ def completion_params(body: CompletionRequest, defaults: dict) -> SamplingParams
         raise ApiError(400, str(err)) from err
 
 
-async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple[list[int], SamplingParams]:
-    """The chat's prompt token ids, and its sampling params (whose default budget is the room left)."""
+async def chat_prompt(
+    engine: AsyncEngine, body: ChatCompletionRequest, harmony: bool = False
+) -> tuple[list[int], SamplingParams]:
+    """The chat's prompt token ids, and its sampling params (whose default budget is the room left;
+    harmony: the answer is in the harmony format, which its constraints are held to)."""
     tokenizer = engine.engine.tokenizer
     if tokenizer is None:
         raise ApiError(400, "this model has no tokenizer, so no chat template")
@@ -49,6 +52,8 @@ async def chat_prompt(engine: AsyncEngine, body: ChatCompletionRequest) -> tuple
             partial(chat_prompt_ids, template_kwargs=kwargs, tools=tools), tokenizer, messages
         )
         room = engine.engine.max_model_len - len(ids)
-        return ids, body.checked_params(room=room, defaults=engine.engine.generation_defaults)
+        return ids, body.checked_params(
+            room=room, defaults=engine.engine.generation_defaults, harmony=harmony
+        )
     except ValueError as err:
         raise ApiError(400, str(err)) from err

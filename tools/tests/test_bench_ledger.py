@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import importlib.util
+import subprocess
 import sys
 
 import pytest
@@ -198,3 +199,29 @@ def test_every_target_finds_its_figure_where_its_benchmark_has_records(package):
             # A run that left a figure out says why (a model too big for that device): it waits for another.
             assert found or not records or any(declared), f"{name}: no record holds {target.metric}"
             assert all(isinstance(v, int | float) for v in found), f"{target.metric} is not a number"
+
+
+def test_every_record_names_a_commit_of_this_history():
+    """A record's commit is the code it measured: one reworded away (a rebase after the run) would point
+    at nothing, so rewording remaps the ledgers' commit fields."""
+    if _git("rev-parse", "--is-shallow-repository").strip() == "true":
+        pytest.skip("a shallow clone lacks the history the records name")
+    commits = sorted(
+        {
+            record["commit"]
+            for package in PACKAGES
+            for by_bench in load(REPO / "packages" / package / "benchmarks" / "results").values()
+            for records in by_bench.values()
+            for record in records
+            if record.get("commit")
+        }
+    )
+    answers = _git("cat-file", "--batch-check", stdin="".join(f"{c}^{{commit}}\n" for c in commits))
+    missing = [line.split("^")[0] for line in answers.splitlines() if line.endswith(" missing")]
+    assert not missing, f"ledger records name commits not in this history: {missing}"
+
+
+def _git(*args: str, stdin: str | None = None) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), *args], input=stdin, capture_output=True, text=True, check=True
+    ).stdout

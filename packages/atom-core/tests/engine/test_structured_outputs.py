@@ -69,6 +69,17 @@ def test_json_object_regex_choice_and_grammar(llm):
         assert a.finish_reason == "length" or re.fullmatch(r"\(\d+(,\d+)*\)", a.text)
 
 
+def test_a_constraint_that_ends_before_min_tokens_ends_the_answer(llm):
+    """min_tokens bans the stop tokens a complete grammar allows alone: the grammar wins (its answer is
+    whole), where before every token was masked and the request failed. Rows still open keep the ban."""
+    choice = StructuredOutputsParams(choice=["yes", "no"])
+    for a in _answers(llm, choice, min_tokens=30):
+        assert a.finish_reason == "stop" and a.text in ("yes", "no")
+    # a grammar that may go on: min_tokens holds it open (digits after digits) until it is met
+    for a in _answers(llm, StructuredOutputsParams(regex=r"[0-9]+"), n=1, max_tokens=40, min_tokens=12):
+        assert re.fullmatch("[0-9]+", a.text) and len(a.token_ids) >= 12, a
+
+
 def test_rows_without_a_grammar_draw_as_alone(llm):
     plain = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     alone = llm.generate(PROMPTS[:2], plain, use_tqdm=False)

@@ -206,6 +206,10 @@ def test_forced_calls_through_the_server_whole_and_streamed(app, choice, finish)
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
     assert _streamed_calls(events) == [{"name": call.function.name, "arguments": call.function.arguments}]
     assert events[-1].choices[0].finish_reason == finish
+    # content as the whole answer has it: none (the header tokens before the call give no "" pieces)
+    assert [
+        e.choices[0].delta.content for e in events[1:] if e.choices and e.choices[0].delta.content is not None
+    ] == []
 
 
 def test_a_json_schema_holds_the_final_answer_through_the_server(app):
@@ -215,8 +219,21 @@ def test_a_json_schema_holds_the_final_answer_through_the_server(app):
     assert answer.finish_reason == "stop" and not answer.message.tool_calls
     jsonschema.validate(json.loads(answer.message.content), ANSWER)
     assert "".join(e.choices[0].delta.content or "" for e in events if e.choices) == answer.message.content
+    # with tools under "auto" the answer may call instead (this checkpoint prefers "c" of commentary)
+    whole, _ = _ask(app, response_format=asked, tools=[WEATHER])
+    (call,) = whole.choices[0].message.tool_calls
+    assert whole.choices[0].finish_reason == "tool_calls" and call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER["function"]["parameters"])
 
 
-def test_a_grammar_that_cannot_hold_a_message_is_refused_by_name(app):
+def test_a_constraint_it_cannot_place_or_compile_is_refused_by_name(app):
     with pytest.raises(openai.BadRequestError, match="cannot be held to the harmony format's final message"):
         _ask(app, extra_body={"structured_outputs": {"grammar": 'root ::= "yes"'}})
+    bad = {**WEATHER, "function": {**WEATHER["function"], "parameters": {"type": "foo"}}}
+    with pytest.raises(
+        openai.BadRequestError,
+        match=r"tool 'get_weather'\'s parameters schema is invalid: Invalid type: foo$",
+    ):
+        _ask(app, tools=[bad], tool_choice="required")
+    with pytest.raises(openai.BadRequestError, match=r"the regex constraint is invalid: .*unclosed group$"):
+        _ask(app, extra_body={"structured_outputs": {"regex": "a(b"}})

@@ -23,7 +23,9 @@ class StopCheck:
                 seq.detokenizer = IncrementalDetokenizer(self.tokenizer, p.skip_special_tokens)
             seq.text = seq.detokenizer.update(seq.output_token_ids)
         reason = None
-        if len(seq.output_token_ids) < p.min_tokens:  # its stop tokens were banned from the draw, and
+        # a complete structured output ends it, before min_tokens too (masking.py lets it draw its end)
+        constrained_done = seq.grammar is not None and seq.grammar.is_terminated()
+        if len(seq.output_token_ids) < p.min_tokens and not constrained_done:  # its stops were banned, and
             while _stop_string_start(seq) >= 0:  # a stop string completed before min_tokens does not stop
                 pass
         elif token in p.stop_token_ids or (not p.ignore_eos and token in self.eos_token_ids):
@@ -32,7 +34,7 @@ class StopCheck:
             end = seq.stop_scan.scanned if p.include_stop_str_in_output else cut
             seq.text, reason = seq.text[:end], "stop"
             seq.detokenizer = None  # the text is final
-        elif seq.grammar is not None and seq.grammar.is_terminated():  # its structured output is complete
+        elif constrained_done:
             reason = "stop"
         elif len(seq.output_token_ids) >= p.max_tokens or len(seq.token_ids) >= self.max_model_len:
             reason = "length"

@@ -93,7 +93,9 @@ class Grammars:
         except (ValueError, TypeError, RuntimeError) as err:
             error = str(err)
         if error:
-            raise ValueError(f"structured outputs: the {spec.kind} constraint is invalid: {_one_line(error)}")
+            raise ValueError(
+                f"structured outputs: the {spec.kind} constraint is invalid: {one_line_error(error)}"
+            )
         return grammar
 
     def matcher(self, grammar: str, stop_token_ids: list[int]) -> Matcher:
@@ -104,7 +106,7 @@ class Grammars:
         self._pool.shutdown(wait=False, cancel_futures=True)
 
 
-def _one_line(error: str) -> str:
+def one_line_error(error: str) -> str:
     """llguidance's message on one line: a regex error's source excerpt and caret dropped, its cause kept."""
     lines = error.splitlines()
     cause = next((line.removeprefix("error: ") for line in lines if line.startswith("error: ")), None)

@@ -1,6 +1,7 @@
 """The grammar's part of a draw: before it, each constrained row's disallowed tokens are set to -inf (its
 matcher fills the row of a bitmask on the host, the mask is applied on the logits' device to those rows
-only); after it, the drawn token advances the row's matcher."""
+only); after it, the drawn token advances the row's matcher. A row whose grammar allows only the tokens
+min_tokens still bans may draw them: the constraint is complete, and ends the output."""
 
 from __future__ import annotations
 
@@ -36,10 +37,31 @@ def mask_disallowed(logits: torch.Tensor, seqs: list[Sequence]) -> None:
         fill_next_token_bitmask_par(_executor(), [(m.inner, i) for i, m in enumerate(matchers)], bitmask)
         for i, matcher in enumerate(matchers):
             matcher.allow_stops(bitmask, i)
+    ending = {b: _only_stops_allowed(bitmask[i], seqs[b]) for i, b in enumerate(rows)}
     index = torch.tensor(rows, dtype=torch.long, pin_memory=pinned)
     apply_bitmask(
         logits, bitmask.to(logits.device, non_blocking=pinned), index.to(logits.device, non_blocking=pinned)
     )
+    for b, stops in ending.items():
+        if stops:  # (penalties.py took them to -inf before min_tokens)
+            logits[b, torch.tensor(stops, device=logits.device)] = 0.0
+
+
+def _only_stops_allowed(allowed: torch.Tensor, seq: Sequence) -> list[int]:
+    """The tokens min_tokens bans from seq's row this step where its grammar allows nothing else (its
+    constrained output is complete, so min_tokens cannot be met: the grammar ends the output, stop_check),
+    else []. allowed: the row of the bitmask, int32 [W]."""
+    if len(seq.output_token_ids) >= seq.params.min_tokens or not seq.min_tokens_stops:
+        return []
+    rest = allowed.clone()
+    stops = [t for t in sorted(seq.min_tokens_stops) if t < 32 * rest.numel() and _bit(rest, t)]
+    for t in stops:
+        rest[t >> 5] = int(rest[t >> 5]) & ~(1 << (t & 31))
+    return stops if stops and not bool(rest.any()) else []
+
+
+def _bit(words: torch.Tensor, t: int) -> bool:
+    return bool((int(words[t >> 5]) >> (t & 31)) & 1)
 
 
 def apply_bitmask(logits: torch.Tensor, bitmask: torch.Tensor, rows: torch.Tensor) -> None:

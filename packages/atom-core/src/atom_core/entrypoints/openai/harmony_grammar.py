@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 
-from atom_core.engine.structured.grammars import JSON_LAYOUT
+from atom_core.engine.structured.grammars import JSON_LAYOUT, one_line_error
 from atom_core.engine.structured.params import StructuredOutputsParams
 from atom_core.entrypoints.openai.tool_protocol import ToolDef
 
@@ -52,22 +52,35 @@ def _calls(tools: list[ToolDef]) -> str:
     rules = [f"call: {' | '.join(names)}"]
     for rule, tool in zip(names, tools, strict=True):
         head = json.dumps(f"commentary to=functions.{tool.function.name} ")
-        rules.append(
-            f'{rule}: <|channel|> {head} <|constrain|> "json" <|message|> {_json(tool.function.parameters)} <|call|>'
-        )
+        args = _json(tool.function.parameters, f"tool {tool.function.name!r}'s parameters schema")
+        rules.append(f'{rule}: <|channel|> {head} <|constrain|> "json" <|message|> {args} <|call|>')
     return "\n".join(rules) + "\n"
 
 
-def _json(schema: dict | None) -> str:
-    """A JSON value held to schema, laid out as the engine lays out JSON."""
-    return "%json " + json.dumps({**(schema or {"type": "object"}), "x-guidance": JSON_LAYOUT})
+def _json(schema: dict | None, what: str) -> str:
+    """A JSON value held to schema, laid out as the engine lays out JSON; ValueError naming `what` for a
+    schema llguidance refuses (checked alone: an error from the whole grammar would quote all of it)."""
+    import llguidance
+
+    laid_out = {**(schema or {"type": "object"}), "x-guidance": JSON_LAYOUT}
+    _checked(llguidance.LLMatcher.grammar_from_json_schema(json.dumps(laid_out)), what)
+    return "%json " + json.dumps(laid_out)
+
+
+def _checked(grammar: str, what: str) -> None:
+    import llguidance
+
+    if error := llguidance.LLMatcher.validate_grammar(grammar):
+        raise ValueError(f"structured outputs: {what} is invalid: {one_line_error(error)}")
 
 
 def _body(asked: StructuredOutputsParams) -> str:
     if asked.json_object:
-        return _json(None)
+        return _json(None, "the json_object constraint")
     if asked.json is not None:
-        return _json(json.loads(asked.json) if isinstance(asked.json, str) else asked.json)
+        return _json(
+            json.loads(asked.json) if isinstance(asked.json, str) else asked.json, "the json constraint"
+        )
     if asked.choice is not None:
         return " | ".join(json.dumps(c) for c in asked.choice)
     if asked.regex is not None:
@@ -82,5 +95,7 @@ def _regex(pattern: str) -> str:
     """The pattern as a Lark regex terminal, escaped as llguidance escapes its own regex grammars."""
     import llguidance
 
-    lark = json.loads(llguidance.LLMatcher.grammar_from_regex(pattern))["grammars"][0]["lark_grammar"]
+    grammar = llguidance.LLMatcher.grammar_from_regex(pattern)
+    _checked(grammar, "the regex constraint")
+    lark = json.loads(grammar)["grammars"][0]["lark_grammar"]
     return lark.removeprefix("start:").strip()

@@ -187,7 +187,9 @@ class Formatter:
             if c.finish_reason is not None and stream.calls and self.tools is not None:
                 choice["finish_reason"] = self._finish_with_calls(c.finish_reason)
             delta.update({"reasoning_content": thought} if thought else {})
-            delta.update({"content": content} if content or not (thought or calls) else {})
+            # (header tokens give nothing: an empty content there would join to "" where a whole
+            # answer that only called has None)
+            delta.update({"content": content} if content or (first and not (thought or calls)) else {})
             delta.update({"tool_calls": calls} if calls else {})
             choice["delta"] = delta
         elif self.chat:

@@ -7,14 +7,13 @@ else is refused. Then through the server with the official openai client, on a c
 choices are known (core_fixtures.harmony): the call is the named or one of the offered functions with
 arguments that validate, read as tool_calls whole and streamed; a JSON schema holds the final message."""
 
-import asyncio
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
 from core_fixtures.harmony import VOCAB, harmony_checkpoint
+from core_fixtures.openai_client import chat_whole_and_streamed, streamed_calls
 from transformers import AutoTokenizer
 
 from atom_core.engine import LLMEngine
@@ -165,30 +164,13 @@ def app(checkpoint):
 
 
 def _ask(app, **fields):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1") as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="none", http_client=http)
-            ask = dict(
-                model="atom-demo",
-                messages=[{"role": "user", "content": "Weather in Oslo?"}],
-                temperature=0,
-                max_tokens=80,
-            )
-            whole = await client.chat.completions.create(**{**ask, **fields})
-            stream = await client.chat.completions.create(**{**ask, **fields}, stream=True)
-            return whole, [e async for e in stream]
-
-    return asyncio.run(go())
-
-
-def _streamed_calls(events) -> list[dict]:
-    calls = {}
-    for e in events:
-        for d in (e.choices[0].delta.tool_calls or []) if e.choices else []:
-            call = calls.setdefault(d.index, {"name": "", "arguments": ""})
-            call["name"] += d.function.name or ""
-            call["arguments"] += d.function.arguments or ""
-    return [calls[i] for i in sorted(calls)]
+    ask = dict(
+        model="atom-demo",
+        messages=[{"role": "user", "content": "Weather in Oslo?"}],
+        temperature=0,
+        max_tokens=80,
+    )
+    return chat_whole_and_streamed(app, ask, **fields)
 
 
 @pytest.mark.parametrize(
@@ -204,7 +186,7 @@ def test_forced_calls_through_the_server_whole_and_streamed(app, choice, finish)
     tool = {"get_weather": WEATHER, "get_time": TIME}[call.function.name]
     assert choice == "required" or call.function.name == "get_weather"
     jsonschema.validate(json.loads(call.function.arguments), tool["function"]["parameters"])
-    assert _streamed_calls(events) == [{"name": call.function.name, "arguments": call.function.arguments}]
+    assert streamed_calls(events) == [{"name": call.function.name, "arguments": call.function.arguments}]
     assert events[-1].choices[0].finish_reason == finish
     # content as the whole answer has it: none (the header tokens before the call give no "" pieces)
     assert [

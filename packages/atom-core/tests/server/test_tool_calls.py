@@ -4,13 +4,12 @@ official openai client: a named function and "required" written by the grammar (
 even from the random demo model), "auto" refused without a parser and read with one, tool results sent
 back through the template."""
 
-import asyncio
 import json
 
-import httpx
 import jsonschema
 import openai
 import pytest
+from core_fixtures.openai_client import chat_whole_and_streamed, streamed_calls
 
 from atom_core.engine import LLMEngine
 from atom_core.engine.async_engine import AsyncEngine
@@ -141,25 +140,8 @@ def apps(demo):
 
 
 def _ask(app, **fields):
-    async def go():
-        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t/v1") as http:
-            client = openai.AsyncOpenAI(base_url="http://t/v1", api_key="none", http_client=http)
-            ask = dict(model="atom-demo", messages=[{"role": "user", "content": "Weather in Paris?"}], seed=5)
-            whole = await client.chat.completions.create(**{**ask, **fields})
-            stream = await client.chat.completions.create(**{**ask, **fields}, stream=True)
-            return whole, [e async for e in stream]
-
-    return asyncio.run(go())
-
-
-def _joined(events):
-    calls = {}
-    for e in events:
-        for d in (e.choices[0].delta.tool_calls or []) if e.choices else []:
-            call = calls.setdefault(d.index, {"name": "", "arguments": ""})
-            call["name"] += d.function.name or ""
-            call["arguments"] += d.function.arguments or ""
-    return [calls[i] for i in sorted(calls)]
+    ask = dict(model="atom-demo", messages=[{"role": "user", "content": "Weather in Paris?"}], seed=5)
+    return chat_whole_and_streamed(app, ask, **fields)
 
 
 def _validated(call, tool):
@@ -174,7 +156,7 @@ def test_a_named_function_and_required_are_written_by_the_grammar(apps):
     assert choice.finish_reason == "stop" and choice.message.content is None
     (call,) = choice.message.tool_calls
     _validated({"name": call.function.name, "arguments": call.function.arguments}, WEATHER)
-    assert _joined(events) == [{"name": "get_weather", "arguments": call.function.arguments}]
+    assert streamed_calls(events) == [{"name": "get_weather", "arguments": call.function.arguments}]
 
     whole, events = _ask(
         apps[0], tools=[WEATHER, TIME], tool_choice="required", parallel_tool_calls=False, max_tokens=80
@@ -186,7 +168,7 @@ def test_a_named_function_and_required_are_written_by_the_grammar(apps):
         "arguments": choice.message.tool_calls[0].function.arguments,
     }
     _validated(call, WEATHER if call["name"] == "get_weather" else TIME)
-    assert _joined(events) == [call] and events[-1].choices[0].finish_reason == "tool_calls"
+    assert streamed_calls(events) == [call] and events[-1].choices[0].finish_reason == "tool_calls"
 
 
 def test_auto_is_refused_without_a_parser_and_read_with_one(apps):
@@ -201,7 +183,7 @@ def test_auto_is_refused_without_a_parser_and_read_with_one(apps):
     assert choice.finish_reason == "tool_calls" and choice.message.content == "Let me see.\n"
     (call,) = choice.message.tool_calls
     _validated({"name": call.function.name, "arguments": call.function.arguments}, WEATHER)
-    assert _joined(events) == [{"name": "get_weather", "arguments": call.function.arguments}]
+    assert streamed_calls(events) == [{"name": "get_weather", "arguments": call.function.arguments}]
     streamed = "".join(e.choices[0].delta.content or "" for e in events if e.choices)
     assert streamed == "Let me see.\n"
 

@@ -1,7 +1,7 @@
 """A checkpoint that answers in the harmony format's tokens, for the server's GPT-OSS paths without GPT-OSS.
 
 Built from the demo checkpoint: its tokenizer gains harmony's markers as special tokens and a chat template
-of our own that renders messages as harmony does and leaves the prompt in the assistant's header
+of our own that renders messages as harmony does (and a reasoning effort as a system line) and leaves the prompt in the assistant's header
 (`<|start|>assistant`); the model's vocabulary grows to hold them. Its weights are edited so that greedy
 decoding is known wherever a grammar leaves a choice: dimension 0 of the residual stream is 1 for every
 token and nothing writes it, the final norm keeps only that dimension, and the head scores 1 for a few
@@ -24,6 +24,8 @@ from atom_core.entrypoints.openai.harmony import MARKERS
 VOCAB = 528  # the demo's 512 and the 7 markers, rounded up
 FAVOURED = ("c", "f", "<|end|>")
 TEMPLATE = (
+    "{%- if reasoning_effort is defined -%}<|start|>system<|message|>Reasoning: {{ reasoning_effort }}<|end|>"
+    "{%- endif -%}"
     "{%- for m in messages -%}<|start|>{{ m.role }}<|message|>{{ m.content or '' }}<|end|>{%- endfor -%}"
     "{%- if tools -%}<|start|>developer<|message|>{{ tools | tojson }}<|end|>{%- endif -%}"
     "{%- if add_generation_prompt -%}<|start|>assistant{%- endif -%}"

@@ -219,3 +219,22 @@ def test_a_constraint_it_cannot_place_or_compile_is_refused_by_name(app):
         _ask(app, tools=[bad], tool_choice="required")
     with pytest.raises(openai.BadRequestError, match=r"the regex constraint is invalid: .*unclosed group$"):
         _ask(app, extra_body={"structured_outputs": {"regex": "a(b"}})
+
+
+def test_reasoning_effort_reaches_the_chat_template_that_reads_it(app, checkpoint):
+    messages = [{"role": "user", "content": "Weather in Oslo?"}]
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint)
+
+    def prompt(effort: str) -> str:
+        return tokenizer.apply_chat_template(
+            messages, add_generation_prompt=True, tokenize=False, reasoning_effort=effort
+        )
+
+    assert prompt("high").startswith("<|start|>system<|message|>Reasoning: high<|end|>")
+    for effort, kwargs, used in [("high", None, "high"), ("low", {"reasoning_effort": "medium"}, "medium")]:
+        whole, _ = _ask(
+            app, reasoning_effort=effort, max_tokens=1, extra_body={"chat_template_kwargs": kwargs}
+        )
+        assert whole.usage.prompt_tokens == len(tokenizer(prompt(used), add_special_tokens=False).input_ids)
+    plain, _ = _ask(app, max_tokens=1)
+    assert plain.usage.prompt_tokens < whole.usage.prompt_tokens  # (no effort: no system line)

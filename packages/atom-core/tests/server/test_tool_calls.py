@@ -209,6 +209,7 @@ def test_tool_results_go_back_through_the_template_and_bad_choices_are_named(app
             "both shape the answer",
         ),
         (dict(messages=[{"role": "tool", "content": "x"}]), "tool_call_id"),
+        (dict(reasoning_effort="high"), "chat template reads no reasoning_effort variable"),
     ]:
         with pytest.raises(openai.BadRequestError, match=message):
             _ask(apps[0], **fields)

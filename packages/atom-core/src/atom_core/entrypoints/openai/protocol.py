@@ -197,6 +197,9 @@ class ChatCompletionRequest(_Request):
     logprobs: bool = False
     top_logprobs: int | None = None
     chat_template_kwargs: dict[str, Any] | None = None  # vLLM's: variables for the template (enable_thinking)
+    # OpenAI's: given to the chat template as its `reasoning_effort` variable (GPT-OSS's reads it), as SGLang
+    # does; chat_template_kwargs may set it too, and then win
+    reasoning_effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
     tools: list[ToolDef] | None = tools_field()
     tool_choice: ToolChoice | None = None  # default: "auto" with tools, "none" without
     parallel_tool_calls: bool = True
@@ -214,6 +217,13 @@ class ChatCompletionRequest(_Request):
             return forced or asked
         callable_tools = self.tools if tool_mode(self.tools, self.tool_choice) == "auto" else None
         return final_answer_grammar(asked, callable_tools)
+
+    def template_kwargs(self) -> dict[str, Any] | None:
+        """The variables the chat template gets: chat_template_kwargs, and reasoning_effort unless they
+        set it."""
+        if self.reasoning_effort is None:
+            return self.chat_template_kwargs
+        return {"reasoning_effort": self.reasoning_effort, **(self.chat_template_kwargs or {})}
 
     def template_tools(self) -> list[dict] | None:
         return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None

@@ -47,7 +47,12 @@ async def chat_prompt(
             f"{engine.engine.max_model_len} tokens can hold",
         )
     try:
-        kwargs, tools = body.chat_template_kwargs, body.template_tools()
+        kwargs, tools = body.template_kwargs(), body.template_tools()
+        if body.reasoning_effort is not None and "reasoning_effort" not in str(tokenizer.chat_template):
+            raise ValueError(
+                f"reasoning_effort {body.reasoning_effort!r}: this model's chat template reads no "
+                "reasoning_effort variable, so nothing would set its reasoning"
+            )
         ids = await engine.run_tokenizer(
             partial(chat_prompt_ids, template_kwargs=kwargs, tools=tools), tokenizer, messages
         )

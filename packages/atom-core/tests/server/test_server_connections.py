@@ -265,7 +265,9 @@ def test_a_body_not_worth_reading_is_answered_at_once(server, header):
             if not piece:
                 break
             answer += piece
-        assert time.monotonic() - start < 1
+        # not waiting for the body: a server that did would answer after the request timeout (5 s); half of
+        # it leaves room for a loaded machine (CI's background suites) without hiding that wait
+        assert time.monotonic() - start < REQUEST_TIMEOUT / 2
     head, _, body = answer.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 413 "), head  # and no 100 Continue before it
     _assert_413(413, body[body.index(b"{") : body.rindex(b"}") + 1])  # the one chunk of a chunked body

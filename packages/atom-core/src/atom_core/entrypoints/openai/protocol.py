@@ -86,12 +86,8 @@ class _Request(BaseModel):
     structured_outputs: StructuredOutputs | None = None  # vLLM's
 
     def structured(self, harmony: bool = False) -> StructuredOutputsParams | None:
-        """What the output must match, from response_format or structured_outputs (not both); harmony:
-        held to the answer's final message (harmony_grammar.py)."""
-        asked = self._asked()
-        return final_answer_grammar(asked) if harmony and asked is not None else asked
-
-    def _asked(self) -> StructuredOutputsParams | None:
+        """What the output must match, from response_format or structured_outputs (not both). (harmony,
+        an answer read as messages, is a chat's: ChatCompletionRequest.structured.)"""
         fmt, so = self.response_format, self.structured_outputs
         if fmt is not None and so is not None:
             raise ValueError("give response_format or structured_outputs, not both")
@@ -208,7 +204,7 @@ class ChatCompletionRequest(_Request):
         """A named or required tool_choice's grammar, or what response_format / structured_outputs ask
         (harmony: on the answer's messages, where "auto" keeps the tools callable)."""
         forced = tool_constraint(self.tools, self.tool_choice, self.parallel_tool_calls, harmony=harmony)
-        asked = self._asked()
+        asked = super().structured()
         if forced is not None and asked is not None:
             raise ValueError(
                 "tool_choice and response_format (or structured_outputs) both shape the answer: give one"

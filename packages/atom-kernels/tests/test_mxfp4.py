@@ -155,9 +155,15 @@ def test_the_shapes_above_reach_both_mxfp4_paths():
     assert not any(gemv_takes(*(shape(c)[i] for i in (0, 2, 1))) for c in TILE_SHAPES)
 
 
-def test_a_tile_asked_for_one_token_runs_the_pair_tiles():
+def test_a_tile_asked_for_one_token_runs_the_pair_tiles(monkeypatch):
     """A config (benchmark sweeps) sends one token to the tile kernels, one tile a pair, not the GEMVs."""
+    from atom_kernels.moe import fused
     from atom_kernels.moe.expert_gemm import TileConfig
+
+    def no_gemv(*args, **kwargs):
+        raise AssertionError("a tile was asked for, and the GEMVs ran")
+
+    monkeypatch.setattr(fused, "mxfp4_gemv_experts", no_gemv)
 
     q13, q2, mx, d13, d2 = _mxfp4_experts(4, 64, 32, torch.float32)
     x = torch.randn(1, 64, device=DEVICE)

@@ -2,8 +2,8 @@
 
   python -m benchmarks run profile_engine_step
 
-Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, qwen3.5-35b-a3b / qwen3-next-80b-a3b
-from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU
+Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, deepseek-v2-lite from bench_decode.py,
+qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU
 time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode step of the
 engine with async scheduling (the default: the host's work overlaps the GPU's) and without, and the host's
 share of a synchronous step split into schedule / inputs / forward / sample.
@@ -21,11 +21,12 @@ from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.execution.step_inputs import prepare_step
 from atom_core.engine.sampling.sampler import sample
 from benchmarks.harness.routers import redraw_routers
-from benchmarks.harness.shapes import SHAPES, llama3_8b, make_config, qwen3_30b_a3b
+from benchmarks.harness.shapes import SHAPES, llama3_8b, make_config, qwen3_30b_a3b, v2_lite_shape
 
 
-def _print_kernels(prof, batch: int, per: int) -> None:
-    """The profiled kernels per step (or replay): total, launches, and the top 30 by time."""
+def _print_kernels(prof, batch: int, per: int) -> dict:
+    """The profiled kernels per step (or replay): total, launches, and the top 30 by time (printed and
+    returned for the record: where a step's time goes is what explains a miss)."""
     events = prof.key_averages()
     total = sum(e.device_time_total for e in events) / per / 1000
     launches = sum(e.count for e in events) // per
@@ -33,14 +34,20 @@ def _print_kernels(prof, batch: int, per: int) -> None:
         f"\nB={batch}: {total:.2f} ms of kernels in {launches} launches per step; "
         "top kernels (ms per step, calls per step):"
     )
+    top = []
     for e in sorted(events, key=lambda e: -e.device_time_total)[:30]:
-        print(f"  {e.device_time_total / per / 1000:7.3f} {e.count // per:5d}  {e.key[:90]}")
+        ms, calls = e.device_time_total / per / 1000, e.count // per
+        print(f"  {ms:7.3f} {calls:5d}  {e.key[:90]}")
+        top.append(dict(kernel=e.key[:120], ms=ms, calls=calls))
+    return dict(batch=batch, kernel_ms=total, launches=launches, top=top)
 
 
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument(
-        "--model", choices=["llama3-8b", "qwen3-30b-a3b", *sorted(SHAPES)], default="llama3-8b"
+        "--model",
+        choices=["llama3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", *sorted(SHAPES)],
+        default="llama3-8b",
     )
     parser.add_argument("--layers", type=int, default=None)
     parser.add_argument("--max-model-len", type=int, default=1024)
@@ -60,9 +67,11 @@ def main():
         config = qwen3_30b_a3b()
         if args.layers:
             config.num_hidden_layers = args.layers
+    elif args.model == "deepseek-v2-lite":
+        config = v2_lite_shape(args.layers or 27)
     else:
         config = llama3_8b(args.layers or 32)
-    rows = []
+    rows, kernels = [], []
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
         llm = LLM(
@@ -77,7 +86,7 @@ def main():
         engine = llm.engine
         # rank 0's runner (with TP, the other ranks follow its steps; a lone replay there would wait)
         runner = engine.runner.runner if tp > 1 else engine.runner
-        if hybrid or args.model == "qwen3-30b-a3b":
+        if hybrid or args.model != "llama3-8b":  # MoE routers
             redraw_routers(runner.model.named_parameters(), config.hidden_size)
         for batch in batches:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)
@@ -149,7 +158,7 @@ def main():
                     for _ in range(10):
                         engine.step()
                     torch.cuda.synchronize()
-                _print_kernels(prof, batch, per=10)
+                kernels.append(_print_kernels(prof, batch, per=10))
             engine.pipeline.overlap.enabled = True
             for r in ids:
                 engine.abort(r)
@@ -161,7 +170,7 @@ def main():
                     for _ in range(10):
                         graphs.graphs[size].replay()
                     torch.cuda.synchronize()
-                _print_kernels(prof, batch, per=10)
+                kernels.append(_print_kernels(prof, batch, per=10))
         llm.shutdown()
     layers = config.num_hidden_layers
     print(f"\n{torch.cuda.get_device_name()} x TP {tp}  {args.model} shape, {layers} layers, context ~600")
@@ -180,6 +189,7 @@ def main():
         tensor_parallel_size=tp,
         custom_all_reduce=tp > 1 and not args.disable_custom_all_reduce,
         rows=rows,
+        **({"kernels": kernels} if kernels else {}),
     )
 
 

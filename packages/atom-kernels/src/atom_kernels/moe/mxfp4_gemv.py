@@ -3,7 +3,7 @@
 A single token gives each of its k experts one row (and a few tokens mostly one each), so the product is a
 matrix-vector one, and its cost is the conversion of every e2m1 value on the way from the bytes to the
 multiply. At one token's tile the scaled-dot kernel (expert_gemm.py) issues about 17 instructions a value
-in its k loop (upcast, scale, layout changes for an MMA whose rows are mostly padding); this loop about 6
+in its k loop (upcast, scale, layout changes for an MMA whose rows are mostly padding); this loop about 5
 (sm90 SASS, compiled offline: benchmarks/compile_moe_mxfp4_sm90.py). Per pair of values two shifts, a
 mask and a merge place the nibbles' magnitude bits on fp16's mantissa top bit and two low exponent bits
 and their signs on the sign bits (so each fp16 holds e2m1 * 2**-14 exactly, code 1 as fp16's subnormal
@@ -83,22 +83,34 @@ def _load_step(w_ptrs, s_ptrs, ok):
 
 @triton.jit
 def _step_products(x_ptrs, x_ok, words, exponent, PTX: tl.constexpr):
-    """A k-step's partial products [BN, G], one a 32-value group: x (x_ptrs [G, 4] at each word's first k;
-    code j of a word multiplies x at k + j) times the words' values, each group's sum times its scale."""
+    """A k-step's partial products [BN, G], one a 32-value group: x (x_ptrs [G, 4, 8], code j of word q of
+    group g at k = 32 g + 8 q + j) times the words' values, each group's sum times its scale."""
     if PTX:
         v0, v1, v2, v3, v4, v5, v6, v7 = _e2m1_ptx(words)
     else:
         v0, v1, v2, v3 = _e2m1(words, 0), _e2m1(words, 1), _e2m1(words, 2), _e2m1(words, 3)
         v4, v5, v6, v7 = _e2m1(words, 4), _e2m1(words, 5), _e2m1(words, 6), _e2m1(words, 7)
-    # one chain of FMAs over the word's eight values, then the group's four words summed
-    t = v0 * tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v1 * tl.load(x_ptrs + 1, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v2 * tl.load(x_ptrs + 2, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v3 * tl.load(x_ptrs + 3, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v4 * tl.load(x_ptrs + 4, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v5 * tl.load(x_ptrs + 5, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v6 * tl.load(x_ptrs + 6, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
-    t += v7 * tl.load(x_ptrs + 7, mask=x_ok, other=0.0).to(tl.float32)[None, :, :]
+    # x's 32 values a group in one load (16-byte vectors rather than eight strided scalar loads), then
+    # split into code j's [G, 4] by three halvings of the last dim (j = 4a + 2b + c: each split takes
+    # the last of a, b, c)
+    x = tl.load(x_ptrs, mask=x_ok, other=0.0).to(tl.float32)  # [G, 4, 8]
+    x_even, x_odd = tl.split(tl.reshape(x, (x.shape[0], 4, 2, 2, 2)))
+    x04, x26 = tl.split(x_even)
+    x15, x37 = tl.split(x_odd)
+    x0, x4 = tl.split(x04)
+    x2, x6 = tl.split(x26)
+    x1, x5 = tl.split(x15)
+    x3, x7 = tl.split(x37)
+    # two chains of four FMAs (even and odd codes): half the dependent latency of one chain of eight
+    t = v0 * x0[None, :, :]
+    u = v1 * x1[None, :, :]
+    t += v2 * x2[None, :, :]
+    u += v3 * x3[None, :, :]
+    t += v4 * x4[None, :, :]
+    u += v5 * x5[None, :, :]
+    t += v6 * x6[None, :, :]
+    u += v7 * x7[None, :, :]
+    t += u
     scale = ((exponent + FP16_SHIFT) << 23).to(tl.float32, bitcast=True)  # 2**(e8m0 - 127 + 14), exact
     return tl.sum(t, axis=2) * scale
 
@@ -142,7 +154,9 @@ def _mxfp4_gemv_kernel(
     row_start = tl.multiple_of(expert * wts.stride_we + rows * wts.stride_wn, 4)
     w_ptrs = wts.w + row_start[:, None, None] + (g * 4)[None, :, None] + q[None, None, :]
     s_ptrs = wts.scale + expert * wts.stride_se + rows[:, None] * wts.stride_sn + g[None, :]
-    x_ptrs = act.a + a_row.to(tl.int64) * act.stride_am + (g * 32)[:, None] + 8 * q[None, :]  # [G, 4]
+    j = tl.arange(0, 8)
+    x_rows = act.a + a_row.to(tl.int64) * act.stride_am
+    x_ptrs = x_rows + (g * 32)[:, None, None] + (8 * q)[None, :, None] + j[None, None, :]  # [G, 4, 8]
     # per group until the loop ends: a sum over the groups each k-step would cross threads every step
     acc = tl.zeros([BLOCK_N, G], dtype=tl.float32)
     acc_up = tl.zeros([BLOCK_N, G], dtype=tl.float32)
@@ -162,7 +176,7 @@ def _mxfp4_gemv_kernel(
             next_words_up, next_exponent_up = _load_step(
                 up_w_ptrs + k1 // 8, up_s_ptrs + k1 // 32, g * 32 < K - k1
             )
-        x_ok = (g * 32 < K - k0)[:, None]
+        x_ok = (g * 32 < K - k0)[:, None, None]
         acc += _step_products(x_ptrs + k0, x_ok, words, exponent, PTX)
         if GATED:
             acc_up += _step_products(x_ptrs + k0, x_ok, words_up, exponent_up, PTX)

@@ -140,6 +140,22 @@ def test_torch_backends_capture_safe_form_equals_the_reference(experts, top_k, t
     )
 
 
+def test_capture_safe_form_sums_every_expert_before_rounding_in_bf16():
+    """The dense form adds E expert terms: a bf16 running sum rounds E times (4-8 bf16 ulps off here,
+    every term positive), the kernels and the reference once (1 ulp at most)."""
+    gen = torch.Generator(device="cpu").manual_seed(0)
+    experts, hidden, inter, tokens = 128, 32, 16, 2
+    x = torch.rand(tokens, hidden, generator=gen).bfloat16()
+    w13 = (torch.rand(experts, 2 * inter, hidden, generator=gen) / 4).bfloat16()
+    w2 = (torch.rand(experts, hidden, inter, generator=gen) / 4).bfloat16()
+    ids = torch.stack([torch.randperm(experts, generator=gen) for _ in range(tokens)]).int()
+    weights = torch.softmax(torch.randn(tokens, experts, generator=gen), dim=-1)
+    got = _experts_static(x, w13, w2, weights, ids).float()
+    want = fused_experts_ref(x, w13, w2, weights, ids).float()
+    ulp = 2.0 ** (torch.floor(torch.log2(want.abs())) - 7)
+    assert ((got - want).abs() / ulp).max() <= 1.5
+
+
 def test_torch_backend_and_empty_batch():
     x = torch.randn(6, 32, device=DEVICE)
     w13, w2 = torch.randn(4, 32, 32, device=DEVICE) / 6, torch.randn(4, 32, 16, device=DEVICE) / 4

@@ -158,7 +158,8 @@ def test_the_shapes_above_reach_both_mxfp4_paths():
 def test_a_tile_asked_for_one_token_runs_the_pair_tiles(monkeypatch):
     """A config (benchmark sweeps) sends one token to the tile kernels, one tile a pair, not the GEMVs."""
     from atom_kernels.moe import fused
-    from atom_kernels.moe.expert_gemm import TileConfig
+    from atom_kernels.moe.expert_gemm import TileConfig, tile_config
+    from atom_kernels.settings import SETTINGS
 
     def no_gemv(*args, **kwargs):
         raise AssertionError("a tile was asked for, and the GEMVs ran")
@@ -169,7 +170,9 @@ def test_a_tile_asked_for_one_token_runs_the_pair_tiles(monkeypatch):
     x = torch.randn(1, 64, device=DEVICE)
     ids = torch.tensor([[3, 1]], dtype=torch.int32, device=DEVICE)
     weights = torch.softmax(torch.randn(1, 2, device=DEVICE), dim=-1)
-    tile = TileConfig(16, 32, 32, group_m=1, num_warps=4 if DEVICE == "cuda" else 1, num_stages=2)
+    # the ordering's rows a tile as fused_experts picks them (fp32 takes 32-row tiles on the GPU)
+    block_m = tile_config(2, 4, 4, interpret=SETTINGS.triton_interpret, one_token=True).block_m
+    tile = TileConfig(block_m, 32, 32, group_m=1, num_warps=4 if DEVICE == "cuda" else 1, num_stages=2)
     for given in (dict(config=tile), dict(down_config=tile)):
         got = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend="triton", **given)
         torch.testing.assert_close(

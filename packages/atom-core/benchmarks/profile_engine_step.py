@@ -3,10 +3,11 @@
   python -m benchmarks run profile_engine_step
 
 Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, deepseek-v2-lite from bench_decode.py,
-qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights. For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU
-time of one graph replay (CUDA events over back-to-back replays), the wall time of one decode step of the
-engine with async scheduling (the default: the host's work overlaps the GPU's) and without, and the host's
-share of a synchronous step split into schedule / inputs / forward / sample.
+qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights.
+For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU time of one graph
+replay (CUDA events over back-to-back replays), the wall time of one decode step of the engine with async
+scheduling (the default: the host's work overlaps the GPU's) and without, and the host's share of a
+synchronous step split into schedule / inputs / forward / sample.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def main():
         engine = llm.engine
         # rank 0's runner (with TP, the other ranks follow its steps; a lone replay there would wait)
         runner = engine.runner.runner if tp > 1 else engine.runner
-        if hybrid or args.model != "llama3-8b":  # MoE routers
+        if args.model != "llama3-8b":  # every other shape has MoE routers
             redraw_routers(runner.model.named_parameters(), config.hidden_size)
         for batch in batches:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)

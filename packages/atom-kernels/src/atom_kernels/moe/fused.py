@@ -52,8 +52,9 @@ def _experts_static(
             y = y + b2[ids]
         return (y * weights[..., None]).sum(1)
     dense = torch.zeros(tokens, experts, dtype=x.dtype, device=x.device).scatter_(1, ids, weights)
-    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)  # a bf16 running sum over E would
-    for e in range(experts):  # round E times where the kernels round once
+    # summed in fp32 and rounded once, as the kernels do (a running sum in x's dtype rounds E times)
+    out = torch.zeros(x.shape, dtype=torch.float32, device=x.device)
+    for e in range(experts):
         h = F.linear(x, w13[e], None if b13 is None else b13[e])
         y = F.linear(activation.ref(h[:, :inter], h[:, inter:]), w2[e], None if b2 is None else b2[e])
         out += y * dense[:, e, None]

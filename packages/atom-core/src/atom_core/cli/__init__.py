@@ -8,6 +8,12 @@ checkpoint given where a prompt goes fails at once, with one line.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
+import os
+import sys
+from typing import NoReturn
+
 from atom_core import __version__
 from atom_core.cli import bench, bench_serve, generate, serve
 from atom_core.cli.checks import check_arguments
@@ -45,3 +51,16 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError) as err:  # a bad checkpoint, config or argument: the message says which
         say(f"error: {one_line(err)}")
         return 2
+
+
+def run_program() -> NoReturn:
+    """The `atom` program (its console script and `python -m atom_core.cli`): `main()`, the exit handlers,
+    then the process ends at once. Python's own teardown would go on to unload torch, transformers and the
+    engine's modules one by one, a second or more after the work is done (for `atom serve`, after its
+    clients have their last answers), and a supervisor's shutdown grace period counts that second."""
+    code = main()  # argparse's SystemExit (--help, a bad flag) comes before anything heavy is imported
+    atexit._run_exitfuncs()  # what the teardown runs first: logging's flush, child processes' cleanup
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing left to flush to
+            stream.flush()
+    os._exit(code)

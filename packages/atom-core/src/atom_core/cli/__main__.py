@@ -1,5 +1,5 @@
 """python -m atom_core.cli: the `atom` command."""
 
-from atom_core.cli import main
+from atom_core.cli import run_program
 
-raise SystemExit(main())
+run_program()

@@ -248,4 +248,11 @@ def test_mxfp4_experts_captured_in_a_cuda_graph_with_new_routing_each_replay(tok
         x.copy_(torch.randn_like(x))
         graph.replay()
         want = fused_experts_ref(x, d13, d2, weights, ids, *common.values())
-        torch.testing.assert_close(out, want, rtol=3e-2, atol=3e-2)
+        # The clamped SwiGLU's intermediates reach ~50 here (bf16 steps of 0.25 there) and each expert's row
+        # is rounded to bf16 before the rows are summed: an output that cancels its rows keeps their
+        # rounding, so bf16's 3e-2 is taken of the outputs' scale, not of each element.
+        scale = want.abs().max().item()
+        torch.testing.assert_close(out, want, rtol=3e-2, atol=3e-2 * max(1.0, scale))
+        if backend == "triton":  # the replay runs the eager call's kernels: its very output
+            eager = fused_experts(x, q13, q2, weights, ids, mxfp4=mx, backend=backend, **common)
+            assert torch.equal(out, eager)

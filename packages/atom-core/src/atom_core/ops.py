@@ -31,7 +31,7 @@ from atom_kernels.gdn import (
     max_key_head_size,
     plan_chunks,
 )
-from atom_kernels.mla import mla_attention, write_latent
+from atom_kernels.mla import MAX_ABSORB_TOKENS, absorb_output, absorb_query, mla_attention, write_latent
 from atom_kernels.moe import SILU, ExpertActivation, ExpertBiases, ExpertMxfp4, ExpertScales, SharedExpert
 from atom_kernels.moe.mxfp4 import E8M0_MAX_BYTE as MXFP4_MAX_SCALE_BYTE
 from atom_kernels.moe.mxfp4 import GROUP as MXFP4_GROUP
@@ -50,6 +50,7 @@ from atom_kernels.opaque import (
 )
 
 __all__ = [
+    "MAX_ABSORB_TOKENS",
     "MXFP4_GROUP",
     "MXFP4_MAX_SCALE_BYTE",
     "PEER_NORM_MAX_ROWS",
@@ -64,6 +65,8 @@ __all__ = [
     "KVLayout",
     "SharedExpert",
     "Snapshots",
+    "absorb_output",
+    "absorb_query",
     "all_reduce_rms_norm",
     "apply_mrope",
     "apply_rotary",

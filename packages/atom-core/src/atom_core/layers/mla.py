@@ -20,6 +20,7 @@ from atom_core.layers.linear import ColumnParallelLinear, ReplicatedLinear, RowP
 from atom_core.layers.norm import RMSNorm
 from atom_core.layers.parallel import RankPartial
 from atom_core.layers.rotary import RotaryEmbedding, yarn_mscale
+from atom_core.ops import MAX_ABSORB_TOKENS, absorb_output, absorb_query
 
 
 def mla_softmax_scale(config: ModelConfig, qk_head_dim: int) -> float:
@@ -120,6 +121,10 @@ class MLAAttention(nn.Module):
         w = self.kv_b_proj.quant_method.dense(self.kv_b_proj)
         w = w.view(heads, self.nope_dim + self.v_dim, self.kv_lora_rank)
         w_uk, w_uv = w[:, : self.nope_dim], w[:, self.nope_dim :]  # [H, nope, R], [H, v, R]
+        if tokens <= MAX_ABSORB_TOKENS:  # decode: weight reads, in the kernels' PDL chain, no concatenation
+            out = self.attn(absorb_query(q_nope, q_pe, w_uk), kv_c, k_pe.view(tokens, self.rope_dim))
+            out = absorb_output(out, w_uv)  # [T, H, v]
+            return self.o_proj(out.reshape(tokens, heads * self.v_dim))
         q_latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)  # [T, H, R]
         out = self.attn(
             torch.cat([q_latent, q_pe], dim=-1), kv_c, k_pe.view(tokens, self.rope_dim)

@@ -46,6 +46,7 @@ from atom_core.engine.scheduling.scheduler import ScheduledBatch, Scheduler
 from atom_core.engine.scheduling.sequence import Sequence, Status
 from atom_core.engine.speculation.pending_proposals import PendingProposals
 from atom_core.engine.speculation.prefill_drafts import PrefillPart, draft_prefills
+from atom_core.host_copy import host_to_device
 
 Oracle = Callable[[Sequence, int, int], int]
 AheadOracle = Callable[[list[Sequence], int, torch.Tensor, torch.Tensor], torch.Tensor]
@@ -141,9 +142,11 @@ class Drafter:
         )
         drafts = [self.runner.run_draft(catch_up, result)]
         if self.ahead_oracle is not None:  # each proposal's output position, on the device
-            positions = torch.tensor(
-                [len(s.output_token_ids) + s.num_pending + q for s in batch.seqs],
-                device=result.accepted.device,
+            # (a pinned copy: a plain one waits for the verify just launched, and the chain's launches
+            # and the host's read of the step before would no longer overlap the device's work)
+            positions = host_to_device(
+                torch.tensor([len(s.output_token_ids) + s.num_pending + q for s in batch.seqs]),
+                result.accepted.device,
             )
             positions -= result.chain_shift
             self._force_ahead(batch.seqs, 0, positions, drafts[0], result.accepted)

@@ -8,7 +8,8 @@ one row of a small weight), so its roofline is the bytes read (e4m3 weight + fp3
 copy bandwidth measured in the same run; up to 64 rows the W8A8 skinny kernel; beyond, a W8A8 GEMM
 (cuBLAS's blockwise-scaled one on Hopper, else the Triton kernel), whose ceiling is the tensor cores' rate
 (x's quantization is timed with each). triton ms: the Triton W8A8 GEMM on the same rows, in the same run,
-where fp8_linear takes cuBLAS. rel err: against the fp32 reference of the path
+where fp8_linear takes cuBLAS; cublas ms: at 17..64 rows, where the skinny kernel runs, cuBLAS's whole path
+(x's quantization and the blockwise GEMM) on the same rows, for where the two should meet. rel err: against the fp32 reference of the path
 taken (the table in results/ from before the rel err reference followed quantizes_input shows the W8A8
 rows' error against the weight-only reference: ~2.5e-2, e4m3's rounding of x). Weights rotate over
 copies that exceed the L2, as in a decode step where every layer's weights stream.
@@ -26,7 +27,7 @@ import triton
 
 from atom_kernels.activation import silu_and_mul
 from atom_kernels.fp8 import fp8_linear, fp8_linear_ref, quantize_act, quantize_weight_ref
-from atom_kernels.fp8.cublas_blockwise import ROW_ALIGN, blockwise_mm, cublas_blockwise_supported
+from atom_kernels.fp8.cublas_blockwise import ROW_ALIGN, blockwise_mm, cublas_blockwise_supported, cublas_w8a8
 from atom_kernels.fp8.gemm import w8a8_gemm
 from atom_kernels.fp8.linear import quantizes_input
 from atom_kernels.fp8.skinny_w8a8 import MAX_ROWS as SKINNY_W8A8_MAX_ROWS
@@ -55,8 +56,11 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
         x = torch.randn(rows, k, device="cuda", dtype=torch.bfloat16)
         fp8_ms = graph_ms([lambda qc=qc, sc=sc, x=x: fp8_linear(x, qc, sc, BLOCK) for qc, sc in fp8_weights])
         bf16_ms = graph_ms([lambda wc=wc, x=x: F.linear(x, wc) for wc in bf16_weights])
-        triton_ms = gemm_ms = gated_fp8_ms = gated_bf16_ms = math.nan
-        on_cublas = rows > SKINNY_W8A8_MAX_ROWS and cublas_blockwise_supported(n, k, BLOCK, x.dtype, x.device)
+        triton_ms = gemm_ms = gated_fp8_ms = gated_bf16_ms = cublas_ms = math.nan
+        cublas_runs = cublas_blockwise_supported(n, k, BLOCK, x.dtype, x.device)
+        on_cublas = rows > SKINNY_W8A8_MAX_ROWS and cublas_runs
+        if cublas_runs and 16 < rows <= SKINNY_W8A8_MAX_ROWS:  # the skinny kernel's rows: cuBLAS beside it
+            cublas_ms = graph_ms([lambda qc=qc, sc=sc, x=x: cublas_w8a8(x, qc, sc) for qc, sc in fp8_weights])
         if on_cublas:
 
             def triton_gemm(qc, sc, x=x):
@@ -101,6 +105,7 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
                 bf16_ms=bf16_ms,
                 path="cublas" if on_cublas else "triton",
                 triton_ms=triton_ms,
+                cublas_path_ms=cublas_ms,
                 cublas_gemm_only_ms=gemm_ms,
                 cublas_gemm_only_x_bf16=bf16_ms / gemm_ms,
                 gated_fp8_ms=gated_fp8_ms,
@@ -117,7 +122,7 @@ def bench_shape(name: str, n: int, k: int, rows_list: list[int], copy_bw: float)
         r = out[-1]
         print(
             f"{name:18} {rows:6} {fp8_ms:9.4f} {bf16_ms:9.4f} {r['fp8_tflops']:8.1f} {r['bf16_tflops']:8.1f} "
-            f"{r['speedup']:6.2f} {r['fp8_gb_s']:8.0f} {r['fp8_pct_copy']:6.1f} {err:9.1e} {triton_ms:9.4f} {bf16_ms / gemm_ms:7.2f} "
+            f"{r['speedup']:6.2f} {r['fp8_gb_s']:8.0f} {r['fp8_pct_copy']:6.1f} {err:9.1e} {triton_ms:9.4f} {cublas_ms:9.4f} {bf16_ms / gemm_ms:7.2f} "
             f"{gated_bf16_ms / gated_fp8_ms:7.2f}",
             flush=True,
         )
@@ -140,7 +145,7 @@ def main():
     )
     print(
         f"{'shape':18} {'M':>6} {'fp8 ms':>9} {'bf16 ms':>9} {'fp8 TF/s':>8} {'bf16 TF':>8} {'x':>6} "
-        f"{'fp8 GB/s':>8} {'% copy':>6} {'rel err':>9} {'triton ms':>9} {'gemm x':>7} {'gated x':>7}"
+        f"{'fp8 GB/s':>8} {'% copy':>6} {'rel err':>9} {'triton ms':>9} {'cublas ms':>9} {'gemm x':>7} {'gated x':>7}"
     )
     rows_out = []
     for name in args.names:

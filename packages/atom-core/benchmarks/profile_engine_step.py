@@ -3,7 +3,9 @@
   python -m benchmarks run profile_engine_step
 
 Llama-3-8B shape (or --model qwen3-30b-a3b from bench_fp8_engine.py, deepseek-v2-lite from bench_decode.py,
-qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py; MoE routers re-drawn), dummy bf16 weights.
+qwen3.5-35b-a3b / qwen3-next-80b-a3b from bench_qwen3_next.py, and bench_decode.py's other rows:
+llama3-8b-fp8, gpt-oss-20b / gpt-oss-120b with MXFP4 experts, the V3 slice; MoE routers re-drawn), dummy
+weights.
 For B=1 and B=64 sequences (--batches) at ~600 tokens of context it reports the GPU time of one graph
 replay (CUDA events over back-to-back replays), the wall time of one decode step of the engine with async
 scheduling (the default: the host's work overlaps the GPU's) and without, and the host's share of a
@@ -21,6 +23,7 @@ import torch
 from atom_core.engine import LLM, SamplingParams
 from atom_core.engine.execution.step_inputs import prepare_step
 from atom_core.engine.sampling.sampler import sample
+from benchmarks.bench_decode import MODELS as DECODE_ROWS
 from benchmarks.harness.routers import redraw_routers
 from benchmarks.harness.shapes import SHAPES, llama3_8b, make_config, qwen3_30b_a3b, v2_lite_shape
 
@@ -47,7 +50,7 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument(
         "--model",
-        choices=["llama3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", *sorted(SHAPES)],
+        choices=sorted({"llama3-8b", "qwen3-30b-a3b", "deepseek-v2-lite", *SHAPES, *DECODE_ROWS}),
         default="llama3-8b",
     )
     parser.add_argument("--layers", type=int, default=None)
@@ -70,8 +73,12 @@ def main():
             config.num_hidden_layers = args.layers
     elif args.model == "deepseek-v2-lite":
         config = v2_lite_shape(args.layers or 27)
-    else:
+    elif args.model == "llama3-8b":
         config = llama3_8b(args.layers or 32)
+    else:  # bench_decode's other rows as it builds them (quantization as published, slices already cut)
+        if args.layers:
+            parser.error(f"--layers does not apply to {args.model}: bench_decode's row is measured as built")
+        config = DECODE_ROWS[args.model]()
     rows, kernels = [], []
     with tempfile.TemporaryDirectory() as d:
         config.save_pretrained(d)
@@ -87,7 +94,7 @@ def main():
         engine = llm.engine
         # rank 0's runner (with TP, the other ranks follow its steps; a lone replay there would wait)
         runner = engine.runner.runner if tp > 1 else engine.runner
-        if args.model != "llama3-8b":  # every other shape has MoE routers
+        if not args.model.startswith("llama3-8b"):  # every other shape has MoE routers
             redraw_routers(runner.model.named_parameters(), config.hidden_size)
         for batch in batches:
             params = SamplingParams(temperature=0, max_tokens=200, ignore_eos=True)

@@ -180,4 +180,8 @@ BENCHES: dict[str, Bench] = {
     "profile_engine_step": Bench(
         "profile_engine_step", "Where a decode step's time goes: replay, schedule, inputs, sample."
     ),
+    "profile_spec_step": Bench(
+        "profile_spec_step",
+        "Where an MTP speculative step's time goes (V2-Lite shape, acceptance forced): GPU busy / wall, kernels.",
+    ),
 }

@@ -60,3 +60,16 @@ def test_absorb_names_shapes_that_do_not_fit():
         absorb_query(q[..., :16], q[..., 16:], w[:, :8])
     with pytest.raises(ValueError, match="w_uv"):
         absorb_output(torch.randn(1, 2, 64, device=DEVICE), torch.randn(2, 12, 32, device=DEVICE))
+
+
+def test_absorb_names_ranks_dtypes_and_token_counts_it_does_not_take():
+    q, w = _frontend(1, 2, 16, 8, 64, 16, torch.float32)
+    with pytest.raises(ValueError, match=r"q_pe of 3 dimensions, got shape \(1, 8\)"):
+        absorb_query(q[..., :16], q[:, 0, 16:], w[:, :16])
+    with pytest.raises(ValueError, match=r"got w_uk in torch\.float16 beside torch\.float32"):
+        absorb_query(q[..., :16], q[..., 16:], w[:, :16].half())
+    many = torch.randn(9, 2, 64, device=DEVICE)
+    with pytest.raises(ValueError, match=r"at most MAX_ABSORB_TOKENS=8 tokens .* got 9"):
+        absorb_output(many, w[:, 16:])
+    with pytest.raises(ValueError, match="o's last dimension contiguous"):
+        absorb_output(many[:1].transpose(1, 2).contiguous().transpose(1, 2), w[:, 16:])

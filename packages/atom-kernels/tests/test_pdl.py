@@ -16,7 +16,7 @@ from atom_kernels.cache import KVLayout, kv_cache_shapes
 from atom_kernels.fp8 import fp8_linear, quantize_weight_ref
 from atom_kernels.gdn import Gating, causal_conv1d, gated_delta_rule_recurrent, gdn_gating
 from atom_kernels.linear import linear
-from atom_kernels.mla import mla_attention, write_latent
+from atom_kernels.mla import absorb_output, absorb_query, mla_attention, write_latent
 from atom_kernels.moe import fused_experts, grouped_topk, topk_softmax
 from atom_kernels.norm import rms_norm, rms_norm_gated
 from atom_kernels.rotary.fused_qk import qk_norm_rope_write
@@ -247,8 +247,11 @@ def _mla_cases(rand):
         write_latent(c, k_pe, kv_cache, slots)
         return kv_cache
 
+    w_uk, w_uv = rand(16, 128, rank), rand(16, 128, rank)
     return [
         ("write_latent", (kv_c, cache.clone()), write),
+        ("absorb_query", (rand(2, 16, 128), rand(2, 16, rope)), lambda q, pe: absorb_query(q, pe, w_uk)),
+        ("absorb_output", (rand(2, 16, rank),), lambda o: absorb_output(o, w_uv)),
         ("mla_attention, decode", (rand(1, 16, rank + rope),), decode(1)),
         ("mla_attention, decode in four slices", (rand(1, 16, rank + rope),), decode(4)),
     ]

@@ -25,9 +25,10 @@ B=64), and the tensor-parallel all-reduce fused with its norm (all_reduce_rms_no
 faster at B=1); fp8_linear's kernels (the activation quantization, the W8A8 skinny kernel, the
 weight-only GEMV, which prefetches its first weight step as linear's does, and the weight-only MMA
 kernel); a GDN decode layer's kernels (causal_conv1d's, gdn_gating, the recurrent delta rule, which wait
-first: their states and slots are written inside a step) and rms_norm_gated; MLA's latent write,
-attention and split combine (wait first). The other kernels (the chunked GDN prefill, the e4m3 decode
-kernel, the one-shot all-reduce) launch plainly, and a plain launch waits for everything before it.
+first: their states and slots are written inside a step) and rms_norm_gated; MLA's latent write, the
+absorbed products (absorb_query loads its weight block before the wait), attention and split combine
+(wait first). The other kernels (the chunked GDN prefill, the e4m3 decode kernel, the one-shot
+all-reduce) launch plainly, and a plain launch waits for everything before it.
 """
 
 from __future__ import annotations

@@ -16,8 +16,9 @@ import triton.language as tl
 from atom_kernels.pdl import let_next_launch, pdl_launch, wait_for_inputs
 from atom_kernels.settings import Backend, resolve_backend
 
-# Up to this many tokens the frontend's products run here (each program re-reads its weight block per
-# token from L2); past it they are GEMMs with reuse to gain, and cuBLAS's tiles take them
+# Up to this many tokens the frontend's products run here (absorb_output's programs re-read their weight
+# block per token from L2; absorb_query's keep theirs in registers); past it they are GEMMs with reuse to
+# gain, and cuBLAS's tiles take them. The kernels' token offsets are int32 within this bound.
 MAX_ABSORB_TOKENS = 8
 _BLOCK_R = 64  # latent columns a program (R = 512: 8 programs a head)
 _BLOCK_V = 16  # output rows a program (v = 128: 8 programs a head)
@@ -46,6 +47,7 @@ def _absorb_query_kernel(
     BLOCK_P: tl.constexpr,
     PDL: tl.constexpr,
 ):
+    let_next_launch(PDL)
     head = tl.program_id(0)
     rb = tl.program_id(1)
     n = tl.arange(0, BLOCK_N)
@@ -54,7 +56,6 @@ def _absorb_query_kernel(
     # the weight does not depend on the previous kernel: its load runs ahead of the wait
     w_ptrs = w_ptr + head * stride_wh + n[:, None] * stride_wn + r[None, :]
     w = tl.load(w_ptrs, mask=n_ok[:, None] & r_ok[None, :], other=0.0).to(tl.float32)  # [BN, BR]
-    let_next_launch(PDL)
     wait_for_inputs(PDL)
     p = tl.arange(0, BLOCK_P)
     for t in range(tokens):  # at most MAX_ABSORB_TOKENS: int32 offsets
@@ -104,9 +105,24 @@ def _absorb_output_kernel(
         tl.store(out_ptr + t * stride_yt + head * stride_yh + v, acc.to(out_ptr.dtype.element_ty), mask=v_ok)
 
 
-def _check_last_dim(name: str, t: torch.Tensor) -> None:
-    if t.stride(-1) != 1:
-        raise ValueError(f"{name} needs its last dimension contiguous, got strides {tuple(t.stride())}")
+def _check(op: str, tensors: dict[str, torch.Tensor], dims: int, tokens_of: torch.Tensor) -> None:
+    """Each tensor has `dims` dimensions, a contiguous last one and the first's dtype; at most
+    MAX_ABSORB_TOKENS tokens (tokens_of's first dimension)."""
+    dtype = next(iter(tensors.values())).dtype
+    for name, t in tensors.items():
+        if t.dim() != dims:
+            raise ValueError(f"{op} expects {name} of {dims} dimensions, got shape {tuple(t.shape)}")
+        if t.stride(-1) != 1:
+            raise ValueError(
+                f"{op} needs {name}'s last dimension contiguous, got strides {tuple(t.stride())}"
+            )
+        if t.dtype != dtype:
+            raise ValueError(f"{op} expects one dtype, got {name} in {t.dtype} beside {dtype}")
+    if tokens_of.shape[0] > MAX_ABSORB_TOKENS:
+        raise ValueError(
+            f"{op} takes at most MAX_ABSORB_TOKENS={MAX_ABSORB_TOKENS} tokens (more are a GEMM's: torch.bmm), "
+            f"got {tokens_of.shape[0]}"
+        )
 
 
 def absorb_query(
@@ -114,7 +130,9 @@ def absorb_query(
 ) -> torch.Tensor:
     """q_nope [T, H, nope], q_pe [T, H, P] (views of the projected query are fine), w_uk [H, nope, R]
     (kv_b_proj's W_UK per head) -> [T, H, R + P] in q's dtype: [q_nope[t, h] @ w_uk[h] | q_pe[t, h]],
-    the products accumulated in fp32 and rounded once. The torch backend: torch.bmm and torch.cat."""
+    the products accumulated in fp32 and rounded once; T <= MAX_ABSORB_TOKENS, one dtype. The torch
+    backend: torch.bmm and torch.cat."""
+    _check("absorb_query", {"q_nope": q_nope, "q_pe": q_pe, "w_uk": w_uk}, 3, q_nope)
     tokens, heads, nope = q_nope.shape
     rope, rank = q_pe.shape[2], w_uk.shape[2]
     if q_pe.shape[:2] != (tokens, heads) or tuple(w_uk.shape[:2]) != (heads, nope):
@@ -122,8 +140,6 @@ def absorb_query(
             f"absorb_query expects q_nope [T, H, nope], q_pe [T, H, P], w_uk [H, nope, R]; got "
             f"{tuple(q_nope.shape)}, {tuple(q_pe.shape)}, {tuple(w_uk.shape)}"
         )
-    for name, t in (("q_nope", q_nope), ("q_pe", q_pe), ("w_uk", w_uk)):
-        _check_last_dim(name, t)
     if resolve_backend(backend, q_nope.device) is Backend.TORCH:
         latent = torch.bmm(q_nope.transpose(0, 1), w_uk).transpose(0, 1)
         return torch.cat([latent, q_pe], dim=-1)
@@ -144,16 +160,15 @@ def absorb_output(
     o: torch.Tensor, w_uv: torch.Tensor, *, backend: Backend | str | None = None
 ) -> torch.Tensor:
     """o [T, H, R] (the latent attention's output), w_uv [H, v, R] (kv_b_proj's W_UV per head) ->
-    [T, H, v] in o's dtype: w_uv[h] @ o[t, h], accumulated in fp32 and rounded once. The torch
-    backend: torch.bmm."""
+    [T, H, v] in o's dtype: w_uv[h] @ o[t, h], accumulated in fp32 and rounded once; T <=
+    MAX_ABSORB_TOKENS, one dtype. The torch backend: torch.bmm."""
+    _check("absorb_output", {"o": o, "w_uv": w_uv}, 3, o)
     tokens, heads, rank = o.shape
     v_dim = w_uv.shape[1]
     if tuple(w_uv.shape) != (heads, v_dim, rank):
         raise ValueError(
             f"absorb_output expects o [T, H, R] and w_uv [H, v, R]; got {tuple(o.shape)}, {tuple(w_uv.shape)}"
         )
-    _check_last_dim("o", o)
-    _check_last_dim("w_uv", w_uv)
     block_k = min(128, triton.next_power_of_2(rank))
     if resolve_backend(backend, o.device) is Backend.TORCH:
         return torch.bmm(o.transpose(0, 1), w_uv.transpose(1, 2)).transpose(0, 1).contiguous()

@@ -112,7 +112,7 @@ def main() -> dict:
                 dtype="bfloat16",
                 max_model_len=4096,
                 max_num_seqs=64,
-                num_kv_blocks=3200,
+                num_kv_blocks=4096,  # 16-token blocks: 64 sequences of ~750 tokens and their drafts
                 speculative_config=spec,
             )
             redraw_llm_routers(llm, config.hidden_size)

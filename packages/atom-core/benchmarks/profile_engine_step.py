@@ -28,7 +28,7 @@ from benchmarks.harness.routers import redraw_routers
 from benchmarks.harness.shapes import SHAPES, llama3_8b, make_config, qwen3_30b_a3b, v2_lite_shape
 
 
-def _print_kernels(prof, batch: int, per: int) -> dict:
+def print_kernel_table(prof, batch: int, per: int) -> dict:
     """The profiled kernels per step (or replay): total, launches, and the top 30 by time (printed and
     returned for the record: where a step's time goes is what explains a miss)."""
     events = prof.key_averages()
@@ -166,7 +166,7 @@ def main():
                     for _ in range(10):
                         engine.step()
                     torch.cuda.synchronize()
-                kernels.append(_print_kernels(prof, batch, per=10))
+                kernels.append(print_kernel_table(prof, batch, per=10))
             engine.pipeline.overlap.enabled = True
             for r in ids:
                 engine.abort(r)
@@ -178,7 +178,7 @@ def main():
                     for _ in range(10):
                         graphs.graphs[size].replay()
                     torch.cuda.synchronize()
-                kernels.append(_print_kernels(prof, batch, per=10))
+                kernels.append(print_kernel_table(prof, batch, per=10))
         llm.shutdown()
     layers = config.num_hidden_layers
     print(f"\n{torch.cuda.get_device_name()} x TP {tp}  {args.model} shape, {layers} layers, context ~600")

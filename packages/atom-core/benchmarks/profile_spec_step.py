@@ -25,7 +25,7 @@ from benchmarks.bench_deepseek import force_full_acceptance
 from benchmarks.harness.engine_timing import PROMPT, prompts
 from benchmarks.harness.routers import redraw_llm_routers
 from benchmarks.harness.shapes import v2_lite_shape
-from benchmarks.profile_engine_step import _print_kernels
+from benchmarks.profile_engine_step import print_kernel_table
 
 PROFILED_STEPS = 10
 
@@ -79,7 +79,7 @@ def profile(llm: LLM, vocab: int, batch: int) -> dict:
         torch.cuda.synchronize()
         wall = (time.perf_counter() - start) / PROFILED_STEPS * 1e3
     busy = busy_ms(prof) / PROFILED_STEPS
-    kernels = _print_kernels(prof, batch, per=PROFILED_STEPS)
+    kernels = print_kernel_table(prof, batch, per=PROFILED_STEPS)
     for request_id in ids:
         engine.abort(request_id)
     return dict(

@@ -8,11 +8,12 @@ one row of a small weight), so its roofline is the bytes read (e4m3 weight + fp3
 copy bandwidth measured in the same run; up to 64 rows the W8A8 skinny kernel; beyond, a W8A8 GEMM
 (cuBLAS's blockwise-scaled one on Hopper, else the Triton kernel), whose ceiling is the tensor cores' rate
 (x's quantization is timed with each). triton ms: the Triton W8A8 GEMM on the same rows, in the same run,
-where fp8_linear takes cuBLAS; cublas ms: at 17..64 rows, where the skinny kernel runs, cuBLAS's whole path
-(x's quantization and the blockwise GEMM) on the same rows, for where the two should meet. rel err: against the fp32 reference of the path
-taken (the table in results/ from before the rel err reference followed quantizes_input shows the W8A8
-rows' error against the weight-only reference: ~2.5e-2, e4m3's rounding of x). Weights rotate over
-copies that exceed the L2, as in a decode step where every layer's weights stream.
+where fp8_linear takes cuBLAS; cublas ms: at 17..64 rows, where the skinny kernel runs, cuBLAS's whole
+path (x's quantization and the blockwise GEMM) on the same rows, for where the two should meet. rel err:
+against the fp32 reference of the path taken (the table in results/ from before the rel err reference
+followed quantizes_input shows the W8A8 rows' error against the weight-only reference: ~2.5e-2, e4m3's
+rounding of x). Weights rotate over copies that exceed the L2, as in a decode step where every layer's
+weights stream.
 """
 
 from __future__ import annotations
